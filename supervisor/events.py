@@ -1,0 +1,144 @@
+"""The shared vocabulary: records read from a log, events probes derive from them, and
+the events published on the bus.
+
+Names here are canonical: probe packs, the store, the watchdog, alerts and tests all
+use exactly these strings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Phase(StrEnum):
+    """Canonical phases of a GPU job, in the order a healthy run goes through them."""
+
+    STARTUP = "startup"
+    CONFIG = "config"
+    DISTRIBUTED_INIT = "distributed_init"
+    MODEL_INIT = "model_init"
+    WEIGHT_LOADING = "weight_loading"
+    WEIGHTS_LOADED = "weights_loaded"
+    KV_CACHE_PROFILE = "kv_cache_profile"
+    CUDA_GRAPH_CAPTURE = "cuda_graph_capture"
+    ENGINE_READY = "engine_ready"
+    RUNNING = "running"
+    DONE = "done"
+
+    @property
+    def rank(self) -> int:
+        return PHASE_ORDER.index(self)
+
+
+PHASE_ORDER: tuple[Phase, ...] = tuple(Phase)
+
+
+class FailureKind(StrEnum):
+    CUDA_OOM = "cuda_oom"
+    NCCL = "nccl"
+    DISTRIBUTED_TIMEOUT = "distributed_timeout"
+    ASSERTION = "assertion"
+    IMPORT_ERROR = "import_error"
+    VALUE_ERROR = "value_error"
+    RUNTIME_ERROR = "runtime_error"
+    KEY_ERROR = "key_error"
+    TYPE_ERROR = "type_error"
+    ATTRIBUTE_ERROR = "attribute_error"
+    NOT_IMPLEMENTED = "not_implemented"
+    KILLED = "killed"
+    OTHER = "other"
+
+
+class Outcome(StrEnum):
+    """What a finished log shows when replayed offline (`supervise probe`)."""
+
+    READY = "ready"
+    DONE = "done"
+    CRASHED = "crashed"
+    OOM = "oom"
+    INCOMPLETE = "incomplete"
+
+
+class ProbeKind(StrEnum):
+    PHASE = "phase"
+    PROGRESS = "progress"
+    FAILURE = "failure"
+    METRIC = "metric"
+    INFO = "info"
+
+
+class EventKind(StrEnum):
+    """Kinds of event on the bus: the probe kinds plus the supervisor's own lifecycle events."""
+
+    PHASE = "phase"
+    PROGRESS = "progress"
+    FAILURE = "failure"
+    METRIC = "metric"
+    INFO = "info"
+    LAUNCHED = "launched"  # an attempt's process started
+    EXITED = "exited"  # an attempt's process ended (exit code / signal)
+    VERDICT = "verdict"  # the watchdog's judgement changed
+    ACTION = "action"  # the policy did something (kill, wait for GPUs, relaunch, give up)
+    GPU = "gpu"  # a GPU sample
+    ALERT = "alert"  # an alert was sent
+
+
+class Verdict(StrEnum):
+    HEALTHY = "healthy"
+    STALLED = "stalled"
+    SILENT = "silent"
+    CRASHED = "crashed"
+    OOM = "oom"
+    LEAKED = "leaked"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record read from a log.
+
+    ``offset`` is the byte offset where the record starts and ``end`` the offset just past
+    its terminator, so following can resume at ``end``.  ``redraw`` is true when the record
+    was ended by a carriage return (a tqdm redraw) rather than a newline; ``cut`` is true
+    when an over-long line was split to bound memory.
+    """
+
+    text: str
+    offset: int
+    end: int
+    redraw: bool = False
+    cut: bool = False
+
+
+@dataclass(slots=True)
+class ProbeEvent:
+    """What a probe derived from one record (or from several, for a traceback)."""
+
+    kind: ProbeKind
+    probe: str  # "<pack>.<probe id>"
+    offset: int  # byte offset of the first record it was derived from
+    line: str  # the record text with prefixes stripped (the final exception line for tracebacks)
+    phase: Phase | None = None
+    failure: FailureKind | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    traceback: str | None = None  # the whole multi-line capture, for failures
+    fingerprint: str | None = None  # failures only
+
+
+@dataclass(slots=True)
+class Event:
+    """An event as published on the bus and stored: tied to a job and attempt."""
+
+    job: str
+    attempt: int
+    kind: EventKind
+    message: str
+    ts: float = field(default_factory=time.time)
+    probe: str | None = None
+    phase: Phase | None = None
+    offset: int | None = None  # for probe events: where in the attempt's log it came from
+    data: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None  # assigned by the store
