@@ -1,0 +1,208 @@
+"""A minimal inotify binding (ctypes on libc) and a per-event-loop watch hub.
+
+Only what the log follower needs: create a non-blocking instance, add and remove watches,
+read and parse events.  ``WatchHub`` shares one inotify instance among all followers of an
+event loop, because instances are a small per-user quota (``fs.inotify.max_user_instances``,
+128 by default, shared with every other program of that user) while watches are plentiful.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import errno
+import itertools
+import os
+import struct
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_MASK_ADD = 0x20000000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+
+_EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of NUL-padded name)
+_READ_SIZE = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class InotifyEvent:
+    wd: int
+    mask: int
+    cookie: int
+    name: bytes
+
+
+def parse_events(buf: bytes) -> list[InotifyEvent]:
+    events: list[InotifyEvent] = []
+    pos = 0
+    while pos + _EVENT_HEADER.size <= len(buf):
+        wd, mask, cookie, length = _EVENT_HEADER.unpack_from(buf, pos)
+        start = pos + _EVENT_HEADER.size
+        name = buf[start : start + length].rstrip(b"\0")
+        events.append(InotifyEvent(wd, mask, cookie, name))
+        pos = start + length
+    return events
+
+
+class _Libc:
+    """The three libc entry points, resolved once; raises OSError when they are missing."""
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            self.init1 = lib.inotify_init1
+            self.add_watch = lib.inotify_add_watch
+            self.rm_watch = lib.inotify_rm_watch
+        except (OSError, AttributeError) as exc:
+            raise OSError(errno.ENOSYS, f"inotify is not available: {exc}") from exc
+        self.init1.argtypes = [ctypes.c_int]
+        self.init1.restype = ctypes.c_int
+        self.add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        self.add_watch.restype = ctypes.c_int
+        self.rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+        self.rm_watch.restype = ctypes.c_int
+
+
+_libc: _Libc | None = None
+
+
+def _lib() -> _Libc:
+    global _libc
+    if _libc is None:
+        _libc = _Libc()
+    return _libc
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
+
+
+class Inotify:
+    """One inotify instance (a non-blocking, close-on-exec file descriptor)."""
+
+    def __init__(self) -> None:
+        self.fd = _check(_lib().init1(IN_NONBLOCK | IN_CLOEXEC), "inotify_init1")
+
+    def add_watch(self, path: str | os.PathLike[str], mask: int) -> int:
+        return _check(_lib().add_watch(self.fd, os.fsencode(path), mask), f"inotify_add_watch {path}")
+
+    def rm_watch(self, wd: int) -> None:
+        # EINVAL: the kernel already dropped the watch (its file was deleted); nothing to do.
+        if _lib().rm_watch(self.fd, wd) < 0 and ctypes.get_errno() != errno.EINVAL:
+            code = ctypes.get_errno()
+            raise OSError(code, f"inotify_rm_watch: {os.strerror(code)}")
+
+    def read_events(self) -> list[InotifyEvent]:
+        events: list[InotifyEvent] = []
+        while True:
+            try:
+                buf = os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                return events
+            if not buf:
+                return events
+            events += parse_events(buf)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+Callback = Callable[[InotifyEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """A subscription handle returned by ``WatchHub.add``."""
+
+    wd: int
+    token: int
+
+
+class WatchHub:
+    """One inotify instance per event loop, its fd registered with ``loop.add_reader``.
+
+    Several subscribers may watch the same inode (the kernel then returns the same watch
+    descriptor), so subscriptions are kept per descriptor and the kernel watch is removed
+    only when its last subscriber leaves.  The hub closes itself when it has none left.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._inotify = Inotify()
+        self._subs: dict[int, dict[int, Callback]] = {}
+        self._tokens = itertools.count()
+        loop.add_reader(self._inotify.fd, self._on_readable)
+
+    def add(self, path: str | os.PathLike[str], mask: int, callback: Callback) -> Watch:
+        # IN_MASK_ADD: never narrow what another subscriber of the same inode asked for.
+        wd = self._inotify.add_watch(path, mask | IN_MASK_ADD)
+        token = next(self._tokens)
+        self._subs.setdefault(wd, {})[token] = callback
+        return Watch(wd, token)
+
+    def remove(self, watch: Watch) -> None:
+        subs = self._subs.get(watch.wd)
+        if subs is None or subs.pop(watch.token, None) is None:
+            return
+        if not subs:
+            del self._subs[watch.wd]
+            self._inotify.rm_watch(watch.wd)
+        if not self._subs:
+            self._close()
+
+    def release_if_idle(self) -> None:
+        if not self._subs:
+            self._close()
+
+    def _on_readable(self) -> None:
+        for event in self._inotify.read_events():
+            self._dispatch(event)
+
+    def _dispatch(self, event: InotifyEvent) -> None:
+        if event.mask & IN_Q_OVERFLOW:
+            # Events were lost: every subscriber must re-check its file.
+            targets = [cb for subs in self._subs.values() for cb in subs.values()]
+        else:
+            targets = list(self._subs.get(event.wd, {}).values())
+        if event.mask & IN_IGNORED:
+            self._subs.pop(event.wd, None)  # the kernel removed this watch
+        for callback in targets:
+            callback(event)
+
+    def _close(self) -> None:
+        if _hubs.get(self._loop) is self:
+            del _hubs[self._loop]
+        if self._inotify.fd >= 0:
+            self._loop.remove_reader(self._inotify.fd)
+        self._inotify.close()
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WatchHub] = weakref.WeakKeyDictionary()
+
+
+def hub_for(loop: asyncio.AbstractEventLoop) -> WatchHub:
+    """The loop's shared hub, created on first use; raises OSError if inotify is unavailable."""
+    hub = _hubs.get(loop)
+    if hub is None:
+        hub = _hubs[loop] = WatchHub(loop)
+    return hub

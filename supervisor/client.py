@@ -1,0 +1,145 @@
+"""The CLI's side of the control API: HTTP over the daemon's Unix socket, typed by protocol.py.
+
+Starts the daemon in the background when none answers.  Transport errors are translated
+into `DaemonError`s here, where they enter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from . import protocol
+from .config import Paths
+from .errors import DaemonError, DaemonNotRunning, NotFound, RequestRejected, SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+_START_TIMEOUT_S = 20.0
+
+
+class Client:
+    def __init__(self, paths: Paths, *, timeout_s: float = 120.0) -> None:
+        self.paths = paths
+        transport = httpx.HTTPTransport(uds=str(paths.socket))
+        self._http = httpx.Client(transport=transport, base_url="http://supervise", timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- daemon lifecycle --------------------------------------------------------------
+
+    def ping(self) -> protocol.PingResponse:
+        return self._call("GET", "/v1/ping", protocol.PingResponse)
+
+    def ensure_daemon(self) -> protocol.PingResponse:
+        try:
+            return self.ping()
+        except DaemonNotRunning:
+            pass
+        spawn_daemon(self.paths)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                return self.ping()
+            except DaemonNotRunning:
+                time.sleep(0.05)
+        raise DaemonError(f"the daemon did not start within {_START_TIMEOUT_S:.0f}s; see {self.paths.daemon_log}")
+
+    # -- requests ----------------------------------------------------------------------
+
+    def start(self, spec_path: str, overrides: dict[str, str]) -> protocol.StartResponse:
+        body = protocol.StartRequest(spec_path=spec_path, overrides=overrides)
+        return self._call("POST", "/v1/jobs", protocol.StartResponse, body)
+
+    def stop(self, job: str, grace_s: float | None) -> protocol.StopResponse:
+        return self._call("POST", f"/v1/jobs/{job}/stop", protocol.StopResponse, protocol.StopRequest(grace_s=grace_s))
+
+    def status(self, job: str | None = None) -> protocol.StatusResponse:
+        return self._call("GET", "/v1/status", protocol.StatusResponse, params={"job": job} if job else None)
+
+    def attempts(self, job: str) -> protocol.AttemptsResponse:
+        return self._call("GET", f"/v1/jobs/{job}/attempts", protocol.AttemptsResponse)
+
+    def events(self, job: str, attempt: int | None = None, kinds: list[str] | None = None) -> protocol.EventsResponse:
+        return self._call("GET", f"/v1/jobs/{job}/events", protocol.EventsResponse,
+                          params=_params(attempt=attempt, kinds=",".join(kinds or []) or None))
+
+    def gpus(self) -> protocol.GpusResponse:
+        return self._call("GET", "/v1/gpus", protocol.GpusResponse)
+
+    def follow_events(self, job: str, *, attempt: int | None = None, after: int = 0,
+                      until_done: bool = False, kinds: list[str] | None = None) -> Iterator[protocol.EventInfo]:
+        params = _params(follow="1", attempt=attempt, after=after, until_done="1" if until_done else None,
+                         kinds=",".join(kinds or []) or None)
+        yield from self._stream(f"/v1/jobs/{job}/events", params, protocol.EventInfo)
+
+    def follow_log(self, job: str, *, attempt: int | None, follow: bool) -> Iterator[protocol.LogChunk]:
+        params = _params(attempt=attempt, follow="1" if follow else None)
+        yield from self._stream(f"/v1/jobs/{job}/log", params, protocol.LogChunk)
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, model: type[M], body: BaseModel | None = None,
+              params: dict[str, Any] | None = None) -> M:
+        try:
+            response = self._http.request(method, path, params=params,
+                                          content=body.model_dump_json() if body else None)
+        except (httpx.ConnectError, FileNotFoundError) as exc:
+            raise DaemonNotRunning(f"no daemon is listening on {self.paths.socket}") from exc
+        except httpx.TransportError as exc:
+            raise DaemonError(f"lost the daemon's connection: {exc}") from exc
+        _raise_for_error(response)
+        return model.model_validate_json(response.content)
+
+    def _stream(self, path: str, params: dict[str, Any], model: type[M]) -> Iterator[M]:
+        try:
+            with self._http.stream("GET", path, params=params, timeout=httpx.Timeout(10.0, read=None)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for_error(response)
+                for line in response.iter_lines():
+                    if line:
+                        yield model.model_validate_json(line)
+        except (httpx.ConnectError, FileNotFoundError) as exc:
+            raise DaemonNotRunning(f"no daemon is listening on {self.paths.socket}") from exc
+        except httpx.TransportError as exc:
+            raise DaemonError(f"lost the daemon's connection: {exc}") from exc
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        message = protocol.ErrorBody.model_validate(json.loads(response.content)).error
+    except (ValueError, json.JSONDecodeError):
+        message = response.text[:300]
+    if response.status_code == 404:
+        raise NotFound(message)
+    if response.status_code == 422:
+        raise SpecError(message)
+    raise RequestRejected(message, response.status_code)
+
+
+def spawn_daemon(paths: Paths) -> None:
+    """Start the daemon detached: its own session, output to its log file."""
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(paths.daemon_log, "ab") as log_file:
+        # Through a shell that exits at once, so the daemon is nobody's child here: it outlives this CLI.
+        subprocess.run(
+            ["/bin/sh", "-c", '"$@" &', "sh", sys.executable, "-m", "supervisor.daemon"],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+            env={**os.environ, "SUPERVISE_HOME": str(paths.state_dir)}, close_fds=True, check=False,
+        )

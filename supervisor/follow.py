@@ -1,0 +1,433 @@
+"""Following a growing log file: records as they are written, event-driven.
+
+``LogFollower`` wakes on inotify events (through ``loop.add_reader``, no thread), reads
+what was appended, splits it into records (``records.split_records``) and yields them in
+batches.  It survives the situations a job's log goes through:
+
+- the file does not exist yet: it waits for it (a watch on the parent directory);
+- a partial last line is held back until completed, but never more than about
+  ``chunk_size + MAX_RECORD_BYTES`` bytes of it (over-long lines are cut by the splitter);
+- truncation under it (``> log``): restart from 0, count it, warn once per truncation;
+- rotation (the path now names another file): finish the old file to its end, then follow
+  the new one from 0;
+- resume at a stored byte offset: no record lost, none doubled;
+- ``finish()`` when the writer has exited: drain to EOF, emit the trailing partial line,
+  end the iterator.
+
+Truncation is recognised by the size dropping below the read position, so a truncation
+followed by more output than was there before, all between two looks, reads as growth;
+with inotify the follower looks on every write, which makes that window tiny.
+
+Where inotify is unavailable (or ``use_inotify=False``) it polls every ``poll_interval``.
+With inotify it still re-checks every ``safety_interval`` in case an event was never
+delivered (network file systems report only local writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from . import _inotify
+from .errors import HostError
+from .events import Record
+from .records import MAX_RECORD_BYTES, split_records
+
+log = structlog.get_logger()
+
+_FILE_MASK = (
+    _inotify.IN_MODIFY
+    | _inotify.IN_CLOSE_WRITE
+    | _inotify.IN_MOVE_SELF
+    | _inotify.IN_DELETE_SELF
+    | _inotify.IN_ATTRIB
+)
+_DATA_MASK = _inotify.IN_MODIFY | _inotify.IN_CLOSE_WRITE
+# Only name events: IN_MODIFY on a directory watch would report every sibling log's writes.
+_DIR_MASK = _inotify.IN_CREATE | _inotify.IN_MOVED_TO | _inotify.IN_ONLYDIR
+
+
+class LogFollower:
+    """Follow ``path`` from byte ``offset``; iterate ``records()`` for batches of records."""
+
+    def __init__(
+        self,
+        path: Path,
+        offset: int = 0,
+        *,
+        poll_interval: float = 1.0,
+        chunk_size: int = 1 << 20,
+        use_inotify: bool | None = None,
+        safety_interval: float = 30.0,
+    ) -> None:
+        if offset < 0 or chunk_size <= 0 or poll_interval <= 0 or safety_interval <= 0:
+            raise ValueError("offset must be >= 0; chunk_size and intervals must be > 0")
+        self.path = Path(path)
+        self.poll_interval = poll_interval
+        self.safety_interval = safety_interval
+        self.chunk_size = chunk_size
+        self.truncations = 0
+        self.rotations = 0
+        self._offset = offset  # start of self._pending in the current file
+        self._pending = bytearray()  # bytes read but not yet part of a yielded record
+        self._peak_buffer = 0
+        self._fd = -1
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._want_inotify = use_inotify
+        self._hub: _inotify.WatchHub | None = None
+        self._file_watch: _inotify.Watch | None = None
+        self._dir_watch: _inotify.Watch | None = None
+        self._dir_target: tuple[Path, str] | None = None  # (watched ancestor, name awaited in it)
+        self._timer: asyncio.TimerHandle | None = None
+        self._interval = poll_interval
+        self._wakeup = asyncio.Event()
+        self._check_path = True  # re-stat the path before trusting the open file
+        self._more = False  # the last read filled a whole chunk: more is probably waiting
+        self._finishing = False
+        self._closed = False
+        self._waiting = False
+        self._inotify_active = False
+        self._iterator: AsyncGenerator[list[Record], None] | None = None
+
+    # -- public surface -------------------------------------------------------------------
+
+    @property
+    def offset(self) -> int:
+        """Byte offset just past the last record yielded: where a restarted follower resumes."""
+        return self._offset
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete last line currently held back."""
+        return len(self._pending)
+
+    @property
+    def peak_buffer(self) -> int:
+        """The most bytes this follower has held at once (pending line plus one read)."""
+        return self._peak_buffer
+
+    @property
+    def using_inotify(self) -> bool:
+        """Whether this follower is driven by inotify (False: polling), once iteration began."""
+        return self._inotify_active
+
+    def records(self) -> AsyncIterator[list[Record]]:
+        """Batches of complete records, in file order, as they are written (one iteration only)."""
+        if self._iterator is not None:
+            raise RuntimeError("LogFollower.records() can be iterated only once")
+        self._iterator = self._iterate()
+        return self._iterator
+
+    def finish(self) -> None:
+        """The writer has exited: read to EOF, emit the trailing partial line, then end."""
+        self._finishing = True
+        self._check_path = True
+        self._wakeup.set()
+
+    async def aclose(self) -> None:
+        """Stop following and release the file and watches; the iterator ends."""
+        self._closed = True
+        self._wakeup.set()
+        self._stop()
+        iterator = self._iterator
+        # A generator parked in its wait ends by itself on the wakeup; one suspended at a
+        # yield (or never started) must be closed here so its cleanup runs.
+        if iterator is not None and not self._waiting:
+            try:
+                await iterator.aclose()
+            except RuntimeError:
+                pass  # it is running in another task right now; it will see _closed
+
+    async def __aenter__(self) -> LogFollower:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def _iterate(self) -> AsyncGenerator[list[Record], None]:
+        self._start()
+        try:
+            while not self._closed:
+                self._wakeup.clear()  # before reading, so a write during the read re-wakes us
+                batch = self._pump_or_raise()
+                if batch:
+                    yield batch
+                    if self._more:
+                        await asyncio.sleep(0)  # catching up on a large backlog: stay fair
+                    continue
+                if self._finishing:
+                    tail = self._flush()
+                    if tail:
+                        yield tail
+                    return
+                await self._wait()
+        finally:
+            self._stop()
+
+    def _pump_or_raise(self) -> list[Record]:
+        try:
+            batch = self._pump()
+        except OSError as exc:
+            raise HostError(f"cannot follow {self.path}: {exc}") from exc
+        self._retime()  # a watch may have appeared or vanished
+        return batch
+
+    async def _wait(self) -> None:
+        self._waiting = True
+        try:
+            await self._wakeup.wait()
+        finally:
+            self._waiting = False
+
+    def _start(self) -> None:
+        if self._want_inotify is not False:
+            try:
+                self._hub = _inotify.hub_for(asyncio.get_running_loop())
+                self._inotify_active = True
+            except OSError as exc:
+                if self._want_inotify:
+                    raise HostError(f"cannot watch {self.path} with inotify: {exc}") from exc
+                log.info("inotify unavailable, polling", path=str(self.path), error=str(exc))
+        self._ensure_dir_watch()
+        self._schedule_tick()
+
+    def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._close_file()
+        self._unwatch_dir()
+        if self._hub is not None:
+            self._hub.release_if_idle()
+            self._hub = None
+
+    # -- timers and wake-ups --------------------------------------------------------------
+
+    def _tick_interval(self) -> float:
+        """Poll fast when no watch covers what happens next (polling mode, a watch that
+        could not be added or was dropped); otherwise only the slow safety check."""
+        if self._hub is None:
+            return self.poll_interval
+        watched = self._file_watch if self._fd >= 0 else self._dir_watch
+        return self.safety_interval if watched is not None else self.poll_interval
+
+    def _schedule_tick(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closed:
+            return
+        self._interval = self._tick_interval()
+        self._timer = asyncio.get_running_loop().call_later(self._interval, self._tick)
+
+    def _retime(self) -> None:
+        if self._timer is not None and self._tick_interval() != self._interval:
+            self._schedule_tick()
+
+    def _tick(self) -> None:
+        self._check_path = True
+        self._wakeup.set()
+        self._schedule_tick()
+
+    def _on_file_event(self, event: _inotify.InotifyEvent) -> None:
+        if event.mask & _inotify.IN_IGNORED:
+            self._file_watch = None  # the kernel dropped it (file deleted)
+        if event.mask & ~_DATA_MASK:  # moved, deleted, attributes, overflow: look again
+            self._check_path = True
+        self._wakeup.set()
+
+    def _on_dir_event(self, event: _inotify.InotifyEvent) -> None:
+        if event.mask & _inotify.IN_IGNORED:
+            self._dir_watch = None  # the directory went away; _open() watches an ancestor
+        target = self._dir_target
+        if event.mask & (_inotify.IN_Q_OVERFLOW | _inotify.IN_IGNORED) or (
+            target is not None and os.fsdecode(event.name) == target[1]
+        ):
+            self._check_path = True
+            self._wakeup.set()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _pump(self) -> list[Record]:
+        """Read until a batch of records is ready or EOF; [] means nothing new right now."""
+        while not self._closed:
+            if self._fd < 0 and not self._open():
+                return []
+            chunk = os.pread(self._fd, self.chunk_size, self._offset + len(self._pending))
+            self._more = len(chunk) == self.chunk_size
+            if chunk:
+                batch = self._feed(chunk)
+                if batch:
+                    return batch
+                continue
+            after_eof = self._on_eof()
+            if after_eof is None:
+                return []
+            if after_eof:
+                return after_eof
+        return []
+
+    def _feed(self, chunk: bytes) -> list[Record]:
+        if self._pending:
+            self._pending += chunk
+            self._peak_buffer = max(self._peak_buffer, len(self._pending))
+            if not self._may_complete(chunk):
+                return []
+            data = bytes(self._pending)
+        else:
+            data = chunk  # the common case: no copy
+            self._peak_buffer = max(self._peak_buffer, len(data))
+        batch, used = split_records(data, self._offset, final=False)
+        self._pending = bytearray(data[used:])
+        self._offset += used
+        return batch
+
+    def _may_complete(self, chunk: bytes) -> bool:
+        """Whether splitting could yield a record now.
+
+        The splitter rescans every held byte, so calling it on each small write to a long
+        open line would be quadratic; held bytes never contain a terminator except a
+        trailing ``\r`` (it may be half of ``\r\n``).
+        """
+        held_cr = len(self._pending) > len(chunk) and self._pending[-len(chunk) - 1] == 0x0D
+        return (
+            len(self._pending) > MAX_RECORD_BYTES or b"\n" in chunk or b"\r" in chunk or held_cr
+        )
+
+    def _flush(self) -> list[Record]:
+        """Emit whatever partial line is held back, as its final record."""
+        batch, used = split_records(bytes(self._pending), self._offset, final=True)
+        self._pending = bytearray()
+        self._offset += used
+        return batch
+
+    def _on_eof(self) -> list[Record] | None:
+        """At EOF of the open file: handle truncation and rotation.
+
+        The path is re-checked only here, once the open file is drained, so a rotated file
+        is finished to its end before its successor is opened.
+
+        Returns records to yield ([] to keep reading at once), or None when there is
+        nothing more to read until the next wake-up.
+        """
+        size = os.fstat(self._fd).st_size
+        if size < self._offset + len(self._pending):
+            return self._truncated(size)
+        if self._check_path:
+            return self._switch_if_rotated()
+        return None
+
+    def _truncated(self, size: int) -> list[Record]:
+        self.truncations += 1
+        log.warning(
+            "log truncated, following from the start",
+            path=str(self.path),
+            offset=self._offset + len(self._pending),
+            size=size,
+            truncations=self.truncations,
+        )
+        batch = self._flush()  # the held-back bytes were real output before the truncation
+        self._offset = 0
+        return batch
+
+    def _switch_if_rotated(self) -> list[Record] | None:
+        self._check_path = False
+        ident = self._stat_ident()
+        if ident is None or ident == self._ident:
+            return None  # unchanged, or moved away with no successor yet: keep the old one
+        self.rotations += 1
+        log.info("log rotated, following the new file", path=str(self.path), old_end=self._offset)
+        batch = self._flush()
+        self._close_file()
+        self._offset = 0
+        return batch
+
+    def _stat_ident(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (st.st_dev, st.st_ino)
+
+    # -- opening and watching -------------------------------------------------------------
+
+    def _open(self) -> bool:
+        self._ensure_dir_watch()
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        st = os.fstat(fd)
+        self._fd = fd
+        self._ident = (st.st_dev, st.st_ino)
+        self._watch_file()
+        if st.st_size < self._offset:
+            self._truncated(st.st_size)  # a stored offset past the end: the file was replaced
+        return True
+
+    def _close_file(self) -> None:
+        self._unwatch_file()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._ident = None
+
+    def _watch_file(self) -> None:
+        if self._hub is None:
+            return
+        self._unwatch_file()
+        try:
+            self._file_watch = self._hub.add(self.path, _FILE_MASK, self._on_file_event)
+        except OSError:
+            return  # gone again already; the next check notices
+        # The watch is by path: if the path was replaced between open and watch, re-check.
+        self._check_path = True
+
+    def _unwatch_file(self) -> None:
+        if self._hub is not None and self._file_watch is not None:
+            self._hub.remove(self._file_watch)
+        self._file_watch = None
+
+    def _ensure_dir_watch(self) -> None:
+        """Watch the parent directory for the file's name, or, while the parent does not
+        exist yet, the nearest existing ancestor for the next missing component."""
+        if self._hub is None:
+            return
+        target = self._nearest_ancestor()
+        if target == self._dir_target and self._dir_watch is not None:
+            return
+        # Add before removing so the shared hub does not close and reopen in between.
+        old = self._dir_watch
+        try:
+            self._dir_watch = self._hub.add(target[0], _DIR_MASK, self._on_dir_event)
+            self._dir_target = target
+        except OSError:
+            self._dir_watch, self._dir_target = None, None
+        if old is not None:
+            self._hub.remove(old)
+
+    def _nearest_ancestor(self) -> tuple[Path, str]:
+        child = self.path.absolute()
+        for parent in child.parents:
+            if parent.is_dir():
+                return parent, child.name
+            child = parent
+        return Path("/"), child.name
+
+    def _unwatch_dir(self) -> None:
+        if self._hub is not None and self._dir_watch is not None:
+            self._hub.remove(self._dir_watch)
+        self._dir_watch = None
+        self._dir_target = None

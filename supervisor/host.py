@@ -1,0 +1,130 @@
+"""The host interface: what the daemon needs from a machine that runs jobs.
+
+`LocalHost` (launch.py) and the SSH host implement it; the daemon never touches
+processes or files of a job except through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .events import Record
+
+# The detached wrapper, identical locally and over SSH.  It starts the command in a new
+# session (so it is its own process group and no terminal hang-up reaches it), with stdin
+# from /dev/null and stdout+stderr appended to the attempt's log, ignores SIGHUP as nohup
+# does, writes the exit status next to the log when the command ends (tmp + rename, so a
+# reader never sees half a number), and prints the wrapper's pid.  `setsid` does not fork
+# here: a background subshell of a non-interactive shell is not a group leader, so the
+# printed pid is the session leader's and equals its process group id.
+WRAPPER_SH = r"""
+log=$1; status=$2; workdir=$3; shift 3
+mkdir -p "$(dirname "$log")" || exit 111
+cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
+( trap '' HUP
+  exec setsid sh -c '"$@"; rc=$?; printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"' "$status" "$@"
+) </dev/null >>"$log" 2>&1 &
+echo $!
+"""
+
+TAG_VAR = "SUPERVISE_ATTEMPT"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    argv: list[str]
+    workdir: str
+    env: dict[str, str]
+    log_path: str
+    status_path: str
+    tag: str  # the value of SUPERVISE_ATTEMPT on every descendant
+
+
+@dataclass(frozen=True)
+class ProcessHandle:
+    """Identifies a launched attempt across daemon restarts: pid *and* start time, against reuse."""
+
+    pid: int
+    start_time: float | None
+    pgid: int
+    tag: str
+    log_path: str
+    status_path: str
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    returncode: int | None  # None: the wrapper itself was killed before it could record one
+    signal: int | None  # set when the command died of a signal (from 128+N)
+
+    @classmethod
+    def from_wrapper_code(cls, code: int | None) -> ExitStatus:
+        if code is not None and code > 128:
+            return cls(returncode=code, signal=code - 128)
+        return cls(returncode=code, signal=None)
+
+    def describe(self) -> str:
+        if self.returncode is None:
+            return "ended without an exit status (the wrapper was killed)"
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        return f"exited with code {self.returncode}"
+
+
+@dataclass
+class KillReport:
+    terminated: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) ended by TERM
+    killed: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) that needed KILL
+    survivors: list[tuple[int, str]] = field(default_factory=list)  # still alive after KILL
+
+    def summary(self) -> str:
+        parts = [f"{len(self.terminated)} ended on SIGTERM", f"{len(self.killed)} needed SIGKILL"]
+        if self.survivors:
+            parts.append(f"{len(self.survivors)} STILL ALIVE: " + ", ".join(f"{p} {n}" for p, n in self.survivors))
+        return ", ".join(parts)
+
+
+class Follower(Protocol):
+    @property
+    def offset(self) -> int: ...
+
+    def records(self) -> AsyncIterator[list[Record]]: ...
+
+    def finish(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Host(Protocol):
+    name: str
+
+    async def launch(self, request: LaunchRequest) -> ProcessHandle: ...
+
+    async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
+        """Return as soon as the attempt's wrapper ends (event-driven where the OS allows)."""
+        ...
+
+    async def is_alive(self, handle: ProcessHandle) -> bool: ...
+
+    async def exit_status(self, handle: ProcessHandle) -> ExitStatus | None:
+        """The recorded exit status, or None if the wrapper has not written one."""
+        ...
+
+    async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport: ...
+
+    async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
+        """Every live process of the attempt: its process group, its tree, and every tagged process."""
+        ...
+
+    def follow(self, path: str, offset: int) -> Follower: ...
+
+    async def close(self) -> None: ...
+
+
+def log_paths(root: Path, job: str, attempt: int) -> tuple[str, str]:
+    """`<root>/<job>/attempt-<n>.log` and its exit-status file beside it."""
+    base = root / job / f"attempt-{attempt}"
+    return f"{base}.log", f"{base}.exit"

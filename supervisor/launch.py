@@ -1,0 +1,226 @@
+"""The local host: launch detached attempts, notice their exit at once, kill whole trees.
+
+Exit is noticed through a pidfd (Linux >= 5.3): it becomes readable the moment the
+wrapper ends, whoever its parent is, so a re-adopted attempt is watched as promptly as a
+fresh one.  Where pidfd is missing, a short poll stands in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import structlog
+
+from .errors import LaunchError
+from .follow import LogFollower
+from .host import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle
+
+log = structlog.get_logger("supervise.launch")
+
+_START_TIME_TOLERANCE_S = 0.05  # create_time comes from clock ticks; same process reads the same value
+
+
+class LocalHost:
+    name = "local"
+
+    def __init__(self, *, poll_interval_s: float = 0.5) -> None:
+        self.poll_interval_s = poll_interval_s
+
+    async def launch(self, request: LaunchRequest) -> ProcessHandle:
+        env = {**os.environ, **request.env, TAG_VAR: request.tag}
+        Path(request.log_path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(request.status_path)  # a stale status must never be read as this attempt's
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", WRAPPER_SH, "supervise-wrapper",
+                request.log_path, request.status_path, request.workdir, *request.argv,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+            )
+            out, err = await proc.communicate()
+        except OSError as exc:
+            raise LaunchError(f"cannot start /bin/sh to launch {request.argv[0]}: {exc}") from exc
+        pid_text = out.decode(errors="replace").strip()
+        if proc.returncode != 0 or not pid_text.isdigit():
+            detail = err.decode(errors="replace").strip() or _tail(request.log_path)
+            raise LaunchError(f"launch of {request.argv[0]} failed (wrapper exit {proc.returncode}): {detail}")
+        pid = int(pid_text)
+        return ProcessHandle(
+            pid=pid, start_time=_start_time(pid), pgid=pid, tag=request.tag,
+            log_path=request.log_path, status_path=request.status_path,
+        )
+
+    async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
+        await self._wait_gone(handle)
+        status = await self.exit_status(handle)
+        return status if status is not None else ExitStatus(returncode=None, signal=None)
+
+    async def _wait_gone(self, handle: ProcessHandle) -> None:
+        try:
+            pidfd = os.pidfd_open(handle.pid)
+        except ProcessLookupError:
+            return
+        except (AttributeError, OSError):
+            while _alive(handle):
+                await asyncio.sleep(self.poll_interval_s)
+            return
+        try:
+            if not _alive(handle):  # the pid was reused before we opened it
+                return
+            gone = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+            try:
+                await gone
+            finally:
+                loop.remove_reader(pidfd)
+        finally:
+            os.close(pidfd)
+
+    async def is_alive(self, handle: ProcessHandle) -> bool:
+        return _alive(handle)
+
+    async def exit_status(self, handle: ProcessHandle) -> ExitStatus | None:
+        try:
+            text = Path(handle.status_path).read_text().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("exit status unreadable", path=handle.status_path, error=str(exc))
+            return None
+        return ExitStatus.from_wrapper_code(int(text)) if text.lstrip("-").isdigit() else None
+
+    async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
+        return {p.pid for p in _attempt_processes(handle)}
+
+    async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
+        return await asyncio.to_thread(_kill_tree, handle, grace_s)
+
+    def follow(self, path: str, offset: int) -> LogFollower:
+        return LogFollower(Path(path), offset, poll_interval=self.poll_interval_s)
+
+    async def close(self) -> None:
+        return None
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(handle: ProcessHandle) -> bool:
+    try:
+        proc = psutil.Process(handle.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
+    except psutil.Error:
+        return False
+    if handle.start_time is None:
+        return True
+    return abs(created - handle.start_time) < _START_TIME_TOLERANCE_S
+
+
+def _attempt_processes(handle: ProcessHandle) -> list[psutil.Process]:
+    """Every live process of the attempt: the wrapper's group and tree, and every process
+    carrying the attempt's tag, which finds workers that escaped the group and were
+    re-parented to init."""
+    found: dict[int, psutil.Process] = {}
+    if _alive(handle):
+        wrapper = psutil.Process(handle.pid)
+        found[wrapper.pid] = wrapper
+        with contextlib.suppress(psutil.Error):
+            for child in wrapper.children(recursive=True):
+                found[child.pid] = child
+    me = os.getpid()
+    wrapper_alive = handle.pid in found
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in found or proc.pid == me:
+            continue
+        try:
+            in_group = wrapper_alive and os.getpgid(proc.pid) == handle.pgid
+            if in_group or _has_tag(proc, handle.tag):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found[proc.pid] = proc
+        except (psutil.Error, OSError):
+            continue
+    return list(found.values())
+
+
+def _has_tag(proc: psutil.Process, tag: str) -> bool:
+    try:
+        return proc.environ().get(TAG_VAR) == tag
+    except psutil.Error:
+        return False
+
+
+def _kill_tree(handle: ProcessHandle, grace_s: float) -> KillReport:
+    report = KillReport()
+    targets = _attempt_processes(handle)
+    names = {p.pid: _name(p) for p in targets}
+    _signal_all(handle, targets, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    alive = targets
+    while alive and time.monotonic() < deadline:
+        _, alive = psutil.wait_procs(alive, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        # A dying parent may spawn or orphan more tagged processes: keep collecting them.
+        alive = _merge(alive, _attempt_processes(handle), names)
+    report.terminated = [(pid, names[pid]) for pid in names if pid not in {p.pid for p in alive}]
+    for _ in range(3):  # a few rounds: KILL, then catch anything that appeared meanwhile
+        if not alive:
+            break
+        _signal_all(handle, alive, signal.SIGKILL)
+        report.killed.extend((p.pid, names.get(p.pid, "?")) for p in alive)
+        _, alive = psutil.wait_procs(alive, timeout=2.0)
+        alive = _merge(alive, _attempt_processes(handle), names)
+    report.survivors = [(p.pid, names.get(p.pid, "?")) for p in alive]
+    return report
+
+
+def _merge(alive: list[psutil.Process], more: list[psutil.Process], names: dict[int, str]) -> list[psutil.Process]:
+    by_pid = {p.pid: p for p in alive}
+    for proc in more:
+        if proc.pid not in by_pid:
+            names.setdefault(proc.pid, _name(proc))
+            by_pid[proc.pid] = proc
+    return [p for p in by_pid.values() if _running(p)]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_all(handle: ProcessHandle, procs: list[psutil.Process], sig: signal.Signals) -> None:
+    if _alive(handle):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(handle.pgid, sig)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:120] or proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _tail(path: str, limit: int = 300) -> str:
+    try:
+        data = Path(path).read_bytes()[-limit:]
+    except OSError:
+        return "(no log)"
+    return data.decode(errors="replace").strip().replace("\n", " | ")

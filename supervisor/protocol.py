@@ -1,0 +1,156 @@
+"""The control API's typed messages, imported by both the daemon and the CLI.
+
+Transport: HTTP/1.1 over a Unix socket (mode 0600).  Every route takes and returns one of
+these models as JSON; errors are `ErrorBody` with a non-2xx status.  Streams (`logs -f`,
+`events -f`) are newline-delimited JSON of `LogChunk` / `EventInfo`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+API_VERSION = 1
+
+
+class ErrorBody(BaseModel):
+    error: str
+
+
+class StartRequest(BaseModel):
+    spec_path: str = Field(description="absolute path of the job spec file")
+    overrides: dict[str, str] = Field(default_factory=dict, description="--set KEY=VALUE pairs")
+
+
+class StopRequest(BaseModel):
+    grace_s: float | None = Field(default=None, description="seconds between SIGTERM and SIGKILL; default from spec")
+
+
+class ProgressInfo(BaseModel):
+    probe: str
+    done: float
+    total: float | None = None
+    rate_s_per_it: float | None = None
+    eta_s: float | None = None
+
+
+class FailureInfo(BaseModel):
+    kind: str
+    line: str
+    fingerprint: str | None = None
+    traceback: str | None = None
+
+
+class AttemptInfo(BaseModel):
+    job: str
+    n: int
+    state: str
+    host: str
+    pid: int | None
+    started: float
+    ended: float | None
+    exit_code: int | None
+    exit_signal: int | None
+    log_path: str
+    phase: str | None
+    progress: ProgressInfo | None
+    verdict: str | None
+    reason: str | None
+    failure: FailureInfo | None
+    fingerprint: str | None
+    action: str | None
+    argv: list[str]
+
+
+class GpuDeviceInfo(BaseModel):
+    index: int
+    name: str
+    used_mib: int
+    total_mib: int
+    util_pct: int | None = None
+    processes: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class JobStatus(BaseModel):
+    name: str
+    state: str
+    reason: str
+    host: str
+    max_attempts: int
+    attempt: AttemptInfo | None
+    last_output_age_s: float | None = None
+    next_relaunch_in_s: float | None = None
+
+
+class StatusResponse(BaseModel):
+    jobs: list[JobStatus]
+    daemon_pid: int
+    daemon_version: str
+    gpu: list[GpuDeviceInfo] = Field(default_factory=list)
+    gpu_note: str = ""
+
+
+class StartResponse(BaseModel):
+    job: str
+    attempt: int
+    log_path: str
+    message: str
+
+
+class KilledProcess(BaseModel):
+    pid: int
+    name: str
+    signal: str
+
+
+class StopResponse(BaseModel):
+    job: str
+    message: str
+    processes: list[KilledProcess] = Field(default_factory=list)
+
+
+class EventInfo(BaseModel):
+    id: int
+    job: str
+    attempt: int
+    ts: float
+    kind: str
+    probe: str | None
+    phase: str | None
+    offset: int | None
+    message: str
+    data: dict[str, Any]
+
+
+class EventsResponse(BaseModel):
+    events: list[EventInfo]
+
+
+class AttemptsResponse(BaseModel):
+    attempts: list[AttemptInfo]
+
+
+class JobsResponse(BaseModel):
+    jobs: list[JobStatus]
+
+
+class GpusResponse(BaseModel):
+    available: bool
+    note: str
+    devices: list[GpuDeviceInfo]
+
+
+class LogChunk(BaseModel):
+    attempt: int
+    offset: int
+    text: str
+    redraw: bool = False
+    end: bool = False  # the attempt has ended and its log is fully sent
+
+
+class PingResponse(BaseModel):
+    pid: int
+    version: str
+    api_version: int = API_VERSION
+    state_dir: str

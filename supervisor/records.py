@@ -1,0 +1,98 @@
+"""Splitting raw log bytes into records.
+
+A pure function, so the follower, the offline replay and the tests share one definition
+of where a record ends.  Terminators are ``\n``, ``\r\n`` (one newline) and a lone ``\r``
+(a progress-bar redraw).  Nothing is ever dropped: every byte consumed belongs to exactly
+one record, so ``Record.end`` of one record is ``Record.offset`` of the next and a reader
+can resume at any record's end.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .events import Record
+
+# A record never carries more than this many bytes of text: an over-long line (a progress
+# bar without newlines for hours, a binary blob) is cut into pieces so memory stays bounded.
+MAX_RECORD_BYTES = 1 << 20
+
+_TERMINATOR = re.compile(rb"[\r\n]")
+_LF = 0x0A
+
+
+def split_records(data: bytes, base_offset: int, final: bool = False) -> tuple[list[Record], int]:
+    """Split ``data`` (which starts at byte ``base_offset`` of the log) into records.
+
+    Returns the complete records and the number of bytes they consume; the caller keeps
+    ``data[consumed:]`` and passes it again, followed by more bytes, on the next call.  The
+    result does not depend on how the stream is chunked across calls.
+
+    - ``\n`` and ``\r\n`` end a record; a lone ``\r`` ends one with ``redraw=True``.  A ``\r``
+      that is the last byte is held back (it may be the first half of ``\r\n``) unless
+      ``final``.
+    - A record whose text would exceed ``MAX_RECORD_BYTES`` is cut at that size (moved back
+      to a UTF-8 character boundary); each piece that ends at a cut rather than at a
+      terminator has ``cut=True``, and the next record continues it.
+    - Text is decoded as UTF-8 with ``errors="replace"``; NUL bytes are kept as ``"\x00"``.
+    - With ``final=True`` the trailing partial line (if any) is emitted too, so everything
+      is consumed.
+    """
+    records: list[Record] = []
+    pos = 0
+    size = len(data)
+    while pos < size:
+        found = _TERMINATOR.search(data, pos, min(size, pos + MAX_RECORD_BYTES + 1))
+        if found is None:
+            if size - pos <= MAX_RECORD_BYTES:
+                break  # a partial line: wait for its end
+            cut = _cut_point(data, pos)
+            records.append(_make(data, pos, cut, cut, base_offset, cut=True))
+            pos = cut
+            continue
+        end, redraw = _terminator_end(data, found.start(), final)
+        if end < 0:
+            break
+        records.append(_make(data, pos, found.start(), end, base_offset, redraw=redraw))
+        pos = end
+    if final and pos < size:
+        records.append(_make(data, pos, size, size, base_offset))
+        pos = size
+    return records, pos
+
+
+def _terminator_end(data: bytes, term: int, final: bool) -> tuple[int, bool]:
+    """Where the terminator at ``term`` ends and whether it is a redraw; -1 if undecidable yet."""
+    if data[term] == _LF:
+        return term + 1, False
+    if term + 1 < len(data):
+        if data[term + 1] == _LF:
+            return term + 2, False
+        return term + 1, True
+    # A trailing \r: the next chunk may start with the \n of a \r\n.
+    return (term + 1, True) if final else (-1, False)
+
+
+def _cut_point(data: bytes, pos: int) -> int:
+    """Where to cut an over-long line starting at ``pos``: ``MAX_RECORD_BYTES`` on, moved
+    back to the start of a UTF-8 sequence so a character is not turned into two U+FFFD."""
+    cut = pos + MAX_RECORD_BYTES
+    for lead in range(cut, max(pos, cut - 4), -1):
+        byte = data[lead]
+        if byte & 0xC0 != 0x80:  # not a continuation byte
+            return lead if byte >= 0xC0 else cut
+    return cut
+
+
+def _make(
+    data: bytes,
+    start: int,
+    stop: int,
+    end: int,
+    base: int,
+    *,
+    redraw: bool = False,
+    cut: bool = False,
+) -> Record:
+    text = data[start:stop].decode("utf-8", "replace")
+    return Record(text=text, offset=base + start, end=base + end, redraw=redraw, cut=cut)

@@ -1,0 +1,253 @@
+"""Job specs: `jobs/*.toml` validated by pydantic, and `--set key=value` overrides.
+
+A spec's command is a list of argv templates.  `{name}` in an item is replaced by the
+parameter `name` (from `[params]` or `--set name=value`) *inside that single item*: a
+value is never split and never seen by a shell, so `--set out='; rm -rf /'` is just an
+odd directory name.  Built-in names: `{python}` (the job's interpreter), `{spec_dir}`
+(the directory of the spec file), `{job}` and `{attempt}`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import SpecError
+from .events import Phase, Verdict
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_BUILTIN_PARAMS = ("python", "spec_dir", "job", "attempt")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RestartSpec(_Strict):
+    """When and how fast to relaunch (backoff waits are computed with tenacity)."""
+
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 3
+    backoff_initial_s: Annotated[float, Field(ge=0)] = 10.0
+    backoff_max_s: Annotated[float, Field(ge=0)] = 600.0
+    backoff_multiplier: Annotated[float, Field(ge=1)] = 2.0
+    backoff_jitter_s: Annotated[float, Field(ge=0)] = 5.0
+    on: list[Verdict] = Field(
+        default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.STALLED, Verdict.SILENT]
+    )
+    stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug
+
+
+class HealthSpec(_Strict):
+    """What counts as unhealthy.  Times are seconds."""
+
+    stall_k: Annotated[float, Field(gt=0)] = 3.0
+    stall_floor_s: Annotated[float, Field(gt=0)] = 60.0
+    stall_floor_by_phase: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    # Before the first progress interval is known, a progress probe must advance within this.
+    first_progress_s: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    silence_s: Annotated[float, Field(gt=0)] | None = None
+    silence_phases: list[Phase] = Field(
+        default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
+    )
+    phase_deadline_s: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+
+    def stall_floor(self, phase: Phase | None) -> float:
+        if phase is not None and phase in self.stall_floor_by_phase:
+            return self.stall_floor_by_phase[phase]
+        return self.stall_floor_s
+
+
+class GpuSpec(_Strict):
+    """Which GPUs the job uses and how to treat their memory around relaunches."""
+
+    devices: list[Annotated[int, Field(ge=0)]] | Literal["all"] = "all"
+    release_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    release_tolerance_mib: Annotated[int, Field(ge=0)] = 512
+    foreign_memory: Literal["wait", "refuse", "ignore"] = "wait"
+    foreign_wait_s: Annotated[float, Field(ge=0)] = 300.0
+
+
+class JobSpec(_Strict):
+    name: str
+    description: str = ""
+    host: str = "local"
+    python: str = ""  # the job's interpreter; empty: the supervisor's own
+    workdir: str = "."  # relative to the spec file
+    command: Annotated[list[str], Field(min_length=1)]
+    env: dict[str, str] = Field(default_factory=dict)
+    params: dict[str, str] = Field(default_factory=dict)
+    probes: list[str] = Field(default_factory=lambda: ["python"])
+    probe_files: list[str] = Field(default_factory=list)
+    unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
+    stop_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    spec_path: str = ""  # filled by the loader, not by the file
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError("letters, digits, '.', '_' and '-' only, starting with a letter or digit")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _valid_templates(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _template_fields(item)
+        return value
+
+    @property
+    def spec_dir(self) -> Path:
+        return Path(self.spec_path).parent if self.spec_path else Path.cwd()
+
+    def with_overrides(self, overrides: dict[str, str]) -> JobSpec:
+        """Apply `--set` values: params by name, or a few top-level scalars (host, python, workdir)."""
+        params = dict(self.params)
+        top: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key in ("host", "python", "workdir"):
+                top[key] = value
+            elif key in params or _is_referenced(self, key):
+                params[key] = value
+            else:
+                known = ", ".join(sorted(params)) or "none"
+                raise SpecError(
+                    f"{self.spec_path or self.name}: --set {key}: no such parameter (known: {known})"
+                )
+        return self.model_copy(update={"params": params, **top})
+
+    def interpreter(self) -> str:
+        return self.python or sys.executable
+
+    def resolved_workdir(self) -> Path:
+        return (self.spec_dir / self._expand(self.workdir, attempt=0)).resolve()
+
+    def argv(self, attempt: int) -> list[str]:
+        """The command with every template expanded; each item stays one argv item."""
+        return [self._expand(item, attempt) for item in self.command]
+
+    def environment(self, attempt: int) -> dict[str, str]:
+        env = {key: self._expand(value, attempt) for key, value in self.env.items()}
+        if self.unbuffered:
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _expand(self, template: str, attempt: int) -> str:
+        values = {
+            "python": self.interpreter(),
+            "spec_dir": str(self.spec_dir),
+            "job": self.name,
+            "attempt": str(attempt),
+        }
+        values.update({k: self._expand_param(v, values) for k, v in self.params.items()})
+        missing = [name for name in _template_fields(template) if name not in values]
+        if missing:
+            raise SpecError(
+                f"{self.spec_path or self.name}: command uses {{{missing[0]}}} but no parameter "
+                f"'{missing[0]}' is defined; add it under [params] or pass --set {missing[0]}=VALUE"
+            )
+        return template.format_map(values)
+
+    @staticmethod
+    def _expand_param(value: str, builtins: dict[str, str]) -> str:
+        # Parameters may use the built-ins (e.g. "{spec_dir}/data"), not each other.
+        try:
+            return value.format_map(_OnlyBuiltins(builtins))
+        except (ValueError, IndexError):
+            return value
+
+
+class _OnlyBuiltins(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _template_fields(template: str) -> list[str]:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"bad template {template!r}: {exc} (write a literal brace as {{{{ or }}}})") from exc
+    names = []
+    for _, name, _, _ in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier():
+            raise ValueError(f"bad template {template!r}: {{{name}}} is not a parameter name")
+        names.append(name)
+    return names
+
+
+def _is_referenced(spec: JobSpec, key: str) -> bool:
+    templates = [*spec.command, *spec.env.values(), spec.workdir]
+    return any(key in _template_fields(t) for t in templates) and key not in _BUILTIN_PARAMS
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--set {pair!r}: expected KEY=VALUE")
+        overrides[key.strip()] = value
+    return overrides
+
+
+def load_spec(path: Path) -> JobSpec:
+    """Read and validate one spec file; every problem is one SpecError line naming file and field."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read job spec: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: job spec is not UTF-8 text") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    raw.setdefault("name", path.stem)
+    raw["spec_path"] = str(path.resolve())
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_describe_validation(path, exc)) from exc
+
+
+def _describe_validation(path: Path, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+    got = first.get("input")
+    got_text = f"; got {got!r}" if got is not None and not isinstance(got, dict) else ""
+    return f"{path}: field '{where}': {first['msg']}{got_text}{more}"
+
+
+def spec_search_path() -> list[Path]:
+    """Where `supervise start NAME` looks for NAME.toml: $SUPERVISE_JOBS_PATH, ./jobs, the repo's jobs/."""
+    dirs = [Path(p) for p in os.environ.get("SUPERVISE_JOBS_PATH", "").split(os.pathsep) if p]
+    dirs.append(Path.cwd() / "jobs")
+    dirs.append(Path(__file__).resolve().parents[1] / "jobs")
+    unique: list[Path] = []
+    for d in dirs:
+        if d not in unique:
+            unique.append(d)
+    return unique
+
+
+def find_spec(name_or_path: str) -> JobSpec:
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or os.sep in name_or_path:
+        return load_spec(candidate)
+    for directory in spec_search_path():
+        path = directory / f"{name_or_path}.toml"
+        if path.is_file():
+            return load_spec(path)
+    searched = ", ".join(str(d) for d in spec_search_path())
+    raise SpecError(f"no job spec '{name_or_path}.toml' in {searched}; pass a path to a .toml file")

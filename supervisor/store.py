@@ -1,0 +1,331 @@
+"""The store: SQLite in WAL mode, one transaction per state change.
+
+Saved state lives here; live handles (tasks, followers, pidfds) live in the daemon.  A
+probe event batch and the log offset it brings the attempt to are written in the same
+transaction, so a daemon killed at any instant resumes at an offset that matches exactly
+the events it had stored: none lost, none doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import NotFound, StoreError
+from .events import Event, EventKind, Phase
+
+# Each entry migrates the schema from version i to i+1.  Never edit a shipped entry: append.
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        name TEXT PRIMARY KEY,
+        spec_json TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE attempts (
+        job TEXT NOT NULL REFERENCES jobs(name),
+        n INTEGER NOT NULL,
+        tag TEXT NOT NULL UNIQUE,
+        host TEXT NOT NULL,
+        argv_json TEXT NOT NULL,
+        workdir TEXT NOT NULL,
+        log_path TEXT NOT NULL,
+        status_path TEXT NOT NULL,
+        pid INTEGER,
+        pgid INTEGER,
+        start_time REAL,
+        started REAL NOT NULL,
+        ended REAL,
+        state TEXT NOT NULL,
+        exit_code INTEGER,
+        exit_signal INTEGER,
+        log_offset INTEGER NOT NULL DEFAULT 0,
+        phase TEXT,
+        progress_json TEXT,
+        verdict TEXT,
+        reason TEXT,
+        failure_json TEXT,
+        fingerprint TEXT,
+        action TEXT,
+        PRIMARY KEY (job, n)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        probe TEXT,
+        phase TEXT,
+        log_offset INTEGER,
+        message TEXT NOT NULL,
+        data_json TEXT NOT NULL
+    );
+    CREATE INDEX events_by_attempt ON events(job, attempt, id);
+    -- A probe event is identified by where in the log it came from: re-reading a stretch of
+    -- log after a restart can then never store the same event twice.
+    CREATE UNIQUE INDEX events_probe_once ON events(job, attempt, kind, probe, log_offset)
+        WHERE log_offset IS NOT NULL;
+    CREATE TABLE gpu_samples (
+        ts REAL NOT NULL,
+        host TEXT NOT NULL,
+        gpu INTEGER NOT NULL,
+        used_mib INTEGER NOT NULL,
+        total_mib INTEGER NOT NULL,
+        util_pct INTEGER,
+        PRIMARY KEY (host, gpu, ts)
+    );
+    """,
+)
+
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+@dataclass
+class AttemptRow:
+    job: str
+    n: int
+    tag: str
+    host: str
+    argv: list[str]
+    workdir: str
+    log_path: str
+    status_path: str
+    pid: int | None
+    pgid: int | None
+    start_time: float | None
+    started: float
+    ended: float | None
+    state: str  # launching | running | ended | lost
+    exit_code: int | None
+    exit_signal: int | None
+    log_offset: int
+    phase: str | None
+    progress: dict[str, Any] | None
+    verdict: str | None
+    reason: str | None
+    failure: dict[str, Any] | None
+    fingerprint: str | None
+    action: str | None
+
+
+@dataclass
+class JobRow:
+    name: str
+    spec: dict[str, Any]
+    state: str
+    reason: str
+    created: float
+    updated: float
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL is durable against a killed process (the WAL is in the OS); only power loss can drop the tail.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot create the store's directory {path.parent}: {exc.strerror}") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"store write failed ({self.path}): {exc}; free disk space, nothing stored was lost") from exc
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this supervise ({SCHEMA_VERSION}): upgrade supervise"
+            )
+        for target in range(version, SCHEMA_VERSION):
+            with self._tx() as db:
+                for statement in _MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version={target + 1}")
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def upsert_job(self, name: str, spec: dict[str, Any], state: str, reason: str = "") -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs(name, spec_json, state, reason, created, updated) VALUES(?,?,?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET spec_json=excluded.spec_json, state=excluded.state, "
+                "reason=excluded.reason, updated=excluded.updated",
+                (name, json.dumps(spec), state, reason, now, now),
+            )
+
+    def set_job_state(self, name: str, state: str, reason: str = "") -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET state=?, reason=?, updated=? WHERE name=?", (state, reason, time.time(), name))
+
+    def job(self, name: str) -> JobRow:
+        row = self._db.execute("SELECT * FROM jobs WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job named '{name}'; `supervise jobs` lists the known ones")
+        return _job_row(row)
+
+    def jobs(self) -> list[JobRow]:
+        return [_job_row(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY name")]
+
+    # -- attempts ---------------------------------------------------------------------
+
+    def next_attempt_number(self, job: str) -> int:
+        row = self._db.execute("SELECT MAX(n) FROM attempts WHERE job=?", (job,)).fetchone()
+        return (row[0] or 0) + 1
+
+    def add_attempt(self, row: AttemptRow) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, pid, pgid, "
+                "start_time, started, state, log_offset) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (row.job, row.n, row.tag, row.host, json.dumps(row.argv), row.workdir, row.log_path,
+                 row.status_path, row.pid, row.pgid, row.start_time, row.started, row.state, row.log_offset),
+            )
+
+    def update_attempt(self, job: str, n: int, **fields: Any) -> None:
+        if fields:
+            with self._tx() as db:
+                self._update_in_tx(db, job, n, fields)
+
+    def attempt(self, job: str, n: int) -> AttemptRow:
+        row = self._db.execute("SELECT * FROM attempts WHERE job=? AND n=?", (job, n)).fetchone()
+        if row is None:
+            raise NotFound(f"job '{job}' has no attempt {n}; `supervise attempts {job}` lists them")
+        return _attempt_row(row)
+
+    def attempts(self, job: str) -> list[AttemptRow]:
+        return [_attempt_row(r) for r in self._db.execute("SELECT * FROM attempts WHERE job=? ORDER BY n", (job,))]
+
+    def latest_attempt(self, job: str) -> AttemptRow | None:
+        row = self._db.execute("SELECT * FROM attempts WHERE job=? ORDER BY n DESC LIMIT 1", (job,)).fetchone()
+        return _attempt_row(row) if row else None
+
+    def live_attempts(self) -> list[AttemptRow]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE state IN ('launching', 'running') ORDER BY job, n")
+        return [_attempt_row(r) for r in rows]
+
+    # -- events -----------------------------------------------------------------------
+
+    def record_events(self, events: Iterable[Event], *, offset: int | None = None,
+                      attempt_fields: dict[str, Any] | None = None) -> list[Event]:
+        """Store events (assigning ids) and, in the same transaction, the attempt's new log
+        offset and any derived fields (phase, progress)."""
+        stored = list(events)
+        with self._tx() as db:
+            for event in stored:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, message, data_json) "
+                    "VALUES(?,?,?,?,?,?,?,?,?)",
+                    (event.job, event.attempt, event.ts, event.kind.value, event.probe,
+                     event.phase.value if event.phase else None, event.offset, event.message,
+                     json.dumps(event.data, default=str)),
+                )
+                event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
+            if stored and (offset is not None or attempt_fields):
+                job, n = stored[0].job, stored[0].attempt
+                fields = dict(attempt_fields or {})
+                if offset is not None:
+                    fields["log_offset"] = offset
+                self._update_in_tx(db, job, n, fields)
+        return stored
+
+    def set_offset(self, job: str, n: int, offset: int) -> None:
+        self.update_attempt(job, n, log_offset=offset)
+
+    def _update_in_tx(self, db: sqlite3.Connection, job: str, n: int, fields: dict[str, Any]) -> None:
+        sets, values = [], []
+        for key, value in fields.items():
+            column = {"progress": "progress_json", "failure": "failure_json"}.get(key, key)
+            if column.endswith("_json") and value is not None:
+                value = json.dumps(value)
+            sets.append(f"{column}=?")
+            values.append(value)
+        db.execute(f"UPDATE attempts SET {', '.join(sets)} WHERE job=? AND n=?", (*values, job, n))
+
+    def events(self, job: str, *, attempt: int | None = None, after_id: int = 0,
+               kinds: list[str] | None = None, limit: int = 10_000) -> list[Event]:
+        sql = "SELECT * FROM events WHERE job=? AND id>?"
+        args: list[Any] = [job, after_id]
+        if attempt is not None:
+            sql += " AND attempt=?"
+            args.append(attempt)
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args.extend(kinds)
+        sql += " ORDER BY id LIMIT ?"
+        args.append(limit)
+        return [_event(r) for r in self._db.execute(sql, args)]
+
+    # -- GPU samples ------------------------------------------------------------------
+
+    def record_gpu(self, host: str, ts: float, rows: Iterable[tuple[int, int, int, int | None]]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO gpu_samples(ts, host, gpu, used_mib, total_mib, util_pct) VALUES(?,?,?,?,?,?)",
+                [(ts, host, gpu, used, total, util) for gpu, used, total, util in rows],
+            )
+
+    def gpu_history(self, host: str, since: float) -> list[tuple[float, int, int, int]]:
+        rows = self._db.execute(
+            "SELECT ts, gpu, used_mib, total_mib FROM gpu_samples WHERE host=? AND ts>=? ORDER BY ts", (host, since)
+        )
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def _job_row(row: sqlite3.Row) -> JobRow:
+    return JobRow(row["name"], json.loads(row["spec_json"]), row["state"], row["reason"], row["created"], row["updated"])
+
+
+def _attempt_row(row: sqlite3.Row) -> AttemptRow:
+    def load(text: str | None) -> Any:
+        return json.loads(text) if text else None
+
+    return AttemptRow(
+        job=row["job"], n=row["n"], tag=row["tag"], host=row["host"], argv=json.loads(row["argv_json"]),
+        workdir=row["workdir"], log_path=row["log_path"], status_path=row["status_path"], pid=row["pid"],
+        pgid=row["pgid"], start_time=row["start_time"], started=row["started"], ended=row["ended"],
+        state=row["state"], exit_code=row["exit_code"], exit_signal=row["exit_signal"],
+        log_offset=row["log_offset"], phase=row["phase"], progress=load(row["progress_json"]),
+        verdict=row["verdict"], reason=row["reason"], failure=load(row["failure_json"]),
+        fingerprint=row["fingerprint"], action=row["action"],
+    )
+
+
+def _event(row: sqlite3.Row) -> Event:
+    return Event(
+        job=row["job"], attempt=row["attempt"], kind=EventKind(row["kind"]), message=row["message"],
+        ts=row["ts"], probe=row["probe"], phase=Phase(row["phase"]) if row["phase"] else None,
+        offset=row["log_offset"], data=json.loads(row["data_json"]), id=row["id"],
+    )

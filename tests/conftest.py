@@ -1,0 +1,145 @@
+"""Shared fixtures: a real daemon process in a temporary state directory, real job specs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.client import Client
+from supervisor.config import Paths
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02) -> object:
+    """Poll `predicate` until it returns something truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+class DaemonProcess:
+    """A real `python -m supervisor.daemon` in its own state directory."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        self.home = home
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paths = Paths(home)
+
+    def start(self) -> None:
+        log = open(self.home / "daemon-test.log", "ab")  # noqa: SIM115 - closed in stop()
+        self._log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor.daemon"], env=self.env,
+                                     stdout=log, stderr=log, start_new_session=True)
+        client = self.client()
+        try:
+            wait_until(lambda: _pings(client), timeout=20)
+        finally:
+            client.close()
+
+    def client(self) -> Client:
+        return Client(self.paths, timeout_s=60)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=20)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+        elif self.proc is not None:
+            self._log.close()
+
+    def log_text(self) -> str:
+        return (self.home / "daemon-test.log").read_text(errors="replace")
+
+
+def _pings(client: Client) -> bool:
+    try:
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    # Short path: Unix socket paths are limited to ~100 bytes.
+    path = Path(tempfile.mkdtemp(prefix="sv-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SUPERVISE_HOME"] = str(home)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture
+def daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[DaemonProcess]:
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    d = DaemonProcess(home, daemon_env)
+    d.start()
+    yield d
+    _kill_leftover_jobs(home)
+    d.stop()
+
+
+def _kill_leftover_jobs(home: Path) -> None:
+    """Tests must not leave job processes behind: kill every tagged process of this home."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if "SUPERVISE_ATTEMPT" in env and env.get("SUPERVISE_HOME") == str(home):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def make_job(home: Path) -> Callable[..., Path]:
+    """Write a job spec whose command runs a Python script; returns the spec path."""
+
+    def make(name: str, script: str, *, extra: str = "", probes: str = '["python", "tqdm"]', params: str = "") -> Path:
+        jobs = home / "specs"
+        jobs.mkdir(exist_ok=True)
+        script_path = jobs / f"{name}.py"
+        script_path.write_text(textwrap.dedent(script))
+        spec = jobs / f"{name}.toml"
+        spec.write_text(textwrap.dedent(f"""\
+            name = "{name}"
+            command = ["{{python}}", "{script_path}"{params}]
+            probes = {probes}
+            stop_grace_s = 2
+            [env]
+            SUPERVISE_HOME = "{home}"
+            """) + textwrap.dedent(extra))
+        return spec
+
+    return make

@@ -1,0 +1,142 @@
+"""The local host: detached launch, exit noticed without polling, whole-tree kill."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.errors import LaunchError
+from supervisor.host import LaunchRequest, ProcessHandle
+from supervisor.launch import LocalHost
+
+
+def request(tmp_path: Path, code: str, tag: str = "t.1.abc", workdir: Path | None = None) -> LaunchRequest:
+    return LaunchRequest(argv=[sys.executable, "-c", code], workdir=str(workdir or tmp_path), env={"PYTHONUNBUFFERED": "1"},
+                         log_path=str(tmp_path / "logs" / "attempt-1.log"),
+                         status_path=str(tmp_path / "logs" / "attempt-1.exit"), tag=tag)
+
+
+def test_launch_is_detached_tagged_and_exit_is_recorded(tmp_path: Path) -> None:
+    code = "import os,sys; print(os.getsid(0)==os.getpid(), os.environ['SUPERVISE_ATTEMPT'], sys.stdin.read()=='' ); sys.exit(7)"
+    # An hour-long poll interval proves the exit is noticed by the pidfd, not by polling.
+    host = LocalHost(poll_interval_s=3600)
+
+    async def run() -> tuple[ProcessHandle, float, object]:
+        handle = await host.launch(request(tmp_path, code))
+        start = time.monotonic()
+        status = await asyncio.wait_for(host.wait_exit(handle), timeout=10)
+        return handle, time.monotonic() - start, status
+
+    handle, waited, status = asyncio.run(run())
+    assert status.returncode == 7 and status.signal is None
+    log = Path(handle.log_path).read_text()
+    # The wrapper is the session leader; the command is its child in the same session.
+    assert "t.1.abc True" in log
+    assert waited < 5
+    assert handle.pgid == handle.pid
+
+
+def test_signal_death_is_reported(tmp_path: Path) -> None:
+    host = LocalHost()
+
+    async def run() -> object:
+        handle = await host.launch(request(tmp_path, "import os,signal; os.kill(os.getpid(), signal.SIGSEGV)"))
+        return await host.wait_exit(handle)
+
+    status = asyncio.run(run())
+    assert status.signal == signal.SIGSEGV
+
+
+def test_liveness_checks_start_time_against_pid_reuse(tmp_path: Path) -> None:
+    host = LocalHost()
+
+    async def run() -> tuple[bool, bool]:
+        handle = await host.launch(request(tmp_path, "import time; time.sleep(30)"))
+        alive = await host.is_alive(handle)
+        impostor = ProcessHandle(pid=handle.pid, start_time=(handle.start_time or 0) - 100, pgid=handle.pgid,
+                                 tag=handle.tag, log_path=handle.log_path, status_path=handle.status_path)
+        fooled = await host.is_alive(impostor)
+        await host.kill_tree(handle, 1.0)
+        return alive, fooled
+
+    alive, fooled = asyncio.run(run())
+    assert alive and not fooled
+
+
+def test_kill_tree_finds_escaped_tagged_process(tmp_path: Path) -> None:
+    pid_file = tmp_path / "escaped.pid"
+    code = f"""
+import os, time, signal
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stubborn: needs SIGKILL
+        open("{pid_file}", "w").write(str(os.getpid()))
+        time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+    host = LocalHost()
+
+    async def run() -> tuple[int, object, set[int]]:
+        handle = await host.launch(request(tmp_path, code))
+        deadline = time.monotonic() + 10
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        escaped = int(pid_file.read_text())
+        pids = await host.attempt_pids(handle)
+        report = await host.kill_tree(handle, 0.5)
+        return escaped, report, pids
+
+    escaped, report, pids = asyncio.run(run())
+    assert escaped in pids
+    assert escaped in {pid for pid, _ in report.killed}
+    assert not report.survivors
+    assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
+
+
+def test_bad_workdir_is_a_launch_error_with_the_reason(tmp_path: Path) -> None:
+    host = LocalHost()
+
+    async def run() -> object:
+        handle = await host.launch(request(tmp_path, "print(1)", workdir=tmp_path / "missing"))
+        return await host.wait_exit(handle)
+
+    try:
+        status = asyncio.run(run())
+    except LaunchError as exc:
+        assert "missing" in str(exc)
+    else:
+        # The wrapper may start before failing: then the failure is in the log and the status.
+        assert status.returncode != 0
+        assert "cannot enter working directory" in (tmp_path / "logs" / "attempt-1.log").read_text()
+
+
+def test_sighup_does_not_reach_the_job(tmp_path: Path) -> None:
+    host = LocalHost()
+
+    async def run() -> object:
+        handle = await host.launch(request(tmp_path, "import time; time.sleep(0.5); print('survived')"))
+        os.killpg(handle.pgid, signal.SIGHUP)
+        return await host.wait_exit(handle)
+
+    status = asyncio.run(run())
+    assert status.returncode == 0
+    assert "survived" in (tmp_path / "logs" / "attempt-1.log").read_text()
+
+
+@pytest.mark.parametrize("code", ["", "x"])
+def test_exit_status_parse(tmp_path: Path, code: str) -> None:
+    host = LocalHost()
+    status_path = tmp_path / "s.exit"
+    status_path.write_text(code)
+    handle = ProcessHandle(pid=1, start_time=None, pgid=1, tag="x", log_path="", status_path=str(status_path))
+    assert asyncio.run(host.exit_status(handle)) is None

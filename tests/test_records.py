@@ -1,0 +1,147 @@
+"""The pure record splitter: terminators, redraws, over-long lines, decoding, chunking."""
+
+from __future__ import annotations
+
+import random
+
+from supervisor.events import Record
+from supervisor.records import MAX_RECORD_BYTES, split_records
+
+
+def texts(records: list[Record]) -> list[str]:
+    return [r.text for r in records]
+
+
+def split_in_chunks(data: bytes, sizes: list[int], base: int = 0) -> list[Record]:
+    """Feed ``data`` in chunks of the given sizes the way a follower does, then finish."""
+    out: list[Record] = []
+    pending = b""
+    offset = base
+    pos = 0
+    for size in sizes:
+        pending += data[pos : pos + size]
+        pos += size
+        records, used = split_records(pending, offset)
+        out += records
+        pending = pending[used:]
+        offset += used
+    pending += data[pos:]
+    records, used = split_records(pending, offset, final=True)
+    assert used == len(pending)
+    return out + records
+
+
+def assert_contiguous(records: list[Record], start: int, stop: int) -> None:
+    position = start
+    for record in records:
+        assert record.offset == position
+        assert record.end > record.offset
+        position = record.end
+    assert position == stop
+
+
+def test_newlines_and_partial_line() -> None:
+    records, used = split_records(b"one\ntwo\nthr", 100)
+    assert texts(records) == ["one", "two"]
+    assert used == 8
+    assert [(r.offset, r.end) for r in records] == [(100, 104), (104, 108)]
+    assert not any(r.redraw or r.cut for r in records)
+
+
+def test_final_emits_partial_line() -> None:
+    records, used = split_records(b"one\nthr", 0, final=True)
+    assert texts(records) == ["one", "thr"]
+    assert used == 7
+    assert records[1] == Record("thr", 4, 7)
+
+
+def test_crlf_is_one_newline() -> None:
+    records, used = split_records(b"a\r\nb\r\n", 0)
+    assert texts(records) == ["a", "b"]
+    assert [r.redraw for r in records] == [False, False]
+    assert used == 6
+
+
+def test_lone_cr_is_a_redraw() -> None:
+    data = b"\r 10%|#\r 50%|#####\r100%|##########\n"
+    records, used = split_records(data, 0)
+    assert texts(records) == ["", " 10%|#", " 50%|#####", "100%|##########"]
+    assert [r.redraw for r in records] == [True, True, True, False]
+    assert used == len(data)
+
+
+def test_trailing_cr_waits_unless_final() -> None:
+    records, used = split_records(b"50%\r", 0)
+    assert records == [] and used == 0
+    records, used = split_records(b"50%\r", 0, final=True)
+    assert records == [Record("50%", 0, 4, redraw=True)]
+    assert used == 4
+
+
+def test_crlf_split_across_calls_is_not_a_redraw() -> None:
+    assert split_in_chunks(b"a\r\nb\n", [2, 1]) == split_records(b"a\r\nb\n", 0)[0]
+    records = split_in_chunks(b"a\r\nb\n", [2, 1])
+    assert [r.redraw for r in records] == [False, False]
+
+
+def test_invalid_utf8_and_nul() -> None:
+    records, _ = split_records(b"bad \xff\xfe here\nnul\x00byte\n", 0)
+    assert texts(records) == ["bad \ufffd\ufffd here", "nul\x00byte"]
+    assert records[1].end == len(b"bad \xff\xfe here\nnul\x00byte\n")
+
+
+def test_line_of_exactly_max_is_not_cut() -> None:
+    data = b"x" * MAX_RECORD_BYTES + b"\n"
+    records, used = split_records(data, 0)
+    assert len(records) == 1 and not records[0].cut
+    assert used == len(data)
+
+
+def test_long_line_is_cut_and_reassembles() -> None:
+    data = b"y" * (2 * MAX_RECORD_BYTES + 10) + b"\nnext\n"
+    records, used = split_records(data, 0)
+    assert [len(r.text) for r in records] == [MAX_RECORD_BYTES, MAX_RECORD_BYTES, 10, 4]
+    assert [r.cut for r in records] == [True, True, False, False]
+    assert "".join(texts(records[:3])) == "y" * (2 * MAX_RECORD_BYTES + 10)
+    assert_contiguous(records, 0, used)
+
+
+def test_long_partial_line_is_cut_without_final() -> None:
+    records, used = split_records(b"z" * (MAX_RECORD_BYTES + 5), 0)
+    assert len(records) == 1 and records[0].cut
+    assert used == MAX_RECORD_BYTES
+
+
+def test_cut_does_not_split_a_utf8_character() -> None:
+    # "€" is three bytes; put one across the cut position.
+    prefix = b"a" * (MAX_RECORD_BYTES - 1)
+    data = prefix + "€tail\n".encode()
+    records, _ = split_records(data, 0)
+    assert records[0].cut and records[0].text == "a" * (MAX_RECORD_BYTES - 1)
+    assert records[1].text == "€tail"
+    assert "\ufffd" not in "".join(texts(records))
+
+
+def test_result_does_not_depend_on_chunking() -> None:
+    rng = random.Random(7)
+    alphabet = [b"a", b"b", b"\n", b"\r", b"\r\n", b"\xff", b"\x00", "é".encode(), "€".encode()]
+    data = b"".join(rng.choice(alphabet) for _ in range(5000))
+    whole = split_records(data, 1000, final=True)[0]
+    assert_contiguous(whole, 1000, 1000 + len(data))
+    for _ in range(50):
+        sizes = [rng.randint(0, 40) for _ in range(300)]
+        assert split_in_chunks(data, sizes, base=1000) == whole
+
+
+def test_long_lines_do_not_depend_on_chunking() -> None:
+    data = ("€" * MAX_RECORD_BYTES).encode() + b"\r\n"  # 3 MiB: no cut falls on a boundary
+    whole = split_records(data, 0, final=True)[0]
+    chunked = split_in_chunks(data, [MAX_RECORD_BYTES // 3] * 12)
+    assert chunked == whole
+    assert [r.cut for r in whole] == [True, True, True, False]
+    assert "".join(texts(whole)) == "€" * MAX_RECORD_BYTES
+
+
+def test_empty_input() -> None:
+    assert split_records(b"", 5) == ([], 0)
+    assert split_records(b"", 5, final=True) == ([], 0)
