@@ -151,7 +151,11 @@ class WatchHub:
         self._inotify = Inotify()
         self._subs: dict[int, dict[int, Callback]] = {}
         self._tokens = itertools.count()
-        loop.add_reader(self._inotify.fd, self._on_readable)
+        try:
+            loop.add_reader(self._inotify.fd, self._on_readable)
+        except NotImplementedError as exc:  # an event loop without readiness callbacks
+            self._inotify.close()
+            raise OSError(errno.ENOSYS, "this event loop cannot watch file descriptors") from exc
 
     def add(self, path: str | os.PathLike[str], mask: int, callback: Callback) -> Watch:
         # IN_MASK_ADD: never narrow what another subscriber of the same inode asked for.

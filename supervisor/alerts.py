@@ -1,0 +1,260 @@
+"""Alerts: one message per incident through apprise (any of its services), always
+written to the daemon's log too.
+
+An alert says which job and attempt, what happened, the evidence, GPU memory per device
+and what the policy does next.  Repeats of the same incident (same ``key``) within
+``min_interval_s`` are suppressed and counted; a burst of distinct alerts is capped too,
+so a crash loop cannot flood a phone.  Notification URLs carry secrets (passwords, bot
+tokens, webhook keys): every URL that reaches a log goes through ``redact_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import structlog
+
+log = structlog.get_logger("supervise.alerts")
+
+MASK = "***"
+
+
+@dataclass(frozen=True)
+class Alert:
+    job: str
+    attempt: int
+    title: str
+    what: str
+    evidence: str
+    gpu: str
+    next_action: str
+    key: str  # alerts with the same key are the same incident, for de-duplication
+
+
+def format_body(alert: Alert, suppressed: int = 0) -> str:
+    lines = [
+        f"job: {alert.job}, attempt {alert.attempt}",
+        f"what: {alert.what}",
+        "evidence:",
+        *(f"  {line}" for line in (alert.evidence or "(none)").splitlines()),
+        f"GPU: {alert.gpu or 'unknown'}",
+        f"next: {alert.next_action}",
+    ]
+    if suppressed:
+        lines.append(f"({suppressed} similar alert(s) suppressed since the last one)")
+    return "\n".join(lines)
+
+
+class Alerter:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        min_interval_s: float = 60.0,
+        max_burst: int = 10,
+        timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._min_interval_s = min_interval_s
+        self._max_burst = max_burst
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._last_sent: dict[str, float] = {}
+        self._recent: deque[float] = deque()
+        self._pending_suppressed: dict[str, int] = {}
+        self.suppressed_total = 0
+        self._urls = [redact_url(u) for u in urls]
+        self._apprise = _build_apprise(urls) if urls else None
+
+    @property
+    def urls(self) -> list[str]:
+        """The configured URLs, redacted (safe to show)."""
+        return list(self._urls)
+
+    async def send(self, alert: Alert) -> bool:
+        """Deliver one alert; False if suppressed, not configured or not delivered.  Never raises."""
+        try:
+            return await self._send(alert)
+        except Exception as exc:  # noqa: BLE001 - an alert must never take the daemon down
+            log.warning("alert failed", job=alert.job, attempt=alert.attempt, error=redact_text(str(exc)))
+            return False
+
+    async def _send(self, alert: Alert) -> bool:
+        now = self._clock()
+        why_not = self._suppression(alert.key, now)
+        if why_not:
+            self._pending_suppressed[alert.key] = self._pending_suppressed.get(alert.key, 0) + 1
+            self.suppressed_total += 1
+            log.info("alert suppressed", job=alert.job, attempt=alert.attempt, key=alert.key, why=why_not,
+                     suppressed=self._pending_suppressed[alert.key])
+            return False
+        suppressed = self._pending_suppressed.pop(alert.key, 0)
+        body = format_body(alert, suppressed)
+        log.warning("alert", job=alert.job, attempt=alert.attempt, title=alert.title, what=alert.what,
+                    gpu=alert.gpu, next=alert.next_action, key=alert.key)
+        # Counted as sent even if delivery fails (or no URL is set): repeating it on every
+        # event would only add noise; the daemon log has the alert either way.
+        self._last_sent[alert.key] = now
+        self._recent.append(now)
+        if self._apprise is None:
+            return False
+        return await self._deliver(alert, body)
+
+    def _suppression(self, key: str, now: float) -> str:
+        last = self._last_sent.get(key)
+        if last is not None and now - last < self._min_interval_s:
+            return f"same alert within {self._min_interval_s:g}s"
+        while self._recent and now - self._recent[0] >= self._min_interval_s:
+            self._recent.popleft()
+        if len(self._recent) >= self._max_burst:
+            return f"more than {self._max_burst} alerts within {self._min_interval_s:g}s"
+        return ""
+
+    async def _deliver(self, alert: Alert, body: str) -> bool:
+        assert self._apprise is not None
+        apobj = self._apprise
+        if hasattr(apobj, "async_notify"):
+            call = apobj.async_notify(body=body, title=alert.title)
+        else:
+            call = asyncio.to_thread(apobj.notify, body=body, title=alert.title)
+        try:
+            ok = bool(await asyncio.wait_for(call, self._timeout_s))
+        except TimeoutError:
+            ok = False
+        if not ok:
+            log.warning("alert delivery failed", job=alert.job, attempt=alert.attempt, urls=self._urls)
+        return ok
+
+
+def _build_apprise(urls: list[str]) -> Any:
+    import apprise
+
+    _guard_apprise_logs()
+    apobj = apprise.Apprise()
+    with warnings.catch_warnings():
+        # Loading apprise's plugins imports the stdlib's deprecated imghdr (email plugin)
+        # on Python 3.11/3.12; that is apprise's business, not a problem of ours.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for url in urls:
+            if not apobj.add(url):
+                log.warning("alert URL not understood by apprise", url=redact_url(url))
+    return apobj
+
+
+class _RedactFilter(logging.Filter):
+    """Masks URLs in apprise's own log lines (it logs a URL it cannot parse in full)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact_text(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+def _guard_apprise_logs() -> None:
+    logger = logging.getLogger("apprise")
+    if not any(isinstance(f, _RedactFilter) for f in logger.filters):
+        logger.addFilter(_RedactFilter())
+
+
+# ---- redaction ----------------------------------------------------------------------------
+
+# Services whose URL is the secret itself (bot tokens, webhook ids and keys).
+_TOKEN_SCHEMES = frozenset({
+    "tgram", "discord", "slack", "pbul", "pover", "msteams", "ifttt", "join", "ntfy", "ntfys",
+    "pushed", "pjet", "pjets", "spush", "ryver", "zulip", "twist", "flock", "gchat", "guilded",
+    "lametric", "lametrics", "line", "mastodon", "toot", "toots", "opsgenie", "pagerduty",
+    "pushbullet", "pushover", "signal", "signals", "teams", "webex", "wxteams",
+})
+# Hosts of well-known webhooks: how many leading path segments are not secret.
+_WEBHOOK_HOSTS = {
+    "hooks.slack.com": 1,  # /services/T…/B…/token
+    "discord.com": 2,  # /api/webhooks/id/token
+    "discordapp.com": 2,
+    "api.telegram.org": 0,  # /bot<token>/sendMessage
+    "outlook.office.com": 1,  # /webhook/…
+    "hooks.zapier.com": 2,  # /hooks/catch/…
+    "maker.ifttt.com": 0,
+    "chat.googleapis.com": 4,  # /v1/spaces/X/messages?key=…&token=…
+}
+_SECRET_NAME = re.compile(r"token|key|secret|pass|pwd|auth|sig|code|session|credential|webhook", re.I)
+# A path segment that looks generated (long, mixes letters and digits) is treated as a key.
+_TOKENISH = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-.~%:]{16,}$")
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]{1,15}://[^\s'\"<>]+")
+
+
+def redact_url(url: str) -> str:
+    """The URL with passwords, tokens and webhook keys replaced by ``***`` (safe to log)."""
+    try:
+        return _redact(url)
+    except Exception:  # noqa: BLE001 - unparseable: show only the scheme
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}://{MASK}" if sep else MASK
+
+
+def redact_text(text: str) -> str:
+    """Every URL inside free text, redacted."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in _TOKEN_SCHEMES:
+        return f"{parts.scheme}://{MASK}"
+    netloc = _redact_netloc(parts.netloc)
+    host = parts.netloc.rpartition("@")[2].split(":")[0].lower()
+    path = _redact_path(parts.path, _kept_segments(host))
+    query = _redact_query(parts.query)
+    fragment = MASK if parts.fragment else ""
+    return urlunsplit((parts.scheme, netloc, path, query, fragment))
+
+
+def _redact_netloc(netloc: str) -> str:
+    userinfo, at, hostport = netloc.rpartition("@")
+    if not at:
+        return netloc
+    user, colon, _password = userinfo.partition(":")
+    if colon:
+        return f"{user}:{MASK}@{hostport}"
+    return f"{userinfo}@{hostport}"
+
+
+def _kept_segments(host: str) -> int | None:
+    if host in _WEBHOOK_HOSTS:
+        return _WEBHOOK_HOSTS[host]
+    if host.endswith(".webhook.office.com"):
+        return 1
+    return None
+
+
+def _redact_path(path: str, keep: int | None) -> str:
+    segments = path.split("/")
+    out = []
+    index = 0
+    for segment in segments:
+        if not segment:
+            out.append(segment)
+            continue
+        secret = (index >= keep) if keep is not None else bool(_TOKENISH.match(segment))
+        out.append(MASK if secret else segment)
+        index += 1
+    return "/".join(out)
+
+
+def _redact_query(query: str) -> str:
+    if not query:
+        return ""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    cleaned = [(k, MASK if _SECRET_NAME.search(k) or _TOKENISH.match(v) else v) for k, v in pairs]
+    return urlencode(cleaned, safe="*@:/,")

@@ -1,0 +1,164 @@
+"""FakeNvml: a stand-in for the ``pynvml`` module, for machines without a GPU.
+
+It mirrors the real library's behaviour at its API, not the supervisor's needs:
+- every call but ``nvmlInit`` raises ``NVMLError_Uninitialized`` before init (and after
+  the matching number of ``nvmlShutdown`` calls: NVML counts references);
+- memory is reported in bytes, ``used`` including what the driver reserves;
+- a process's ``usedGpuMemory`` is ``None`` when the driver cannot tell (pynvml maps
+  NVML_VALUE_NOT_AVAILABLE to None);
+- a bad index raises ``NVMLError_InvalidArgument``; utilisation can be unsupported
+  (MIG slices) and raises ``NVMLError_NotSupported``;
+- errors are the real ``pynvml.NVMLError`` subclasses, built the way pynvml builds them.
+
+A test drives its state: add devices and processes, free or re-allocate memory, make a
+process exit after a delay (on the fake's clock), or make the memory outlive the process
+list for a moment, as the driver does while it tears a context down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pynvml
+
+MIB = 1024 * 1024
+
+NVMLError = pynvml.NVMLError
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    # NVMLError(code) returns the matching subclass, as inside pynvml.
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class FakeDevice:
+    name: str = "NVIDIA H200"
+    uuid: str = ""
+    total_mib: int = 143771
+    reserved_mib: int = 615  # used with no process at all (an H200, driver 580, as NVML reported it)
+    util_pct: int = 0
+    util_supported: bool = True
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    gpu: int
+    mib: int
+    exits_at: float | None = None  # on the fake's clock: gone from the list from then on
+    frees_at: float | None = None  # memory still counted until then (driver teardown lag)
+    memory_reported: bool = True  # False: usedGpuMemory is None
+
+
+class FakeNvml:
+    """Module-like: pass it where ``pynvml`` would go (``NvmlSampler(nvml=FakeNvml(...))``)."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock: Callable[[], float] = clock or (lambda: 0.0)
+        self.devices: list[FakeDevice] = []
+        self.processes: list[FakeProcess] = []
+        self.init_error: int | None = None  # an NVML_ERROR_* code nvmlInit fails with
+        self.refcount = 0
+        self.calls: list[str] = []
+
+    # ---- test controls ------------------------------------------------------------
+
+    def add_device(self, **fields: object) -> int:
+        index = len(self.devices)
+        device = FakeDevice(**fields)  # type: ignore[arg-type]
+        if not device.uuid:
+            device.uuid = f"GPU-{index:08x}-0000-0000-0000-{index:012x}"
+        self.devices.append(device)
+        return index
+
+    def start_process(self, pid: int, gpu: int, mib: int, *, memory_reported: bool = True) -> FakeProcess:
+        process = FakeProcess(pid, gpu, mib, memory_reported=memory_reported)
+        self.processes.append(process)
+        return process
+
+    def exit_process(self, pid: int, *, after_s: float = 0.0, free_lag_s: float = 0.0) -> None:
+        """The process ends ``after_s`` from now; its memory goes ``free_lag_s`` after that."""
+        now = self.clock()
+        for process in self.processes:
+            if process.pid == pid:
+                process.exits_at = now + after_s
+                process.frees_at = now + after_s + free_lag_s
+
+    def set_memory(self, pid: int, mib: int) -> None:
+        for process in self.processes:
+            if process.pid == pid:
+                process.mib = mib
+
+    # ---- the pynvml API -----------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls.append("nvmlInit")
+        if self.init_error is not None:
+            raise nvml_error(self.init_error)
+        self.refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("nvmlShutdown")
+        self._require_init()
+        self.refcount -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._require_init()
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimpleNamespace:
+        self._require_init()
+        if not 0 <= index < len(self.devices):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return SimpleNamespace(index=index)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: SimpleNamespace, version: int | None = None) -> SimpleNamespace:
+        device = self._device(handle)
+        used = (device.reserved_mib + self._held_mib(handle.index)) * MIB
+        total = device.total_mib * MIB
+        return SimpleNamespace(total=total, free=max(0, total - used), used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: SimpleNamespace) -> SimpleNamespace:
+        device = self._device(handle)
+        if not device.util_supported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=device.util_pct, memory=0)
+
+    def nvmlDeviceGetName(self, handle: SimpleNamespace) -> str:
+        return self._device(handle).name
+
+    def nvmlDeviceGetUUID(self, handle: SimpleNamespace) -> str:
+        return self._device(handle).uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: SimpleNamespace) -> list[SimpleNamespace]:
+        self._device(handle)
+        now = self.clock()
+        return [
+            SimpleNamespace(
+                pid=p.pid,
+                usedGpuMemory=p.mib * MIB if p.memory_reported else None,
+                gpuInstanceId=0xFFFFFFFF,
+                computeInstanceId=0xFFFFFFFF,
+            )
+            for p in self.processes
+            if p.gpu == handle.index and (p.exits_at is None or now < p.exits_at)
+        ]
+
+    # ---- internals ---------------------------------------------------------------
+
+    def _require_init(self) -> None:
+        if self.refcount <= 0:
+            raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _device(self, handle: SimpleNamespace) -> FakeDevice:
+        self._require_init()
+        return self.devices[handle.index]
+
+    def _held_mib(self, index: int) -> int:
+        now = self.clock()
+        return sum(p.mib for p in self.processes if p.gpu == index and (p.frees_at is None or now < p.frees_at))

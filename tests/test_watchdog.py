@@ -1,0 +1,482 @@
+"""The watchdog: judgements from event sequences on a fake clock, and a replay of real pacing."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.events import Event, EventKind, FailureKind, Phase, Verdict
+from supervisor.spec import HealthSpec
+from supervisor.watchdog import Judgement, Watchdog, format_duration
+
+DATA = Path(__file__).parent / "data"
+
+
+class Clock:
+    """A plain mutable time source."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def phase(p: Phase) -> Event:
+    return Event(job="j", attempt=1, kind=EventKind.PHASE, message=p.value, phase=p, probe="vllm.phase")
+
+
+def progress(done: int, total: int | None = 64, probe: str = "vllm.shards") -> Event:
+    return Event(job="j", attempt=1, kind=EventKind.PROGRESS, message="bar", probe=probe,
+                 data={"done": done, "total": total})
+
+
+def heartbeat() -> Event:
+    return Event(job="j", attempt=1, kind=EventKind.INFO, message="waiting", data={"heartbeat": True})
+
+
+def failure(kind: str = "runtime_error", line: str = "RuntimeError: boom", fp: str = "fp1") -> Event:
+    tb = "Traceback (most recent call last):\n" + "".join(f'  File "x.py", line {i}, in f\n' for i in range(30)) + line
+    return Event(job="j", attempt=1, kind=EventKind.FAILURE, message=line, probe="python.traceback",
+                 data={"failure": kind, "line": line, "fingerprint": fp, "traceback": tb})
+
+
+def make(**health: Any) -> tuple[Watchdog, Clock]:
+    clock = Clock()
+    return Watchdog(HealthSpec(**health), clock=clock), clock
+
+
+def advance(w: Watchdog, clock: Clock, done: int, at: float, total: int | None = 64) -> None:
+    clock.t = at
+    w.observe(progress(done, total))
+
+
+# ---- stuck progress ----------------------------------------------------------------------
+
+
+def test_stall_bound_is_k_times_median_interval_and_reason_reads_well() -> None:
+    w, clock = make(stall_floor_s=10)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    for i in range(46):  # 0/64 .. 45/64, one shard every 17.6 s
+        advance(w, clock, i, 17.6 * i)
+    clock.t = 17.6 * 45 + 190
+    j = w.check()
+    assert j.verdict == Verdict.STALLED
+    assert j.reason == "shard 45/64, no progress for 3m10s (bound 52.8s = 3 x median 17.6 s/it)"
+    assert j.evidence["probe"] == "vllm.shards"
+    assert (j.evidence["done"], j.evidence["total"]) == (45, 64)
+    assert j.evidence["stalled_s"] == pytest.approx(190.0)
+    assert j.evidence["median_interval_s"] == pytest.approx(17.6)
+    assert j.evidence["bound_s"] == pytest.approx(52.8)
+
+
+def test_not_stalled_just_before_the_bound_and_stalled_at_it() -> None:
+    w, clock = make(stall_floor_s=1)
+    for i in range(5):
+        advance(w, clock, i, 2.0 * i)  # median 2 s -> bound 6 s after the advance at t=8
+    assert w.next_check_at() == pytest.approx(14.0)
+    assert w.check(13.99).verdict == Verdict.HEALTHY
+    deadline = w.next_check_at()
+    assert deadline is not None
+    assert w.check(deadline).verdict == Verdict.STALLED  # waking exactly then sees it
+
+
+def test_floor_applies_when_k_times_median_is_smaller() -> None:
+    w, clock = make()  # default floor 60 s
+    for i in range(5):
+        advance(w, clock, i, 0.15 * i)
+    assert w.check(0.6 + 59.9).verdict == Verdict.HEALTHY
+    j = w.check(0.6 + 60.0)
+    assert j.verdict == Verdict.STALLED
+    assert j.evidence["bound_s"] == 60.0
+    assert "stall floor" in j.reason
+
+
+def test_per_phase_floor() -> None:
+    w, clock = make(stall_floor_s=60, stall_floor_by_phase={Phase.WEIGHT_LOADING: 5})
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    for i in range(3):
+        advance(w, clock, i, 0.1 * i)
+    assert w.check(0.2 + 5.0).verdict == Verdict.STALLED
+
+
+def test_progress_resuming_clears_the_stall() -> None:
+    w, clock = make(stall_floor_s=5)
+    for i in range(4):
+        advance(w, clock, i, float(i))
+    assert w.check(3 + 10).verdict == Verdict.STALLED
+    advance(w, clock, 4, 13.0)
+    assert w.check().verdict == Verdict.HEALTHY
+    assert w.progress is not None and w.progress.done == 4
+
+
+def test_a_repeated_done_is_not_an_advance() -> None:
+    w, clock = make(stall_floor_s=5)
+    advance(w, clock, 0, 0.0)
+    advance(w, clock, 1, 1.0)
+    for t in (2.0, 3.0, 4.0, 5.0):
+        advance(w, clock, 1, t)  # the same bar redrawn
+    assert w.check(6.0).verdict == Verdict.STALLED
+    assert w.check(6.0).evidence["stalled_s"] == pytest.approx(5.0)
+
+
+def test_heartbeats_are_output_but_not_progress() -> None:
+    w, clock = make(stall_floor_s=5, silence_s=3, silence_phases=[Phase.WEIGHT_LOADING])
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 0, 0.0)
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+        clock.t = t
+        w.observe(heartbeat())
+    j = w.check(6.5)
+    assert j.verdict == Verdict.STALLED  # heartbeats did not reset the stall clock...
+    assert "also" not in j.evidence  # ...but they did keep it from being silent
+
+
+def test_first_progress_bound_before_any_interval_is_known() -> None:
+    w, clock = make(stall_floor_s=60, first_progress_s={Phase.WEIGHT_LOADING: 20})
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 0, 1.0)
+    assert w.check(20.9).verdict == Verdict.HEALTHY
+    j = w.check(21.0)
+    assert j.verdict == Verdict.STALLED
+    assert j.evidence["bound_s"] == 20
+    assert "first advance expected" in j.reason
+
+
+def test_first_progress_applies_when_no_bar_ever_appears() -> None:
+    w, clock = make(first_progress_s={Phase.WEIGHT_LOADING: 30})
+    clock.t = 10
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    assert w.next_check_at() == pytest.approx(40)
+    j = w.check(40)
+    assert j.verdict == Verdict.STALLED
+    assert "no progress shown" in j.reason
+
+
+def test_a_finished_bar_is_no_longer_watched() -> None:
+    w, clock = make(stall_floor_s=5)
+    for i in range(14):
+        advance(w, clock, i, 0.1 * i, total=13)
+    advance(w, clock, 13, 1.5, total=13)  # the 100% bar printed twice
+    assert w.check(1000).verdict == Verdict.HEALTHY
+    assert w.next_check_at() is None
+
+
+def test_a_bar_that_restarts_is_a_new_bar() -> None:
+    w, clock = make(stall_floor_s=5)
+    for i in range(51):
+        advance(w, clock, i, 0.01 * i, total=51)  # CUDA graphs, first pass
+    advance(w, clock, 0, 1.0, total=51)  # second pass from 0
+    assert w.progress is not None and w.progress.done == 0
+    assert w.check(5.9).verdict == Verdict.HEALTHY
+    assert w.check(6.0).verdict == Verdict.STALLED
+
+
+def test_a_later_phase_retires_earlier_bars() -> None:
+    w, clock = make(stall_floor_s=5)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 3, 0.0)
+    advance(w, clock, 4, 1.0)  # never reaches 64/64 (a bar with leave=False)
+    w.observe(phase(Phase.KV_CACHE_PROFILE))
+    assert w.check(100).verdict == Verdict.HEALTHY
+
+
+def test_progress_of_an_earlier_phase_is_still_shown() -> None:
+    w, clock = make()
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 63, 0.0)
+    w.observe(phase(Phase.KV_CACHE_PROFILE))
+    assert w.progress is not None and w.progress.done == 63
+    advance(w, clock, 64, 1.0)  # a late redraw of it is followed as a new bar
+    assert w.progress is not None and w.progress.done == 64
+
+
+def test_phases_only_move_forward() -> None:
+    w, clock = make(phase_deadline_s={Phase.WEIGHT_LOADING: 100})
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    clock.t = 50
+    w.observe(phase(Phase.MODEL_INIT))  # another rank, late
+    w.observe(phase(Phase.WEIGHT_LOADING))  # not a re-entry: the deadline clock keeps running
+    assert w.phase == Phase.WEIGHT_LOADING
+    assert w.next_check_at() == pytest.approx(100)
+
+
+def test_progress_state_rate_and_eta() -> None:
+    w, clock = make()
+    advance(w, clock, 0, 0.0, total=10)
+    advance(w, clock, 2, 4.0, total=10)  # two items in one advance: 2 s/it
+    advance(w, clock, 3, 6.0, total=10)
+    state = w.progress
+    assert state is not None
+    assert (state.probe, state.done, state.total) == ("vllm.shards", 3, 10)
+    assert state.rate == pytest.approx(2.0)
+    assert state.eta_s == pytest.approx(14.0)
+    assert state.last_advance_at == 6.0
+
+
+def test_string_fields_from_regex_captures_are_accepted() -> None:
+    w, clock = make(stall_floor_s=5)
+    w.observe(Event(job="j", attempt=1, kind=EventKind.PROGRESS, message="", probe="p.steps",
+                    data={"done": "7", "total": "9"}))
+    assert w.progress is not None and (w.progress.done, w.progress.total) == (7, 9)
+
+
+# ---- silence and phase deadlines --------------------------------------------------------
+
+
+def test_silence_in_a_listed_phase() -> None:
+    w, clock = make(silence_s=30, silence_phases=[Phase.RUNNING])
+    w.observe(phase(Phase.RUNNING))
+    clock.t = 10
+    w.output_seen()
+    assert w.next_check_at() == pytest.approx(40)
+    assert w.check(39.9).verdict == Verdict.HEALTHY
+    j = w.check(40)
+    assert j.verdict == Verdict.SILENT
+    assert j.evidence["silent_s"] == pytest.approx(30)
+    assert "no output for 30.0s" in j.reason
+    w.output_seen(41)
+    assert w.check(41).verdict == Verdict.HEALTHY
+
+
+def test_silence_is_not_judged_outside_the_listed_phases() -> None:
+    w, clock = make(silence_s=30, silence_phases=[Phase.RUNNING])
+    w.observe(phase(Phase.MODEL_INIT))
+    assert w.check(1000).verdict == Verdict.HEALTHY
+    assert w.next_check_at() is None
+
+
+def test_phase_deadline() -> None:
+    w, clock = make(phase_deadline_s={Phase.MODEL_INIT: 600})
+    clock.t = 5
+    w.observe(phase(Phase.MODEL_INIT))
+    j = w.check(5 + 601)
+    assert j.verdict == Verdict.STALLED
+    assert j.reason.startswith("phase model_init exceeded its deadline of 10m00s")
+    assert j.evidence["deadline_s"] == 600
+
+
+def test_leaving_a_phase_in_time_meets_its_deadline() -> None:
+    w, clock = make(phase_deadline_s={Phase.MODEL_INIT: 600})
+    w.observe(phase(Phase.MODEL_INIT))
+    clock.t = 599
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    assert w.check(10_000).verdict == Verdict.HEALTHY
+
+
+def test_the_rule_broken_first_is_the_verdict() -> None:
+    w, clock = make(stall_floor_s=5, silence_s=20, silence_phases=[Phase.WEIGHT_LOADING])
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 0, 0.0)
+    advance(w, clock, 1, 1.0)
+    j = w.check(30)
+    assert j.verdict == Verdict.STALLED
+    assert len(j.evidence["also"]) == 1 and "no output" in j.evidence["also"][0]
+
+
+def test_next_check_at_is_the_earliest_pending_rule() -> None:
+    w, clock = make(stall_floor_s=50, silence_s=20, silence_phases=[Phase.WEIGHT_LOADING],
+                    phase_deadline_s={Phase.WEIGHT_LOADING: 500})
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 0, 3.0)
+    assert w.next_check_at() == pytest.approx(23.0)  # silence first
+    assert w.next_check_at(now=23.0) == pytest.approx(53.0)  # then the stall, then the deadline
+    assert w.next_check_at(now=53.0) == pytest.approx(500.0)
+
+
+# ---- exits ------------------------------------------------------------------------------
+
+
+def test_exit_zero_is_done() -> None:
+    w, _ = make()
+    j = w.exited(0, None, killed_by_us=False)
+    assert j == Judgement(Verdict.DONE, "exited 0", j.evidence)
+    assert j.evidence["returncode"] == 0 and "failure" not in j.evidence
+
+
+def test_exit_zero_after_a_logged_failure_is_done_with_the_failure_kept() -> None:
+    w, _ = make()
+    w.observe(failure(line="ValueError: retrying with a smaller batch"))
+    j = w.exited(0, None, killed_by_us=False)
+    assert j.verdict == Verdict.DONE
+    assert j.evidence["line"] == "ValueError: retrying with a smaller batch"
+
+
+def test_nonzero_exit_after_a_failure_is_a_crash_with_evidence() -> None:
+    w, _ = make()
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    w.observe(failure(line="KeyError: 'model.layers.0.mlp.experts.w13_weight'", fp="ab12cd34ef56aa"))
+    w.observe(failure(line="RuntimeError: Engine core initialization failed", fp="zz"))
+    j = w.exited(1, None, killed_by_us=False)
+    assert j.verdict == Verdict.CRASHED
+    assert j.reason == "exited 1: KeyError: 'model.layers.0.mlp.experts.w13_weight'"
+    ev = j.evidence
+    assert ev["fingerprint"] == "ab12cd34ef56aa"
+    assert ev["returncode"] == 1 and ev["signal"] is None and ev["phase"] == "weight_loading"
+    assert ev["failures_seen"] == 2
+    assert ev["traceback_tail"].splitlines()[-1] == "KeyError: 'model.layers.0.mlp.experts.w13_weight'"
+    assert len(ev["traceback_tail"].splitlines()) == 15
+    assert w.check().verdict == Verdict.CRASHED  # final from now on
+    assert w.next_check_at() is None
+
+
+def test_nonzero_exit_without_a_failure_line_is_a_crash() -> None:
+    w, _ = make()
+    j = w.exited(3, None, killed_by_us=False)
+    assert j.verdict == Verdict.CRASHED and "exited 3" in j.reason
+
+
+def test_cuda_oom_then_death_is_oom() -> None:
+    w, _ = make()
+    w.observe(failure(kind=FailureKind.CUDA_OOM, line="torch.OutOfMemoryError: CUDA out of memory."))
+    w.observe(failure(line="RuntimeError: worker died"))
+    j = w.exited(1, None, killed_by_us=False)
+    assert j.verdict == Verdict.OOM
+    assert j.evidence["failure"] == FailureKind.CUDA_OOM
+    assert "CUDA out of memory" in j.evidence["line"]
+
+
+@pytest.mark.parametrize(("returncode", "signal"), [(None, 9), (137, None), (-9, None)])
+def test_sigkill_we_did_not_send_is_oom(returncode: int | None, signal: int | None) -> None:
+    w, _ = make()
+    j = w.exited(returncode, signal, killed_by_us=False)
+    assert j.verdict == Verdict.OOM
+    assert j.reason == "killed by SIGKILL not sent by the supervisor (kernel OOM killer?)"
+    assert j.evidence["signal_name"] == "SIGKILL"
+
+
+def test_sigkill_we_sent_after_a_stall_keeps_the_stall_verdict() -> None:
+    w, clock = make(stall_floor_s=5)
+    advance(w, clock, 0, 0.0)
+    stalled = w.check(10)
+    assert stalled.verdict == Verdict.STALLED
+    j = w.exited(None, 9, killed_by_us=True)
+    assert j.verdict == Verdict.STALLED
+    assert j.reason == stalled.reason
+    assert j.evidence["signal"] == 9
+
+
+def test_a_stalled_process_we_stopped_that_exits_0_is_still_stalled() -> None:
+    w, clock = make(stall_floor_s=5)
+    advance(w, clock, 0, 0.0)
+    assert w.check(10).verdict == Verdict.STALLED
+    assert w.exited(0, None, killed_by_us=True).verdict == Verdict.STALLED
+
+
+def test_a_stall_that_cleared_is_not_the_exit_verdict() -> None:
+    w, clock = make(stall_floor_s=5)
+    advance(w, clock, 0, 0.0)
+    assert w.check(10).verdict == Verdict.STALLED
+    advance(w, clock, 1, 11.0)
+    assert w.check(11).verdict == Verdict.HEALTHY
+    assert w.exited(None, 15, killed_by_us=True).verdict == Verdict.CRASHED
+
+
+def test_killed_by_us_without_a_prior_verdict_is_reported_as_stopped() -> None:
+    w, _ = make()
+    j = w.exited(None, 15, killed_by_us=True)
+    assert j.verdict == Verdict.CRASHED and "stopped by the supervisor" in j.reason
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(45, "45.0s"), (190, "3m10s"), (7500, "2h05m")])
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+# ---- replay of real pacing ----------------------------------------------------------------
+
+_STALL_LOG = "vllm-0.23-6.7b-serve-stall-at-5of13"
+_SHARD_BAR = re.compile(r"Loading safetensors checkpoint shards:\s+\d+% Completed \| (\d+)/(\d+)")
+
+
+def _pacing_file(name: str) -> Path:
+    # The whole corpus may be copied under tests/data/corpus/; the pacing copy is always there.
+    for folder in (DATA / "corpus" / "device-logs", DATA / "pacing"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(name)
+
+
+def _arrivals() -> list[tuple[float, str]]:
+    """(seconds since launch, record text) for every record, in arrival order."""
+    out = []
+    for line in _pacing_file(f"{_STALL_LOG}.arrivals.tsv").read_text(encoding="utf-8").splitlines():
+        when, _, literal = line.partition("\t")
+        if literal.startswith("#"):
+            continue  # a note about the run (SIGSTOP/SIGCONT), not a record
+        out.append((float(when), ast.literal_eval(literal)))
+    return out
+
+
+def _without_the_freeze(arrivals: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """The same run as if the EngineCore had never been stopped: a healthy paced load."""
+    gap_start = next(t for t, text in arrivals if "5/13" in text)
+    gap_end = next(t for t, text in arrivals if "6/13" in text)
+    gap = gap_end - gap_start - 0.15  # keep the usual per-shard interval
+    return [(t - gap if t >= gap_end else t, text) for t, text in arrivals]
+
+
+def _replay(arrivals: list[tuple[float, str]], health: HealthSpec) -> list[tuple[float, Judgement]]:
+    """Drive a watchdog the way the daemon does: check on every record and at next_check_at()."""
+    clock = Clock()
+    w = Watchdog(health, clock=clock)
+    changes: list[tuple[float, Judgement]] = []
+
+    def check(at: float) -> None:
+        clock.t = at
+        j = w.check()
+        if not changes or changes[-1][1].verdict != j.verdict:
+            changes.append((at, j))
+
+    for when, text in arrivals:
+        wake = w.next_check_at(now=clock.t)
+        while wake is not None and wake <= when:
+            check(wake)
+            wake = w.next_check_at(now=wake)
+        clock.t = when
+        w.output_seen()
+        match = _SHARD_BAR.search(text)
+        if match:
+            w.observe(phase(Phase.WEIGHT_LOADING))
+            w.observe(progress(int(match[1]), int(match[2])))
+        check(when)
+    return changes
+
+
+def test_replay_real_freeze_is_flagged_within_the_bound_and_clears() -> None:
+    arrivals = _arrivals()
+    froze_at = next(t for t, text in arrivals if "5/13" in text)
+    resumed_at = next(t for t, text in arrivals if "6/13" in text)
+    assert resumed_at - froze_at == pytest.approx(45.1, abs=0.2)
+    changes = _replay(arrivals, HealthSpec(stall_floor_s=5))
+    verdicts = [j.verdict for _, j in changes]
+    assert verdicts == [Verdict.HEALTHY, Verdict.STALLED, Verdict.HEALTHY]
+    flagged_at, stalled = changes[1]
+    assert flagged_at - froze_at == pytest.approx(5.0, abs=1e-6)  # exactly at the bound
+    assert stalled.evidence["done"] == 5 and stalled.evidence["total"] == 13
+    assert stalled.evidence["median_interval_s"] == pytest.approx(0.147, abs=0.01)
+    assert stalled.reason.startswith("shard 5/13, no progress for 5.0s (bound 5.0s = stall floor")
+    assert changes[2][0] == resumed_at
+
+
+def test_replay_real_freeze_is_flagged_with_a_tight_floor_within_3x_interval_or_floor() -> None:
+    arrivals = _arrivals()
+    froze_at = next(t for t, text in arrivals if "5/13" in text)
+    changes = _replay(arrivals, HealthSpec(stall_floor_s=0.5))
+    flagged_at = next(t for t, j in changes if j.verdict == Verdict.STALLED)
+    assert flagged_at - froze_at <= max(0.5, 3 * 0.16) + 1e-6
+
+
+def test_replay_real_freeze_is_not_flagged_with_the_default_floor() -> None:
+    changes = _replay(_arrivals(), HealthSpec())
+    assert [j.verdict for _, j in changes] == [Verdict.HEALTHY]
+
+
+@pytest.mark.parametrize("floor", [0.5, 5.0, 60.0])
+def test_replay_healthy_paced_load_is_never_flagged(floor: float) -> None:
+    changes = _replay(_without_the_freeze(_arrivals()), HealthSpec(stall_floor_s=floor))
+    assert [j.verdict for _, j in changes] == [Verdict.HEALTHY]
