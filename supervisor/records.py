@@ -38,6 +38,61 @@ def split_records(data: bytes, base_offset: int, final: bool = False) -> tuple[l
     - With ``final=True`` the trailing partial line (if any) is emitted too, so everything
       is consumed.
     """
+    lines = data.split(b"\n")
+    tail = lines.pop()  # what follows the last newline: a partial line
+    if (lines and max(map(len, lines)) > MAX_RECORD_BYTES) or len(tail) > MAX_RECORD_BYTES:
+        return _split_general(data, base_offset, final)  # over-long lines: cut them the slow way
+    # The common case, done in bulk: C-level split, then one record per piece.
+    records: list[Record] = []
+    append = records.append
+    pos = base_offset
+    for line in lines:
+        if b"\r" in line:
+            pos = _carriage_returns(line, pos, records)
+        else:
+            end = pos + len(line) + 1
+            append(Record(line.decode("utf-8", "replace"), pos, end))
+            pos = end
+    if tail:
+        pos = _partial_tail(tail, pos, records, final)
+    return records, pos - base_offset
+
+
+def _carriage_returns(line: bytes, pos: int, records: list[Record]) -> int:
+    """Records of one newline-terminated ``line`` (given without its ``\\n``) that holds
+    ``\\r`` bytes: each lone ``\\r`` ends a redraw, and a last ``\\r`` is half of ``\\r\\n``."""
+    parts = line.split(b"\r")
+    crlf = not parts[-1]
+    if crlf:
+        parts.pop()  # the empty piece between the \r and the \n
+    last = parts.pop()
+    for part in parts:
+        end = pos + len(part) + 1
+        records.append(Record(part.decode("utf-8", "replace"), pos, end, redraw=True))
+        pos = end
+    end = pos + len(last) + (2 if crlf else 1)
+    records.append(Record(last.decode("utf-8", "replace"), pos, end))
+    return end
+
+
+def _partial_tail(tail: bytes, pos: int, records: list[Record], final: bool) -> int:
+    """Records of the bytes after the last newline; returns the position consumed."""
+    parts = tail.split(b"\r")
+    rest = parts.pop()  # after the last \r: b"" when the tail ends with one
+    if not final and not rest and parts:
+        parts.pop()  # that \r may be the first half of a \r\n still to come: held back
+    for part in parts:
+        end = pos + len(part) + 1
+        records.append(Record(part.decode("utf-8", "replace"), pos, end, redraw=True))
+        pos = end
+    if final and rest:
+        records.append(Record(rest.decode("utf-8", "replace"), pos, pos + len(rest)))
+        pos += len(rest)
+    return pos
+
+
+def _split_general(data: bytes, base_offset: int, final: bool) -> tuple[list[Record], int]:
+    """The record-by-record splitter, which also cuts over-long lines."""
     records: list[Record] = []
     pos = 0
     size = len(data)

@@ -41,6 +41,7 @@ class DaemonProcess:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.paths = Paths(home)
+        self._clients: list[Client] = []
 
     def start(self) -> None:
         log = open(self.home / "daemon-test.log", "ab")  # noqa: SIM115 - closed in stop()
@@ -54,7 +55,9 @@ class DaemonProcess:
             client.close()
 
     def client(self) -> Client:
-        return Client(self.paths, timeout_s=60)
+        client = Client(self.paths, timeout_s=60)
+        self._clients.append(client)  # closed when the daemon stops
+        return client
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
@@ -63,6 +66,8 @@ class DaemonProcess:
         self._log.close()
 
     def stop(self) -> None:
+        for client in self._clients:
+            client.close()
         if self.proc is not None and self.proc.poll() is None:
             self.kill(signal.SIGTERM)
         elif self.proc is not None:
@@ -73,11 +78,7 @@ class DaemonProcess:
 
 
 def _pings(client: Client) -> bool:
-    try:
-        client.ping()
-        return True
-    except Exception:
-        return False
+    return client.accepting() and client.ping() is not None
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def _kill_leftover_jobs(home: Path) -> None:
 def make_job(home: Path) -> Callable[..., Path]:
     """Write a job spec whose command runs a Python script; returns the spec path."""
 
-    def make(name: str, script: str, *, extra: str = "", probes: str = '["python", "tqdm"]', params: str = "") -> Path:
+    def make(name: str, script: str, *, extra: str = "", probes: str = '["python", "tqdm", "transformers"]', params: str = "") -> Path:
         jobs = home / "specs"
         jobs.mkdir(exist_ok=True)
         script_path = jobs / f"{name}.py"

@@ -15,6 +15,8 @@ Faults are injected per request with ``faults(request_number, token_ids) -> str 
 * ``"missing"``: a path is returned, but no file is ever written (a failed writer thread);
 * ``"partial"``: the file is cut short (a writer that died half-way);
 * ``"late"``: the file is written 0.3 s after ``generate`` returns, with the lock held until then;
+* ``"prealloc"``: as "late", but the file first appears at full length with its header and zeroed
+  data (a writer that sets the length and header before writing the data);
 * ``"stale_lock"``: only an unheld ``.lock`` file is left, no data file;
 * ``"wrong_tokens"``: the file holds other token ids.
 
@@ -136,7 +138,11 @@ class FakeLLM:
                              "token_ids": torch.tensor(file_ids, dtype=torch.int64)})
                 if fault == "partial":
                     data = data[: len(data) // 2]
-                self._write_locked(path, data, delay=0.3 if fault == "late" else 0.0)
+                if fault == "prealloc":
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    head = 8 + int.from_bytes(data[:8], "little")
+                    path.write_bytes(data[:head] + bytes(len(data) - head))
+                self._write_locked(path, data, delay=0.3 if fault in ("late", "prealloc") else 0.0)
             outs.append(FakeRequestOutput(req_id, ids, [FakeCompletionOutput(0, "", [0], finish)],
                                           True, params))
         return outs

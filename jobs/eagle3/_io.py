@@ -1,0 +1,193 @@
+"""Atomic writes of safetensors and JSON files, the completeness check, and test hooks.
+
+Every file this job writes goes to a temporary name in the destination directory
+(``.NAME.tmp-PID``), is flushed and fsynced, and is then ``os.replace``d onto its final name,
+so a reader (or a relaunch) sees either the old file, no file, or the complete new file.
+Leftover temporaries from a killed run are removed by :func:`remove_temp_files` at start.
+
+A write that fails with ``ENOSPC``/``EDQUOT`` removes its temporary and raises
+:class:`DiskFull`, which the CLI turns into one clear line and exit code 75.
+
+Test hooks (environment variables, read at each write; for tests only, never set in production):
+
+* ``EAGLE3_FAULT_ENOSPC_AFTER=N``: after N sample files have been written by this process, the
+  next sample write fails with ``ENOSPC`` after writing part of its temporary file.
+* ``EAGLE3_FAULT_SIGKILL_AFTER=N``: after N sample files have been written by this process, the
+  next sample write writes part of its temporary file and then SIGKILLs its own process.
+* ``EAGLE3_FAULT_BATCH_DELAY_S=X``: the extraction loop sleeps X seconds after each batch, so that
+  an outside killer can land between batches.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import struct
+from pathlib import Path
+from typing import Any
+
+TMP_MARK = ".tmp-"
+
+_samples_written = 0  # sample files written by this process (for the test hooks)
+
+
+class DiskFull(OSError):
+    """The disk (or quota) filled up while writing ``path``."""
+
+    def __init__(self, path: str | os.PathLike[str], cause: OSError | None = None):
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.path = str(path)
+        self.__cause__ = cause
+
+
+def _is_disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def temp_path(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    return p.with_name(f".{p.name}{TMP_MARK}{os.getpid()}")
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _hook_count(name: str) -> int | None:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def batch_delay() -> None:
+    """Test hook: sleep ``EAGLE3_FAULT_BATCH_DELAY_S`` seconds (no-op when unset)."""
+    v = os.environ.get("EAGLE3_FAULT_BATCH_DELAY_S")
+    if v:
+        import time
+
+        time.sleep(float(v))
+
+
+def atomic_write_bytes(data: bytes, path: str | os.PathLike[str], *, sample: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename + directory fsync).
+
+    ``sample=True`` marks a per-sample output file (counted for the test hooks).
+    """
+    global _samples_written
+    path = Path(path)
+    tmp = temp_path(path)
+    enospc_after = _hook_count("EAGLE3_FAULT_ENOSPC_AFTER") if sample else None
+    kill_after = _hook_count("EAGLE3_FAULT_SIGKILL_AFTER") if sample else None
+    try:
+        with open(tmp, "wb") as f:
+            if enospc_after is not None and _samples_written >= enospc_after:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+            if kill_after is not None and _samples_written >= kill_after:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        if _is_disk_full(e):
+            raise DiskFull(path, e) from e
+        raise
+    except BaseException:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+    if sample:
+        _samples_written += 1
+
+
+def atomic_save_safetensors(tensors: dict[str, Any], path: str | os.PathLike[str], *,
+                            metadata: dict[str, str] | None = None, sample: bool = False) -> None:
+    """Serialise ``tensors`` (torch tensors) with safetensors and write them atomically."""
+    from safetensors.torch import save
+
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+    atomic_write_bytes(data, path, sample=sample)
+
+
+def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
+    atomic_write_bytes((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode(), path)
+
+
+def remove_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove leftover temporaries (``.NAME.tmp-PID``) of earlier runs in ``directory``."""
+    removed = []
+    d = Path(directory)
+    if not d.is_dir():
+        return removed
+    for p in d.iterdir():
+        if p.name.startswith(".") and TMP_MARK in p.name and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The JSON header of a safetensors file if the file is complete, else None.
+
+    Complete means: the header parses and the file is exactly as long as the header says
+    (8-byte length + header + the end of the last tensor's data).
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(8)
+            if len(raw) < 8:
+                return None
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100_000_000 or 8 + n > size:
+                return None
+            header = json.loads(f.read(n))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    end = 0
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        try:
+            end = max(end, int(v["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+    return header if size == 8 + n + end else None
+
+
+def sample_file_ok(path: str | os.PathLike[str], seq_len: int | None = None,
+                   n_layers: int | None = None, hidden: int | None = None) -> bool:
+    """True when ``path`` is a complete per-sample file (with the expected shapes if given)."""
+    h = safetensors_header(path)
+    if h is None:
+        return False
+    try:
+        hs, ids, mask = h["hidden_states"], h["token_ids"], h["loss_mask"]
+    except KeyError:
+        return False
+    if hs.get("dtype") != "BF16" or ids.get("dtype") != "I64" or len(hs.get("shape", ())) != 3:
+        return False
+    t, nl, hd = hs["shape"]
+    if ids.get("shape") != [t] or mask.get("shape") != [t]:
+        return False
+    return ((seq_len is None or t == seq_len) and (n_layers is None or nl == n_layers)
+            and (hidden is None or hd == hidden))

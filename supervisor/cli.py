@@ -1,0 +1,345 @@
+"""`supervise`: the command line.  It talks only to the daemon's API (starting the daemon
+when none runs), except `probe`, which reads a log offline, and `daemon --foreground`.
+
+Exit codes: 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or probe pack;
+66 unknown job; 69 daemon or host unavailable; 74 store I/O; 78 configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from . import protocol
+from .client import Client
+from .config import default_paths
+from .errors import SuperviseError
+from .spec import find_spec, parse_overrides
+
+_TERMINAL_STATES = {"done", "failed", "stopped"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SuperviseError as exc:
+        print(f"supervise: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("supervise: interrupted (the job keeps running under the daemon)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="supervise", description="Supervise long-running GPU jobs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("start", cmd_start, "start a job (a name from jobs/ or a path to a .toml spec)")
+    p.add_argument("job")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a parameter (one argv item; never seen by a shell)")
+    p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+
+    p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
+    p.add_argument("job")
+    p.add_argument("--grace", type=float, default=None, help="seconds between TERM and KILL")
+
+    p = add("status", cmd_status, "show jobs: state, phase, progress, health")
+    p.add_argument("job", nargs="?")
+    p.add_argument("--json", action="store_true")
+
+    p = add("logs", cmd_logs, "print an attempt's log (tqdm redraws shown as one updating line)")
+    p.add_argument("job")
+    p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--events", action="store_true", help="show probe events instead of raw lines")
+
+    p = add("attempts", cmd_attempts, "history of a job's attempts")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+
+    p = add("events", cmd_events, "events of a job (phases, progress, failures, verdicts, actions)")
+    p.add_argument("job")
+    p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--json", action="store_true")
+
+    p = add("jobs", cmd_jobs, "list known jobs")
+    p.add_argument("--json", action="store_true")
+
+    p = add("gpus", cmd_gpus, "GPU memory and processes as the daemon sees them")
+    p.add_argument("--json", action="store_true")
+
+    p = add("daemon", cmd_daemon, "run the daemon (in the foreground with --foreground)")
+    p.add_argument("--foreground", action="store_true")
+
+    p = add("probe", cmd_probe, "replay a finished log through the probes and say what it shows")
+    p.add_argument("logfile")
+    p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
+    p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _client() -> Client:
+    client = Client(default_paths())
+    client.ensure_daemon()
+    return client
+
+
+# -- commands ---------------------------------------------------------------------------
+
+def cmd_start(args: argparse.Namespace) -> int:
+    overrides = parse_overrides(args.overrides)
+    spec = find_spec(args.job).with_overrides(overrides)
+    spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
+    client = _client()
+    response = client.start(spec.spec_path, overrides)
+    print(f"supervise: {response.message}; log {response.log_path}")
+    if not args.follow:
+        return 0
+    return _follow_job(client, spec.name, response.attempt)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    response = _client().stop(args.job, args.grace)
+    print(response.message)
+    for proc in response.processes:
+        print(f"  {proc.signal:<8} {proc.pid:>8}  {proc.name}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _client().status(args.job)
+    if args.json:
+        print(status.model_dump_json(indent=2))
+        return 0
+    if not status.jobs:
+        print("no jobs yet: `supervise start JOB`")
+    for job in status.jobs:
+        print(_status_block(job))
+    print(_gpu_line(status.gpu, status.gpu_note))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _client()
+    if args.events:
+        return _print_events(client, args.job, args.attempt, args.follow, as_json=False)
+    redraw_pending = False
+    tty = sys.stdout.isatty()
+    for chunk in client.follow_log(args.job, attempt=args.attempt, follow=args.follow):
+        if chunk.end:
+            break
+        if chunk.redraw:
+            # A tqdm redraw replaces the previous state: on a terminal, overwrite the line.
+            if tty:
+                sys.stdout.write("\r\x1b[2K" + chunk.text)
+                sys.stdout.flush()
+                redraw_pending = True
+                continue
+        if redraw_pending:
+            sys.stdout.write("\r\x1b[2K")
+            redraw_pending = False
+        sys.stdout.write(chunk.text + "\n")
+        sys.stdout.flush()
+    if redraw_pending:
+        sys.stdout.write("\n")
+    return 0
+
+
+def cmd_attempts(args: argparse.Namespace) -> int:
+    response = _client().attempts(args.job)
+    if args.json:
+        print(response.model_dump_json(indent=2))
+        return 0
+    print(f"{'#':>3}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} {'fingerprint':<12} action")
+    for a in response.attempts:
+        duration = _duration((a.ended or dt.datetime.now().timestamp()) - a.started)
+        progress = f"{_num(a.progress.done)}/{_num(a.progress.total)}" if a.progress and a.progress.total else "-"
+        print(f"{a.n:>3}  {_time(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
+              f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
+        if a.reason and a.verdict not in (None, "done"):
+            print(f"     {a.reason}")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    return _print_events(_client(), args.job, args.attempt, args.follow, args.json)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    response = _client().status()
+    if args.json:
+        print(protocol.JobsResponse(jobs=response.jobs).model_dump_json(indent=2))
+        return 0
+    for job in response.jobs:
+        n = job.attempt.n if job.attempt else 0
+        print(f"{job.name:<20} {job.state:<10} attempt {n}/{job.max_attempts}  {job.reason}")
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    response = _client().gpus()
+    if args.json:
+        print(response.model_dump_json(indent=2))
+        return 0
+    print(_gpu_line(response.devices, response.note))
+    for device in response.devices:
+        for proc in device.processes:
+            print(f"  GPU{device.index} pid {proc['pid']:>8} {proc.get('used_mib') or '?'} MiB")
+    return 0
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from .daemon import run_daemon
+
+    if args.foreground:
+        return run_daemon()
+    ping = Client(default_paths()).ensure_daemon()
+    print(f"daemon running: pid {ping.pid}, version {ping.version}, state {ping.state_dir}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .probes import probe_command
+
+    return probe_command(args.logfile, args.pack, args.pack_file, args.json)
+
+
+# -- rendering --------------------------------------------------------------------------
+
+def _follow_job(client: Client, job: str, attempt: int) -> int:
+    printer = _EventPrinter()
+    for event in client.follow_events(job, until_done=True):
+        printer.show(event)
+    printer.close()
+    status = client.status(job).jobs[0]
+    print(f"supervise: {job} {status.state}: {status.reason}")
+    return 0 if status.state == "done" else 1
+
+
+def _print_events(client: Client, job: str, attempt: int | None, follow: bool, as_json: bool) -> int:
+    events = client.follow_events(job, attempt=attempt) if follow else iter(client.events(job, attempt).events)
+    printer = _EventPrinter()
+    for event in events:
+        if as_json:
+            print(event.model_dump_json())
+        else:
+            printer.show(event)
+    printer.close()
+    return 0
+
+
+class _EventPrinter:
+    """One line per event; progress on a terminal is a single updating line."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.progress_open = False
+        self.last_progress: dict[str, Any] = {}
+
+    def show(self, event: protocol.EventInfo) -> None:
+        if event.kind == "progress":
+            self._progress(event)
+            return
+        self._end_progress()
+        detail = event.message
+        if event.kind == "phase" and event.phase:
+            detail = f"{event.phase}: {event.message}"
+        elif event.kind == "failure":
+            detail = f"{event.data.get('failure', 'failure')}: {event.message}"
+        print(f"{_clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
+
+    def _progress(self, event: protocol.EventInfo) -> None:
+        done, total = event.data.get("done"), event.data.get("total")
+        extra = ""
+        for key in ("tok_s", "loss", "rate"):
+            if key in event.data:
+                extra += f" {key}={event.data[key]}"
+        line = f"{_clock(event.ts)} #{event.attempt} progress {event.probe}: {_num(done)}/{_num(total)}{extra}"
+        if self.tty:
+            sys.stdout.write("\r\x1b[2K" + line)
+            sys.stdout.flush()
+            self.progress_open = True
+        elif self.last_progress.get(event.probe or "") != done:
+            print(line, flush=True)
+        self.last_progress[event.probe or ""] = done
+
+    def _end_progress(self) -> None:
+        if self.progress_open:
+            sys.stdout.write("\n")
+            self.progress_open = False
+
+    def close(self) -> None:
+        self._end_progress()
+
+
+def _status_block(job: protocol.JobStatus) -> str:
+    a = job.attempt
+    lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
+    if a is not None:
+        lines.append(f"  attempt {a.n}/{job.max_attempts}  pid {a.pid}  host {a.host}  started {_time(a.started)}")
+        lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or 'healthy'}")
+        if a.progress is not None:
+            p = a.progress
+            eta = f"  eta {_duration(p.eta_s)}" if p.eta_s else ""
+            rate = f"  {p.rate_s_per_it:.2f} s/it" if p.rate_s_per_it else ""
+            lines.append(f"  progress {p.probe}: {_num(p.done)}/{_num(p.total)}{rate}{eta}")
+        if a.failure is not None:
+            lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
+        if job.last_output_age_s is not None:
+            lines.append(f"  last output {_duration(job.last_output_age_s)} ago")
+        lines.append(f"  log {a.log_path}")
+    if job.next_relaunch_in_s is not None:
+        lines.append(f"  relaunch in {_duration(job.next_relaunch_in_s)}")
+    return "\n".join(lines)
+
+
+def _gpu_line(devices: list[protocol.GpuDeviceInfo], note: str) -> str:
+    if not devices:
+        return f"GPUs: {note or 'none'}"
+    return "GPUs: " + "  ".join(f"{d.index}:{d.used_mib}/{d.total_mib} MiB" for d in devices)
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "?"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _time(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _clock(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

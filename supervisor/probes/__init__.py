@@ -1,0 +1,16 @@
+"""Reading logs with probes defined as data.
+
+- ``load_packs(names=None, paths=())``: probe packs (TOML) by name and from files.
+- ``ProbeEngine(packs, start_offset=0)``: ``feed(record)`` / ``feed_many(records)``,
+  ``flush()`` and ``resume_offset``; see ``_engine`` for the matching rules.
+- ``replay_file(path, pack_names=None, pack_paths=())``: a finished log's ``ReplayReport``.
+- ``probe_command(...)``: the ``supervise probe`` command.
+- ``fingerprint(exc_type, message, innermost_frame)``: a failure's stable id.
+"""
+
+from ._engine import ProbeEngine
+from ._fingerprint import fingerprint
+from ._pack import Pack, load_packs
+from ._replay import ReplayReport, probe_command, replay_file
+
+__all__ = ["Pack", "ProbeEngine", "ReplayReport", "fingerprint", "load_packs", "probe_command", "replay_file"]

@@ -1,0 +1,416 @@
+"""The probe engine: records in, probe events out.
+
+How a record is read:
+
+1. ANSI codes and stacked prefixes are stripped (their named groups become fields).
+   A line holding only a prefix (vLLM writes one before each ``\\r`` bar) lends its
+   fields to the next line.
+2. If a pack turned traceback capture on, the line may start, continue or end a
+   multi-line traceback (see ``_traceback``); lines a traceback takes are not probed.
+3. Otherwise the probes run.  **The first probe that matches wins**: packs in ascending
+   ``priority``, probes in file order; one record gives at most one probe event.
+
+Speed: every probe's regex yields required literals (``_syntax``).  A batch of records
+is joined and scanned once by one RE2 alternation of all those literals; only lines
+with a hit are looked at in Python, through an ``re2.Set`` of all probes (which tells
+exactly which probes match), then the winning probe's own regex for its groups.  While
+a traceback is open every record is read, since any line may belong to it.
+
+Order and resuming: events come out in offset order.  While a traceback is still being
+captured, events of later records are held back until it ends, so ``resume_offset`` (the
+start of the oldest open traceback, else the end of the last record fed) is a point from
+which feeding the log again to a fresh engine gives exactly the events not yet
+returned: none lost, none doubled.
+
+Log levels: failure events carry ``fields["level"]`` when the log header says it.  A
+failure logged at DEBUG/INFO/WARNING is one the program handled; the offline replay
+(``_replay``) ignores it when the log goes on to reach ``engine_ready`` or later (vLLM
+logs a full WARNING traceback during a healthy ``vllm serve`` start with
+``--skip-tokenizer-init``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import re2
+
+from ..events import FailureKind, ProbeEvent, ProbeKind, Record
+from ._fingerprint import fingerprint
+from ._pack import Pack, Probe, re2_options
+from ._prefix import ANSI_BYTES_RE, LineSplitter
+from ._syntax import Literal, required_literals
+from ._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
+
+_UNANCHORED = re2._Anchor.UNANCHORED
+# Literals that may start a traceback; the prefilter must let such lines through.
+_TRACEBACK_LITERALS: tuple[Literal, ...] = ((TB_START[:-1], False), ('File "', False))
+Converter = Callable[[str], Any]
+_MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
+
+
+# ---- field conversion -----------------------------------------------------------------
+
+
+def _to_int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return int(value.replace(",", "").replace("_", ""))
+
+
+def _to_float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return float(value.replace(",", ""))
+
+
+def _to_bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on", "y")
+
+
+def _to_duration(value: str) -> float | None:
+    """tqdm's ``MM:SS`` / ``H:MM:SS`` / ``D:HH:MM:SS``, or ``12.5s``, in seconds."""
+    text = value.strip().rstrip("s")
+    if not text or "?" in text:
+        return None
+    total = 0.0
+    for part in text.split(":"):
+        total = total * 60 + float(part)
+    return total
+
+
+def _to_rate(value: str) -> float | None:
+    """tqdm's ``3.95it/s`` or ``1.16s/it`` (any unit) as items per second."""
+    text = value.strip()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ/ ")
+    amount = float(number)
+    if text[len(number) :].lstrip().startswith("s/"):
+        return 1.0 / amount if amount else None
+    return amount
+
+
+_CONVERTERS: dict[str, Converter] = {
+    "int": _to_int,
+    "float": _to_float,
+    "str": str,
+    "bool": _to_bool,
+    "duration": _to_duration,
+    "rate": _to_rate,
+}
+
+
+# ---- compiled probes ------------------------------------------------------------------
+
+
+class _CompiledProbe:
+    __slots__ = ("probe", "regex", "layout", "constants")
+
+    def __init__(self, probe: Probe) -> None:
+        compiled = re2.compile(probe.regex, re2_options())
+        self.probe = probe
+        self.regex = compiled._regexp
+        self.constants = probe.constants
+        # (group index, field name, type); str/int/float are converted inline (hot path).
+        self.layout: list[tuple[int, str, str]] = [
+            (idx, name, probe.fields.get(name, "str")) for name, idx in sorted(compiled.groupindex.items())
+        ]
+
+    def fields(self, data: bytes, line: str) -> dict[str, Any] | None:
+        """The probe's fields if it matches (``data`` is ``line`` encoded)."""
+        spans = self.regex.Match(_UNANCHORED, data, 0, len(data))
+        if spans[0][0] < 0:
+            return None
+        out: dict[str, Any] = self.constants.copy() if self.constants else {}
+        same = len(data) == len(line)  # ASCII: byte offsets are character offsets
+        for idx, name, ftype in self.layout:
+            start, end = spans[idx]
+            if start < 0:
+                continue
+            raw = line[start:end] if same else data[start:end].decode("utf-8", "replace")
+            if ftype == "str":
+                out[name] = raw
+                continue
+            try:
+                value = int(raw) if ftype == "int" else _CONVERTERS[ftype](raw)
+            except (ValueError, ZeroDivisionError):
+                try:
+                    value = _CONVERTERS[ftype](raw)  # "1,234": the slower, forgiving way
+                except (ValueError, ZeroDivisionError):
+                    continue  # e.g. "?" where a number was expected: the field is left out
+            if value is not None:
+                out[name] = value
+        return out
+
+
+class _Classifier:
+    """Failure text to FailureKind: the packs' ``classify`` rules, first match wins."""
+
+    def __init__(self, packs: Sequence[Pack]) -> None:
+        self._kinds: list[FailureKind] = []
+        self._set: Any = None
+        rules = [rule for pack in packs for rule in pack.classify]
+        if rules:
+            rset = re2.Set.SearchSet(re2_options(capture=False))
+            for rule in rules:
+                rset.Add(rule.regex)
+                assert rule.failure is not None
+                self._kinds.append(rule.failure)
+            rset.Compile()
+            self._set = rset
+
+    def __call__(self, text: str) -> FailureKind:
+        if self._set is None or not text:
+            return FailureKind.OTHER
+        hits = self._set.Match(text)
+        return self._kinds[min(hits)] if hits else FailureKind.OTHER
+
+
+class _Scanner:
+    """Finds, in one batch of records, the next record where some probe might match."""
+
+    def __init__(self, prefilter: Any, texts: list[str]) -> None:
+        buf = "\n".join(texts).encode("utf-8", "replace")
+        if b"\x1b" in buf:
+            buf = ANSI_BYTES_RE.sub(b"", buf)
+        self.ok = buf.count(b"\n") == len(texts) - 1  # a text with its own newline: no scanning
+        self._buf = buf
+        self._rx = prefilter
+        self._idx = 0
+        self._pos = 0
+
+    def next_candidate(self, start: int) -> int | None:
+        buf = self._buf
+        while self._idx < start:
+            self._pos = buf.index(b"\n", self._pos) + 1
+            self._idx += 1
+        hit = self._rx.Match(_UNANCHORED, buf, self._pos, len(buf))[0][0]
+        if hit < 0:
+            return None
+        skipped = buf.count(b"\n", self._pos, hit)
+        if skipped:
+            self._idx += skipped
+            self._pos = buf.rindex(b"\n", self._pos, hit) + 1
+        return self._idx
+
+
+# ---- the engine -----------------------------------------------------------------------
+
+
+class ProbeEngine:
+    """Applies probe packs to the records of one log.
+
+    ``start_offset`` is where feeding starts (a resumed log); it is ``resume_offset``
+    until a record is fed.  ``feed``/``feed_many`` return the events that are complete;
+    ``flush`` (at end of file or process exit) completes the rest.
+    """
+
+    def __init__(self, packs: Iterable[Pack], start_offset: int = 0) -> None:
+        self.packs: tuple[Pack, ...] = tuple(sorted(packs, key=lambda p: (p.priority, p.name)))
+        self._probes = [_CompiledProbe(p) for pack in self.packs for p in pack.probes]
+        self._split = LineSplitter(
+            [r for pack in self.packs for r in pack.prefixes], [r for pack in self.packs for r in pack.headers]
+        )
+        self._classify = _Classifier(self.packs)
+        self._set = self._probe_set()
+        self._prefilter, self._always = self._build_prefilter()
+        tb_pack = next((p.name for p in self.packs if p.tracebacks), None)
+        self._tb_probe = f"{tb_pack}.traceback" if tb_pack else None
+        self._tracker = TracebackTracker()
+        self._held: list[tuple[int, int, ProbeEvent]] = []
+        self._seq = 0
+        self._end = start_offset
+        self._last: Record | None = None
+        self._last_read: tuple[int, str, dict[str, Any]] = (-1, "", {})  # (offset, line, fields)
+
+    # ---- building ---------------------------------------------------------------------
+
+    def _probe_set(self) -> Any:
+        if not self._probes:
+            return None
+        rset = re2.Set.SearchSet(re2_options(capture=False))
+        for cp in self._probes:
+            rset.Add(cp.probe.regex)
+        rset.Compile()
+        return rset._set
+
+    def _build_prefilter(self) -> tuple[Any, bool]:
+        literals: set[Literal] = set(_TRACEBACK_LITERALS) if any(p.tracebacks for p in self.packs) else set()
+        for cp in self._probes:
+            found = required_literals(cp.probe.regex)
+            if found is None:
+                return None, True  # this probe could match anything: read every line
+            literals.update(found)
+        if not literals:
+            return None, False  # no probes and no tracebacks: nothing to look for
+        parts = [re2.escape(text) if not ci else f"(?i:{re2.escape(text)})" for text, ci in sorted(literals)]
+        return re2.compile("|".join(parts), re2_options(capture=False))._regexp, False
+
+    # ---- feeding ----------------------------------------------------------------------
+
+    @property
+    def resume_offset(self) -> int:
+        """Where to start feeding a fresh engine so that it returns exactly the events this
+        one has not returned yet (for a daemon restart)."""
+        oldest = self._tracker.min_offset()
+        if oldest is not None:
+            return oldest
+        if self._last is not None and self._last.end == self._end and self._prefix_only(self._last):
+            return self._last.offset  # its fields are lent to the next line
+        return self._end
+
+    def feed(self, record: Record) -> list[ProbeEvent]:
+        return self.feed_many((record,))
+
+    def feed_many(self, records: Sequence[Record]) -> list[ProbeEvent]:
+        """Feed records in log order; returns the events that are complete."""
+        out: list[ProbeEvent] = []
+        n = len(records)
+        if n == 0 or (self._prefilter is None and not self._always):
+            self._advance(records)
+            return out
+        scanner: _Scanner | None = None
+        if not self._always:
+            scanner = _Scanner(self._prefilter, [r.text for r in records])
+            if not scanner.ok:
+                scanner = None  # a text with its own newline: read every record
+        i = 0
+        candidate = -1  # the next record (>= i) that some probe might match; n: none left
+        while i < n:
+            if candidate < i:
+                found = scanner.next_candidate(i) if scanner is not None else i
+                candidate = n if found is None else found
+            if self._tracker.active:
+                # An open traceback must see every line; only candidates are probed.
+                self._read(records, i, out, probe=i == candidate)
+                i += 1
+            elif candidate < n:
+                self._read(records, candidate, out, probe=True)
+                i = candidate + 1
+            else:
+                break
+        self._advance(records)
+        return out
+
+    def _advance(self, records: Sequence[Record]) -> None:
+        if records:
+            self._last = records[-1]
+            self._end = records[-1].end
+
+    def flush(self) -> list[ProbeEvent]:
+        """End of the log: finish open tracebacks and return every event still held."""
+        out: list[ProbeEvent] = []
+        events = [self._traceback_event(cap) for cap in self._tracker.flush()]
+        self._hold(events, out)
+        return out
+
+    # ---- one record -------------------------------------------------------------------
+
+    def _read(self, records: Sequence[Record], i: int, out: list[ProbeEvent], *, probe: bool) -> None:
+        record = records[i]
+        line, fields = self._split.strip(record.text)
+        self._last_read = (record.offset, line, fields)
+        if not line.strip():
+            return  # blank, or a prefix alone (its fields go to the next line)
+        if not fields:
+            fields = self._lent_fields(records, i)
+        events: list[ProbeEvent] = []
+        if self._tb_probe is not None and (self._tracker.active or _may_start_traceback(line)):
+            consumed = self._traceback_line(record, line, fields, events, probe=probe)
+            if consumed or not probe:
+                self._hold(events, out)
+                return
+        event = self._probe_line(record, line, fields) if probe else None
+        if event is not None:
+            events.append(event)
+        self._hold(events, out)
+
+    def _traceback_line(
+        self, record: Record, line: str, fields: dict[str, Any], events: list[ProbeEvent], *, probe: bool
+    ) -> bool:
+        header = self._split.header(line)
+        key = (tuple(sorted(fields.items())), header.level, header.src)
+        tl = TracebackLine(record.offset, key, line, header.message, header.ts, header.level, fields)
+
+        def claimed() -> bool:
+            # A line with no prefilter hit cannot match any probe.
+            return probe and bool(self._matches(line.encode("utf-8", "replace")))
+
+        consumed, finished = self._tracker.feed(tl, claimed)
+        events.extend(self._traceback_event(cap) for cap in finished)
+        return consumed
+
+    def _traceback_event(self, cap: Any) -> ProbeEvent:
+        assert self._tb_probe is not None
+        return capture_event(cap, self._tb_probe, self._classify)
+
+    def _matches(self, data: bytes) -> list[int]:
+        if self._set is None:
+            return []
+        return self._set.Match(data) or []
+
+    def _probe_line(self, record: Record, line: str, prefix_fields: dict[str, Any]) -> ProbeEvent | None:
+        data = line.encode("utf-8", "replace")
+        hits = self._matches(data)
+        for index in sorted(hits):
+            cp = self._probes[index]
+            probe_fields = cp.fields(data, line)
+            if probe_fields is not None:
+                return self._event(cp.probe, record, line, {**prefix_fields, **probe_fields})
+        return None
+
+    def _event(self, probe: Probe, record: Record, line: str, fields: dict[str, Any]) -> ProbeEvent:
+        failure: FailureKind | None = None
+        fp: str | None = None
+        if probe.kind is ProbeKind.FAILURE:
+            header = self._split.header(line)
+            if header.level is not None:
+                fields["level"] = header.level
+            failure = probe.failure or self._classify(header.message)
+            fp = fingerprint(probe.name, header.message)
+        return ProbeEvent(
+            kind=probe.kind,
+            probe=probe.name,
+            offset=record.offset,
+            line=line,
+            phase=probe.phase,
+            failure=failure,
+            fields=fields,
+            fingerprint=fp,
+        )
+
+    def _lent_fields(self, records: Sequence[Record], i: int) -> dict[str, Any]:
+        # Only the record just before can lend; its strip is usually at hand already.
+        prev = records[i - 1] if i > 0 else self._last
+        if prev is None or prev.end != records[i].offset or len(prev.text) > _MAX_PREFIX_ONLY:
+            return {}
+        offset, line, fields = self._last_read
+        if offset != prev.offset:
+            line, fields = self._split.strip(prev.text)
+        return fields if fields and not line.strip() else {}
+
+    def _prefix_only(self, record: Record) -> bool:
+        line, fields = self._split.strip(record.text)
+        return bool(fields) and not line.strip()
+
+    # ---- ordering ---------------------------------------------------------------------
+
+    def _hold(self, events: list[ProbeEvent], out: list[ProbeEvent]) -> None:
+        """Release events in offset order, holding back those after an open traceback."""
+        if not self._held and not self._tracker.active:
+            out.extend(events)
+            return
+        for event in events:
+            heapq.heappush(self._held, (event.offset, self._seq, event))
+            self._seq += 1
+        oldest = self._tracker.min_offset()
+        while self._held and (oldest is None or self._held[0][0] < oldest):
+            out.append(heapq.heappop(self._held)[2])
+
+
+def _may_start_traceback(line: str) -> bool:
+    return TB_START in line or 'File "' in line

@@ -1,0 +1,346 @@
+"""Probe packs: the TOML format, its validation, and where packs are found.
+
+A pack is one TOML file::
+
+    name = "vllm"                 # the pack's name; probes are called "<name>.<id>"
+    description = "..."
+    priority = 10                 # packs are tried in ascending priority (then by name)
+    tracebacks = false            # true: this pack turns on multi-line traceback capture
+
+    [[prefixes]]                  # stripped from the start of a line, repeatedly (they stack)
+    id = "proc"
+    regex = '\\((?P<proc>\\w+) pid=(?P<pid>\\d+)\\) '   # named groups become event fields
+
+    [[headers]]                   # a log header: split off to key tracebacks and read the level
+    id = "logger"
+    regex = '(?P<level>INFO|WARNING|ERROR) (?P<ts>\\d\\d:\\d\\d:\\d\\d) \\[(?P<src>[\\w.]+:\\d+)\\] '
+
+    [[classify]]                  # how a failure's text maps to a FailureKind (first match wins)
+    failure = "cuda_oom"
+    regex = 'CUDA out of memory'
+
+    [[probes]]
+    id = "shards"
+    kind = "progress"             # phase | progress | failure | metric | info
+    phase = "weight_loading"      # the canonical phase this line implies (optional)
+    regex = '(?P<done>\\d+)/(?P<total>\\d+) shards'
+    fields = { done = "int", total = "int" }     # int | float | str | bool | duration | rate
+    set = { unit = "shards" }     # constant fields added to every event of this probe
+    # failure = "cuda_oom"        # failure probes only: a FailureKind, or "auto" to classify
+
+Every regex is compiled with RE2, which matches in linear time: a pattern RE2 cannot
+compile (backreferences, lookaround) is refused.  Prefix and header regexes are matched
+at the start of the line; probe regexes anywhere in the line left after the prefixes.
+Any problem is a ``ProbePackError`` whose message is one line naming the file, the entry
+and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import re2
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ProbePackError
+from ..events import FailureKind, Phase, ProbeKind
+
+PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
+BUILTIN_DIR = Path(__file__).resolve().parents[2] / "probes"
+
+FIELD_TYPES = ("int", "float", "str", "bool", "duration", "rate")
+AUTO_FAILURE = "auto"
+_RE2_MAX_MEM = 64 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ProbeDef(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+    regex: str
+    kind: str
+    phase: str | None = None
+    failure: str | None = None
+    fields: dict[str, str] = Field(default_factory=dict)
+    constants: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="set")
+    description: str = ""
+
+
+class PrefixDef(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+    regex: str
+    description: str = ""
+
+
+class ClassifyDef(_Strict):
+    failure: str
+    regex: str
+    description: str = ""
+
+
+class PackDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+    description: str = ""
+    priority: int = 50
+    tracebacks: bool = False
+    prefixes: list[PrefixDef] = Field(default_factory=list)
+    headers: list[PrefixDef] = Field(default_factory=list)
+    classify: list[ClassifyDef] = Field(default_factory=list)
+    probes: list[ProbeDef] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One validated probe of a pack."""
+
+    pack: str
+    id: str
+    regex: str
+    kind: ProbeKind
+    phase: Phase | None
+    failure: FailureKind | None  # None with kind FAILURE means "classify the line"
+    fields: dict[str, str]  # group -> type, for the typed groups
+    constants: dict[str, Any]
+    groups: tuple[str, ...]  # every named group of the regex
+
+    @property
+    def name(self) -> str:
+        return f"{self.pack}.{self.id}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A prefix, a header or a classification rule of a pack."""
+
+    pack: str
+    id: str
+    regex: str
+    failure: FailureKind | None = None
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A validated probe pack, ready for ``ProbeEngine``."""
+
+    name: str
+    source: str
+    description: str = ""
+    priority: int = 50
+    tracebacks: bool = False
+    prefixes: tuple[Rule, ...] = ()
+    headers: tuple[Rule, ...] = ()
+    classify: tuple[Rule, ...] = ()
+    probes: tuple[Probe, ...] = field(default_factory=tuple)
+
+
+# ---- loading --------------------------------------------------------------------------
+
+
+def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.PathLike[str]] = ()) -> list[Pack]:
+    """Load probe packs: the named ones (``None``: every pack found) plus pack files.
+
+    Named packs are looked up as ``<name>.toml`` in the directories of
+    ``$SUPERVISE_PROBE_PATH`` (``os.pathsep``-separated), then in the built-in ``probes/``
+    directory; the first hit wins.  ``paths`` are pack files loaded as given; a pack file
+    whose ``name`` equals a named pack replaces it.  The result is sorted by priority.
+    """
+    explicit = [load_pack_file(Path(p)) for p in paths]
+    overridden = {pack.name for pack in explicit}
+    dirs = search_dirs()
+    if names is None:
+        found = _all_packs(dirs)
+    else:
+        found = [_find_pack(name, dirs) for name in dict.fromkeys(names) if name not in overridden]
+    packs = [p for p in found if p.name not in overridden] + explicit
+    _check_unique(packs)
+    return sorted(packs, key=lambda p: (p.priority, p.name))
+
+
+def search_dirs() -> list[Path]:
+    extra = os.environ.get(PROBE_PATH_ENV, "")
+    dirs = [Path(d) for d in extra.split(os.pathsep) if d]
+    return dirs + [BUILTIN_DIR]
+
+
+def _all_packs(dirs: list[Path]) -> list[Pack]:
+    by_name: dict[str, Pack] = {}
+    for directory in dirs:
+        for path in sorted(directory.glob("*.toml")) if directory.is_dir() else []:
+            pack = load_pack_file(path)
+            by_name.setdefault(pack.name, pack)  # an earlier directory shadows a later one
+    return list(by_name.values())
+
+
+def _find_pack(name: str, dirs: list[Path]) -> Pack:
+    for directory in dirs:
+        candidate = directory / f"{name}.toml"
+        if candidate.is_file():
+            pack = load_pack_file(candidate)
+            if pack.name != name:
+                raise ProbePackError(f"{candidate}: pack file declares name '{pack.name}', expected '{name}'")
+            return pack
+    searched = ", ".join(str(d) for d in dirs)
+    raise ProbePackError(f"unknown probe pack '{name}' (searched {searched})")
+
+
+def _check_unique(packs: list[Pack]) -> None:
+    seen: dict[str, str] = {}
+    for pack in packs:
+        if pack.name in seen:
+            raise ProbePackError(f"{pack.source}: pack name '{pack.name}' is also used by {seen[pack.name]}")
+        seen[pack.name] = pack.source
+
+
+def load_pack_file(path: Path) -> Pack:
+    """Read and validate one pack file."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProbePackError(f"{path}: cannot read probe pack: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ProbePackError(f"{path}: not valid TOML: {_one_line(str(exc))}") from exc
+    return parse_pack(raw, str(path))
+
+
+def parse_pack(raw: dict[str, Any], source: str) -> Pack:
+    """Validate a pack already read from TOML; ``source`` names it in error messages."""
+    try:
+        spec = PackDef.model_validate(raw)
+    except ValidationError as exc:
+        raise ProbePackError(f"{source}: {_describe_validation(exc, raw)}") from exc
+    return Pack(
+        name=spec.name,
+        source=source,
+        description=spec.description,
+        priority=spec.priority,
+        tracebacks=spec.tracebacks,
+        prefixes=tuple(_rule(spec.name, source, "prefix", r.id, r.regex) for r in spec.prefixes),
+        headers=tuple(_rule(spec.name, source, "header", r.id, r.regex) for r in spec.headers),
+        classify=tuple(_classify_rule(spec.name, source, i, r) for i, r in enumerate(spec.classify)),
+        probes=_probes(spec, source),
+    )
+
+
+def _probes(spec: PackDef, source: str) -> tuple[Probe, ...]:
+    seen: set[str] = set()
+    probes: list[Probe] = []
+    for definition in spec.probes:
+        if definition.id in seen:
+            raise ProbePackError(f"{source}: probe '{definition.id}': duplicate probe id")
+        seen.add(definition.id)
+        probes.append(_probe(spec.name, source, definition))
+    return tuple(probes)
+
+
+def _probe(pack: str, source: str, d: ProbeDef) -> Probe:
+    def fail(problem: str) -> ProbePackError:
+        return ProbePackError(f"{source}: probe '{d.id}': {_one_line(problem)}")
+
+    kind = _enum(ProbeKind, d.kind, "kind", fail)
+    phase = _enum(Phase, d.phase, "phase", fail) if d.phase is not None else None
+    failure: FailureKind | None = None
+    if kind is ProbeKind.FAILURE:
+        if d.failure is None:
+            raise fail(f"a failure probe needs 'failure' (one of: {_choices(FailureKind)}, or '{AUTO_FAILURE}')")
+        if d.failure != AUTO_FAILURE:
+            failure = _enum(FailureKind, d.failure, "failure", fail)
+    elif d.failure is not None:
+        raise fail(f"'failure' is only for probes of kind 'failure' (this one is '{kind.value}')")
+    compiled = compile_checked(d.regex, fail)
+    groups = tuple(sorted(compiled.groupindex, key=lambda g: compiled.groupindex[g]))
+    for name, ftype in d.fields.items():
+        if ftype not in FIELD_TYPES:
+            raise fail(f"field '{name}' has unknown type '{ftype}' (one of: {', '.join(FIELD_TYPES)})")
+        if name not in groups:
+            raise fail(f"field '{name}' is not a named group of the regex (groups: {', '.join(groups) or 'none'})")
+    if kind is ProbeKind.PROGRESS and "done" not in groups:
+        raise fail("a progress probe's regex needs a named group 'done' (and usually 'total')")
+    return Probe(pack, d.id, d.regex, kind, phase, failure, dict(d.fields), dict(d.constants), groups)
+
+
+def _rule(pack: str, source: str, what: str, rule_id: str, regex: str) -> Rule:
+    def fail(problem: str) -> ProbePackError:
+        return ProbePackError(f"{source}: {what} '{rule_id}': {_one_line(problem)}")
+
+    compile_checked(regex, fail)
+    return Rule(pack, rule_id, regex)
+
+
+def _classify_rule(pack: str, source: str, index: int, d: ClassifyDef) -> Rule:
+    def fail(problem: str) -> ProbePackError:
+        return ProbePackError(f"{source}: classify rule {index + 1} ({d.failure}): {_one_line(problem)}")
+
+    kind = _enum(FailureKind, d.failure, "failure", fail)
+    compile_checked(d.regex, fail)
+    return Rule(pack, f"classify{index + 1}", d.regex, kind)
+
+
+def _enum(enum: Any, value: str | None, what: str, fail: Any) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise fail(f"unknown {what} '{value}' (one of: {_choices(enum)})") from None
+
+
+def _choices(enum: Any) -> str:
+    return ", ".join(member.value for member in enum)
+
+
+# ---- regexes --------------------------------------------------------------------------
+
+
+def re2_options(*, capture: bool = True) -> re2.Options:
+    options = re2.Options()
+    options.max_mem = _RE2_MAX_MEM
+    options.never_capture = not capture
+    return options
+
+
+def compile_checked(pattern: str, fail: Any) -> Any:
+    """Compile ``pattern`` with RE2 or raise ``fail(problem)`` saying why RE2 refused it."""
+    try:
+        return re2.compile(pattern, re2_options())
+    except re2.error as exc:
+        raise fail(_why_not_re2(pattern, str(exc))) from None
+
+
+def _why_not_re2(pattern: str, error: str) -> str:
+    if any(token in pattern for token in ("(?=", "(?!", "(?<=", "(?<!")):
+        return "uses lookaround, which RE2 does not support (probes must match in linear time)"
+    if "(?P=" in pattern or any(f"\\{d}" in pattern for d in "123456789"):
+        return "uses a backreference, which RE2 does not support (probes must match in linear time)"
+    return f"regex does not compile with RE2: {error}"
+
+
+# ---- error messages -------------------------------------------------------------------
+
+
+def _describe_validation(exc: ValidationError, raw: dict[str, Any]) -> str:
+    error = exc.errors()[0]
+    loc = list(error["loc"])
+    where = ""
+    if len(loc) >= 2 and loc[0] in ("probes", "prefixes", "headers", "classify") and isinstance(loc[1], int):
+        section, index = loc[0], loc[1]
+        entry = raw.get(section, [])[index] if isinstance(raw.get(section), list) else {}
+        entry_id = entry.get("id") if isinstance(entry, dict) else None
+        label = {"probes": "probe", "prefixes": "prefix", "headers": "header", "classify": "classify rule"}[section]
+        where = f"{label} '{entry_id}': " if entry_id else f"{label} {index + 1}: "
+        loc = loc[2:]
+    key = ".".join(str(part) for part in loc)
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif error["type"] == "missing":
+        message = "missing"
+    return _one_line(f"{where}{key}: {message}" if key else f"{where}{message}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

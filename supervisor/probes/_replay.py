@@ -1,0 +1,249 @@
+"""Offline replay: what a finished log shows (``supervise probe LOGFILE``).
+
+The log is read exactly as the live follower reads it (``records.split_records``, in
+chunks) and fed through a ``ProbeEngine``.  From the events:
+
+- ``last_phase``: the highest canonical phase any event implies (by phase order).
+- ``failure``: the failure that explains the log.  Failures logged at DEBUG, INFO or
+  WARNING level are handled errors when the log later reaches ``engine_ready`` or beyond
+  (vLLM logs a WARNING traceback during a healthy start), so those are set aside.  Of the
+  rest, the first whose kind is not ``other`` wins (a "WorkerProc failed to start" line
+  comes before the traceback that says why); if all are ``other``, the first.
+- ``outcome``: ``oom`` if that failure is a CUDA OOM, else ``crashed`` if there is one;
+  ``done`` if the ``done`` phase was reached; ``ready`` if the engine became ready (an
+  ``engine_ready`` event, or lines of a server answering requests); else ``incomplete``.
+- ``progress``: the last state of every progress probe, in order of first appearance.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..errors import SuperviseError
+from ..events import PHASE_ORDER, FailureKind, Outcome, Phase, ProbeEvent, ProbeKind
+from ..records import split_records
+from ._engine import ProbeEngine
+from ._pack import load_packs
+
+_CHUNK = 4 << 20
+_HANDLED_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
+_TRACEBACK_TAIL = 15
+
+
+class FailureSummary(BaseModel):
+    kind: FailureKind
+    line: str
+    fingerprint: str | None
+
+
+class ProgressSummary(BaseModel):
+    probe: str
+    done: int | float | None
+    total: int | float | None
+
+
+class EventModel(BaseModel):
+    kind: ProbeKind
+    probe: str
+    offset: int
+    line: str
+    phase: Phase | None = None
+    failure: FailureKind | None = None
+    fields: dict[str, Any] = {}
+    traceback: str | None = None
+    fingerprint: str | None = None
+
+    @classmethod
+    def of(cls, event: ProbeEvent) -> EventModel:
+        return cls(
+            kind=event.kind,
+            probe=event.probe,
+            offset=event.offset,
+            line=event.line,
+            phase=event.phase,
+            failure=event.failure,
+            fields=event.fields,
+            traceback=event.traceback,
+            fingerprint=event.fingerprint,
+        )
+
+
+class ReplayReport(BaseModel):
+    outcome: Outcome
+    last_phase: Phase | None
+    failure: FailureSummary | None
+    progress: list[ProgressSummary]
+    events: list[EventModel]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    def render_text(self) -> str:
+        """The report for humans: outcome, phase timeline, progress, failure."""
+        lines = [f"outcome: {self.outcome.value}    last phase: {self.last_phase.value if self.last_phase else '-'}"]
+        lines += self._timeline()
+        if self.progress:
+            lines.append("progress:")
+            width = max(len(p.probe) for p in self.progress)
+            lines += [f"  {p.probe:<{width}}  {_num(p.done)}/{_num(p.total)}" for p in self.progress]
+        lines += self._failure_text()
+        counts: dict[str, int] = {}
+        for event in self.events:
+            counts[event.kind.value] = counts.get(event.kind.value, 0) + 1
+        summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        lines.append(f"events: {len(self.events)}" + (f" ({summary})" if summary else ""))
+        return "\n".join(lines)
+
+    def _timeline(self) -> list[str]:
+        first: dict[Phase, EventModel] = {}
+        for event in self.events:
+            if event.phase is not None and event.phase not in first:
+                first[event.phase] = event
+        if not first:
+            return ["phases: none seen"]
+        out = ["phases:"]
+        for phase in PHASE_ORDER:
+            if phase in first:
+                event = first[phase]
+                out.append(f"  {phase.value:<18} @{event.offset:<10} {_clip(event.line)}")
+        return out
+
+    def _failure_text(self) -> list[str]:
+        if self.failure is None:
+            return ["failure: none"]
+        out = [f"failure: {self.failure.kind.value}  (fingerprint {self.failure.fingerprint or '-'})",
+               f"  {_clip(self.failure.line, 200)}"]
+        source = next((e for e in self.events if e.kind is ProbeKind.FAILURE and e.line == self.failure.line
+                       and e.traceback), None)
+        if source is not None and source.traceback:
+            tail = source.traceback.splitlines()[-_TRACEBACK_TAIL:]
+            out.append(f"  traceback (last {len(tail)} lines):")
+            out += [f"    {_clip(line, 200)}" for line in tail]
+        return out
+
+
+# ---- replaying ------------------------------------------------------------------------
+
+
+def replay_file(
+    path: str | os.PathLike[str], pack_names: Sequence[str] | None = None, pack_paths: Sequence[str | os.PathLike[str]] = ()
+) -> ReplayReport:
+    """Replay a log file through the probe packs (``pack_names=None``: all built-in packs)."""
+    engine = ProbeEngine(load_packs(pack_names, pack_paths))
+    events: list[ProbeEvent] = []
+    offset = 0
+    pending = b""
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(_CHUNK)
+            data = pending + chunk
+            records, used = split_records(data, offset, final=not chunk)
+            events += engine.feed_many(records)
+            pending = data[used:]
+            offset += used
+            if not chunk:
+                break
+    events += engine.flush()
+    return build_report(events)
+
+
+def build_report(events: Iterable[ProbeEvent]) -> ReplayReport:
+    """The report for a finished log's events (in offset order)."""
+    events = list(events)
+    last_phase = _last_phase(events)
+    failure = choose_failure(events)
+    return ReplayReport(
+        outcome=_outcome(events, last_phase, failure),
+        last_phase=last_phase,
+        failure=None if failure is None else FailureSummary(
+            kind=failure.failure or FailureKind.OTHER, line=failure.line, fingerprint=failure.fingerprint
+        ),
+        progress=_progress(events),
+        events=[EventModel.of(e) for e in events],
+    )
+
+
+def _last_phase(events: list[ProbeEvent]) -> Phase | None:
+    phases = [e.phase for e in events if e.phase is not None]
+    return max(phases, key=lambda p: p.rank) if phases else None
+
+
+def choose_failure(events: list[ProbeEvent]) -> ProbeEvent | None:
+    """The failure that explains the log (see the module docstring for the rule)."""
+    failures = [e for e in events if e.kind is ProbeKind.FAILURE]
+    ready_at = _latest_offset_from(events, Phase.ENGINE_READY)
+    failures = [e for e in failures if not _handled(e, ready_at)]
+    if not failures:
+        return None
+    specific = [e for e in failures if e.failure not in (None, FailureKind.OTHER)]
+    return (specific or failures)[0]
+
+
+def _handled(event: ProbeEvent, ready_at: int | None) -> bool:
+    """A failure logged below ERROR that the log got past (ready or serving afterwards)."""
+    level = event.fields.get("level")
+    return level in _HANDLED_LEVELS and ready_at is not None and ready_at > event.offset
+
+
+def _latest_offset_from(events: list[ProbeEvent], phase: Phase) -> int | None:
+    """The offset of the last event implying ``phase`` or a later one."""
+    offsets = [e.offset for e in events if e.phase is not None and e.phase.rank >= phase.rank]
+    return max(offsets) if offsets else None
+
+
+def _outcome(events: list[ProbeEvent], last_phase: Phase | None, failure: ProbeEvent | None) -> Outcome:
+    if failure is not None:
+        return Outcome.OOM if failure.failure is FailureKind.CUDA_OOM else Outcome.CRASHED
+    if last_phase is Phase.DONE:
+        return Outcome.DONE
+    if any(e.phase is Phase.ENGINE_READY or e.fields.get("serving") is True for e in events):
+        return Outcome.READY
+    return Outcome.INCOMPLETE
+
+
+def _progress(events: list[ProbeEvent]) -> list[ProgressSummary]:
+    latest: dict[str, ProgressSummary] = {}
+    for event in events:
+        if event.kind is ProbeKind.PROGRESS:
+            latest[event.probe] = ProgressSummary(
+                probe=event.probe, done=event.fields.get("done"), total=event.fields.get("total")
+            )
+    return list(latest.values())
+
+
+# ---- the CLI command ------------------------------------------------------------------
+
+
+def probe_command(path: str, packs: list[str], pack_paths: list[str], as_json: bool) -> int:
+    """``supervise probe``: print what a log shows.
+
+    Exit status: 0 whenever the log could be read (the outcome is in the output, crashed
+    or not); 2 when the file cannot be read or a pack does not load, with one line on
+    stderr.
+    """
+    try:
+        report = replay_file(path, packs or None, pack_paths)
+    except SuperviseError as exc:
+        print(f"supervise probe: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"supervise probe: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if as_json else report.render_text())
+    return 0
+
+
+def _num(value: int | float | None) -> str:
+    if value is None:
+        return "?"
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def _clip(text: str, width: int = 120) -> str:
+    text = text.replace("\t", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,254 @@
+"""Python tracebacks spread over many records, folded into one failure event.
+
+A traceback is followed per *key*: the line's stripped prefixes (process, rank, pid)
+plus its log header's level and source.  Lines of one ``logger.exception`` record all
+carry the same header, bare tracebacks carry none, and lines of other ranks or
+processes have other keys, so interleaved tracebacks never merge.
+
+The shape of a traceback, and how each line is read::
+
+    Traceback (most recent call last):       starts a capture (text before it: the header text)
+      File "x.py", line 3, in f              indented lines: frames, code, carets
+        g()
+    KeyError: 'a'                            the first line not indented: the exception line
+    more message lines                       continuation: same header timestamp, or (bare)
+                                             any line that no probe claims
+    During handling of the above ...         a chained exception: the capture goes on
+    Traceback (most recent call last): ...
+
+A capture also starts at a bare frame line (an excerpt that begins mid-traceback).  It
+ends when its key prints something else, when another key prints after its exception
+line, when it has been idle for ``max_idle`` records, or at ``flush``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import FailureKind, ProbeEvent, ProbeKind
+from ._fingerprint import fingerprint
+
+TB_START = "Traceback (most recent call last):"
+_CHAIN_MARKERS = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+FRAME_RE = re.compile(r'\s+File "[^"]*", line \d+')
+_EXC_LINE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:::[A-Za-z_]\w*)*)(?::\s?(?P<msg>.*))?$")
+# Final lines that only point elsewhere ("see root cause above"): an earlier exception of
+# the chain says more.
+_UNINFORMATIVE = re.compile(
+    r"See root cause above|See stack trace for root cause|^KeyboardInterrupt\b|^SystemExit\b"
+    r"|^(?:[\w.]+\.)?EngineDeadError\b"
+)
+# Kinds that name the root cause whatever was raised on top of them.
+_INFRA_KINDS = (FailureKind.CUDA_OOM, FailureKind.DISTRIBUTED_TIMEOUT, FailureKind.NCCL, FailureKind.KILLED)
+_CLASSIFY_CONTINUATION_LINES = 20
+
+Key = tuple[Any, ...]
+Classify = Callable[[str], FailureKind]
+
+
+@dataclass
+class Segment:
+    """One exception of a (possibly chained) traceback."""
+
+    frames: list[str] = field(default_factory=list)
+    exc_line: str | None = None
+    continuation: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "\n".join([self.exc_line or "", *self.continuation[:_CLASSIFY_CONTINUATION_LINES]])
+
+
+@dataclass
+class Capture:
+    key: Key
+    offset: int  # the first record's offset
+    first_line: str  # the first record's line (prefixes stripped)
+    header_text: str  # text before "Traceback (most recent call last):" on the first line
+    level: str | None
+    fields: dict[str, Any]  # the prefixes' fields
+    lines: list[str] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=lambda: [Segment()])
+    state: str = "frames"  # frames | ended | chain
+    exc_ts: str | None = None  # the exception line's header timestamp
+    idle: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TracebackLine:
+    offset: int
+    key: Key
+    line: str  # prefixes stripped
+    message: str  # header stripped too
+    ts: str | None
+    level: str | None
+    fields: dict[str, Any]
+
+
+class TracebackTracker:
+    def __init__(self, max_idle: int = 64, max_lines: int = 2000, max_continuation: int = 100) -> None:
+        self.open: dict[Key, Capture] = {}
+        self._max_idle = max_idle
+        self._max_lines = max_lines
+        self._max_continuation = max_continuation
+
+    @property
+    def active(self) -> bool:
+        return bool(self.open)
+
+    def min_offset(self) -> int | None:
+        return min((c.offset for c in self.open.values()), default=None)
+
+    def feed(self, tl: TracebackLine, claimed: Callable[[], bool]) -> tuple[bool, list[Capture]]:
+        """Read one non-blank line.  Returns (consumed, captures that ended).
+
+        ``claimed()`` says whether a line probe matches the line; it is only asked about
+        lines that might continue a bare traceback's message.
+        """
+        finished = self._age_others(tl.key)
+        cap = self.open.get(tl.key)
+        if cap is not None:
+            cap.idle = 0
+            consumed, done = self._continue(cap, tl, claimed)
+            if consumed:
+                return True, finished
+            if done:
+                finished.append(self.open.pop(tl.key))
+        if TB_START in tl.message or FRAME_RE.match(tl.message):
+            self._start(tl)
+            return True, finished
+        return False, finished
+
+    def flush(self) -> list[Capture]:
+        finished = sorted(self.open.values(), key=lambda c: c.offset)
+        self.open.clear()
+        return finished
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _age_others(self, key: Key) -> list[Capture]:
+        finished: list[Capture] = []
+        for other, cap in list(self.open.items()):
+            if other == key:
+                continue
+            cap.idle += 1
+            # Another key printing after this one's exception line ends it (rank 0's
+            # message is over once rank 1 speaks); an abandoned capture ends too.
+            if cap.state == "ended" or cap.idle > self._max_idle:
+                finished.append(self.open.pop(other))
+        return finished
+
+    def _continue(self, cap: Capture, tl: TracebackLine, claimed: Callable[[], bool]) -> tuple[bool, bool]:
+        """(consumed, capture is over)."""
+        msg = tl.message
+        if cap.state == "frames":
+            if msg[:1] in (" ", "\t"):  # frames, code, carets (and nested exception groups)
+                self._add(cap, msg, frame=FRAME_RE.match(msg) is not None)
+                return True, False
+            if TB_START in msg:
+                return False, True  # a new traceback before this one's exception line
+            cap.segments[-1].exc_line = msg.strip()
+            cap.state = "ended"
+            cap.exc_ts = tl.ts
+            self._add(cap, msg)
+            return True, False
+        if cap.state == "chain":
+            if TB_START in msg:
+                cap.segments.append(Segment())
+                cap.state = "frames"
+                self._add(cap, msg)
+                return True, False
+            return False, True
+        # ended
+        if any(marker in msg for marker in _CHAIN_MARKERS):
+            cap.state = "chain"
+            self._add(cap, msg)
+            return True, False
+        if TB_START in msg or not self._is_continuation(cap, tl, claimed):
+            return False, True
+        cap.segments[-1].continuation.append(msg.strip())
+        self._add(cap, msg)
+        return True, False
+
+    def _is_continuation(self, cap: Capture, tl: TracebackLine, claimed: Callable[[], bool]) -> bool:
+        if len(cap.segments[-1].continuation) >= self._max_continuation:
+            return False
+        if cap.exc_ts is not None or tl.ts is not None:
+            # One logger record repeats its header, timestamp included, on every line.
+            return tl.ts == cap.exc_ts
+        return not claimed()
+
+    def _start(self, tl: TracebackLine) -> None:
+        idx = tl.message.find(TB_START)
+        header_text = tl.message[:idx].strip().rstrip(",:;-").strip() if idx > 0 else ""
+        cap = Capture(tl.key, tl.offset, tl.line, header_text, tl.level, tl.fields)
+        if idx < 0:  # a bare frame: the excerpt starts mid-traceback
+            cap.segments[0].frames.append(tl.message)
+        cap.lines.append(tl.message)
+        self.open[tl.key] = cap
+
+    def _add(self, cap: Capture, msg: str, *, frame: bool = False) -> None:
+        if frame:
+            cap.segments[-1].frames.append(msg)
+        if len(cap.lines) < self._max_lines:
+            cap.lines.append(msg)
+
+
+# ---- from a capture to an event -------------------------------------------------------
+
+
+def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment, FailureKind] | None:
+    """The exception of a chain that says most about the root cause.
+
+    An infrastructure kind (CUDA OOM, NCCL, timeout, SIGKILL) anywhere in the chain wins,
+    the earliest first; otherwise the last exception, unless it only points elsewhere.
+    """
+    ended = [s for s in segments if s.exc_line]
+    if not ended:
+        return None
+    kinds = [classify(s.text()) for s in ended]
+    for seg, kind in zip(ended, kinds, strict=True):
+        if kind in _INFRA_KINDS:
+            return seg, kind
+    for seg, kind in zip(reversed(ended), reversed(kinds), strict=True):
+        if not _UNINFORMATIVE.search(seg.exc_line or ""):
+            return seg, kind
+    return ended[-1], kinds[-1]
+
+
+def capture_event(cap: Capture, probe: str, classify: Classify) -> ProbeEvent:
+    """The failure event of a finished capture."""
+    fields: dict[str, Any] = dict(cap.fields)
+    if cap.level is not None:
+        fields["level"] = cap.level
+    chosen = choose_segment(cap.segments, classify)
+    if chosen is not None:
+        seg, kind = chosen
+        line = seg.exc_line or cap.first_line
+        exc = _EXC_LINE.match(line)
+        exc_type = exc.group("type") if exc else ""
+        message = (exc.group("msg") or "") if exc else line
+        fields["exc_type"] = exc_type
+        frame = seg.frames[-1] if seg.frames else None
+    else:
+        # Truncated before any exception line: what came before "Traceback" is all we have.
+        line = cap.first_line
+        kind = classify(cap.header_text or cap.first_line)
+        exc_type, message, frame = "Traceback", cap.header_text, None
+    if len(cap.segments) > 1:
+        fields["chained"] = len(cap.segments)
+    return ProbeEvent(
+        kind=ProbeKind.FAILURE,
+        probe=probe,
+        offset=cap.offset,
+        line=line,
+        failure=kind,
+        fields=fields,
+        traceback="\n".join(cap.lines),
+        fingerprint=fingerprint(exc_type or "Exception", message, frame),
+    )

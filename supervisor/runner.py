@@ -1,0 +1,486 @@
+"""One job's control loop: launch an attempt, watch it, judge it, clean up, relaunch or stop.
+
+Watching an attempt means three things at once: its log is followed and fed through the
+probe engine (events are stored with the offset they bring the attempt to, then
+published), its exit is awaited (a pidfd: noticed at once, not at the next poll), and the
+watchdog is asked for a verdict whenever its own next deadline comes, never on a fixed tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .alerts import Alert, Alerter
+from .bus import EventBus
+from .errors import SuperviseError
+from .events import Event, EventKind, ProbeEvent, Verdict
+from .gpu import GpuSample, foreign_processes, wait_for_release
+from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle, log_paths
+from .policy import RestartPolicy
+from .probes import ProbeEngine, load_packs
+from .spec import JobSpec
+from .store import AttemptRow, Store
+from .watchdog import Judgement, Watchdog
+
+log = structlog.get_logger("supervise.runner")
+
+_OFFSET_SAVE_INTERVAL_S = 1.0  # with no events, the resume offset is saved at most this often
+_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.DONE}
+
+
+class GpuView:
+    """What a runner needs of the daemon's GPU sampler."""
+
+    def __init__(self, sample: Callable[[], Any], latest: Callable[[], GpuSample | None]) -> None:
+        self.sample = sample  # async () -> GpuSample
+        self.latest = latest
+
+
+@dataclass
+class RunnerContext:
+    store: Store
+    bus: EventBus
+    host: Host
+    log_root: Path
+    alerter: Alerter
+    gpu: GpuView
+    clock: Callable[[], float] = time.monotonic
+
+
+@dataclass
+class _Live:
+    """Live handles of the attempt being watched (never saved: the store has the saved state)."""
+
+    row: AttemptRow
+    handle: ProcessHandle
+    watchdog: Watchdog
+    killed_by_us: bool = False
+    last_output: float | None = None
+    events_seen: int = 0
+    failure: dict[str, Any] | None = None
+    known_pids: set[int] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class JobRunner:
+    def __init__(self, spec: JobSpec, ctx: RunnerContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        self.policy = RestartPolicy(spec.restart)
+        self.live: _Live | None = None
+        self.next_relaunch_at: float | None = None
+        self._stop_requested = asyncio.Event()
+        self._stop_report: KillReport | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._engine_packs = load_packs(spec.probes, spec.probe_files)
+
+    # -- public ------------------------------------------------------------------------
+
+    def start(self, resume: AttemptRow | None = None) -> None:
+        self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def stop(self, grace_s: float | None = None) -> KillReport:
+        """Stop the job: no more relaunches; TERM the whole tree, wait, KILL."""
+        self._stop_requested.set()
+        report = KillReport()
+        live = self.live
+        if live is not None:
+            live.killed_by_us = True
+            report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
+            self._stop_report = report
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, SuperviseError):
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
+        return report
+
+    async def detach(self) -> None:
+        """The daemon is shutting down: stop watching, leave the job running for the next daemon."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _run(self, resume: AttemptRow | None) -> None:
+        # A re-adopted attempt continues the run it belonged to; a fresh `start` gets a fresh budget.
+        previous_fp = self._previous_fingerprint(resume) if resume else None
+        run_attempts = self._attempts_in_run(resume)
+        try:
+            while True:
+                run_attempts += 1
+                if resume is not None:
+                    live = self._adopt(resume)
+                    resume = None
+                else:
+                    if not await self._prelaunch_gpu_check():
+                        return
+                    live = await self._launch()
+                self.live = live
+                judgement = await self._watch(live)
+                self.live = None
+                fingerprint = (live.failure or {}).get("fingerprint")
+                if self._stop_requested.is_set():
+                    await self._end_attempt(live, judgement, "stopped by user")
+                    self._set_job("stopped", "stopped by user")
+                    return
+                if judgement.verdict is Verdict.DONE:
+                    await self._end_attempt(live, judgement, "none: job done")
+                    self._set_job("done", judgement.reason)
+                    return
+                decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
+                await self._cleanup(live, judgement)
+                released = await self._wait_gpu_release(live)
+                if not released:
+                    await self._end_attempt(live, judgement, "give up: GPU memory leaked")
+                    self._set_job("failed", "GPU memory still held after cleanup: not relaunching")
+                    return
+                action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
+                await self._end_attempt(live, judgement, action)
+                await self._alert(live, judgement, action)
+                if decision.action != "relaunch":
+                    self._set_job("failed", decision.reason)
+                    return
+                previous_fp = fingerprint
+                self._set_job("backoff", f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
+                if await self._sleep_unless_stopped(decision.wait_s):
+                    self._set_job("stopped", "stopped by user during backoff")
+                    return
+        except asyncio.CancelledError:
+            raise
+        except SuperviseError as exc:
+            log.error("job failed", job=self.spec.name, error=str(exc))
+            self._set_job("failed", str(exc))
+        except Exception as exc:  # the daemon must outlive any one job's bug
+            log.exception("job runner crashed", job=self.spec.name)
+            self._set_job("failed", f"internal error: {exc!r}")
+
+    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
+        with contextlib.suppress(SuperviseError):
+            return self.ctx.store.attempt(self.spec.name, resume.n - 1).fingerprint
+        return None
+
+    def _attempts_in_run(self, resume: AttemptRow | None) -> int:
+        """How many attempts of the current run came before `resume` (0 for a fresh start).
+
+        A run is the attempts since the last `supervise start`: those launched by relaunch
+        carry the action 'relaunch ...' on their predecessor."""
+        if resume is None:
+            return 0
+        count = 0
+        for row in reversed(self.ctx.store.attempts(self.spec.name)[: resume.n - 1]):
+            if not (row.action or "").startswith("relaunch"):
+                break
+            count += 1
+        return count
+
+    async def _sleep_unless_stopped(self, seconds: float) -> bool:
+        self.next_relaunch_at = time.time() + seconds
+        try:
+            await asyncio.wait_for(self._stop_requested.wait(), timeout=seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.next_relaunch_at = None
+
+    def _set_job(self, state: str, reason: str) -> None:
+        self.ctx.store.set_job_state(self.spec.name, state, reason)
+
+    # -- launch / adopt ----------------------------------------------------------------
+
+    async def _launch(self) -> _Live:
+        store, spec = self.ctx.store, self.spec
+        n = store.next_attempt_number(spec.name)
+        log_path, status_path = _fresh_log_paths(self.ctx.log_root, spec.name, n)
+        tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
+        argv = spec.argv(n)
+        workdir = str(spec.resolved_workdir())
+        row = AttemptRow(
+            job=spec.name, n=n, tag=tag, host=self.ctx.host.name, argv=argv, workdir=workdir,
+            log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
+            started=time.time(), ended=None, state="launching", exit_code=None, exit_signal=None,
+            log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
+            fingerprint=None, action=None,
+        )
+        store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
+        self._set_job("running", f"attempt {n}")
+        self._baseline = self._gpu_baseline()
+        request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
+                                status_path=status_path, tag=tag)
+        try:
+            handle = await self.ctx.host.launch(request)
+        except SuperviseError as exc:
+            store.update_attempt(spec.name, n, state="ended", ended=time.time(), verdict=Verdict.CRASHED.value,
+                                 reason=str(exc), action="give up: launch failed")
+            raise
+        row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, "running"
+        store.update_attempt(spec.name, n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state="running")
+        self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: pid {handle.pid}",
+                                   {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name})])
+        return _Live(row=row, handle=handle, watchdog=Watchdog(spec.health, clock=self.ctx.clock))
+
+    def _adopt(self, row: AttemptRow) -> _Live:
+        handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
+                               tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+        self._baseline = self._gpu_baseline()
+        live = _Live(row=row, handle=handle, watchdog=Watchdog(self.spec.health, clock=self.ctx.clock))
+        # Replay what was already stored so phase, progress and failure are known again.
+        for event in self.ctx.store.events(self.spec.name, attempt=row.n):
+            self._note(live, event)
+        self._set_job("running", f"attempt {row.n} (re-adopted)")
+        return live
+
+    def _gpu_baseline(self) -> dict[int, int]:
+        sample = self.ctx.gpu.latest()
+        if sample is None or not sample.available:
+            return {}
+        return {d.index: d.used_mib for d in sample.devices}
+
+    async def _prelaunch_gpu_check(self) -> bool:
+        gpu = self.spec.gpu
+        if gpu.foreign_memory == "ignore":
+            return True
+        devices = None if gpu.devices == "all" else list(gpu.devices)
+        deadline = time.monotonic() + gpu.foreign_wait_s
+        while True:
+            sample = await self.ctx.gpu.sample()
+            if not sample.available:
+                return True
+            foreign = foreign_processes(sample, devices, set())
+            if not foreign:
+                return True
+            who = ", ".join(f"pid {p.pid} {_cmdline(p.pid)} {p.used_mib or '?'} MiB on GPU {p.gpu_index}" for p in foreign)
+            if gpu.foreign_memory == "refuse" or time.monotonic() >= deadline:
+                self._set_job("failed", f"GPUs hold memory of other processes: {who}; free them or set gpu.foreign_memory='ignore'")
+                return False
+            self._set_job("waiting", f"waiting for GPUs held by other processes: {who}")
+            if await self._sleep_unless_stopped(5.0):
+                self._set_job("stopped", "stopped by user while waiting for GPUs")
+                return False
+
+    # -- watching ----------------------------------------------------------------------
+
+    async def _watch(self, live: _Live) -> Judgement:
+        engine = ProbeEngine(self._engine_packs)
+        follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset)
+        reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
+        exit_task = asyncio.create_task(self.ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
+        try:
+            while True:
+                timeout = self._time_to_next_check(live)
+                live.wake.clear()
+                wake = asyncio.create_task(live.wake.wait())
+                done, _ = await asyncio.wait({exit_task, wake, reader}, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                if exit_task in done:
+                    return await self._finish(live, follower, reader, engine, exit_task.result())
+                if reader in done and reader.exception() is not None:
+                    raise reader.exception()  # type: ignore[misc]
+                judgement = live.watchdog.check()
+                if judgement.verdict in (Verdict.STALLED, Verdict.SILENT):
+                    self._record_verdict(live, judgement)
+                    return judgement
+        finally:
+            for task in (exit_task, reader):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            await follower.aclose()
+
+    def _time_to_next_check(self, live: _Live) -> float | None:
+        at = live.watchdog.next_check_at()
+        return None if at is None else max(0.0, at - self.ctx.clock())
+
+    async def _read(self, live: _Live, follower: Any, engine: ProbeEngine) -> None:
+        last_save = 0.0
+        async for batch in follower.records():
+            probe_events: list[ProbeEvent] = []
+            for record in batch:
+                probe_events.extend(engine.feed(record))
+            saved = self._ingest(live, probe_events, engine.resume_offset, force=time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S)
+            if saved:
+                last_save = time.monotonic()
+
+    def _ingest(self, live: _Live, probe_events: list[ProbeEvent], offset: int, *, force: bool) -> bool:
+        now = self.ctx.clock()
+        live.watchdog.output_seen(now)
+        live.last_output = time.time()
+        events = [self._from_probe(live.row.n, pe) for pe in probe_events]
+        for event in events:
+            self._note(live, event, now)
+        if not events and not force:
+            return False
+        progress = live.watchdog.progress
+        fields: dict[str, Any] = {"phase": live.watchdog.phase.value if live.watchdog.phase else None}
+        if progress is not None:
+            fields["progress"] = _progress_dict(progress)
+        if live.failure is not None:
+            fields["failure"] = live.failure
+            fields["fingerprint"] = live.failure.get("fingerprint")
+        if events:
+            stored = self.ctx.store.record_events(events, offset=offset, attempt_fields=fields)
+            self.ctx.bus.publish([e for e in stored if e.id is not None])
+        else:
+            self.ctx.store.update_attempt(self.spec.name, live.row.n, log_offset=offset, **fields)
+        live.row.log_offset = offset
+        live.wake.set()  # let the watch loop re-read the watchdog's next deadline
+        return True
+
+    def _note(self, live: _Live, event: Event, now: float | None = None) -> None:
+        live.watchdog.observe(event, now)
+        if event.kind is EventKind.FAILURE:
+            live.failure = {
+                "kind": event.data.get("failure", "other"), "line": event.message,
+                "fingerprint": event.data.get("fingerprint"), "traceback": event.data.get("traceback"),
+            }
+
+    async def _finish(self, live: _Live, follower: Any, reader: asyncio.Task[None], engine: ProbeEngine,
+                      status: ExitStatus) -> Judgement:
+        # Drain the log to its end before judging: the traceback is written just before exit.
+        follower.finish()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(reader, timeout=30)
+        self._ingest(live, engine.flush(), follower.offset, force=True)
+        self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode, exit_signal=status.signal)
+        self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
+                                   {"returncode": status.returncode, "signal": status.signal})])
+        judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us)
+        self._record_verdict(live, judgement)
+        return judgement
+
+    def _record_verdict(self, live: _Live, judgement: Judgement) -> None:
+        self.ctx.store.update_attempt(self.spec.name, live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
+        self._publish([self._event(live.row.n, EventKind.VERDICT, f"{judgement.verdict.value}: {judgement.reason}",
+                                   {"verdict": judgement.verdict.value, **_jsonable(judgement.evidence)})])
+
+    # -- after an attempt --------------------------------------------------------------
+
+    async def _cleanup(self, live: _Live, judgement: Judgement) -> None:
+        if judgement.verdict in _FINAL_VERDICTS and not await self.ctx.host.attempt_pids(live.handle):
+            return
+        live.killed_by_us = True
+        report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s)
+        live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
+        self._action(live, f"killed the process tree: {report.summary()}",
+                     {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors})
+
+    async def _wait_gpu_release(self, live: _Live) -> bool:
+        sample = self.ctx.gpu.latest()
+        if sample is None or not sample.available:
+            return True
+        gpu = self.spec.gpu
+        devices = None if gpu.devices == "all" else list(gpu.devices)
+        # Every pid the attempt ever showed: NVML may still list a process that psutil no longer sees.
+        known = {live.handle.pid} | live.known_pids | await self.ctx.host.attempt_pids(live.handle)
+
+        async def wait() -> Any:
+            return await wait_for_release(self.ctx.gpu.sample, devices, self._baseline, lambda: known,
+                                          tolerance_mib=gpu.release_tolerance_mib, timeout_s=gpu.release_timeout_s)
+
+        result = await wait()
+        if not result.released and await self.ctx.host.attempt_pids(live.handle):
+            # Last resort: anything still alive that carries the attempt's tag is killed outright.
+            await self.ctx.host.kill_tree(live.handle, 0)
+            result = await wait()
+        self._action(live, f"GPU memory {'released' if result.released else 'STILL HELD'} after {result.waited_s:.1f}s",
+                     {"released": result.released, "waited_s": result.waited_s})
+        if not result.released:
+            await self._alert(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}), "not relaunching: GPU memory still held")
+        return result.released
+
+    async def _end_attempt(self, live: _Live, judgement: Judgement, action: str) -> None:
+        self.ctx.store.update_attempt(self.spec.name, live.row.n, state="ended", ended=time.time(), action=action,
+                                      verdict=judgement.verdict.value, reason=judgement.reason)
+        self._action(live, action, {})
+
+    async def _alert(self, live: _Live, judgement: Judgement, next_action: str) -> None:
+        sample = self.ctx.gpu.latest()
+        gpu_text = _gpu_summary(sample)
+        failure = live.failure or {}
+        evidence = judgement.reason
+        if failure.get("line"):
+            evidence += f" | {failure['line']} (fingerprint {failure.get('fingerprint')})"
+        alert = Alert(job=self.spec.name, attempt=live.row.n, title=f"{self.spec.name}: attempt {live.row.n} {judgement.verdict.value}",
+                      what=judgement.verdict.value, evidence=evidence, gpu=gpu_text, next_action=next_action,
+                      key=f"{self.spec.name}:{live.row.n}:{judgement.verdict.value}")
+        if await self.ctx.alerter.send(alert):
+            self._publish([self._event(live.row.n, EventKind.ALERT, alert.title, {"evidence": evidence, "next": next_action})])
+
+    # -- events ------------------------------------------------------------------------
+
+    def _action(self, live: _Live, message: str, data: dict[str, Any]) -> None:
+        self._publish([self._event(live.row.n, EventKind.ACTION, message, _jsonable(data))])
+
+    def _event(self, n: int, kind: EventKind, message: str, data: dict[str, Any]) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=data)
+
+    def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
+        data: dict[str, Any] = dict(pe.fields)
+        if pe.failure is not None:
+            data["failure"] = pe.failure.value
+            data["fingerprint"] = pe.fingerprint
+            data["traceback"] = pe.traceback
+        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line,
+                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=_jsonable(data))
+
+    def _publish(self, events: list[Event]) -> None:
+        stored = self.ctx.store.record_events(events)
+        self.ctx.bus.publish(stored)
+
+
+def _fresh_log_paths(root: Path, job: str, n: int) -> tuple[str, str]:
+    """The attempt's log, never an existing file: logs are never overwritten or appended to."""
+    log_path, status_path = log_paths(root, job, n)
+    suffix = 1
+    while Path(log_path).exists():
+        log_path, status_path = log_paths(root, job, n)
+        log_path = log_path.replace(".log", f".{suffix}.log")
+        status_path = status_path.replace(".exit", f".{suffix}.exit")
+        suffix += 1
+    return log_path, status_path
+
+
+def _progress_dict(progress: Any) -> dict[str, Any]:
+    return {"probe": progress.probe, "done": progress.done, "total": progress.total,
+            "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
+
+
+def _gpu_summary(sample: GpuSample | None) -> str:
+    if sample is None or not sample.available:
+        return "GPU: not monitored" if sample is None else f"GPU: {sample.reason}"
+    return "; ".join(f"GPU{d.index} {d.used_mib}/{d.total_mib} MiB" for d in sample.devices)
+
+
+def _cmdline(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:80]
+    except psutil.Error:
+        return "(gone)"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

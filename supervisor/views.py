@@ -1,0 +1,62 @@
+"""Saved state → protocol models: what `status`, `attempts` and `events` show."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import protocol
+from .events import Event
+from .gpu import GpuSample
+from .store import AttemptRow, JobRow, Store
+
+if TYPE_CHECKING:
+    from .runner import JobRunner
+
+
+def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
+    progress = protocol.ProgressInfo(**row.progress) if row.progress else None
+    failure = protocol.FailureInfo(**row.failure) if row.failure else None
+    return protocol.AttemptInfo(
+        job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
+        exit_code=row.exit_code, exit_signal=row.exit_signal, log_path=row.log_path, phase=row.phase,
+        progress=progress, verdict=row.verdict, reason=row.reason, failure=failure, fingerprint=row.fingerprint,
+        action=row.action, argv=row.argv,
+    )
+
+
+def job_status(row: JobRow, store: Store, runner: JobRunner | None) -> protocol.JobStatus:
+    latest = store.latest_attempt(row.name)
+    last_output_age = None
+    next_relaunch = None
+    if runner is not None:
+        if runner.live is not None and runner.live.last_output is not None:
+            last_output_age = time.time() - runner.live.last_output
+        if runner.next_relaunch_at is not None:
+            next_relaunch = max(0.0, runner.next_relaunch_at - time.time())
+    spec: dict[str, Any] = row.spec
+    return protocol.JobStatus(
+        name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
+        max_attempts=spec.get("restart", {}).get("max_attempts", 1),
+        attempt=attempt_info(latest) if latest else None,
+        last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch,
+    )
+
+
+def event_info(event: Event) -> protocol.EventInfo:
+    return protocol.EventInfo(
+        id=event.id or 0, job=event.job, attempt=event.attempt, ts=event.ts, kind=event.kind.value,
+        probe=event.probe, phase=event.phase.value if event.phase else None, offset=event.offset,
+        message=event.message, data=event.data,
+    )
+
+
+def gpu_devices(sample: GpuSample | None) -> list[protocol.GpuDeviceInfo]:
+    if sample is None or not sample.available:
+        return []
+    devices = []
+    for d in sample.devices:
+        procs = [{"pid": p.pid, "used_mib": p.used_mib} for p in sample.processes if p.gpu_index == d.index]
+        devices.append(protocol.GpuDeviceInfo(index=d.index, name=d.name, used_mib=d.used_mib,
+                                              total_mib=d.total_mib, util_pct=d.util_pct, processes=procs))
+    return devices

@@ -1,0 +1,102 @@
+"""No relaunch while the previous attempt still holds GPU memory (an in-process daemon with a
+fake NVML whose memory follows real processes, freed a moment after each one dies, as the
+driver does)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from conftest import wait_until
+from fakes.fake_nvml import FakeNvml
+from supervisor.client import Client
+from supervisor.config import DaemonSettings, Paths
+from supervisor.daemon import Daemon
+
+HOLD_MIB = 8000
+FREE_LAG_S = 1.5
+
+
+class ProcessBoundNvml(FakeNvml):
+    """Every live process that carries a pid file in `holders` holds HOLD_MIB on GPU 0,
+    and keeps holding it for FREE_LAG_S after it exits."""
+
+    def __init__(self, holders: Path) -> None:
+        super().__init__(clock=time.monotonic)
+        self.holders = holders
+        self.died_at: dict[int, float] = {}
+        self.add_device(total_mib=81920)
+
+    def _sync(self) -> None:
+        for pid_file in self.holders.glob("*.pid"):
+            text = pid_file.read_text()
+            if not text:
+                continue
+            pid = int(text)
+            known = any(p.pid == pid for p in self.processes)
+            if not known and _alive(pid):
+                self.start_process(pid, gpu=0, mib=HOLD_MIB)
+            elif known and pid not in self.died_at and not _alive(pid):
+                self.died_at[pid] = self.clock()
+                self.exit_process(pid, free_lag_s=FREE_LAG_S)
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):  # noqa: N802 - pynvml's name
+        self._sync()
+        return super().nvmlDeviceGetMemoryInfo(handle, version)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):  # noqa: N802
+        self._sync()
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+
+def test_relaunch_waits_for_gpu_memory_release(tmp_path: Path) -> None:
+    home = Path(__import__("tempfile").mkdtemp(prefix="sv-", dir="/tmp"))
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    script = tmp_path / "gpu_job.py"
+    script.write_text(
+        "import os, sys, time\n"
+        f"open('{holders}/' + str(os.getpid()) + '.pid', 'w').write(str(os.getpid()))\n"
+        "time.sleep(0.3)\nraise RuntimeError('attempt ' + os.environ['SUPERVISE_ATTEMPT'])\n")
+    spec = tmp_path / "gpu.toml"
+    spec.write_text(f'name = "gpu"\ncommand = ["{sys.executable}", "{script}"]\n'
+                    "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0\nbackoff_jitter_s = 0\n"
+                    "[gpu]\nrelease_timeout_s = 20\nrelease_tolerance_mib = 100\n")
+    nvml = ProcessBoundNvml(holders)
+    daemon = Daemon(Paths(home), DaemonSettings(gpu_interval_s=0.1), nvml=nvml)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(daemon.serve(),), daemon=True)
+    thread.start()
+    client = Client(Paths(home))
+    try:
+        wait_until(lambda: _pings(client))
+        client.start(str(spec), {})
+        wait_until(lambda: client.status("gpu").jobs[0].state == "failed", timeout=60)
+        first, second = client.attempts("gpu").attempts
+        # The job's python process is the wrapper's child: find the pid the fake saw die first.
+        freed_at = min(nvml.died_at.values()) + FREE_LAG_S  # the fake's (monotonic) clock
+        launched_second = second.started  # wall clock
+        offset = time.time() - time.monotonic()
+        assert launched_second >= freed_at + offset - 0.05, "relaunched while memory was still held"
+        actions = [e.message for e in client.events("gpu").events if e.kind == "action"]
+        assert any(m.startswith("GPU memory released after") for m in actions)
+    finally:
+        loop.call_soon_threadsafe(daemon.request_stop)
+        thread.join(timeout=30)
+        client.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _pings(client: Client) -> bool:
+    return client.accepting() and client.ping() is not None

@@ -1,0 +1,158 @@
+"""Health and relaunch with real processes replaying real corpus logs, through a real daemon."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, DaemonProcess, wait_until
+from supervisor.client import Client
+
+CORPUS = REPO / "tests" / "data" / "corpus"
+PACING = REPO / "tests" / "data" / "pacing"
+STALL_TSV = PACING / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
+REPLAY = REPO / "tests" / "jobs" / "replay.py"
+PACKS = '["python", "cuda", "nccl", "vllm", "tqdm", "transformers"]'
+
+
+def replay_spec(home: Path, name: str, args: list[str], extra: str = "") -> Path:
+    spec = home / f"{name}.toml"
+    command = json.dumps([sys.executable, str(REPLAY), *args])
+    spec.write_text(f'name = "{name}"\ncommand = {command}\nprobes = {PACKS}\nstop_grace_s = 1\n' + extra)
+    return spec
+
+
+def finished(client: Client, job: str) -> bool:
+    return client.status(job).jobs[0].state in ("done", "failed", "stopped")
+
+
+@pytest.fixture
+def fast_daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    # Every poll interval at an hour: anything prompt below is event-driven.
+    daemon_env["SUPERVISE_POLL_INTERVAL_S"] = "3600"
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    d = DaemonProcess(home, daemon_env)
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_healthy_paced_load_is_never_flagged(fast_daemon: DaemonProcess, home: Path) -> None:
+    spec = replay_spec(home, "healthy", [str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
+                                         "--collapse-gaps-over", "0.5"],
+                       "[health]\nstall_floor_s = 1.0\n[restart]\nmax_attempts = 1\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "healthy"), timeout=60)
+    attempt = client.attempts("healthy").attempts[0]
+    assert attempt.verdict == "done", attempt.reason
+    events = client.events("healthy").events
+    shards = [e.data["done"] for e in events if e.kind == "progress" and "shard" in (e.probe or "")]
+    assert shards and max(shards) == 13
+    assert not [e for e in events if e.kind == "verdict" and e.data.get("verdict") == "stalled"]
+
+
+def test_frozen_shard_load_is_flagged_within_the_bound_and_killed(fast_daemon: DaemonProcess, home: Path) -> None:
+    spec = replay_spec(home, "frozen", [str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
+                                        "--collapse-gaps-over", "0.5", "--freeze-after", "42"],
+                       "[health]\nstall_floor_s = 1.0\n[restart]\nmax_attempts = 1\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "frozen"), timeout=60)
+    attempt = client.attempts("frozen").attempts[0]
+    assert attempt.verdict == "stalled", attempt.reason
+    assert "5/13" in (attempt.reason or "")
+    events = client.events("frozen").events
+    last_progress = max(e.ts for e in events if e.kind == "progress")
+    flagged = next(e.ts for e in events if e.kind == "verdict" and e.data.get("verdict") == "stalled")
+    assert 1.0 <= flagged - last_progress < 3.0  # the bound is max(floor 1 s, 3 x ~0.075 s)
+    assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)
+
+
+def test_crash_is_seen_at_exit_and_same_crash_twice_stops(fast_daemon: DaemonProcess, home: Path) -> None:
+    log = CORPUS / "vllm-logs" / "19-enginecore-failed-after-kv-mem.log"
+    spec = replay_spec(home, "crash", [str(log), "--exit", "1"],
+                       "[restart]\nmax_attempts = 5\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "crash"), timeout=60)
+    attempts = client.attempts("crash").attempts
+    assert len(attempts) == 2  # the second identical failure stops the loop
+    assert attempts[0].verdict == "crashed" and attempts[0].failure is not None
+    assert attempts[0].failure.traceback
+    assert attempts[0].fingerprint == attempts[1].fingerprint
+    assert "same failure twice" in (attempts[1].action or "")
+    assert client.status("crash").jobs[0].state == "failed"
+    exited = [e for e in client.events("crash").events if e.kind in ("exited", "verdict") and e.attempt == 1]
+    # With every poll at an hour, the verdict follows the exit at once.
+    assert exited[-1].ts - exited[0].ts < 2.0
+
+
+def test_cuda_oom_is_classified_as_oom(fast_daemon: DaemonProcess, home: Path) -> None:
+    log = CORPUS / "device-logs" / "torch-oom.log"
+    spec = replay_spec(home, "oom", [str(log), "--exit", "1"], "[restart]\nmax_attempts = 1\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "oom"), timeout=60)
+    attempt = client.attempts("oom").attempts[0]
+    assert attempt.verdict == "oom" and attempt.failure is not None and attempt.failure.kind == "cuda_oom"
+
+
+def test_backoff_spaces_relaunches(fast_daemon: DaemonProcess, home: Path, tmp_path: Path) -> None:
+    counter = tmp_path / "n"
+    script = tmp_path / "flaky.py"
+    # A different failure each time (no repeat fingerprint), so only the backoff limits relaunches.
+    script.write_text(f"import os\np='{counter}'\nn=int(open(p).read()) if os.path.exists(p) else 0\n"
+                      "open(p,'w').write(str(n+1))\nraise RuntimeError('failure number ' + 'x' * n)\n")
+    spec = home / "flaky.toml"
+    spec.write_text(f'name = "flaky"\ncommand = ["{sys.executable}", "{script}"]\n'
+                    "[restart]\nmax_attempts = 3\nbackoff_initial_s = 1.0\nbackoff_jitter_s = 0\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "flaky"), timeout=60)
+    attempts = client.attempts("flaky").attempts
+    assert len(attempts) == 3
+    for before, after in zip(attempts, attempts[1:]):
+        assert after.started - (before.ended or 0) >= 0.95
+
+
+class _AlertSink(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_alert_reaches_a_real_http_endpoint(home: Path, daemon_env: dict[str, str], monkeypatch) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _AlertSink)
+    _AlertSink.received = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    daemon_env["SUPERVISE_ALERT_URLS"] = f"json://127.0.0.1:{server.server_port}/alert"
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        log = CORPUS / "device-logs" / "torch-oom.log"
+        spec = replay_spec(home, "alerting", [str(log), "--exit", "1"], "[restart]\nmax_attempts = 1\n")
+        client = daemon.client()
+        client.start(str(spec), {})
+        wait_until(lambda: _AlertSink.received, timeout=60)
+        body = json.dumps(_AlertSink.received[0])
+        assert "alerting" in body and "attempt 1" in body and "oom" in body
+        assert "OutOfMemoryError" in body and "give up" in body and "GPU" in body
+    finally:
+        daemon.stop()
+        server.shutdown()
+        server.server_close()
