@@ -223,7 +223,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def _follow_job(client: Client, job: str, attempt: int) -> int:
     printer = _EventPrinter()
-    for event in client.follow_events(job, until_done=True):
+    for event in client.follow_events(job, min_attempt=attempt, until_done=True):
         printer.show(event)
     printer.close()
     status = client.status(job).jobs[0]

@@ -84,9 +84,10 @@ class Client:
     def gpus(self) -> protocol.GpusResponse:
         return self._call("GET", "/v1/gpus", protocol.GpusResponse)
 
-    def follow_events(self, job: str, *, attempt: int | None = None, after: int = 0,
+    def follow_events(self, job: str, *, attempt: int | None = None, min_attempt: int | None = None, after: int = 0,
                       until_done: bool = False, kinds: list[str] | None = None) -> Iterator[protocol.EventInfo]:
-        params = _params(follow="1", attempt=attempt, after=after, until_done="1" if until_done else None,
+        params = _params(follow="1", attempt=attempt, min_attempt=min_attempt, after=after,
+                         until_done="1" if until_done else None,
                          kinds=",".join(kinds or []) or None)
         yield from self._stream(f"/v1/jobs/{job}/events", params, protocol.EventInfo)
 

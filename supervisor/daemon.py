@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from .host import Host, ProcessHandle
 from .launch import LocalHost
 from .runner import GpuView, JobRunner, RunnerContext
 from .spec import JobSpec, load_spec
-from .store import AttemptRow, Store
+from .store import AttemptRow, EventQuery, Store
 from .views import attempt_info, event_info, gpu_devices, job_status
 
 log = structlog.get_logger("supervise.daemon")
@@ -241,37 +242,36 @@ class Daemon:
     async def events(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         self.store.job(name)
-        attempt = _int_query(request, "attempt")
-        after = _int_query(request, "after") or 0
-        kinds = [k for k in request.query.get("kinds", "").split(",") if k] or None
+        query = EventQuery(
+            job=name, attempt=_int_query(request, "attempt"), min_attempt=_int_query(request, "min_attempt"),
+            after_id=_int_query(request, "after") or 0,
+            kinds=[k for k in request.query.get("kinds", "").split(",") if k] or None,
+        )
         if request.query.get("follow") != "1":
-            events = self.store.events(name, attempt=attempt, after_id=after, kinds=kinds)
-            return _json(protocol.EventsResponse(events=[event_info(e) for e in events]))
-        until_done = request.query.get("until_done") == "1"
-        return await self._stream_events(request, name, attempt, after, kinds, until_done)
+            return _json(protocol.EventsResponse(events=[event_info(e) for e in self.store.query_events(query)]))
+        return await self._stream_events(request, query, until_done=request.query.get("until_done") == "1")
 
-    async def _stream_events(self, request: web.Request, name: str, attempt: int | None, after: int,
-                             kinds: list[str] | None, until_done: bool) -> web.StreamResponse:
+    async def _stream_events(self, request: web.Request, query: EventQuery, until_done: bool) -> web.StreamResponse:
         sub = self.bus.stream()  # subscribe before reading the backlog: nothing falls in between
         response = await _ndjson(request)
         try:
-            last = after
-            for event in self.store.events(name, attempt=attempt, after_id=after, kinds=kinds):
+            backlog = self.store.query_events(query)
+            for event in backlog:
                 await _write_line(response, event_info(event))
-                last = event.id or last
+            if backlog:
+                query = replace(query, after_id=backlog[-1].id or query.after_id)
             while True:
                 try:
                     batch = await asyncio.wait_for(sub.queue.get(), timeout=0.5)
                 except TimeoutError:
-                    runner = self.runners.get(name)
+                    runner = self.runners.get(query.job)
                     if until_done and sub.queue.empty() and (runner is None or not runner.running):
                         break
                     continue
                 if batch is None:
                     break
                 for event in batch:
-                    if event.job == name and (event.id or 0) > last and (attempt is None or event.attempt == attempt) \
-                            and (kinds is None or event.kind.value in kinds):
+                    if query.matches(event):
                         await _write_line(response, event_info(event))
         except (ConnectionResetError, asyncio.CancelledError):
             pass

@@ -118,6 +118,23 @@ class AttemptRow:
     action: str | None
 
 
+@dataclass(frozen=True)
+class EventQuery:
+    """Which events a reader wants: the same filter for stored events and live ones."""
+
+    job: str
+    attempt: int | None = None
+    min_attempt: int | None = None
+    after_id: int = 0
+    kinds: list[str] | None = None
+
+    def matches(self, event: Event) -> bool:
+        return (event.job == self.job and (event.id or 0) > self.after_id
+                and (self.attempt is None or event.attempt == self.attempt)
+                and (self.min_attempt is None or event.attempt >= self.min_attempt)
+                and (not self.kinds or event.kind.value in self.kinds))
+
+
 @dataclass
 class JobRow:
     name: str
@@ -275,12 +292,19 @@ class Store:
         db.execute(f"UPDATE attempts SET {', '.join(sets)} WHERE job=? AND n=?", (*values, job, n))
 
     def events(self, job: str, *, attempt: int | None = None, after_id: int = 0,
-               kinds: list[str] | None = None, limit: int = 10_000) -> list[Event]:
+               kinds: list[str] | None = None, min_attempt: int | None = None, limit: int = 10_000) -> list[Event]:
+        return self.query_events(EventQuery(job, attempt, min_attempt, after_id, kinds), limit)
+
+    def query_events(self, query: EventQuery, limit: int = 10_000) -> list[Event]:
         sql = "SELECT * FROM events WHERE job=? AND id>?"
-        args: list[Any] = [job, after_id]
-        if attempt is not None:
+        args: list[Any] = [query.job, query.after_id]
+        if query.attempt is not None:
             sql += " AND attempt=?"
-            args.append(attempt)
+            args.append(query.attempt)
+        if query.min_attempt is not None:
+            sql += " AND attempt>=?"
+            args.append(query.min_attempt)
+        kinds = query.kinds
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             args.extend(kinds)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from train_helpers import THIRD_PARTY_WARNINGS, VOCAB, make_fixture, train_args
+from train_helpers import THIRD_PARTY_WARNINGS, VOCAB, make_fixture, torch_threads_kept, train_args
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
@@ -17,6 +17,12 @@ from eagle3 import train as T  # noqa: E402
 from eagle3.draft import DraftConfig, Eagle3Draft, draft_vocab, rms_norm  # noqa: E402
 
 TRAIN_STEPS = 150
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    with torch_threads_kept():
+        yield
 
 
 @pytest.fixture(scope="module")

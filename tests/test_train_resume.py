@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from train_helpers import THIRD_PARTY_WARNINGS, final_state, make_fixture, popen_train, run_train, train_args
+from train_helpers import (THIRD_PARTY_WARNINGS, final_state, make_fixture, popen_train, run_train,
+                           torch_threads_kept, train_args)
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
@@ -18,6 +19,12 @@ from eagle3 import train as T  # noqa: E402
 from eagle3._ckpt import Checkpoints  # noqa: E402
 
 STEPS = 16  # 4 epochs of the 24-sample fixture at batch size 4 is 24 steps; 16 ends mid-epoch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    with torch_threads_kept():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ peaked (a random Llama's are nearly flat), which gives the draft a clear argmax 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -109,7 +110,19 @@ def make_fixture(base: Path) -> Path:
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     """CLI arguments of a small, quick run on the fixture."""
     return ["--data", str(data), "--out", str(out), "--device", "cpu", "--batch-size", "4",
-            "--draft-vocab", "96", "--lr", "3e-3", "--log-every", "1", *extra]
+            "--draft-vocab", "96", "--lr", "3e-3", "--log-every", "1", "--threads", "1", *extra]
+
+
+@contextlib.contextmanager
+def torch_threads_kept():
+    """Restore torch's thread count after in-process runs (``--threads 1`` sets it process-wide)."""
+    import torch
+
+    n = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -75,6 +75,8 @@ def _to_bool(value: str) -> bool:
 
 def _to_duration(value: str) -> float | None:
     """tqdm's ``MM:SS`` / ``H:MM:SS`` / ``D:HH:MM:SS``, or ``12.5s``, in seconds."""
+    if len(value) == 5 and value[2] == ":":  # the usual MM:SS, quickly
+        return int(value[:2]) * 60 + int(value[3:]) + 0.0
     text = value.strip().rstrip("s")
     if not text or "?" in text:
         return None
@@ -115,9 +117,10 @@ class _CompiledProbe:
         self.probe = probe
         self.regex = compiled._regexp
         self.constants = probe.constants
-        # (group index, field name, type); str/int/float are converted inline (hot path).
-        self.layout: list[tuple[int, str, str]] = [
-            (idx, name, probe.fields.get(name, "str")) for name, idx in sorted(compiled.groupindex.items())
+        # (group index, field name, converter); None means the text as it is (hot path).
+        self.layout: list[tuple[int, str, Converter | None]] = [
+            (idx, name, None if probe.fields.get(name, "str") == "str" else _CONVERTERS[probe.fields[name]])
+            for name, idx in sorted(compiled.groupindex.items())
         ]
 
     def fields(self, data: bytes, line: str) -> dict[str, Any] | None:
@@ -127,21 +130,18 @@ class _CompiledProbe:
             return None
         out: dict[str, Any] = self.constants.copy() if self.constants else {}
         same = len(data) == len(line)  # ASCII: byte offsets are character offsets
-        for idx, name, ftype in self.layout:
+        for idx, name, convert in self.layout:
             start, end = spans[idx]
             if start < 0:
                 continue
             raw = line[start:end] if same else data[start:end].decode("utf-8", "replace")
-            if ftype == "str":
+            if convert is None:
                 out[name] = raw
                 continue
             try:
-                value = int(raw) if ftype == "int" else _CONVERTERS[ftype](raw)
+                value = convert(raw)
             except (ValueError, ZeroDivisionError):
-                try:
-                    value = _CONVERTERS[ftype](raw)  # "1,234": the slower, forgiving way
-                except (ValueError, ZeroDivisionError):
-                    continue  # e.g. "?" where a number was expected: the field is left out
+                continue  # e.g. "?" where a number was expected: the field is left out
             if value is not None:
                 out[name] = value
         return out
@@ -312,7 +312,11 @@ class ProbeEngine:
 
     def _read(self, records: Sequence[Record], i: int, out: list[ProbeEvent], *, probe: bool) -> None:
         record = records[i]
-        line, fields = self._split.strip(record.text)
+        text = record.text
+        if self._split.may_strip(text):
+            line, fields = self._split.strip(text)
+        else:
+            line, fields = text, {}
         self._last_read = (record.offset, line, fields)
         if not line.strip():
             return  # blank, or a prefix alone (its fields go to the next line)
@@ -355,23 +359,27 @@ class ProbeEngine:
 
     def _probe_line(self, record: Record, line: str, prefix_fields: dict[str, Any]) -> ProbeEvent | None:
         data = line.encode("utf-8", "replace")
-        hits = self._matches(data)
-        for index in sorted(hits):
+        hits = self._set.Match(data) if self._set is not None else None
+        if not hits:
+            return None
+        for index in sorted(hits) if len(hits) > 1 else hits:
             cp = self._probes[index]
-            probe_fields = cp.fields(data, line)
-            if probe_fields is not None:
-                return self._event(cp.probe, record, line, {**prefix_fields, **probe_fields})
+            fields = cp.fields(data, line)
+            if fields is None:
+                continue
+            if prefix_fields:
+                fields = {**prefix_fields, **fields}
+            probe = cp.probe
+            if probe.kind is ProbeKind.FAILURE:
+                return self._failure_event(probe, record, line, fields)
+            return ProbeEvent(probe.kind, probe.name, record.offset, line, probe.phase, None, fields)
         return None
 
-    def _event(self, probe: Probe, record: Record, line: str, fields: dict[str, Any]) -> ProbeEvent:
-        failure: FailureKind | None = None
-        fp: str | None = None
-        if probe.kind is ProbeKind.FAILURE:
-            header = self._split.header(line)
-            if header.level is not None:
-                fields["level"] = header.level
-            failure = probe.failure or self._classify(header.message)
-            fp = fingerprint(probe.name, header.message)
+    def _failure_event(self, probe: Probe, record: Record, line: str, fields: dict[str, Any]) -> ProbeEvent:
+        header = self._split.header(line)
+        if header.level is not None:
+            fields["level"] = header.level
+        failure = probe.failure or self._classify(header.message)
         return ProbeEvent(
             kind=probe.kind,
             probe=probe.name,
@@ -380,7 +388,7 @@ class ProbeEngine:
             phase=probe.phase,
             failure=failure,
             fields=fields,
-            fingerprint=fp,
+            fingerprint=fingerprint(probe.name, header.message),
         )
 
     def _lent_fields(self, records: Sequence[Record], i: int) -> dict[str, Any]:
@@ -390,6 +398,8 @@ class ProbeEngine:
             return {}
         offset, line, fields = self._last_read
         if offset != prev.offset:
+            if not self._split.may_strip(prev.text):
+                return {}
             line, fields = self._split.strip(prev.text)
         return fields if fields and not line.strip() else {}
 

@@ -81,6 +81,15 @@ class _Rules:
                 for ch in firsts:
                     self._gate.setdefault(ch, []).append((index, needed))
 
+    def may_match(self, text: str) -> bool:
+        """False when no rule can match at the start of ``text`` (no RE2 call needed)."""
+        if not text:
+            return False
+        for _, needed in self._candidates(text):
+            if needed is None or any(lit in text for lit in needed):
+                return True
+        return False
+
     def match(self, text: str) -> tuple[int, dict[str, str]] | None:
         """(characters matched, named groups) of the first rule matching at the start."""
         if not text:
@@ -114,6 +123,10 @@ class LineSplitter:
     def __init__(self, prefixes: Sequence[Rule], headers: Sequence[Rule]) -> None:
         self._prefixes = _Rules(prefixes)
         self._headers = _Rules(headers)
+
+    def may_strip(self, text: str) -> bool:
+        """False when ``strip`` would return ``text`` unchanged with no fields."""
+        return "\x1b" in text or text[:1] == "[" or self._prefixes.may_match(text)
 
     def strip(self, text: str) -> tuple[str, dict[str, Any]]:
         """The line without ANSI codes and prefixes, and the prefixes' fields."""
