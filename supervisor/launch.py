@@ -52,6 +52,7 @@ class LocalHost:
             detail = err.decode(errors="replace").strip() or _tail(request.log_path)
             raise LaunchError(f"launch of {request.argv[0]} failed (wrapper exit {proc.returncode}): {detail}")
         pid = int(pid_text)
+        await _wait_for_own_session(pid)
         return ProcessHandle(
             pid=pid, start_time=_start_time(pid), pgid=pid, tag=request.tag,
             log_path=request.log_path, status_path=request.status_path,
@@ -108,6 +109,20 @@ class LocalHost:
 
     async def close(self) -> None:
         return None
+
+
+async def _wait_for_own_session(pid: int, timeout_s: float = 5.0) -> None:
+    """The wrapper prints its pid before its `setsid` has run: until then its process group is
+    still the launching shell's, and signalling the attempt's group would miss it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.getpgid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return  # already over: wait_exit will read its status
+        await asyncio.sleep(0.001)
+    log.warning("wrapper did not start its own session in time", pid=pid)
 
 
 def _start_time(pid: int) -> float | None:

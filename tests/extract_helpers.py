@@ -19,15 +19,6 @@ from eagle3.tiny_model import TinySpec, build  # noqa: E402
 TEST_SPEC = TinySpec(num_layers=4, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
                      vocab_size=512, max_position_embeddings=512, max_shard_size="100KB")
 
-# Warnings that third-party code (torch, transformers) may raise while loading or running a model.
-THIRD_PARTY_WARNINGS_X = [
-    "ignore::DeprecationWarning:transformers.*",
-    "ignore::DeprecationWarning:torch.*",
-    "ignore::FutureWarning:transformers.*",
-    "ignore::UserWarning:torch.*",
-]
-THIRD_PARTY_WARNINGS = []
-
 
 def build_test_model(base: Path) -> Path:
     """Build (once: the build is idempotent) the tiny test model under ``base``."""

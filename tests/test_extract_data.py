@@ -9,11 +9,9 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import PROMPTS, THIRD_PARTY_WARNINGS, build_test_model  # noqa: E402
+from extract_helpers import PROMPTS, build_test_model  # noqa: E402
 
 from eagle3 import data  # noqa: E402
-
-pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +59,7 @@ def test_chat_mask_covers_assistant_content_and_end_of_turn_only(tokenizer):
     assert s.token_ids.count(tokenizer.bos_token_id) == 1
     # Masked tokens, taken in runs, are each assistant message followed by <|eot_id|>.
     runs, cur = [], []
-    for t, m in zip(s.token_ids, s.loss_mask):
+    for t, m in zip(s.token_ids, s.loss_mask, strict=True):
         if m:
             cur.append(t)
         elif cur:

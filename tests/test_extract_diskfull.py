@@ -11,11 +11,9 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import THIRD_PARTY_WARNINGS, build_test_model, output_files, reference_run, run_main  # noqa: E402
+from extract_helpers import build_test_model, output_files, reference_run, run_main  # noqa: E402
 
 from eagle3 import _io  # noqa: E402
-
-pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
 N = 24
 DISK_FULL = re.compile(r"^extract error: disk full writing (\S+): free space and relaunch; finished samples are kept$",

@@ -11,12 +11,10 @@ pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.t
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
 import torch  # noqa: E402
-from extract_helpers import JOBS, THIRD_PARTY_WARNINGS, build_test_model, output_files  # noqa: E402
+from extract_helpers import JOBS, build_test_model, output_files  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from eagle3 import extract  # noqa: E402
-
-pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
 PROGRESS = re.compile(r"^extract progress: (\d+)/(\d+) samples, (\d+\.\d) tok/s$")
 DONE = re.compile(r"^extract done: (\d+) samples, (\d+) tokens in (\d+\.\d)s$")

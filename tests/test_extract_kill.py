@@ -14,9 +14,7 @@ pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.t
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
 from extract_helpers import (  # noqa: E402
-    REPO, THIRD_PARTY_WARNINGS, build_test_model, cli_env, output_files, reference_run, run_cli, run_main)
-
-pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
+    REPO, build_test_model, cli_env, output_files, reference_run, run_cli, run_main)
 
 N = 24  # samples
 

@@ -10,11 +10,9 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import PROMPTS, TEST_SPEC, THIRD_PARTY_WARNINGS, run_cli, run_main  # noqa: E402
+from extract_helpers import PROMPTS, TEST_SPEC, run_cli, run_main  # noqa: E402
 
 from eagle3 import tiny_model  # noqa: E402
-
-pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
 
 def tree(d):

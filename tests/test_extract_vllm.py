@@ -12,13 +12,11 @@ pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.t
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
 import torch  # noqa: E402
-from extract_helpers import THIRD_PARTY_WARNINGS, build_test_model  # noqa: E402
+from extract_helpers import build_test_model  # noqa: E402
 from fakes.fake_vllm import make_api  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from eagle3 import extract, vllm_backend  # noqa: E402
-
-pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +33,8 @@ def prepared(out):
     man = json.loads((out / "manifest.json").read_text())
     p = load_file(str(out / "prepared.safetensors"))
     off = p["offsets"].tolist()
-    return man, [(p["token_ids"][a:b].tolist(), p["loss_mask"][a:b].tolist()) for a, b in zip(off, off[1:])]
+    spans = zip(off[:-1], off[1:], strict=True)
+    return man, [(p["token_ids"][a:b].tolist(), p["loss_mask"][a:b].tolist()) for a, b in spans]
 
 
 def fails_for(plan):

@@ -16,7 +16,8 @@ samples of such a chunk are not written again.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 class _StopForward(Exception):
@@ -84,7 +85,7 @@ class HiddenStateCapture:
             raise _StopForward
         return hook
 
-    def __enter__(self) -> "HiddenStateCapture":
+    def __enter__(self) -> HiddenStateCapture:
         for k in self.layer_ids:
             if k < self.num_layers:
                 self._handles.append(self.layers[k].register_forward_pre_hook(self._pre_hook(k), with_kwargs=True))
@@ -163,7 +164,7 @@ class HFBackend:
             t0 = time.monotonic()
             outs = self.compute([s.token_ids for s in samples], job.layer_ids, job.num_layers)
             written = 0
-            for s, hs in zip(samples, outs):
+            for s, hs in zip(samples, outs, strict=True):
                 if s.index in todo_set and not job.is_done(s.index):
                     job.write_sample(s.index, hs)
                     written += 1

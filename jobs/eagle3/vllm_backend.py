@@ -34,9 +34,10 @@ import os
 import shutil
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 from . import _io
 
@@ -327,7 +328,7 @@ class VllmBackend:
             if len(outputs) != len(batch):
                 raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(batch)} prompts")
             written = tokens = 0
-            for i, out in zip(batch, outputs):
+            for i, out in zip(batch, outputs, strict=True):
                 why = self._take(job, i, out)
                 if why is None:
                     written += 1

@@ -17,10 +17,12 @@ exactly which probes match), then the winning probe's own regex for its groups. 
 a traceback is open every record is read, since any line may belong to it.
 
 Order and resuming: events come out in offset order.  While a traceback is still being
-captured, events of later records are held back until it ends, so ``resume_offset`` (the
-start of the oldest open traceback, else the end of the last record fed) is a point from
-which feeding the log again to a fresh engine gives exactly the events not yet
-returned: none lost, none doubled.
+captured, events from its first record on are held back until it ends (from the first
+record of the oldest traceback overlapping it, if several interleave).  So
+``resume_offset`` (that first record, else the end of the last record fed; or a bare
+prefix line whose fields the next line will need) is a point from which feeding the log
+again to a fresh engine gives exactly the events not yet returned: none lost, none
+doubled.  A daemon stores it with each batch of events it commits.
 
 Log levels: failure events carry ``fields["level"]`` when the log header says it.  A
 failure logged at DEBUG/INFO/WARNING is one the program handled; the offline replay
@@ -32,7 +34,6 @@ logs a full WARNING traceback during a healthy ``vllm serve`` start with
 from __future__ import annotations
 
 import heapq
-import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -223,6 +224,10 @@ class ProbeEngine:
         self._tracker = TracebackTracker()
         self._held: list[tuple[int, int, ProbeEvent]] = []
         self._seq = 0
+        # Start of the oldest traceback of the current cluster (tracebacks overlapping in
+        # the log, open or not): events from there on are held back, and a restart resumes
+        # there, since the records in between belong to those tracebacks.
+        self._hold_from: int | None = None
         self._end = start_offset
         self._last: Record | None = None
         self._last_read: tuple[int, str, dict[str, Any]] = (-1, "", {})  # (offset, line, fields)
@@ -256,9 +261,8 @@ class ProbeEngine:
     def resume_offset(self) -> int:
         """Where to start feeding a fresh engine so that it returns exactly the events this
         one has not returned yet (for a daemon restart)."""
-        oldest = self._tracker.min_offset()
-        if oldest is not None:
-            return oldest
+        if self._hold_from is not None:
+            return self._hold_from
         if self._last is not None and self._last.end == self._end and self._prefix_only(self._last):
             return self._last.offset  # its fields are lent to the next line
         return self._end
@@ -410,15 +414,20 @@ class ProbeEngine:
     # ---- ordering ---------------------------------------------------------------------
 
     def _hold(self, events: list[ProbeEvent], out: list[ProbeEvent]) -> None:
-        """Release events in offset order, holding back those after an open traceback."""
-        if not self._held and not self._tracker.active:
+        """Release events in offset order, holding back those of an open traceback cluster."""
+        if self._tracker.active:
+            if self._hold_from is None:
+                self._hold_from = self._tracker.min_offset()
+        else:
+            self._hold_from = None
+        if not self._held and self._hold_from is None:
             out.extend(events)
             return
         for event in events:
             heapq.heappush(self._held, (event.offset, self._seq, event))
             self._seq += 1
-        oldest = self._tracker.min_offset()
-        while self._held and (oldest is None or self._held[0][0] < oldest):
+        limit = self._hold_from
+        while self._held and (limit is None or self._held[0][0] < limit):
             out.append(heapq.heappop(self._held)[2])
 
 

@@ -131,7 +131,9 @@ class ReplayReport(BaseModel):
 
 
 def replay_file(
-    path: str | os.PathLike[str], pack_names: Sequence[str] | None = None, pack_paths: Sequence[str | os.PathLike[str]] = ()
+    path: str | os.PathLike[str],
+    pack_names: Sequence[str] | None = None,
+    pack_paths: Sequence[str | os.PathLike[str]] = (),
 ) -> ReplayReport:
     """Replay a log file through the probe packs (``pack_names=None``: all built-in packs)."""
     engine = ProbeEngine(load_packs(pack_names, pack_paths))

@@ -485,7 +485,25 @@ _ERE_IN_CLASS = {"\\d": "0-9", "\\s": "[:space:]", "\\w": "[:alnum:]_"}
 def to_posix_ere(pattern: str) -> str | None:
     """``pattern`` in POSIX ERE (as GNU grep reads it), or None if it has no ERE form."""
     out: list[str] = []
+    ci_stack = [False]  # case-insensitivity of each open group
     for tok in _tokens(pattern):
+        ci = ci_stack[-1]
+        if tok.kind == "open":
+            ci_stack.append(tok.ci if tok.ci is not None else ci)
+            out.append("(")
+            continue
+        if tok.kind == "close" and len(ci_stack) > 1:
+            ci_stack.pop()
+        if tok.kind == "flags":
+            if tok.ci is None:
+                return None
+            ci_stack[-1] = tok.ci
+            continue
+        if ci and tok.kind == "lit" and tok.text.isalpha():
+            out.append(f"[{tok.text.lower()}{tok.text.upper()}]")
+            continue
+        if ci and tok.kind == "any":
+            return None  # a class under (?i) has no plain ERE form
         piece = _ere_token(tok)
         if piece is None:
             return None
@@ -508,8 +526,6 @@ def _ere_token(tok: _Tok) -> str | None:
         return None
     if tok.kind == "zero":
         return {"^": "^", "$": "$", "\\b": "\\b", "\\B": "\\B"}.get(tok.text)
-    if tok.kind == "open":
-        return None if tok.ci else "("
     if tok.kind in ("close", "alt"):
         return tok.text
     if tok.kind == "quant":

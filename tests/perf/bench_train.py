@@ -1,6 +1,6 @@
 """Training throughput of the EAGLE-3 draft job (jobs/eagle3/train.py) on this machine's CPU.
 
-    .venv/bin/python tests/perf/bench_train.py [--steps 30] [--threads 0] [--configs tiny,small]
+    .venv/bin/python tests/perf/bench_train.py [--steps N] [--threads 0] [--configs tiny,small]
 
 For each configuration it writes a synthetic target (config.json + one safetensors file holding the
 embeddings, final norm and lm_head: all the job reads of a target) and a synthetic extraction
@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "jobs"))
 
 CONFIGS = {
-    "tiny": dict(hidden=64, heads=4, kv=2, inter=128, vocab=192, draft_vocab=96, seq=36, samples=32, batch=4),
-    "small": dict(hidden=512, heads=8, kv=2, inter=1376, vocab=8192, draft_vocab=4096, seq=256, samples=32, batch=4),
+    "tiny": dict(hidden=64, heads=4, kv=2, inter=128, vocab=192, draft_vocab=96, seq=36, samples=32, batch=4, steps=30),
+    "small": dict(hidden=512, heads=8, kv=2, inter=1376, vocab=8192, draft_vocab=4096, seq=256, samples=32, batch=4, steps=9),
 }
 
 
@@ -96,7 +96,7 @@ def bench(name: str, c: dict, steps: int, threads: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, help="training steps per configuration (default: tiny 30, small 9)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--configs", default="tiny,small")
     args = ap.parse_args()
@@ -105,7 +105,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads() if not args.threads else args.threads} thread(s), "
           f"3 TTT steps, fp32 CPU", flush=True)
     for name in args.configs.split(","):
-        bench(name, CONFIGS[name], args.steps, args.threads)
+        bench(name, CONFIGS[name], args.steps or CONFIGS[name]["steps"], args.threads)
     return 0
 
 
