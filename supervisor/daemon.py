@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,33 +45,86 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class GpuMonitor:
-    """Samples NVML on a steady interval in a thread; keeps the latest sample; stores some."""
+    """Samples one host's GPUs on a steady interval; keeps the latest sample; stores some."""
 
-    def __init__(self, store: Store, settings: DaemonSettings, nvml: Any | None = None) -> None:
+    def __init__(self, host_name: str, store: Store, settings: DaemonSettings,
+                 read: Callable[[], Awaitable[GpuSample]]) -> None:
+        self.host_name = host_name
         self.store = store
         self.settings = settings
-        self.sampler = NvmlSampler(nvml=nvml)
+        self._read = read
         self.latest: GpuSample | None = None
         self._last_stored = 0.0
         self._lock = asyncio.Lock()
 
     async def sample(self) -> GpuSample:
-        async with self._lock:  # NVML calls are serialised in one worker thread at a time
-            sample = await asyncio.to_thread(self.sampler.sample)
+        async with self._lock:  # one reading at a time per host
+            sample = await self._read()
         self.latest = sample
         if sample.available and sample.ts - self._last_stored >= self.settings.gpu_store_every_s:
             self._last_stored = sample.ts
             with contextlib.suppress(SuperviseError):
-                self.store.record_gpu("local", sample.ts, [(d.index, d.used_mib, d.total_mib, d.util_pct) for d in sample.devices])
+                rows = [(d.index, d.used_mib, d.total_mib, d.util_pct) for d in sample.devices]
+                self.store.record_gpu(self.host_name, sample.ts, rows)
         return sample
 
     async def run(self) -> None:
         while True:
             sample = await self.sample()
             if not sample.available:
-                log.info("GPU sampling is off", reason=sample.reason)
+                log.info("GPU sampling is off", host=self.host_name, reason=sample.reason)
                 return
             await asyncio.sleep(self.settings.gpu_interval_s)
+
+
+@dataclass
+class HostSlot:
+    """A host and the GPU monitor that watches it: what a job on that host needs."""
+
+    host: Host
+    gpu: GpuMonitor
+    task: asyncio.Task[None] | None = None
+
+
+class Hosts:
+    """One live connection and GPU monitor per host name (`local`, `ssh://user@box`), made on first use."""
+
+    def __init__(self, store: Store, settings: DaemonSettings, local: Host, nvml: Any | None) -> None:
+        self.store = store
+        self.settings = settings
+        self._slots: dict[str, HostSlot] = {}
+        sampler = NvmlSampler(nvml=nvml)
+        self._local_sampler = sampler
+        self._slots["local"] = HostSlot(local, GpuMonitor("local", store, settings, lambda: asyncio.to_thread(sampler.sample)))
+
+    def get(self, name: str) -> HostSlot:
+        if name not in self._slots:
+            self._slots[name] = self._connect(name)
+        slot = self._slots[name]
+        if slot.task is None:
+            slot.task = asyncio.create_task(slot.gpu.run(), name=f"gpu:{name}")
+        return slot
+
+    def _connect(self, name: str) -> HostSlot:
+        if not name.startswith("ssh://"):
+            raise SpecError(f"unknown host '{name}': use 'local' or 'ssh://[user@]host[:port]'")
+        from .ssh import SshHost
+
+        host = SshHost(name)
+        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host.sample_gpus))
+
+    @property
+    def local(self) -> HostSlot:
+        return self.get("local")
+
+    async def close(self) -> None:
+        for slot in self._slots.values():
+            if slot.task is not None:
+                slot.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await slot.task
+            await slot.host.close()
+        self._local_sampler.close()
 
 
 class Daemon:
@@ -82,8 +135,8 @@ class Daemon:
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(paths.db)
         self.bus = EventBus()
-        self.host: Host = host or LocalHost(poll_interval_s=settings.poll_interval_s)
-        self.gpu = GpuMonitor(self.store, settings, nvml)
+        local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s)
+        self.hosts = Hosts(self.store, settings, local, nvml)
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
         self.runners: dict[str, JobRunner] = {}
         self.recovery_notes: list[str] = []
@@ -93,9 +146,11 @@ class Daemon:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def context(self) -> RunnerContext:
-        return RunnerContext(store=self.store, bus=self.bus, host=self.host, log_root=self.paths.logs,
-                             alerter=self.alerter, gpu=GpuView(self.gpu.sample, lambda: self.gpu.latest))
+    def context(self, host_name: str) -> RunnerContext:
+        slot = self.hosts.get(host_name)
+        gpu = slot.gpu
+        return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
+                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest))
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""
@@ -107,8 +162,7 @@ class Daemon:
 
     async def serve(self) -> None:
         self._lock()
-        await self.gpu.sample()
-        self._tasks.append(asyncio.create_task(self.gpu.run(), name="gpu-sampler"))
+        await self.hosts.local.gpu.sample()
         await self.recover()
         runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await runner.setup()
@@ -142,8 +196,7 @@ class Daemon:
             self.paths.socket.unlink()
         with contextlib.suppress(FileNotFoundError):
             self.paths.pid_file.unlink()
-        await self.host.close()
-        self.gpu.sampler.close()
+        await self.hosts.close()
         self.store.close()
 
     async def recover(self) -> None:
@@ -163,8 +216,9 @@ class Daemon:
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path)
-        alive = row.pid is not None and await self.host.is_alive(handle)
-        status = None if alive else await self.host.exit_status(handle)
+        host = self.hosts.get(spec.host).host
+        alive = row.pid is not None and await host.is_alive(handle)
+        status = None if alive else await host.exit_status(handle)
         if row.pid is None or (not alive and status is None and row.state == "launching"):
             self.store.update_attempt(row.job, row.n, state="lost", ended=time.time(),
                                       reason="the daemon stopped while launching it")
@@ -176,7 +230,7 @@ class Daemon:
         return f"{row.job}#{row.n}: {'re-adopted pid ' + str(row.pid) if alive else 'ended while the daemon was down; finishing'}"
 
     def _start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner:
-        runner = JobRunner(spec, self.context())
+        runner = JobRunner(spec, self.context(spec.host))
         self.runners[spec.name] = runner
         runner.start(resume)
         return runner
@@ -224,7 +278,7 @@ class Daemon:
         only = request.query.get("job")
         rows = [self.store.job(only)] if only else self.store.jobs()
         jobs = [job_status(row, self.store, self.runners.get(row.name)) for row in rows]
-        sample = self.gpu.latest
+        sample = self.hosts.local.gpu.latest
         return _json(protocol.StatusResponse(
             jobs=jobs, daemon_pid=os.getpid(), daemon_version=__version__,
             gpu=gpu_devices(sample), gpu_note="" if sample and sample.available else (sample.reason if sample else "not sampled yet"),
@@ -288,7 +342,7 @@ class Daemon:
             raise NotFound(f"job '{name}' has no attempts yet")
         follow = request.query.get("follow") == "1"
         response = await _ndjson(request)
-        follower = self.host.follow(row.log_path, _int_query(request, "offset") or 0)
+        follower = self.hosts.get(row.host).host.follow(row.log_path, _int_query(request, "offset") or 0)
         ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
         try:
             async for batch in follower.records():
@@ -310,7 +364,8 @@ class Daemon:
         follower.finish()
 
     async def gpus(self, request: web.Request) -> web.StreamResponse:
-        sample = self.gpu.latest or await self.gpu.sample()
+        monitor = self.hosts.get(request.query.get("host", "local")).gpu
+        sample = monitor.latest or await monitor.sample()
         return _json(protocol.GpusResponse(available=sample.available, note=sample.reason, devices=gpu_devices(sample)))
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:

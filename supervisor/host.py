@@ -101,6 +101,10 @@ class Follower(Protocol):
 class Host(Protocol):
     name: str
 
+    async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
+        """A new attempt's log and exit-status paths on this host; never an existing file."""
+        ...
+
     async def launch(self, request: LaunchRequest) -> ProcessHandle: ...
 
     async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
@@ -124,7 +128,8 @@ class Host(Protocol):
     async def close(self) -> None: ...
 
 
-def log_paths(root: Path, job: str, attempt: int) -> tuple[str, str]:
-    """`<root>/<job>/attempt-<n>.log` and its exit-status file beside it."""
-    base = root / job / f"attempt-{attempt}"
+def log_paths(root: Path, job: str, attempt: int, suffix: int = 0) -> tuple[str, str]:
+    """`<root>/<job>/attempt-<n>.log` and its exit-status file beside it (`attempt-<n>.<k>.log`
+    when an older store's log already took the name: logs are never overwritten)."""
+    base = root / job / (f"attempt-{attempt}" if not suffix else f"attempt-{attempt}.{suffix}")
     return f"{base}.log", f"{base}.exit"

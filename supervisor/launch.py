@@ -19,7 +19,7 @@ import structlog
 
 from .errors import LaunchError
 from .follow import LogFollower
-from .host import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle
+from .host import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
 
 log = structlog.get_logger("supervise.launch")
 
@@ -29,8 +29,15 @@ _START_TIME_TOLERANCE_S = 0.05  # create_time comes from clock ticks; same proce
 class LocalHost:
     name = "local"
 
-    def __init__(self, *, poll_interval_s: float = 0.5) -> None:
+    def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5) -> None:
+        self.log_root = log_root
         self.poll_interval_s = poll_interval_s
+
+    async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
+        suffix = 0
+        while Path(log_paths(self.log_root, job, attempt, suffix)[0]).exists():
+            suffix += 1
+        return log_paths(self.log_root, job, attempt, suffix)
 
     async def launch(self, request: LaunchRequest) -> ProcessHandle:
         env = {**os.environ, **request.env, TAG_VAR: request.tag}

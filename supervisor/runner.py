@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -24,7 +23,7 @@ from .bus import EventBus
 from .errors import SuperviseError
 from .events import Event, EventKind, ProbeEvent, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
-from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle, log_paths
+from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
 from .probes import ProbeEngine, load_packs
 from .spec import JobSpec
@@ -50,7 +49,6 @@ class RunnerContext:
     store: Store
     bus: EventBus
     host: Host
-    log_root: Path
     alerter: Alerter
     gpu: GpuView
     clock: Callable[[], float] = time.monotonic
@@ -205,7 +203,7 @@ class JobRunner:
     async def _launch(self) -> _Live:
         store, spec = self.ctx.store, self.spec
         n = store.next_attempt_number(spec.name)
-        log_path, status_path = _fresh_log_paths(self.ctx.log_root, spec.name, n)
+        log_path, status_path = await self.ctx.host.log_paths(spec.name, n)
         tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
         argv = spec.argv(n)
         workdir = str(spec.resolved_workdir())
@@ -442,18 +440,6 @@ class JobRunner:
     def _publish(self, events: list[Event]) -> None:
         stored = self.ctx.store.record_events(events)
         self.ctx.bus.publish(stored)
-
-
-def _fresh_log_paths(root: Path, job: str, n: int) -> tuple[str, str]:
-    """The attempt's log, never an existing file: logs are never overwritten or appended to."""
-    log_path, status_path = log_paths(root, job, n)
-    suffix = 1
-    while Path(log_path).exists():
-        log_path, status_path = log_paths(root, job, n)
-        log_path = log_path.replace(".log", f".{suffix}.log")
-        status_path = status_path.replace(".exit", f".{suffix}.exit")
-        suffix += 1
-    return log_path, status_path
 
 
 def _progress_dict(progress: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def request(tmp_path: Path, code: str, tag: str = "t.1.abc", workdir: Path | Non
 def test_launch_is_detached_tagged_and_exit_is_recorded(tmp_path: Path) -> None:
     code = "import os,sys; print(os.getsid(0)==os.getpid(), os.environ['SUPERVISE_ATTEMPT'], sys.stdin.read()=='' ); sys.exit(7)"
     # An hour-long poll interval proves the exit is noticed by the pidfd, not by polling.
-    host = LocalHost(poll_interval_s=3600)
+    host = LocalHost(tmp_path, poll_interval_s=3600)
 
     async def run() -> tuple[ProcessHandle, float, object]:
         handle = await host.launch(request(tmp_path, code))
@@ -44,7 +44,7 @@ def test_launch_is_detached_tagged_and_exit_is_recorded(tmp_path: Path) -> None:
 
 
 def test_signal_death_is_reported(tmp_path: Path) -> None:
-    host = LocalHost()
+    host = LocalHost(tmp_path)
 
     async def run() -> object:
         handle = await host.launch(request(tmp_path, "import os,signal; os.kill(os.getpid(), signal.SIGSEGV)"))
@@ -55,7 +55,7 @@ def test_signal_death_is_reported(tmp_path: Path) -> None:
 
 
 def test_liveness_checks_start_time_against_pid_reuse(tmp_path: Path) -> None:
-    host = LocalHost()
+    host = LocalHost(tmp_path)
 
     async def run() -> tuple[bool, bool]:
         handle = await host.launch(request(tmp_path, "import time; time.sleep(30)"))
@@ -83,7 +83,7 @@ if os.fork() == 0:
     os._exit(0)
 time.sleep(60)
 """
-    host = LocalHost()
+    host = LocalHost(tmp_path)
 
     async def run() -> tuple[int, object, set[int]]:
         handle = await host.launch(request(tmp_path, code))
@@ -104,7 +104,7 @@ time.sleep(60)
 
 
 def test_bad_workdir_is_a_launch_error_with_the_reason(tmp_path: Path) -> None:
-    host = LocalHost()
+    host = LocalHost(tmp_path)
 
     async def run() -> object:
         handle = await host.launch(request(tmp_path, "print(1)", workdir=tmp_path / "missing"))
@@ -121,7 +121,7 @@ def test_bad_workdir_is_a_launch_error_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_sighup_does_not_reach_the_job(tmp_path: Path) -> None:
-    host = LocalHost()
+    host = LocalHost(tmp_path)
 
     async def run() -> object:
         handle = await host.launch(request(tmp_path, "import time; time.sleep(0.5); print('survived')"))
@@ -135,7 +135,7 @@ def test_sighup_does_not_reach_the_job(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("code", ["", "x"])
 def test_exit_status_parse(tmp_path: Path, code: str) -> None:
-    host = LocalHost()
+    host = LocalHost(tmp_path)
     status_path = tmp_path / "s.exit"
     status_path.write_text(code)
     handle = ProcessHandle(pid=1, start_time=None, pgid=1, tag="x", log_path="", status_path=str(status_path))

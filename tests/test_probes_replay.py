@@ -1,0 +1,81 @@
+"""Offline replay: the report, its JSON and text forms, and the `supervise probe` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.events import FailureKind, Outcome, Phase
+from supervisor.probes import probe_command, replay_file
+from supervisor.probes import _replay
+
+CORPUS = Path(__file__).parent / "data" / "corpus"
+CRASH = CORPUS / "full-logs" / "03-unsloth-vllm-rocm-lora-profile-crash.log"
+READY = CORPUS / "full-logs" / "01-vllm-0.13-ready-13shards.log"
+
+
+def test_json_has_exactly_the_documented_shape() -> None:
+    data = json.loads(replay_file(CRASH).to_json())
+    assert set(data) == {"outcome", "last_phase", "failure", "progress", "events"}
+    assert (data["outcome"], data["last_phase"]) == ("crashed", "weights_loaded")
+    assert data["failure"] == {
+        "kind": "runtime_error",
+        "line": "RuntimeError: Expected size for first two dimensions of batch2 tensor to be: [8192, 16] but got: "
+                "[8192, 4608].",
+        "fingerprint": data["failure"]["fingerprint"],
+    }
+    assert {"probe": "vllm.shards", "done": 4, "total": 4} in data["progress"]
+    event = data["events"][0]
+    assert set(event) == {"kind", "probe", "offset", "line", "phase", "failure", "fields", "traceback", "fingerprint"}
+    offsets = [e["offset"] for e in data["events"]]
+    assert offsets == sorted(offsets)
+
+
+def test_text_report_for_humans() -> None:
+    text = replay_file(CRASH).render_text()
+    assert text.startswith("outcome: crashed    last phase: weights_loaded")
+    assert "phases:" in text and "weight_loading" in text
+    assert "vllm.shards  4/4" in text
+    assert "failure: runtime_error" in text
+    assert "traceback (last 15 lines):" in text
+    ready = replay_file(READY).render_text()
+    assert "outcome: ready" in ready and "failure: none" in ready
+
+
+def test_reading_in_small_chunks_gives_the_same_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = replay_file(READY)
+    monkeypatch.setattr(_replay, "_CHUNK", 97)
+    assert replay_file(READY) == whole
+
+
+def test_pack_selection(tmp_path: Path) -> None:
+    only_python = replay_file(READY, ["python"])
+    assert only_python.outcome is Outcome.INCOMPLETE and only_python.events == []
+    mine = tmp_path / "ready.toml"
+    mine.write_text("name = 'ready'\n[[probes]]\nid = 'up'\nkind = 'phase'\nphase = 'engine_ready'\n"
+                    "regex = 'Application startup complete'\n")
+    report = replay_file(READY, ["python"], [mine])
+    assert (report.outcome, report.last_phase) == (Outcome.READY, Phase.ENGINE_READY)
+
+
+def test_probe_command_prints_and_exits_zero_even_for_a_crash(capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_command(str(CRASH), [], [], True) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["failure"]["kind"] == FailureKind.RUNTIME_ERROR.value
+    assert probe_command(str(CRASH), ["vllm", "python"], [], False) == 0
+    assert capsys.readouterr().out.startswith("outcome: crashed")
+
+
+def test_probe_command_errors_are_one_line_and_exit_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_command(str(tmp_path / "nope.log"), [], [], False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read" in err and "nope.log" in err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'bad'\n[[probes]]\nid = 'x'\nkind = 'info'\nregex = '(?=x)'\n")
+    assert probe_command(str(READY), [], [str(bad)], False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.toml" in err and "probe 'x'" in err
+    assert probe_command(str(READY), ["nope"], [], False) == 2
+    assert "unknown probe pack 'nope'" in capsys.readouterr().err
