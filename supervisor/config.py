@@ -68,6 +68,7 @@ class DaemonSettings:
         try:
             return cls(
                 gpu_interval_s=float(os.environ.get("SUPERVISE_GPU_INTERVAL_S", cls.gpu_interval_s)),
+                gpu_store_every_s=float(os.environ.get("SUPERVISE_GPU_STORE_EVERY_S", cls.gpu_store_every_s)),
                 poll_interval_s=float(os.environ.get("SUPERVISE_POLL_INTERVAL_S", cls.poll_interval_s)),
                 alert_urls=urls,
                 alert_min_interval_s=float(os.environ.get("SUPERVISE_ALERT_MIN_INTERVAL_S", cls.alert_min_interval_s)),

@@ -437,3 +437,15 @@ def test_prefilter_loses_no_event(path: Path) -> None:
     slow = ProbeEngine(PACKS)
     slow._always = True  # read every record: what the literal prefilter may skip must not matter
     assert _key(fast.feed_many(records) + fast.flush()) == _key(slow.feed_many(records) + slow.flush())
+
+
+def test_an_endless_traceback_look_alike_is_given_up() -> None:
+    # A program printing "Traceback ..." in its own output, then indented lines forever,
+    # must not hold every later event back without bound.
+    lines = ["Traceback (most recent call last):", *(f"    item {k}" for k in range(2500)),
+             "Loading weights took 1.00 seconds"]
+    records, _ = split_records(("\n".join(lines) + "\n").encode(), 0, final=True)
+    engine = ProbeEngine(PACKS)
+    events = engine.feed_many(records)
+    assert [e.probe for e in events] == ["python.traceback", "vllm.weights_loaded"]
+    assert len(events[0].traceback.splitlines()) == 2000  # type: ignore[union-attr]

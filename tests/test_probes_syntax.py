@@ -20,7 +20,8 @@ from supervisor.probes._syntax import first_chars, named_groups, rename_groups, 
     (r"(?:abc)*", None),
 ])
 def test_required_literals(pattern: str, literals: list[tuple[str, bool]] | None) -> None:
-    assert required_literals(pattern) == literals
+    result = required_literals(pattern)
+    assert (None if result is None else list(result)) == literals
 
 
 def test_required_literals_occur_in_every_match() -> None:

@@ -7,14 +7,19 @@ import math
 from pathlib import Path
 
 import pytest
-
-from train_helpers import THIRD_PARTY_WARNINGS, VOCAB, make_fixture, torch_threads_kept, train_args
+from train_helpers import (
+    THIRD_PARTY_WARNINGS,
+    VOCAB,
+    make_fixture,
+    torch_threads_kept,
+    train_args,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from eagle3 import train as T  # noqa: E402
-from eagle3.draft import DraftConfig, Eagle3Draft, draft_vocab, rms_norm  # noqa: E402
+from eagle3 import train as T
+from eagle3.draft import DraftConfig, Eagle3Draft, draft_vocab, rms_norm
 
 TRAIN_STEPS = 150
 
@@ -131,7 +136,7 @@ def test_target_logits_come_from_the_final_norm_and_lm_head(data):
 
 
 def test_training_raises_step0_accuracy(trained):
-    args, su, before, after = trained
+    _, _, before, after = trained
     # Measured on this fixture (150 steps, seed 0): acc0 0.005 before, 0.465 after; the ceiling is the
     # share of positions whose target argmax lies in the 96-token draft vocabulary (about 0.47).
     assert before["acc"][0] < 0.05
@@ -150,7 +155,7 @@ def test_progress_lines_have_the_documented_format(trained, capsys):
 
 
 def test_exported_draft_has_the_vllm_layout(trained, data):
-    args, su, *_ = trained
+    args, *_ = trained
     from safetensors.torch import load_file
 
     out = Path(args.out)

@@ -8,15 +8,21 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from train_helpers import (THIRD_PARTY_WARNINGS, final_state, make_fixture, popen_train, run_train,
-                           torch_threads_kept, train_args)
+from train_helpers import (
+    THIRD_PARTY_WARNINGS,
+    final_state,
+    make_fixture,
+    popen_train,
+    run_train,
+    torch_threads_kept,
+    train_args,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from eagle3 import train as T  # noqa: E402
-from eagle3._ckpt import Checkpoints  # noqa: E402
+from eagle3 import train as T
+from eagle3._ckpt import Checkpoints
 
 STEPS = 16  # 4 epochs of the 24-sample fixture at batch size 4 is 24 steps; 16 ends mid-epoch
 
@@ -70,10 +76,10 @@ def test_sigkill_then_relaunch_gives_the_uninterrupted_weights(data, tmp_path):
     lines = again.stdout.splitlines()
     assert f"train resumed from step 8 ({out / 'checkpoints' / 'step_00000008'})" in lines
     assert lines[-1] == f"train done: {STEPS} steps"
-    assert [ln.split()[2] for ln in lines if ln.startswith("train step ")][0] == f"9/{STEPS}"
+    assert next(ln.split()[2] for ln in lines if ln.startswith("train step ")) == f"9/{STEPS}"
     # the resumed run repeats the killed run's step 9 and 10 exactly
-    step10 = [ln for ln in seen if ln.startswith(f"train step 10/{STEPS} ")][0]
-    step10_again = [ln for ln in lines if ln.startswith(f"train step 10/{STEPS} ")][0]
+    step10 = next(ln for ln in seen if ln.startswith(f"train step 10/{STEPS} "))
+    step10_again = next(ln for ln in lines if ln.startswith(f"train step 10/{STEPS} "))
     assert re.sub(r"tok/s=\S+ ", "", step10) == re.sub(r"tok/s=\S+ ", "", step10_again)
     _assert_same_weights(tmp_path / "ref", out)
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())

@@ -139,12 +139,12 @@ def popen_train(args: list[str], **env: str) -> subprocess.Popen:
 
 def run_train(args: list[str], timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eagle3.train", *args], cwd=REPO, env=cli_env(**env),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
 
 
 def final_state(out: Path) -> dict:
     """The model weights (fp32) of the newest checkpoint in ``out``."""
     import torch
 
-    newest = sorted((out / "checkpoints").glob("step_*"))[-1]
+    newest = max((out / "checkpoints").glob("step_*"))
     return torch.load(newest / "state.pt", map_location="cpu", weights_only=True)

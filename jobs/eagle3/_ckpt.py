@@ -20,8 +20,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 MARKER = "COMPLETE"
 STATE = "state.pt"

@@ -55,11 +55,11 @@ class DraftConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DraftConfig":
+    def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
     @classmethod
-    def from_vllm_config(cls, c: dict[str, Any]) -> "DraftConfig":
+    def from_vllm_config(cls, c: dict[str, Any]) -> DraftConfig:
         """The inverse of :meth:`vllm_config`."""
         rope = c.get("rope_parameters") or {}
         return cls(hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],

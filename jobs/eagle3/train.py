@@ -58,9 +58,10 @@ import os
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -321,7 +322,7 @@ def ttt_forward(draft: Eagle3Draft, target: Target, batch: dict[str, torch.Tenso
     last = batch["last"].to(device)
     ids = batch["ids"].to(device)
     mask = batch["mask"].to(device)
-    b, t = ids.shape
+    t = ids.shape[1]
     dtype = torch.float32
     with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
         with torch.no_grad():
@@ -404,7 +405,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     try:
         import numpy as np
 
-        name, keys, pos, has_gauss, cached = np.random.get_state()
+        _, keys, pos, has_gauss, cached = np.random.get_state()
         st["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     except ImportError:

@@ -29,9 +29,12 @@ _SPACES = re.compile(r"\s+")
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)')
 
 
+_MAX_MESSAGE_CHARS = 2000  # enough to tell bugs apart; bounds the work on huge lines
+
+
 def normalize_message(message: str) -> str:
     """``message`` with run-specific details replaced by placeholders."""
-    text = message
+    text = message[:_MAX_MESSAGE_CHARS]
     for pattern, placeholder in _NORMALIZERS:
         text = pattern.sub(placeholder, text)
     return _SPACES.sub(" ", text).strip()

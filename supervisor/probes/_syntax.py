@@ -17,6 +17,7 @@ already compiled, so it need not report syntax errors of its own.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -350,7 +351,8 @@ def _repeated_exact(node: _Node) -> list[Literal] | None:
     return _info(node.children[0]).exact
 
 
-def required_literals(pattern: str) -> list[Literal] | None:
+@functools.lru_cache(maxsize=4096)  # pure, and asked again for every engine built
+def required_literals(pattern: str) -> tuple[Literal, ...] | None:
     """Literals one of which occurs in every match of ``pattern``; None when none is known.
 
     Case-insensitive literals come back lower-cased with the flag set.
@@ -362,7 +364,7 @@ def required_literals(pattern: str) -> list[Literal] | None:
     required = _run_literal(info.exact) if info.exact else info.required
     if not required or any(not text for text, _ in required):
         return None
-    return sorted(required)
+    return tuple(sorted(required))
 
 
 # ---- first characters -----------------------------------------------------------------
@@ -436,6 +438,7 @@ def _class_chars(text: str) -> set[str] | None:
     return chars
 
 
+@functools.lru_cache(maxsize=4096)
 def first_chars(pattern: str) -> frozenset[str] | None:
     """The characters a match of ``pattern`` (anchored at its start) can begin with;
     None when that is not known or a match can be empty."""

@@ -47,6 +47,7 @@ _UNINFORMATIVE = re.compile(
 # Kinds that name the root cause whatever was raised on top of them.
 _INFRA_KINDS = (FailureKind.CUDA_OOM, FailureKind.DISTRIBUTED_TIMEOUT, FailureKind.NCCL, FailureKind.KILLED)
 _CLASSIFY_CONTINUATION_LINES = 20
+_MAX_LINE_CHARS = 4096  # a traceback keeps at most this much of each line
 
 Key = tuple[Any, ...]
 Classify = Callable[[str], FailureKind]
@@ -92,6 +93,8 @@ class TracebackLine:
 
 class TracebackTracker:
     def __init__(self, max_idle: int = 64, max_lines: int = 2000, max_continuation: int = 100) -> None:
+        # Bounds: another key's records before an unfinished traceback is given up on,
+        # lines kept per traceback, and message lines after its exception line.
         self.open: dict[Key, Capture] = {}
         self._max_idle = max_idle
         self._max_lines = max_lines
@@ -115,6 +118,9 @@ class TracebackTracker:
         if cap is not None:
             cap.idle = 0
             consumed, done = self._continue(cap, tl, claimed)
+            if consumed and len(cap.lines) >= self._max_lines:
+                # No traceback is this long: whatever it is, stop holding events for it.
+                finished.append(self.open.pop(tl.key))
             if consumed:
                 return True, finished
             if done:
@@ -189,14 +195,13 @@ class TracebackTracker:
         cap = Capture(tl.key, tl.offset, tl.line, header_text, tl.level, tl.fields)
         if idx < 0:  # a bare frame: the excerpt starts mid-traceback
             cap.segments[0].frames.append(tl.message)
-        cap.lines.append(tl.message)
+        self._add(cap, tl.message)
         self.open[tl.key] = cap
 
     def _add(self, cap: Capture, msg: str, *, frame: bool = False) -> None:
         if frame:
             cap.segments[-1].frames.append(msg)
-        if len(cap.lines) < self._max_lines:
-            cap.lines.append(msg)
+        cap.lines.append(msg if len(msg) <= _MAX_LINE_CHARS else msg[:_MAX_LINE_CHARS] + " …")
 
 
 # ---- from a capture to an event -------------------------------------------------------

@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "jobs"))
 
 CONFIGS = {
-    "tiny": dict(hidden=64, heads=4, kv=2, inter=128, vocab=192, draft_vocab=96, seq=36, samples=32, batch=4, steps=30),
-    "small": dict(hidden=512, heads=8, kv=2, inter=1376, vocab=8192, draft_vocab=4096, seq=256, samples=32, batch=4, steps=9),
+    "tiny": {"hidden": 64, "heads": 4, "kv": 2, "inter": 128, "vocab": 192, "draft_vocab": 96, "seq": 36,
+             "samples": 32, "batch": 4, "steps": 30},
+    "small": {"hidden": 512, "heads": 8, "kv": 2, "inter": 1376, "vocab": 8192, "draft_vocab": 4096, "seq": 256,
+              "samples": 32, "batch": 4, "steps": 9},
 }
 
 
@@ -84,7 +86,7 @@ def bench(name: str, c: dict, steps: int, threads: int) -> float:
         with contextlib.redirect_stdout(buf):
             T.train(args)
         wall = time.monotonic() - t0
-    rates = [float(m.group(1)) for m in re.finditer(r"^train step \d+/\d+ .*?tok/s=([\d.]+)", buf.getvalue(), re.M)]
+    rates = [float(m.group(1)) for m in re.finditer(r"^train step \d+/\d+ .*?tok/s=([\d.]+)", buf.getvalue(), re.MULTILINE)]
     steady = rates[2:] or rates[-1:]  # lines: step 1, then one per window; drop step 1 and the first window
     tps = sum(steady) / len(steady)
     tokens = c["batch"] * c["seq"]
