@@ -194,8 +194,10 @@ def _kill_tree(handle: ProcessHandle, grace_s: float) -> KillReport:
     alive = targets
     while alive and time.monotonic() < deadline:
         _, alive = psutil.wait_procs(alive, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-        # A dying parent may spawn or orphan more tagged processes: keep collecting them.
-        alive = _merge(alive, _attempt_processes(handle), names)
+        # A dying parent may spawn or orphan more tagged processes: they get SIGTERM too.
+        newcomers = [p for p in _attempt_processes(handle) if p.pid not in names]
+        _signal_all(handle, newcomers, signal.SIGTERM)
+        alive = _merge(alive, newcomers, names)
     report.terminated = [(pid, names[pid]) for pid in names if pid not in {p.pid for p in alive}]
     for _ in range(3):  # a few rounds: KILL, then catch anything that appeared meanwhile
         if not alive:
@@ -225,10 +227,14 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def _signal_all(handle: ProcessHandle, procs: list[psutil.Process], sig: signal.Signals) -> None:
-    if _alive(handle):
+    """SIGTERM spares the wrapper, so that it outlives the command and records its exit
+    status; SIGKILL goes to the whole group, wrapper included."""
+    if sig == signal.SIGKILL and _alive(handle):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(handle.pgid, sig)
     for proc in procs:
+        if sig != signal.SIGKILL and proc.pid == handle.pid:
+            continue
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
 

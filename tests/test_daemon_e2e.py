@@ -86,6 +86,10 @@ def test_stop_kills_escaped_grandchild(daemon: DaemonProcess, make_job, home: Pa
     assert grandchild in {p.pid for p in response.processes}
     assert not gc.is_running() or gc.status() == psutil.STATUS_ZOMBIE
     assert _job_state(client, "escaper") == "stopped"
+    attempt = client.attempts("escaper").attempts[0]
+    # The wrapper is spared SIGTERM so it can record how the command ended.
+    assert attempt.exit_signal == signal.SIGTERM, attempt
+    assert attempt.action == "stopped by user"
 
 
 def test_daemon_sigkill_and_restart_readopts_without_loss_or_doubles(

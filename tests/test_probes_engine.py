@@ -449,3 +449,18 @@ def test_an_endless_traceback_look_alike_is_given_up() -> None:
     events = engine.feed_many(records)
     assert [e.probe for e in events] == ["python.traceback", "vllm.weights_loaded"]
     assert len(events[0].traceback.splitlines()) == 2000  # type: ignore[union-attr]
+
+
+def test_extract_job_log_end_to_end() -> None:
+    log = ("extract phase: model_init\n"
+           "(EngineCore pid=3) \rLoading safetensors checkpoint shards: 100% Completed | 2/2 [00:00<00:00, 99.3it/s]\n"
+           "extract phase: extracting\n"
+           "extract progress: 2/4 samples, 812.5 tok/s\n"
+           "extract progress: 4/4 samples, 901.0 tok/s\n"
+           "extract done: 4 samples, 1401 tokens in 1.6s\n")
+    report = build_report(run(log))
+    assert (report.outcome, report.last_phase) == (Outcome.DONE, Phase.DONE)
+    assert [(p.probe, p.done, p.total) for p in report.progress] == [("vllm.shards", 2, 2), ("extract.samples", 4, 4)]
+    short = build_report(run(log + "extract incomplete: 1 of 4 samples failed (3); relaunch to retry them\n"))
+    assert short.outcome is Outcome.CRASHED and short.failure is not None
+    assert short.failure.line.startswith("extract incomplete")

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.events import FailureKind, Outcome, Phase
-from supervisor.probes import probe_command, replay_file
-from supervisor.probes import _replay
+from supervisor.probes import _replay, probe_command, replay_file
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 CRASH = CORPUS / "full-logs" / "03-unsloth-vllm-rocm-lora-profile-crash.log"

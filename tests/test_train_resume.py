@@ -114,6 +114,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(data, tmp_path, 
     assert lines[-1] == "train done: 8 steps"
     assert not (out / "checkpoints" / ".tmp-step_00000012-999").exists()
     assert Checkpoints(out / "checkpoints").problem(newest) is None  # step 8 was written again, complete
+    assert (out / "checkpoints" / "unusable-step_00000008").is_dir()  # the damaged one, set aside
 
 
 def test_non_finite_loss_stops_with_floating_point_error(data, tmp_path):

@@ -9,7 +9,8 @@ A checkpoint is written into ``.tmp-step_{N}-{pid}`` (``state.pt``, fsync, then 
 fsync), and that directory is renamed to ``step_{N:08d}``: a ``step_*`` directory is either
 complete or was damaged afterwards. Loading walks from the newest to the oldest, and a checkpoint
 without its marker, with a size or checksum mismatch, or that torch cannot read is skipped with
-one line saying so. Only the newest ``keep`` complete checkpoints are kept; removal renames a
+one line saying so and renamed to ``unusable-step_{N}`` (left for a post-mortem, never loaded).
+Only the newest ``keep`` complete checkpoints are kept; removal renames a
 directory to ``.del-*`` before deleting it, and leftovers of both kinds are removed at start.
 """
 
@@ -160,4 +161,14 @@ class Checkpoints:
                 except Exception as e:  # noqa: BLE001 - any load failure makes it unusable
                     why = f"cannot be loaded: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.say(f"train checkpoint {path} is unusable ({why}); falling back to the previous one")
+            self._set_aside(path)
         return None
+
+    def _set_aside(self, path: Path) -> None:
+        """Rename an unusable checkpoint out of the ``step_*`` namespace (kept for a post-mortem), so
+        that it neither shadows the checkpoint written again at its step nor counts for ``keep``."""
+        for n in range(1000):
+            aside = self.root / f"unusable-{path.name}" if n == 0 else self.root / f"unusable-{path.name}.{n}"
+            if not aside.exists():
+                os.rename(path, aside)
+                return

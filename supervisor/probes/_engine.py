@@ -268,7 +268,20 @@ class ProbeEngine:
         return self._end
 
     def feed(self, record: Record) -> list[ProbeEvent]:
-        return self.feed_many((record,))
+        """Feed one record; returns the events that are complete (see ``feed_many``)."""
+        text = record.text
+        if self._tracker.active or self._always or self._prefilter is None or "\n" in text:
+            return self.feed_many((record,))
+        # The batch path, minus its set-up: most records are skipped by one prefilter call.
+        data = text.encode("utf-8", "replace")
+        if b"\x1b" in data:
+            data = ANSI_BYTES_RE.sub(b"", data)
+        out: list[ProbeEvent] = []
+        if self._prefilter.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0:
+            self._read((record,), 0, out, probe=True)
+        self._last = record
+        self._end = record.end
+        return out
 
     def feed_many(self, records: Sequence[Record]) -> list[ProbeEvent]:
         """Feed records in log order; returns the events that are complete."""
@@ -322,7 +335,7 @@ class ProbeEngine:
         else:
             line, fields = text, {}
         self._last_read = (record.offset, line, fields)
-        if not line.strip():
+        if not line or line.isspace():
             return  # blank, or a prefix alone (its fields go to the next line)
         if not fields:
             fields = self._lent_fields(records, i)
@@ -405,7 +418,7 @@ class ProbeEngine:
             if not self._split.may_strip(prev.text):
                 return {}
             line, fields = self._split.strip(prev.text)
-        return fields if fields and not line.strip() else {}
+        return fields if fields and (not line or line.isspace()) else {}
 
     def _prefix_only(self, record: Record) -> bool:
         line, fields = self._split.strip(record.text)

@@ -61,6 +61,13 @@ def normalize_level(level: str | None) -> str | None:
     return _LEVELS.get(upper, upper)
 
 
+def _contains_any(text: str, literals: tuple[str, ...]) -> bool:
+    for literal in literals:
+        if literal in text:
+            return True
+    return False
+
+
 class _Rules:
     """Start-anchored rules (prefixes or headers), each behind its gate."""
 
@@ -86,7 +93,7 @@ class _Rules:
         if not text:
             return False
         for _, needed in self._candidates(text):
-            if needed is None or any(lit in text for lit in needed):
+            if needed is None or _contains_any(text, needed):
                 return True
         return False
 
@@ -96,7 +103,7 @@ class _Rules:
             return None
         data: bytes | None = None
         for index, needed in self._candidates(text):
-            if needed is not None and not any(lit in text for lit in needed):
+            if needed is not None and not _contains_any(text, needed):
                 continue
             if data is None:
                 data = text.encode("utf-8", "surrogatepass")
@@ -104,8 +111,11 @@ class _Rules:
             spans = regex.Match(_ANCHOR_START, data, 0, len(data))
             if spans[0][0] < 0:
                 continue
-            values = {name: data[spans[i][0] : spans[i][1]].decode("utf-8", "replace")
-                      for i, name in groups if spans[i][0] >= 0}
+            values: dict[str, str] = {}
+            for i, name in groups:
+                start, end = spans[i]
+                if start >= 0:
+                    values[name] = data[start:end].decode("utf-8", "replace")
             end = spans[0][1]
             return (end if text.isascii() else len(data[:end].decode("utf-8", "replace"))), values
         return None

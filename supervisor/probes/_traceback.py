@@ -92,6 +92,8 @@ class TracebackLine:
 
 
 class TracebackTracker:
+    """The tracebacks being captured, one per key at most."""
+
     def __init__(self, max_idle: int = 64, max_lines: int = 2000, max_continuation: int = 100) -> None:
         # Bounds: another key's records before an unfinished traceback is given up on,
         # lines kept per traceback, and message lines after its exception line.

@@ -16,6 +16,7 @@ import argparse
 import gc
 import json
 import sys
+import traceback
 
 
 def metrics(llm) -> dict:
@@ -63,7 +64,11 @@ def main() -> int:
     plain, _ = run(None)
     results = {}
     for d in args.drafts:
-        toks, m = run({"method": "eagle3", "model": d, "num_speculative_tokens": args.k})
+        try:
+            toks, m = run({"method": "eagle3", "model": d, "num_speculative_tokens": args.k})
+        except Exception:  # noqa: BLE001 - report and go on with the next draft
+            print(f"EAGLE3 {d}: failed\n{traceback.format_exc()}", flush=True)
+            continue
         same = sum(a == b for x, y in zip(toks, plain) for a, b in zip(x, y)) / max(sum(map(len, plain)), 1)
         drafted = m.get("spec_decode_num_draft_tokens") or 0
         accepted = m.get("spec_decode_num_accepted_tokens") or 0

@@ -1,0 +1,428 @@
+"""The shell scripts the SSH host runs on a remote box, and the parsers for what they print.
+
+Every operation is one POSIX ``sh`` script sent on the channel's stdin to ``/bin/sh -s``,
+so the user's login shell only ever parses ``/bin/sh -s`` (fish, csh or a long command line
+cannot change what runs) and all arguments are shell-quoted assignments that ``/bin/sh``
+itself reads.  The script is wrapped in ``{ ... }``: the shell parses the whole group before
+running any of it, so a command in the script that reads stdin can never swallow the rest
+of the script.
+
+Every script prints ``@@supervise@@`` before its answer: whatever a chatty ``.bashrc``
+prints first is skipped.
+
+What the scripts rely on: ``/proc`` (Linux), GNU-compatible ``grep -z``, ``tail -F``,
+``awk``, ``setsid`` (for the wrapper), a ``sleep`` that takes fractions.  ``supervise
+doctor --host`` checks each of them.
+
+Process facts come from ``/proc/<pid>/stat`` read with the shell's own ``read`` (no process
+per pid): the fields after the command name's last ``) `` are state, ppid, pgrp, session,
+..., starttime (the 20th of them, in clock ticks since boot).  The start time is kept as
+that raw tick count: it never changes for a process, whereas ``btime`` from ``/proc/stat``
+may move by a second between reads, and comparing exactly is then safe.
+"""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .gpu import GpuDevice, GpuProcess
+from .host import KillReport
+
+MARK = b"@@supervise@@"
+
+
+def script(body: str, *args: str) -> bytes:
+    """A complete script for ``/bin/sh -s``: the marker, the arguments as ``$1..``, the body."""
+    quoted = " ".join(shlex.quote(a) for a in args)
+    return f"{{\nprintf '%s\\n' '{MARK.decode()}'\nset -- {quoted}\n{body}\n}}\n".encode()
+
+
+def after_mark(out: bytes) -> bytes | None:
+    """What a script printed after its marker line, or None when the marker never came."""
+    at = out.find(MARK + b"\n")
+    return None if at < 0 else out[at + len(MARK) + 1 :]
+
+
+# -- shared shell functions ----------------------------------------------------------------
+
+PROC_FUNCS = r"""
+_stat() {  # PID: sets S_STATE S_PPID S_PGRP S_SID S_START; fails when there is no such process
+  _s=
+  { read -r _s <"/proc/$1/stat"; } 2>/dev/null
+  [ -n "$_s" ] || return 1
+  set -- ${_s##*") "}
+  S_STATE=$1 S_PPID=$2 S_PGRP=$3 S_SID=$4
+  shift 19
+  S_START=$1
+}
+_alive() {  # PID START ('-': any start time): a live process, zombies count as gone
+  _stat "$1" || return 1
+  case $S_STATE in Z|X|x) return 1;; esac
+  [ "$2" = - ] || [ "$S_START" = "$2" ]
+}
+_tagged() {  # TAG: pids whose environment holds SUPERVISE_ATTEMPT=TAG, space-separated
+  grep -lsxzF -e "SUPERVISE_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | sed -e 's,^/proc/,,' -e 's,/environ$,,' | tr '\n' ' '
+}
+_members() {  # WRAPPER_PID WRAPPER_START PGID TAG: every live process of the attempt, one pid a line
+  _mw=0
+  [ "$1" -gt 0 ] && _alive "$1" "$2" && _mw=1
+  _mt=" $(_tagged "$4") "
+  for _d in /proc/[0-9]*; do
+    _p=${_d#/proc/}
+    _stat "$_p" || continue
+    case $S_STATE in Z|X|x) continue;; esac
+    echo "$_p $S_PPID $S_PGRP"
+  done | awk -v root="$1" -v alive="$_mw" -v pg="$3" -v tagged="$_mt" '
+    { ppid[$1] = $2; grp[$1] = $3; order[NR] = $1 }
+    END {
+      if (alive) {
+        mark[root] = 1
+        do {
+          more = 0
+          for (i = 1; i <= NR; i++) {
+            p = order[i]
+            if (!(p in mark) && (ppid[p] in mark)) { mark[p] = 1; more = 1 }
+          }
+        } while (more)
+      }
+      for (i = 1; i <= NR; i++) {
+        p = order[i]
+        if ((p in mark) || (alive && pg > 1 && grp[p] == pg) || index(tagged, " " p " ")) print p
+      }
+    }'
+}
+_name() {  # PID: its command line (or name), on one line
+  _n=$(head -c 200 "/proc/$1/cmdline" 2>/dev/null | tr '\0\n' '  ')
+  if [ -z "$_n" ]; then _n=$(cat "/proc/$1/comm" 2>/dev/null); fi
+  printf '%s\n' "${_n:-?}"
+}
+_now() {  # NOW: centiseconds since boot, without starting a process
+  read -r _up _rest </proc/uptime
+  _f=${_up#*.}
+  _f=${_f#0}
+  NOW=$(( ${_up%.*} * 100 + _f ))
+}
+"""
+
+# -- operations ---------------------------------------------------------------------------
+
+INFO = r"""
+printf 'home %s\n' "$HOME"
+printf 'user %s\n' "$(id -un 2>/dev/null)"
+"""
+
+LOG_SUFFIX = r"""
+base=$1; k=0; p="$base.log"
+while [ -e "$p" ]; do k=$((k + 1)); p="$base.$k.log"; done
+echo "$k"
+"""
+
+# $1 log, $2 status, $3 tag; the launch command line itself is spliced in as LAUNCH.
+# The log is created first with noclobber (O_EXCL): log_paths never hands out an existing
+# log, so finding it already there means an earlier try of this very launch ran (its answer
+# was lost with the connection).  Then the attempt is found by its tag instead of being
+# started twice.
+LAUNCH = PROC_FUNCS + r"""
+trap '' PIPE HUP
+log=$1 status=$2 tag=$3
+mkdir -p -- "${log%/*}" 2>/dev/null
+if ( set -C; : >"$log" ) 2>/dev/null; then
+  rm -f -- "$status" "$status.tmp"
+  pid=$(@LAUNCH@ </dev/null)
+  rc=$?
+  case $pid in
+    ''|*[!0-9]*)
+      echo "wrapper exit $rc, printed '$pid': $(tail -c 300 -- "$log" 2>/dev/null | tr '\n' ' ')" >&2
+      exit 113;;
+  esac
+  # The wrapper prints its pid before its setsid has run: wait until it leads its own
+  # process group, or signalling the group would miss it.
+  i=0
+  while _stat "$pid" && [ "$S_PGRP" != "$pid" ] && [ "$i" -lt 500 ]; do sleep 0.01; i=$((i + 1)); done
+  if _stat "$pid"; then echo "launched $pid $S_START $S_PGRP"; else echo "launched $pid - $pid"; fi
+  exit 0
+fi
+i=0
+while [ "$i" -lt 500 ]; do
+  best= best_start=
+  for p in $(_tagged "$tag"); do
+    _stat "$p" || continue
+    [ "$S_PGRP" = "$p" ] && [ "$S_SID" = "$p" ] || continue
+    if [ -z "$best" ] || [ "$S_START" -lt "$best_start" ]; then best=$p best_start=$S_START; fi
+  done
+  if [ -n "$best" ]; then echo "launched $best $best_start $best"; exit 0; fi
+  if [ -e "$status" ]; then echo "ended $(cat -- "$status")"; exit 0; fi
+  sleep 0.01
+  i=$((i + 1))
+done
+echo "the log $log exists but no process carries the attempt's tag $tag" >&2
+exit 114
+"""
+
+ALIVE = PROC_FUNCS + r"""
+if _alive "$1" "$2"; then echo alive; else echo gone; fi
+"""
+
+EXIT_STATUS = r"""
+if [ -e "$1" ]; then echo present; cat -- "$1"; else echo absent; fi
+"""
+
+ATTEMPT_PIDS = PROC_FUNCS + r"""
+_members "$1" "$2" "$3" "$4"
+"""
+
+# $1 pid $2 start $3 pgid $4 tag $5 grace (centiseconds).  Prints "N pid name" the first
+# time a process of the attempt is seen, "A pid" for each one alive when the grace period
+# ends, "K pid" for each SIGKILL and "S pid" for survivors.  It finishes even if the
+# connection drops meanwhile (SIGPIPE and SIGHUP ignored).
+KILL_TREE = PROC_FUNCS + r"""
+trap '' PIPE HUP
+wp=$1 ws=$2 pg=$3 tag=$4 grace=$5
+known=" "
+_learn() {
+  for _p in $1; do
+    case $known in *" $_p "*) ;; *) known="$known$_p "; printf 'N %s %s\n' "$_p" "$(_name "$_p")";; esac
+  done
+}
+_signal() {  # SIG PIDS
+  if [ "$pg" -gt 1 ] && _alive "$wp" "$ws"; then kill -"$1" -- "-$pg" 2>/dev/null; fi
+  [ -z "$2" ] || kill -"$1" $2 2>/dev/null
+}
+_still() {  # PIDS: those still alive, plus any process of the attempt that appeared meanwhile
+  _out=
+  for _p in $1; do _alive "$_p" - && _out="$_out $_p"; done
+  for _p in $(_members "$wp" "$ws" "$pg" "$tag"); do
+    case "$_out " in *" $_p "*) ;; *) _out="$_out $_p";; esac
+  done
+  echo $_out
+}
+alive=$(_members "$wp" "$ws" "$pg" "$tag" | tr '\n' ' ')
+_learn "$alive"
+_signal TERM "$alive"
+_now
+deadline=$((NOW + grace))
+while [ -n "$alive" ]; do
+  _now
+  [ "$NOW" -lt "$deadline" ] || break
+  sleep 0.05
+  alive=$(_still "$alive")
+  _learn "$alive"
+done
+for p in $alive; do echo "A $p"; done
+for round in 1 2 3; do
+  [ -n "$alive" ] || break
+  _signal KILL "$alive"
+  for p in $alive; do echo "K $p"; done
+  i=0
+  while [ "$i" -lt 40 ]; do
+    left=
+    for p in $alive; do _alive "$p" - && left="$left $p"; done
+    [ -n "$left" ] || break
+    sleep 0.05
+    i=$((i + 1))
+  done
+  alive=$(_still "$left")
+  _learn "$alive"
+done
+for p in $alive; do echo "S $p"; done
+"""
+
+# Long-lived scripts run their work in the background and then block in `cat` on the
+# channel's stdin: when the channel closes or the connection dies, that stdin ends, `cat`
+# returns and the work is stopped.  Nothing is left running on the remote box.
+
+# $@: "pid:start" items.  Prints "gone pid:start" as each one ends.
+#
+# Why a short remote poll: the wrapper was started by an earlier SSH session and
+# re-parented to init, so no remote process can wait() for it; a pidfd would need a
+# helper program (python3 is not guaranteed), inotify sees nothing in /proc, and `tail
+# --pid` uses kill(pid, 0), which reports a zombie as alive where init does not reap.  A
+# loop of shell builtins reading /proc every 0.1 s costs one `sleep` process per tick on
+# the remote box, nothing on the supervisor's side, and the supervisor just waits for a line.
+WATCH_EXITS = PROC_FUNCS + r"""
+(
+  list=$*
+  while [ -n "$list" ]; do
+    keep=
+    for e in $list; do
+      if _alive "${e%%:*}" "${e#*:}"; then keep="$keep $e"; else echo "gone $e"; fi
+    done
+    list=$keep
+    [ -z "$list" ] || sleep 0.1
+  done
+) </dev/null &
+w=$!
+cat >/dev/null
+kill "$w" 2>/dev/null
+"""
+
+# $1 path $2 offset.  Prints "@@supervise@@ START" (the offset it really starts at: 0 when
+# a stored offset is past the end, the file having been replaced), then the bytes from
+# there on as tail -F delivers them (inotify where the file system allows).
+FOLLOW = r"""
+f=$1 off=$2
+if [ -e "$f" ]; then
+  size=$(wc -c 2>/dev/null <"$f" | tr -d ' ')
+  [ -n "$size" ] && [ "$size" -lt "$off" ] && off=0
+fi
+printf '%s %s\n' '@@supervise@@' "$off"
+LC_ALL=C tail -c "+$((off + 1))" -F -s 0.5 -- "$f" </dev/null &
+t=$!
+cat >/dev/null
+kill "$t" 2>/dev/null
+"""
+
+# $1 path $2 offset: the same header, then the bytes from the offset to the end, once.
+DRAIN = r"""
+f=$1 off=$2
+if [ -e "$f" ]; then
+  size=$(wc -c 2>/dev/null <"$f" | tr -d ' ')
+  [ -n "$size" ] && [ "$size" -lt "$off" ] && off=0
+fi
+printf '%s %s\n' '@@supervise@@' "$off"
+if [ -e "$f" ]; then exec tail -c "+$((off + 1))" -- "$f"; fi
+"""
+
+GPU_QUERY = "index,uuid,name,memory.used,memory.total,utilization.gpu"
+APPS_QUERY = "pid,gpu_uuid,used_memory"
+
+# $1: the nvidia-smi command.  One call per sample (not a streaming `-l` channel): the
+# device and process queries then describe the same instant, and an empty process list
+# cannot be mistaken for a missing one.
+GPUS = r"""
+smi=$1
+if ! command -v "$smi" >/dev/null 2>&1; then echo missing; exit 0; fi
+echo gpus
+"$smi" --query-gpu=@GPU_QUERY@ --format=csv,noheader,nounits 2>&1 || exit 3
+echo apps
+"$smi" --query-compute-apps=@APPS_QUERY@ --format=csv,noheader,nounits 2>&1 || exit 4
+""".replace("@GPU_QUERY@", GPU_QUERY).replace("@APPS_QUERY@", APPS_QUERY)
+
+# $1: the log root (already expanded); $2: the nvidia-smi command.  key=value lines.
+DOCTOR = r"""
+root=$1 smi=$2
+echo "sh=$(readlink -f /bin/sh 2>/dev/null || echo /bin/sh)"
+if command -v setsid >/dev/null 2>&1; then echo "setsid=$(command -v setsid)"; else echo "setsid="; fi
+if [ -r /proc/self/stat ] && [ -r /proc/uptime ] && [ -r /proc/self/environ ]; then echo "proc=ok"; else echo "proc="; fi
+echo "tail=$(tail --version 2>/dev/null | head -n 1)"
+if printf 'x\0SUPERVISE_ATTEMPT=t\0' | grep -qxzF -e SUPERVISE_ATTEMPT=t 2>/dev/null; then echo "grep=ok"; else echo "grep="; fi
+if echo 1 | awk '{ exit $1 - 1 }' 2>/dev/null; then echo "awk=ok"; else echo "awk="; fi
+if sleep 0.01 2>/dev/null; then echo "sleep=ok"; else echo "sleep="; fi
+echo "python3=$(python3 --version 2>&1 | head -n 1)"
+if command -v "$smi" >/dev/null 2>&1; then
+  echo "nvidia_smi=$(command -v "$smi")"
+  out=$("$smi" -L 2>&1); rc=$?
+  echo "nvidia_smi_rc=$rc"
+  echo "nvidia_smi_gpus=$(printf '%s\n' "$out" | grep -c '^GPU ')"
+  echo "nvidia_smi_first=$(printf '%s\n' "$out" | head -n 1)"
+else
+  echo "nvidia_smi="
+fi
+echo "root=$root"
+d=$root
+while [ ! -d "$d" ] && [ "$d" != / ] && [ -n "$d" ]; do d=$(dirname -- "$d"); done
+echo "root_existing=$d"
+echo "root_writable=$( [ -w "$d" ] && echo yes || echo no )"
+echo "df=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')"
+"""
+
+
+# -- parsers ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launched:
+    pid: int
+    start: str  # '-' when the wrapper had already ended
+    pgid: int
+
+
+def parse_launch(out: bytes) -> Launched | int | None:
+    """'launched PID START PGID' -> Launched; 'ended CODE' -> the exit code; else None."""
+    for line in out.decode(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "launched" and parts[1].isdigit() and parts[3].isdigit():
+            return Launched(int(parts[1]), parts[2], int(parts[3]))
+        if len(parts) >= 1 and parts[0] == "ended":
+            code = parts[1] if len(parts) > 1 else ""
+            return int(code) if code.lstrip("-").isdigit() else -1
+    return None
+
+
+def parse_pids(out: bytes) -> set[int]:
+    return {int(word) for word in out.split() if word.isdigit()}
+
+
+def parse_kill(out: bytes) -> KillReport:
+    names: dict[int, str] = {}
+    learned_before_grace: list[int] = []
+    alive_after_grace: set[int] = set()
+    grace_over = False
+    report = KillReport()
+    for raw in out.decode(errors="replace").splitlines():
+        kind, _, rest = raw.partition(" ")
+        pid_text, _, name = rest.partition(" ")
+        if not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        if kind == "N":
+            names.setdefault(pid, name.strip()[:120] or "?")
+            if not grace_over:
+                learned_before_grace.append(pid)
+        elif kind == "A":
+            grace_over = True
+            alive_after_grace.add(pid)
+        elif kind == "K":
+            grace_over = True
+            report.killed.append((pid, names.get(pid, "?")))
+        elif kind == "S":
+            report.survivors.append((pid, names.get(pid, "?")))
+    report.terminated = [(pid, names[pid]) for pid in learned_before_grace if pid not in alive_after_grace]
+    return report
+
+
+def _number(text: str) -> int | None:
+    text = text.strip()
+    try:
+        return int(float(text))
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]", ...
+
+
+def parse_gpus(lines: Iterable[str]) -> list[GpuDevice]:
+    devices = []
+    for row in csv.reader(lines, skipinitialspace=True):
+        if len(row) < 6:
+            continue
+        index = _number(row[0])
+        if index is None:
+            continue
+        devices.append(GpuDevice(index=index, uuid=row[1].strip(), name=row[2].strip(),
+                                 used_mib=_number(row[3]) or 0, total_mib=_number(row[4]) or 0,
+                                 util_pct=_number(row[5])))
+    return devices
+
+
+def parse_apps(lines: Iterable[str], devices: list[GpuDevice]) -> list[GpuProcess]:
+    by_uuid = {d.uuid: d.index for d in devices}
+    found = []
+    for row in csv.reader(lines, skipinitialspace=True):
+        if len(row) < 3:
+            continue
+        pid = _number(row[0])
+        index = by_uuid.get(row[1].strip())
+        if pid is None or index is None:
+            continue
+        found.append(GpuProcess(pid=pid, gpu_index=index, used_mib=_number(row[2])))
+    return found
+
+
+def parse_keys(out: bytes) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in out.decode(errors="replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            values[key] = value.strip()
+    return values

@@ -1,0 +1,66 @@
+"""A job for the benchmarks: writes stamped lines to stdout at a steady rate.
+
+    _writer.py --rate LINES_PER_S --lines N [--event-every K] [--go FILE] [--linger]
+
+Every line starts with the ``time.time()`` taken just before it is written (one write and a
+flush per line).  Every K-th line is a transformers shard bar, which the ``transformers``
+pack turns into a progress event:
+
+    1733000000.123456 Loading checkpoint shards:  50%|#####     | 5/10 [00:05<00:05,  1.00s/it]
+
+the others are plain worker lines that no built-in probe matches.  With ``--go`` the writer
+waits for FILE to appear and starts at the instant written in it, so that many writers
+start together.  ``--linger`` keeps the process alive after the last line (until killed),
+so the supervisor's end-of-attempt work stays out of a measurement window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=float, required=True)
+    parser.add_argument("--lines", type=int, required=True)
+    parser.add_argument("--event-every", type=int, default=1)
+    parser.add_argument("--go")
+    parser.add_argument("--linger", action="store_true")
+    args = parser.parse_args()
+
+    start = time.time()
+    if args.go:
+        while not os.path.exists(args.go):
+            time.sleep(0.05)
+        with open(args.go) as handle:
+            start = float(handle.read().strip())
+    every = max(1, args.event_every)
+    bars = args.lines // every
+    out = sys.stdout.buffer
+    done = 0
+    while time.time() < start:
+        time.sleep(max(0.0, start - time.time()))
+    for i in range(args.lines):
+        due = start + i / args.rate
+        delay = due - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        if (i + 1) % every == 0:
+            done += 1
+            pct = 100 * done // max(bars, 1)
+            bar = "#" * (pct // 10)
+            text = f"Loading checkpoint shards: {pct:3d}%|{bar:<10}| {done}/{bars} [00:05<00:05,  1.00s/it]"
+        else:
+            text = f"worker 3: processed batch {i} of {args.lines} (4096 tokens)"
+        out.write(f"{time.time():.6f} {text}\n".encode())
+        out.flush()
+    while args.linger:
+        time.sleep(3600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

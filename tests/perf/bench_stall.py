@@ -1,0 +1,157 @@
+"""Stall detection on paced replays of real logs: how soon, against the bound, and never wrongly.
+
+    .venv/bin/python tests/perf/bench_stall.py [--floors 0.1,0.5,1,2] [--speeds 1,2]
+                                               [--corpus-floors 0.5,1,2] [--interval 0.01] [--quick]
+
+One real daemon replays, with tests/jobs/replay.py, the vLLM 0.23 ``serve`` log whose shard
+loading was frozen for 45 s at 5/13 (tests/data/pacing: its real arrival times, divided by
+``--speed``, pauses over 0.5 s collapsed to 0.1 s as in tests/test_health_e2e.py):
+
+- frozen: ``--freeze-after 42`` stops the replay right after the 5/13 line and hangs.  For
+  each floor and speed: detection = the ``stalled`` verdict's ``ts`` - the ``ts`` of the last
+  progress event of the stalled bar, against the bound the design promises,
+  ``max(stall_floor_s, stall_k x median interval)``, with the median taken here from the
+  same bar's stored progress events (stall_k = 3, the default).  Ratio = detection / bound:
+  1.00x means flagged exactly at the bound; below 1 would be early (wrong).
+- healthy: the same log, not frozen (the 45 s freeze collapsed like every other pause): it
+  must never be flagged.
+- corpus: every log of tests/data/corpus/full-logs replayed line by line every
+  ``--interval`` seconds, once per ``--corpus-floors`` value: none may be flagged either.
+
+All runs of a group run at once (distinct job names, ``max_attempts = 1``).  A false positive
+is any ``stalled`` or ``silent`` verdict on a healthy replay.  Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import PACKS, PY, ROOT, Daemon, machine_note, ms, table  # noqa: E402
+
+REPLAY = ROOT / "tests" / "jobs" / "replay.py"
+PACING = ROOT / "tests" / "data" / "pacing" / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
+FULL_LOGS = ROOT / "tests" / "data" / "corpus" / "full-logs"
+STALL_K = 3.0
+UNHEALTHY = ("stalled", "silent")
+
+
+@dataclass
+class Run:
+    name: str
+    argv: list[str]
+    floor: float
+    label: str
+
+
+def job_name(*parts: object) -> str:
+    return "-".join(str(p).replace(".", "p") for p in parts)
+
+
+def run_group(daemon: Daemon, runs: list[Run], timeout: float) -> dict[str, dict[str, Any]]:
+    specs = [daemon.spec(r.name, r.argv, probes=PACKS,
+                         extra=f"[health]\nstall_floor_s = {r.floor}\nstall_k = {STALL_K}\n[restart]\nmax_attempts = 1\n")
+             for r in runs]
+    daemon.start_jobs(specs)
+    daemon.wait_finished([r.name for r in runs], timeout)
+    client = daemon.client()
+    out: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        events = client.events(r.name).events
+        verdicts = [e for e in events if e.kind == "verdict"]
+        out[r.name] = {"events": events, "verdict": verdicts[-1] if verdicts else None,
+                       "attempt": client.attempts(r.name).attempts[-1]}
+    return out
+
+
+def frozen_row(run: Run, result: dict[str, Any]) -> list[object]:
+    verdict = result["verdict"]
+    if verdict is None or verdict.data.get("verdict") != "stalled":
+        got = verdict.message if verdict else "no verdict"
+        return [run.label, f"{run.floor:g}", "-", "-", "-", "-", "-", f"NOT FLAGGED: {got}"]
+    probe = verdict.data.get("probe")
+    bar = [e for e in result["events"] if e.kind == "progress" and e.probe == probe and e.ts <= verdict.ts]
+    advances, last_done = [], None
+    for e in bar:
+        done = e.data.get("done")
+        if last_done is None or (done is not None and done > last_done):
+            advances.append(e.ts)
+            last_done = done
+    intervals = [b - a for a, b in zip(advances, advances[1:])]
+    median = statistics.median(intervals) if intervals else None
+    bound = max(run.floor, STALL_K * median) if median is not None else run.floor
+    which = "floor" if median is None or run.floor >= STALL_K * median else f"{STALL_K:g} x median"
+    detection = verdict.ts - bar[-1].ts
+    where = f"{probe} {verdict.data.get('done')}/{verdict.data.get('total')}"
+    return [run.label, f"{run.floor:g}", ms(median) if median is not None else "-", f"{ms(bound)} ({which})",
+            ms(detection), f"{detection / bound:.3f}x", ms(verdict.data.get("bound_s", float("nan"))), where]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--floors", default="0.1,0.5,1,2", help="stall_floor_s values for the stall log (default 0.1,0.5,1,2)")
+    parser.add_argument("--speeds", default="1,2", help="replay speed-ups of the real pacing (default 1,2)")
+    parser.add_argument("--corpus-floors", default="0.5,1,2", help="stall_floor_s values for the corpus (default 0.5,1,2)")
+    parser.add_argument("--interval", type=float, default=0.01, help="seconds between corpus lines (default 0.01)")
+    parser.add_argument("--quick", action="store_true", help="floors 0.1,1; corpus floor 1 (about 30 s)")
+    parser.add_argument("--keep", action="store_true", help="keep the daemon's state directory")
+    args = parser.parse_args()
+    if args.quick:
+        args.floors, args.corpus_floors = "0.1,1", "1"
+    floors = [float(f) for f in args.floors.split(",") if f]
+    speeds = [float(s) for s in args.speeds.split(",") if s]
+    corpus_floors = [float(f) for f in args.corpus_floors.split(",") if f]
+    logs = sorted(FULL_LOGS.glob("*.log"))
+
+    print(machine_note())
+    base = [PY, str(REPLAY), str(PACING), "--arrivals", str(PACING), "--collapse-gaps-over", "0.5"]
+    frozen = [Run(job_name("frozen", s, f), [*base, "--speed", f"{s:g}", "--freeze-after", "42"], f, f"x{s:g}")
+              for s in speeds for f in floors]
+    healthy = [Run(job_name("healthy", s, f), [*base, "--speed", f"{s:g}"], f, f"stall log, not frozen, x{s:g}")
+               for s in speeds for f in floors]
+    corpus = [Run(job_name("corpus", f, p.stem[:2]), [PY, str(REPLAY), str(p), "--interval", f"{args.interval:g}"], f,
+                  p.name) for f in corpus_floors for p in logs]
+    wall = time.monotonic()
+    with Daemon(keep=args.keep) as daemon:
+        results = run_group(daemon, frozen + healthy, timeout=120)
+        results.update(run_group(daemon, corpus, timeout=180))
+    wall = time.monotonic() - wall
+
+    print(f"\nFrozen at 5/13: stalled verdict vs the bound max(floor, {STALL_K:g} x median interval) "
+          f"({len(frozen)} runs, concurrently with the {len(healthy)} healthy ones)\n")
+    print(table(["replay speed", "floor s", "median interval ms", "bound ms", "detection ms", "detection / bound",
+                 "watchdog's bound ms", "flagged at"],
+                [frozen_row(r, results[r.name]) for r in frozen], align="lrrrrrrl"))
+
+    def false_positives(group: list[Run]) -> tuple[int, list[str]]:
+        flagged = []
+        for r in group:
+            for e in results[r.name]["events"]:
+                if e.kind == "verdict" and e.data.get("verdict") in UNHEALTHY:
+                    flagged.append(f"{r.label} (floor {r.floor:g}): {e.message}")
+        return len(flagged), flagged
+
+    print("\nHealthy replays: false positives (stalled or silent verdicts), must be 0\n")
+    rows = []
+    for title, group in ((f"stall log, not frozen, gaps > 0.5 s collapsed (speeds {args.speeds}, floors {args.floors})", healthy),
+                         *((f"full-logs corpus, {len(logs)} logs, a line every {args.interval:g} s, floor {f:g} s",
+                            [r for r in corpus if r.floor == f]) for f in corpus_floors)):
+        count, flagged = false_positives(group)
+        verdicts = sorted({(results[r.name]["verdict"].data.get("verdict") if results[r.name]["verdict"] else "none")
+                           for r in group})
+        rows.append([title, len(group), count, ", ".join(verdicts), "; ".join(flagged) or "-"])
+    print(table(["healthy replays", "runs", "false positives", "verdicts seen", "flagged"], rows, align="lrrll"))
+    total = sum(r[2] for r in rows)
+    print(f"\nfalse positives in all: {total} ({'none' if total == 0 else 'SEE ABOVE'}); wall {wall:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
