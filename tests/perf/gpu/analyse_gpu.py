@@ -37,7 +37,8 @@ def main(db_path: str) -> int:
             print(f"| {job} | {prev['n']} | {end:.2f} | {_killed(killed)} | {at_end} | "
                   f"{_rel(released, end)} | {_rel_ts(nxt['started'] if nxt else None, end)} | {before_next} |")
     peak = max((s["used_mib"] for s in samples), default=0)
-    print(f"\n{len(samples)} NVML samples stored; peak used {peak} MiB; baseline {samples[0]['used_mib'] if samples else '?'} MiB")
+    print(f"\n{len(samples)} NVML samples stored (all GPUs); peak used {peak} MiB on one GPU; "
+          f"first sample {_used_at(samples, samples[0]['ts']) if samples else '?'} MiB (GPU MiB columns: GPU0/GPU1/...)")
     return 0
 
 
@@ -45,9 +46,14 @@ def _first(events: list[sqlite3.Row], n: int, kind: str) -> sqlite3.Row | None:
     return next((e for e in events if e["attempt"] == n and e["kind"] == kind), None)
 
 
-def _used_at(samples: list[sqlite3.Row], ts: float) -> int | None:
-    before = [s["used_mib"] for s in samples if s["ts"] <= ts]
-    return before[-1] if before else None
+def _used_at(samples: list[sqlite3.Row], ts: float) -> str | None:
+    """Used MiB per GPU in the last sample at or before `ts` (e.g. '615/615' for GPUs 0 and 1)."""
+    latest: dict[int, int] = {}
+    for s in samples:
+        if s["ts"] > ts:
+            break
+        latest[s["gpu"]] = s["used_mib"]
+    return "/".join(str(latest[g]) for g in sorted(latest)) if latest else None
 
 
 def _killed(event: sqlite3.Row | None) -> str:
