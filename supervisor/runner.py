@@ -273,7 +273,7 @@ class JobRunner:
     # -- watching ----------------------------------------------------------------------
 
     async def _watch(self, live: _Live) -> Judgement:
-        engine = ProbeEngine(self._engine_packs)
+        engine = ProbeEngine(self._engine_packs, start_offset=live.row.log_offset)
         follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self.ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
@@ -308,9 +308,7 @@ class JobRunner:
     async def _read(self, live: _Live, follower: Any, engine: ProbeEngine) -> None:
         last_save = 0.0
         async for batch in follower.records():
-            probe_events: list[ProbeEvent] = []
-            for record in batch:
-                probe_events.extend(engine.feed(record))
+            probe_events = engine.feed_many(batch)
             saved = self._ingest(live, probe_events, engine.resume_offset, force=time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S)
             if saved:
                 last_save = time.monotonic()
