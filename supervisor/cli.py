@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
     p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")
     p.add_argument("--json", action="store_true")
+
+    p = add("doctor", cmd_doctor, "check that a host can run supervised jobs (SSH, shell tools, nvidia-smi, disk)")
+    p.add_argument("--host", default=None, metavar="ssh://[user@]host[:port]",
+                   help="the remote host to check (default: this machine)")
     return parser
 
 
@@ -217,6 +221,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from .probes import probe_command
 
     return probe_command(args.logfile, args.pack, args.pack_file, args.json)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor_command
+
+    return doctor_command(args.host)
 
 
 # -- rendering --------------------------------------------------------------------------

@@ -277,18 +277,22 @@ class JobRunner:
         follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self.ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
+        reader_reported = False
         try:
             while True:
                 timeout = self._time_to_next_check(live)
                 live.wake.clear()
                 wake = asyncio.create_task(live.wake.wait())
-                done, _ = await asyncio.wait({exit_task, wake, reader}, timeout=timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                waiting = {exit_task, wake} | ({reader} if not reader_reported else set())
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 wake.cancel()
                 if exit_task in done:
                     return await self._finish(live, follower, reader, engine, exit_task.result())
-                if reader in done and reader.exception() is not None:
-                    raise reader.exception()  # type: ignore[misc]
+                if reader in done:
+                    # The log cannot be read (removed, unreadable disk): keep watching the process.
+                    reader_reported = True
+                    error = reader.exception()
+                    self._action(live, f"log following stopped ({error}); still watching the process", {})
                 judgement = live.watchdog.check()
                 if judgement.verdict in (Verdict.STALLED, Verdict.SILENT):
                     self._record_verdict(live, judgement)
@@ -350,7 +354,8 @@ class JobRunner:
                       status: ExitStatus) -> Judgement:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
-        with contextlib.suppress(asyncio.CancelledError):
+        # A log that cannot be read to its end must not stop the attempt from being judged.
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError, SuperviseError):
             await asyncio.wait_for(reader, timeout=30)
         self._ingest(live, engine.flush(), follower.offset, force=True)
         self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode, exit_signal=status.signal)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import os
 import re
 import shlex
@@ -450,9 +451,9 @@ class SshHost:
 
     def _login_message(self) -> str:
         target = self.target
-        user = target.user or "(your local user name)"
+        user = target.user or getpass.getuser()
         keys = ", ".join(self._keys) if self._keys else "your default keys and agent"
-        return (f"SSH login to {target.display} as {user} was refused (wrong user or key; tried {keys}): "
+        return (f"SSH login as {user} to {target.where} was refused (wrong user or key; tried {keys}): "
                 f"check the user in the host URL and that your public key is in that user's "
                 f"~/.ssh/authorized_keys (`ssh-copy-id -p {target.port or 22} {user}@{target.host}`)")
 

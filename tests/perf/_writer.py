@@ -1,6 +1,6 @@
 """A job for the benchmarks: writes stamped lines to stdout at a steady rate.
 
-    _writer.py --rate LINES_PER_S --lines N [--event-every K] [--go FILE] [--linger]
+    _writer.py --rate LINES_PER_S --lines N [--event-every K] [--go FILE] [--ready DIR] [--linger]
 
 Every line starts with the ``time.time()`` taken just before it is written (one write and a
 flush per line).  Every K-th line is a transformers shard bar, which the ``transformers``
@@ -28,15 +28,18 @@ def main() -> int:
     parser.add_argument("--lines", type=int, required=True)
     parser.add_argument("--event-every", type=int, default=1)
     parser.add_argument("--go")
+    parser.add_argument("--ready", help="a directory: touch DIR/<pid> once waiting for --go")
     parser.add_argument("--linger", action="store_true")
     args = parser.parse_args()
 
     start = time.time()
+    if args.ready:
+        open(os.path.join(args.ready, str(os.getpid())), "w").close()
     if args.go:
         while not os.path.exists(args.go):
             time.sleep(0.05)
         with open(args.go) as handle:
-            start = float(handle.read().strip())
+            start = max(float(handle.read().strip()), time.time())  # a late writer does not burst
     every = max(1, args.event_every)
     bars = args.lines // every
     out = sys.stdout.buffer
