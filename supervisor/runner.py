@@ -66,6 +66,7 @@ class _Live:
     events_seen: int = 0
     failure: dict[str, Any] | None = None
     known_pids: set[int] = field(default_factory=set)
+    exit_status: ExitStatus | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -132,7 +133,11 @@ class JobRunner:
                 self.live = None
                 fingerprint = (live.failure or {}).get("fingerprint")
                 if self._stop_requested.is_set():
-                    await self._end_attempt(live, judgement, "stopped by user")
+                    # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
+                    self.ctx.store.update_attempt(self.spec.name, live.row.n, state="stopped", ended=time.time(),
+                                                  action="stopped by user", verdict=None,
+                                                  reason=f"stopped by user; the command {_describe(live.exit_status)}")
+                    self._action(live, "stopped by user", {})
                     self._set_job("stopped", "stopped by user")
                     return
                 if judgement.verdict is Verdict.DONE:
@@ -358,6 +363,7 @@ class JobRunner:
         with contextlib.suppress(asyncio.CancelledError, TimeoutError, SuperviseError):
             await asyncio.wait_for(reader, timeout=30)
         self._ingest(live, engine.flush(), follower.offset, force=True)
+        live.exit_status = status
         self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    {"returncode": status.returncode, "signal": status.signal})])
@@ -443,6 +449,10 @@ class JobRunner:
     def _publish(self, events: list[Event]) -> None:
         stored = self.ctx.store.record_events(events)
         self.ctx.bus.publish(stored)
+
+
+def _describe(status: ExitStatus | None) -> str:
+    return status.describe() if status is not None else "was still running when watching stopped"
 
 
 def _progress_dict(progress: Any) -> dict[str, Any]:

@@ -461,6 +461,8 @@ class SshHost:
         if self._conn is conn:
             self._conn = None
             log.warning("ssh connection lost", host=self.name, error=str(exc) or type(exc).__name__)
+        with contextlib.suppress(Exception):
+            conn.abort()
 
     async def _exec(self, body: str, *args: str, deadline: float | None = None, forever: bool = False,
                     timeout: float = 60.0) -> tuple[int | None, bytes, bytes]:
@@ -484,7 +486,7 @@ class SshHost:
             except TimeoutError:
                 raise HostError(f"a remote command on {self.target.display} took more than {timeout:.0f}s") from None
             except _DROPS as exc:
-                if not conn.is_closed():
+                if not _gone(conn, exc):
                     raise self._channel_error(exc) from exc
                 self._dropped(conn, exc)
                 self._check_deadline(deadline, exc)
@@ -522,14 +524,14 @@ class SshHost:
                 proc.stdin.write(data)
                 return proc
             except _DROPS as exc:
-                if not conn.is_closed():
+                if not _gone(conn, exc):
                     raise self._channel_error(exc) from exc
                 self._dropped(conn, exc)
 
     def note_drop(self, exc: BaseException) -> None:
         """A long-lived channel died: if its connection went with it, forget the connection."""
         conn = self._conn
-        if conn is not None and conn.is_closed():
+        if conn is not None and _gone(conn, exc):
             self._dropped(conn, exc)
 
 
@@ -537,6 +539,15 @@ class _Transient(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _gone(conn: asyncssh.SSHClientConnection, exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection itself is lost (not just one channel refused)."""
+    if conn.is_closed():
+        return True
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return exc.code == asyncssh.OPEN_CONNECT_FAILED  # asyncssh's "SSH connection closed"
+    return isinstance(exc, (asyncssh.DisconnectError, ConnectionError, asyncio.IncompleteReadError))
 
 
 def _start_arg(handle: ProcessHandle) -> str:

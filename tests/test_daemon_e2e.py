@@ -89,7 +89,8 @@ def test_stop_kills_escaped_grandchild(daemon: DaemonProcess, make_job, home: Pa
     attempt = client.attempts("escaper").attempts[0]
     # The wrapper is spared SIGTERM so it can record how the command ended.
     assert attempt.exit_signal == signal.SIGTERM, attempt
-    assert attempt.action == "stopped by user"
+    assert attempt.action == "stopped by user" and attempt.state == "stopped" and attempt.verdict is None
+    assert "killed by signal 15" in (attempt.reason or "")
 
 
 def test_daemon_sigkill_and_restart_readopts_without_loss_or_doubles(
