@@ -1,11 +1,11 @@
 """The shell scripts the SSH host runs on a remote box, and the parsers for what they print.
 
-Every operation is one POSIX ``sh`` script sent on the channel's stdin to ``/bin/sh -s``,
-so the user's login shell only ever parses ``/bin/sh -s`` (fish, csh or a long command line
-cannot change what runs) and all arguments are shell-quoted assignments that ``/bin/sh``
-itself reads.  The script is wrapped in ``{ ... }``: the shell parses the whole group before
-running any of it, so a command in the script that reads stdin can never swallow the rest
-of the script.
+Every operation is one POSIX ``sh`` script sent on a channel's stdin to ``/bin/sh -s`` (a
+resident one for short operations, which runs each script in a subshell), so the user's
+login shell only ever parses ``/bin/sh -s`` (fish, csh or a long command line cannot change
+what runs) and all arguments are shell-quoted assignments that ``/bin/sh`` itself reads.
+The script is wrapped in ``{ ... }``: the shell parses the whole group before running any
+of it, so a command in the script that reads stdin can never swallow the rest of the script.
 
 Every script prints ``@@supervise@@`` before its answer: whatever a chatty ``.bashrc``
 prints first is skipped.
@@ -37,7 +37,9 @@ MARK = b"@@supervise@@"
 def script(body: str, *args: str) -> bytes:
     """A complete script for ``/bin/sh -s``: the marker, the arguments as ``$1..``, the body."""
     quoted = " ".join(shlex.quote(a) for a in args)
-    return f"{{\nprintf '%s\\n' '{MARK.decode()}'\nset -- {quoted}\n{body}\n}}\n".encode()
+    # The closing `exit` matters for long-lived channels, whose stdin stays open: without
+    # it the shell would wait there for more script once the body is done.
+    return f"{{\nprintf '%s\\n' '{MARK.decode()}'\nset -- {quoted}\n{body}\nexit\n}}\n".encode()
 
 
 def after_mark(out: bytes) -> bytes | None:
@@ -66,16 +68,28 @@ _alive() {  # PID START ('-': any start time): a live process, zombies count as 
 _tagged() {  # TAG: pids whose environment holds SUPERVISE_ATTEMPT=TAG, space-separated
   grep -lsxzF -e "SUPERVISE_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | sed -e 's,^/proc/,,' -e 's,/environ$,,' | tr '\n' ' '
 }
+_wrapper_alive() {  # WRAPPER_PID WRAPPER_START: the attempt's wrapper, positively identified
+  # Never pid 0 or 1, and never without its start time: a pid alone may have been reused by
+  # anything (init included), and its group and tree would then be somebody else's.
+  [ "$1" -gt 1 ] && [ "$2" != - ] && _alive "$1" "$2"
+}
+_ancestors() {  # this script's own ancestry (its shell, sshd's session, ...), never a target
+  _a=" $$ "
+  _q=$$
+  while [ "$_q" -gt 1 ] && _stat "$_q"; do _q=$S_PPID; _a="$_a$_q "; done
+  printf '%s' "$_a"
+}
 _members() {  # WRAPPER_PID WRAPPER_START PGID TAG: every live process of the attempt, one pid a line
   _mw=0
-  [ "$1" -gt 0 ] && _alive "$1" "$2" && _mw=1
+  _wrapper_alive "$1" "$2" && _mw=1
   _mt=" $(_tagged "$4") "
+  _ma=$(_ancestors)
   for _d in /proc/[0-9]*; do
     _p=${_d#/proc/}
     _stat "$_p" || continue
     case $S_STATE in Z|X|x) continue;; esac
     echo "$_p $S_PPID $S_PGRP"
-  done | awk -v root="$1" -v alive="$_mw" -v pg="$3" -v tagged="$_mt" '
+  done | awk -v root="$1" -v alive="$_mw" -v pg="$3" -v tagged="$_mt" -v mine="$_ma" '
     { ppid[$1] = $2; grp[$1] = $3; order[NR] = $1 }
     END {
       if (alive) {
@@ -90,6 +104,7 @@ _members() {  # WRAPPER_PID WRAPPER_START PGID TAG: every live process of the at
       }
       for (i = 1; i <= NR; i++) {
         p = order[i]
+        if (p <= 1 || index(mine, " " p " ")) continue
         if ((p in mark) || (alive && pg > 1 && grp[p] == pg) || index(tagged, " " p " ")) print p
       }
     }'
@@ -188,7 +203,7 @@ _learn() {
   done
 }
 _signal() {  # SIG PIDS
-  if [ "$pg" -gt 1 ] && _alive "$wp" "$ws"; then kill -"$1" -- "-$pg" 2>/dev/null; fi
+  if [ "$pg" -gt 1 ] && [ "$pg" = "$wp" ] && _wrapper_alive "$wp" "$ws"; then kill -"$1" -- "-$pg" 2>/dev/null; fi
   [ -z "$2" ] || kill -"$1" $2 2>/dev/null
 }
 _still() {  # PIDS: those still alive, plus any process of the attempt that appeared meanwhile

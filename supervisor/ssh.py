@@ -1,9 +1,12 @@
 """The SSH host: attempts on a remote box, launched, watched and killed over one SSH connection.
 
 ``SshHost("ssh://[user@]host[:port][?accept_new_host_key=1&log_root=PATH]")`` implements the
-``Host`` protocol (host.py) with asyncssh.  It keeps ONE connection per host and opens a
-channel per operation on it (multiplexed); long-lived work (following a log, waiting for
-exits) holds a channel each: one per followed log, one for all of the host's exit waits.
+``Host`` protocol (host.py) with asyncssh.  It keeps ONE connection per host, with its
+channels multiplexed on it: a resident shell that runs the short operations (and one for
+GPU sampling), one channel per followed log, one for all of the host's exit waits, and a
+channel of its own for a kill (it lasts its grace period).  sshd allows MaxSessions
+(default 10) channels per connection: about eight jobs followed at once per host.  When
+sshd refuses one more, a short operation waits for a session to free up, then says so.
 
 Connection
     ``~/.ssh/config`` and the user's keys and agent are used as OpenSSH would (asyncssh reads
@@ -32,7 +35,8 @@ Environment (read when the SshHost is made; the daemon's environment):
 
 Remote side
     Each operation is one ``/bin/sh`` script (see _remote.py), never one round trip per
-    process.  Attempts are launched with the same ``WRAPPER_SH`` as locally, so they are
+    process; short ones run in a resident shell (``_Agent``), so the login shell and its rc
+    files start once per connection, not once per operation.  Attempts are launched with the same ``WRAPPER_SH`` as locally, so they are
     detached (own session, SIGHUP ignored) and outlive the SSH connection and the daemon.
     Start times are /proc's starttime in clock ticks, compared exactly against PID reuse.
 """
@@ -44,14 +48,15 @@ import contextlib
 import getpass
 import os
 import re
+import secrets
 import shlex
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import asyncssh
@@ -62,10 +67,19 @@ from . import _remote
 from .errors import ConnectionLost, HostError, LaunchError, SuperviseError
 from .events import Record
 from .gpu import GpuSample
-from .host import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
+from .host import (
+    TAG_VAR,
+    WRAPPER_SH,
+    ExitStatus,
+    KillReport,
+    LaunchRequest,
+    ProcessHandle,
+    log_paths,
+)
 from .records import MAX_RECORD_BYTES, split_records
 
 log = structlog.get_logger("supervise.ssh")
+T = TypeVar("T")
 
 ENV_CONFIG = "SUPERVISE_SSH_CONFIG"
 ENV_KNOWN_HOSTS = "SUPERVISE_SSH_KNOWN_HOSTS"
@@ -80,7 +94,7 @@ _SHELL = "/bin/sh -s"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _TRUE = {"1", "yes", "true", "on"}
 _QUERY_KEYS = {"accept_new_host_key", "log_root"}
-# What a dropped connection looks like from asyncssh and the socket underneath.
+# How a channel fails: a dropped connection, a refused session, a remote script that ended.
 _DROPS: tuple[type[BaseException], ...] = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError,
                                            asyncio.IncompleteReadError, EOFError)
 
@@ -207,6 +221,7 @@ class SshHost:
         self._ever_connected = False
         self.connects = 0  # connections made, the first included
         self._watcher = _ExitWatcher(self)
+        self._agents: dict[str, _Agent] = {}
         self._wait = tenacity.wait_exponential(multiplier=0.25, max=10.0) + tenacity.wait_random(0.0, 0.25)
 
     def __repr__(self) -> str:
@@ -266,7 +281,7 @@ class SshHost:
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
         grace_cs = str(max(0, round(grace_s * 100)))
         _, out, _ = await self._exec(_remote.KILL_TREE, *self._attempt_args(handle), grace_cs,
-                                     timeout=grace_s + 60)
+                                     timeout=grace_s + 60, lane=None)
         return _remote.parse_kill(out)
 
     def follow(self, path: str, offset: int) -> SshFollower:
@@ -275,6 +290,8 @@ class SshHost:
     async def close(self) -> None:
         self._closed = True
         await self._watcher.close()
+        for agent in self._agents.values():
+            await agent.reset()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -287,7 +304,7 @@ class SshHost:
         """nvidia-smi on the remote box, one call per sample; never raises."""
         ts = time.time()
         try:
-            rc, out, err = await self._exec(_remote.GPUS, self.nvidia_smi,
+            rc, out, err = await self._exec(_remote.GPUS, self.nvidia_smi, lane="gpu",
                                             deadline=time.monotonic() + min(self.retry_s, 15.0), timeout=60)
         except SuperviseError as exc:
             return GpuSample(ts, False, f"cannot sample GPUs on {self.target.display}: {exc}", (), ())
@@ -328,7 +345,7 @@ class SshHost:
 
     async def run_script(self, body: str, *args: str, timeout: float = 60.0) -> tuple[int | None, bytes, bytes]:
         """Run one of _remote's scripts; what it printed after its marker (used by doctor)."""
-        return await self._exec(body, *args, timeout=timeout)
+        return await self._exec(body, *args, timeout=timeout, lane=None)
 
     def _attempt_args(self, handle: ProcessHandle) -> tuple[str, str, str, str]:
         return str(max(0, handle.pid)), _start_arg(handle), str(max(0, handle.pgid)), handle.tag
@@ -436,7 +453,8 @@ class SshHost:
 
     def _host_key_message(self, client: _Client, known_hosts: Path) -> str:
         host, port = (client.offered[0], client.offered[1]) if client.offered else (self.target.host, self.target.port or 22)
-        where = f"{host}:{port}"
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        entry = host if port == 22 else f"[{host}]:{port}"
         shown = known_hosts.as_posix()
         home = os.path.expanduser("~")
         if shown.startswith(home + "/"):
@@ -445,7 +463,7 @@ class SshHost:
             fingerprint = client.offered[2].get_fingerprint() if client.offered else "?"
             return (f"host key of {where} has CHANGED (now {fingerprint}): someone may be intercepting the "
                     f"connection, or the host was reinstalled; check it, then remove the old key with "
-                    f"`ssh-keygen -R '[{host}]:{port}' -f {shown}` and add the new one")
+                    f"`ssh-keygen -R '{entry}' -f {shown}` and add the new one")
         return (f"host key of {where} is not in known_hosts: verify it and add it with "
                 f"`ssh-keyscan -p {port} {host} >> {shown}`")
 
@@ -465,43 +483,64 @@ class SshHost:
             conn.abort()
 
     async def _exec(self, body: str, *args: str, deadline: float | None = None, forever: bool = False,
-                    timeout: float = 60.0) -> tuple[int | None, bytes, bytes]:
+                    timeout: float = 60.0, lane: str | None = "ops") -> tuple[int | None, bytes, bytes]:
         """Run one script; returns (exit status, stdout after the marker, stderr).
 
-        A dropped connection is remade and the script run again: every script is safe to
-        repeat (launch included, see _remote.LAUNCH).  Reconnecting goes on until
-        ``deadline`` (default: now + SUPERVISE_SSH_RETRY_S), or for as long as it takes
-        with ``forever``.
+        Short scripts run in the host's resident shell for their ``lane`` (see ``_Agent``);
+        ``lane=None`` gives the script a channel of its own (for slow ones such as a kill
+        with a grace period).  A dropped connection is remade and the script run again:
+        every script is safe to repeat (launch included, see _remote.LAUNCH).  Reconnecting
+        goes on until ``deadline`` (default: now + SUPERVISE_SSH_RETRY_S), or for as long
+        as it takes with ``forever``.
         """
         if forever:
             deadline = None
         elif deadline is None:
             deadline = self._deadline()
         data = _remote.script(body, *args)
+        refusals = hiccups = 0
         while True:
             conn = await self.connection(deadline)
             try:
                 async with asyncio.timeout(timeout):
-                    result = await conn.run(_SHELL, input=data, encoding=None, check=False)
+                    if lane is not None:
+                        rc, out, err = await self._agent(lane).run(conn, data)
+                    else:
+                        rc, out, err = await self._run_alone(conn, data)
             except TimeoutError:
                 raise HostError(f"a remote command on {self.target.display} took more than {timeout:.0f}s") from None
             except _DROPS as exc:
-                if not _gone(conn, exc):
-                    raise self._channel_error(exc) from exc
-                self._dropped(conn, exc)
-                self._check_deadline(deadline, exc)
-                continue
-            out = bytes(result.stdout or b"")
-            err = bytes(result.stderr or b"")
-            if result.exit_status is None and result.exit_signal is None and conn.is_closed():
-                self._dropped(conn, ConnectionError("channel closed with the connection"))
-                self._check_deadline(deadline, None)
-                continue
+                if _refused(conn, exc):
+                    refusals += 1
+                    await self._wait_for_session(exc, refusals, deadline)
+                    continue
+                if _gone(conn, exc):
+                    self._dropped(conn, exc)
+                    self._check_deadline(deadline, exc)
+                    continue
+                if isinstance(exc, EOFError) and hiccups < 3:
+                    hiccups += 1  # the resident shell ended under us (killed?): a fresh one runs it
+                    continue
+                raise self._channel_error(exc) from exc
             payload = _remote.after_mark(out)
             if payload is None:
-                detail = err.decode(errors="replace").strip()[-300:] or f"exit status {result.exit_status}"
+                detail = err.decode(errors="replace").strip()[-300:] or f"exit status {rc}"
                 raise HostError(f"/bin/sh on {self.target.display} did not run the supervisor's script: {detail}")
-            return result.exit_status, payload, err
+            return rc, payload, err
+
+    async def _run_alone(self, conn: asyncssh.SSHClientConnection, data: bytes) -> tuple[int | None, bytes, bytes]:
+        result = await conn.run(_SHELL, input=data, encoding=None, check=False)
+        if result.exit_status is None and result.exit_signal is None and conn.is_closed():
+            raise asyncssh.ConnectionLost("channel closed with the connection")
+        out = result.stdout if isinstance(result.stdout, bytes) else b""
+        err = result.stderr if isinstance(result.stderr, bytes) else b""
+        return result.exit_status, out, err
+
+    def _agent(self, lane: str) -> _Agent:
+        agent = self._agents.get(lane)
+        if agent is None:
+            agent = self._agents[lane] = _Agent(self, lane)
+        return agent
 
     def _check_deadline(self, deadline: float | None, exc: BaseException | None) -> None:
         if deadline is not None and time.monotonic() > deadline:
@@ -510,13 +549,25 @@ class SshHost:
 
     def _channel_error(self, exc: BaseException) -> HostError:
         if isinstance(exc, asyncssh.ChannelOpenError):
-            return HostError(f"{self.target.display} refused a new SSH session ({exc.reason or exc}): "
-                             "its sshd may limit sessions per connection (MaxSessions, default 10)")
+            return HostError(f"{self.target.display} refused a new SSH session ({exc.reason or exc}): its sshd "
+                             "allows MaxSessions (default 10) per connection and each running job holds one for "
+                             "its log: raise MaxSessions in the box's sshd_config")
         return HostError(f"SSH channel to {self.target.display} failed: {exc}")
+
+    async def _wait_for_session(self, exc: BaseException, refusals: int, deadline: float | None) -> None:
+        """sshd refused a session: short ones end soon and free theirs, so wait and try again."""
+        wait = min(1.0, 0.05 * 2 ** min(refusals, 5))
+        if deadline is not None and time.monotonic() + wait > deadline:
+            raise self._channel_error(exc) from exc
+        if refusals == 1:
+            log.warning("sshd refused a new session, waiting for one to free up", host=self.name)
+        await asyncio.sleep(wait)
 
     async def stream(self, body: str, *args: str) -> asyncssh.SSHClientProcess[bytes]:
         """Start a long-lived script; its stdin stays open (closing the channel stops it)."""
         data = _remote.script(body, *args)
+        refusals = 0
+        deadline = self._deadline()
         while True:
             conn = await self.connection(None)
             try:
@@ -524,15 +575,26 @@ class SshHost:
                 proc.stdin.write(data)
                 return proc
             except _DROPS as exc:
+                if _refused(conn, exc):
+                    refusals += 1
+                    await self._wait_for_session(exc, refusals, deadline)
+                    continue
                 if not _gone(conn, exc):
                     raise self._channel_error(exc) from exc
                 self._dropped(conn, exc)
+
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
 
     def note_drop(self, exc: BaseException) -> None:
         """A long-lived channel died: if its connection went with it, forget the connection."""
         conn = self._conn
         if conn is not None and _gone(conn, exc):
             self._dropped(conn, exc)
+
+
+class _Closed(Exception):
+    """The follower was closed while it waited."""
 
 
 class _Transient(Exception):
@@ -546,8 +608,15 @@ def _gone(conn: asyncssh.SSHClientConnection, exc: BaseException) -> bool:
     if conn.is_closed():
         return True
     if isinstance(exc, asyncssh.ChannelOpenError):
-        return exc.code == asyncssh.OPEN_CONNECT_FAILED  # asyncssh's "SSH connection closed"
-    return isinstance(exc, (asyncssh.DisconnectError, ConnectionError, asyncio.IncompleteReadError))
+        # asyncssh's own refusal on a connection going down; sshd's refusals (MaxSessions
+        # reached: "open failed") carry the same code, so the reason tells them apart.
+        return exc.reason == "SSH connection closed"
+    return isinstance(exc, (asyncssh.DisconnectError, ConnectionError))
+
+
+def _refused(conn: asyncssh.SSHClientConnection, exc: BaseException) -> bool:
+    """sshd refused one more session on a live connection (MaxSessions, default 10)."""
+    return isinstance(exc, asyncssh.ChannelOpenError) and not _gone(conn, exc)
 
 
 def _start_arg(handle: ProcessHandle) -> str:
@@ -572,9 +641,73 @@ async def _header(proc: asyncssh.SSHClientProcess[bytes]) -> int:
     while True:
         line = await proc.stdout.readline()
         if not line:
-            raise asyncssh.ConnectionLost("the remote script ended before its header")
+            raise EOFError("the remote script ended before its header")
         if line.startswith(prefix):
             return int(line[len(prefix):].strip() or 0)
+
+
+# -- the resident shells ------------------------------------------------------------------------
+
+class _Agent:
+    """A long-lived ``/bin/sh`` on the remote box that runs short scripts one after another.
+
+    Every SSH exec starts the user's login shell, and with it their rc files (``conda
+    init`` or ``pyenv init`` in a ``.bashrc`` cost 0.1-0.5 s of CPU a time): a resident
+    shell pays that once per connection, and each script then costs one ``fork`` of it.
+    Each script runs in a subshell with stdin from /dev/null (it can never read the
+    command stream) and its stderr in a scratch file; a random end marker frames the
+    answer.  Scripts in one lane run one at a time; slow ones get their own channel.
+    The shell exits when its channel closes (EOF on stdin), removing its scratch file.
+    """
+
+    def __init__(self, host: SshHost, lane: str) -> None:
+        self._host = host
+        self.lane = lane
+        self._lock = asyncio.Lock()
+        self._proc: asyncssh.SSHClientProcess[bytes] | None = None
+        self._conn: asyncssh.SSHClientConnection | None = None
+        token = secrets.token_hex(8)
+        self._end = f"@@supervise-end-{token}@@".encode()
+        self._err_end = f"@@supervise-err-{token}@@".encode()
+
+    async def run(self, conn: asyncssh.SSHClientConnection, script: bytes) -> tuple[int | None, bytes, bytes]:
+        async with self._lock:
+            if self._proc is None or self._conn is not conn:
+                await self._start(conn)
+            proc = self._proc
+            assert proc is not None
+            try:
+                proc.stdin.write(b"(\n" + script + b") </dev/null 2>\"$_e\"\n_r=$?\n"
+                                 b"printf '\\n%s %s\\n' '" + self._end + b"' \"$_r\"\n"
+                                 b"cat \"$_e\"\nprintf '%s\\n' '" + self._err_end + b"'\n")
+                out = await proc.stdout.readuntil(b"\n" + self._end + b" ")
+                rc = (await proc.stdout.readline()).strip()
+                err = await proc.stdout.readuntil(self._err_end + b"\n")
+            except asyncio.IncompleteReadError as exc:
+                await self._reset_locked()
+                raise EOFError(f"the resident shell ({self.lane}) ended") from exc
+            except BaseException:
+                await self._reset_locked()  # cancelled or failed half-way: its state is unknown
+                raise
+        status = int(rc) if rc.lstrip(b"-").isdigit() else None
+        return status, out[: -len(self._end) - 2], err[: -len(self._err_end) - 1]
+
+    async def reset(self) -> None:
+        async with self._lock:
+            await self._reset_locked()
+
+    async def _reset_locked(self) -> None:
+        proc, self._proc, self._conn = self._proc, None, None
+        await _close_process(proc)
+
+    async def _start(self, conn: asyncssh.SSHClientConnection) -> None:
+        await self._reset_locked()
+        proc = await conn.create_process(_SHELL, encoding=None)
+        proc.stdin.write(b"exec 2>/dev/null\n"
+                         b"_e=$(mktemp 2>/dev/null) || _e=/tmp/supervise-agent.$$\n"
+                         b"trap 'rm -f \"$_e\"' EXIT\n"
+                         b"trap 'exit 1' HUP PIPE TERM\n")
+        self._proc, self._conn = proc, conn
 
 
 # -- waiting for exits ------------------------------------------------------------------------
@@ -643,7 +776,7 @@ class _ExitWatcher:
             while self._waiters and set(self._waiters) <= watched:
                 if reader is None:
                     reader = asyncio.ensure_future(proc.stdout.readline())
-                changed = asyncio.ensure_future(self._changed.wait())
+                changed: asyncio.Future[Any] = asyncio.ensure_future(self._changed.wait())
                 try:
                     await asyncio.wait({reader, changed}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -671,6 +804,7 @@ class _ExitWatcher:
 # -- following a remote log -------------------------------------------------------------------
 
 _NOTICES = (b"file truncated", b"has been replaced", b"has appeared")
+_DRAIN_ERRORS: tuple[type[BaseException], ...] = (*_DROPS, TimeoutError)
 
 
 class SshFollower:
@@ -704,7 +838,10 @@ class SshFollower:
         self._waiting = False
         self._reset = False  # tail reported truncation or replacement
         self._wakeup = asyncio.Event()
+        self._closed_event = asyncio.Event()
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
+        self._notices: asyncio.Task[None] | None = None
+        self._last_error = ""
         self._iterator: AsyncGenerator[list[Record], None] | None = None
 
     @property
@@ -728,7 +865,9 @@ class SshFollower:
         self._wakeup.set()
 
     async def aclose(self) -> None:
+        """Stop following and close the channel; the iterator ends."""
         self._closed = True
+        self._closed_event.set()
         self._wakeup.set()
         proc, self._proc = self._proc, None
         await _close_process(proc)
@@ -749,109 +888,139 @@ class SshFollower:
     # -- the loop -------------------------------------------------------------------------
 
     async def _iterate(self) -> AsyncGenerator[list[Record], None]:
-        failures = 0
-        try:
-            while not self._closed:
-                if self._finishing:
-                    async for batch in self._drain():
+        drops = 0
+        dead_ends = 0  # the remote tail ended although the connection is fine
+        while not self._closed:
+            if self._finishing:
+                async for batch in self._drain():
+                    yield batch
+                return
+            proc = None
+            try:
+                proc = await self._guard(self._start(_remote.FOLLOW))
+                while not self._closed and not self._finishing:
+                    chunk = await self._read(proc)
+                    if self._reset:
+                        tail = self._restart_at_zero()
+                        if tail:
+                            yield tail
+                        break
+                    if chunk is None:
+                        continue  # woken by finish() or aclose()
+                    if not chunk:
+                        raise EOFError("the remote tail ended")
+                    drops = dead_ends = 0
+                    batch = self._feed(chunk)
+                    if batch:
                         yield batch
+            except _Closed:
+                return
+            except _DROPS as exc:
+                if self._closed:
                     return
-                try:
-                    await self._start(_remote.FOLLOW)
-                    failures = 0
-                    while not self._closed and not self._finishing:
-                        chunk = await self._read()
-                        if self._reset:
-                            tail = self._restart_at_zero()
-                            if tail:
-                                yield tail
-                            break
-                        if chunk is None:
-                            continue  # woken by finish() or aclose()
-                        if not chunk:
-                            raise EOFError("tail ended")
-                        batch = self._feed(chunk)
-                        if batch:
-                            yield batch
-                except _DROPS as exc:
-                    if self._closed:
+                if isinstance(exc, EOFError) and self._host.connected():
+                    dead_ends += 1
+                    if dead_ends >= 5:
+                        raise HostError(f"cannot follow {self.path} on {self._host.target.display}: the remote "
+                                        f"`tail -F` keeps ending ({self._last_error or 'no message'})") from exc
+                self._host.note_drop(exc)
+                drops += 1
+                self.restarts += 1
+                log.info("following again after a dropped channel", host=self._host.name, path=self.path,
+                         offset=self._offset, error=str(exc) or type(exc).__name__)
+                if drops > 1 or dead_ends:
+                    try:
+                        await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(drops + dead_ends, 6))))
+                    except _Closed:
                         return
-                    self._host.note_drop(exc)
-                    failures += 1
-                    self.restarts += 1
-                    log.info("following again after a dropped channel", host=self._host.name, path=self.path,
-                             offset=self._offset, error=str(exc) or type(exc).__name__)
-                    if failures > 1:
-                        await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
-                finally:
-                    await self._stop()
-        finally:
-            await self._stop()
+            finally:
+                await self._stop(proc)
 
     async def _drain(self) -> AsyncGenerator[list[Record], None]:
         failures = 0
         while not self._closed:
+            proc = None
             try:
-                await self._start(_remote.DRAIN)
-                while not self._closed:
-                    assert self._proc is not None
-                    chunk = await self._proc.stdout.read(self.chunk_size)
+                proc = await self._guard(self._start(_remote.DRAIN))
+                while True:
+                    chunk = await self._guard(proc.stdout.read(self.chunk_size))
                     if not chunk:
                         break
                     batch = self._feed(chunk)
                     if batch:
                         yield batch
-                else:
-                    return
-                proc = self._proc
-                assert proc is not None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait_closed(), timeout=10)
+                await self._guard(asyncio.wait_for(proc.wait_closed(), timeout=10))
                 if proc.exit_status is None and proc.exit_signal is None:
                     raise EOFError("the channel closed before the log's end")
                 tail = self._flush()
                 if tail:
                     yield tail
                 return
-            except _DROPS as exc:
+            except _Closed:
+                return
+            except _DRAIN_ERRORS as exc:
                 if self._closed:
                     return
                 self._host.note_drop(exc)
                 failures += 1
                 self.restarts += 1
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
+                try:
+                    await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6))))
+                except _Closed:
+                    return
             finally:
-                await self._stop()
+                await self._stop(proc)
 
-    async def _start(self, body: str) -> None:
+    async def _guard(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` unless the follower is closed first (then ``_Closed``)."""
+        task = asyncio.ensure_future(awaitable)
+        closed = asyncio.ensure_future(self._closed_event.wait())
+        try:
+            await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if task.cancelled():
+            raise _Closed
+        return task.result()
+
+    async def _start(self, body: str) -> asyncssh.SSHClientProcess[bytes]:
         self._pending = bytearray()  # re-read from the end of the last yielded record
         self._reset = False
-        self._proc = await self._host.stream(body, self.path, str(self._offset))
-        start = await _header(self._proc)
+        proc = await self._host.stream(body, self.path, str(self._offset))
+        self._proc = proc
+        try:
+            start = await _header(proc)
+        except BaseException:
+            await _close_process(proc)
+            raise
         if start != self._offset:
             self.truncations += 1
             log.warning("stored offset past the end of the remote log: following from the start",
                         host=self._host.name, path=self.path, offset=self._offset)
             self._offset = start
-        self._notices = asyncio.create_task(self._watch_notices(self._proc))
+        self._notices = asyncio.create_task(self._watch_notices(proc))
+        return proc
 
-    async def _stop(self) -> None:
-        notices = getattr(self, "_notices", None)
+    async def _stop(self, proc: asyncssh.SSHClientProcess[bytes] | None) -> None:
+        notices, self._notices = self._notices, None
         if notices is not None:
             notices.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await notices
-            self._notices = None
-        proc, self._proc = self._proc, None
+        if proc is not None and self._proc is proc:
+            self._proc = None
         await _close_process(proc)
 
-    async def _read(self) -> bytes | None:
+    async def _read(self, proc: asyncssh.SSHClientProcess[bytes]) -> bytes | None:
         """The next chunk; None when woken instead (finish, close, or a reset notice)."""
-        assert self._proc is not None
         self._wakeup.clear()
         if self._finishing or self._closed or self._reset:
             return None
-        reader = asyncio.ensure_future(self._proc.stdout.read(self.chunk_size))
+        reader = asyncio.ensure_future(proc.stdout.read(self.chunk_size))
         woken = asyncio.ensure_future(self._wakeup.wait())
         self._waiting = True
         try:
@@ -873,6 +1042,7 @@ class SshFollower:
                 line = await proc.stderr.readline()
                 if not line:
                     return
+                self._last_error = line.decode(errors="replace").strip()[:300]
                 if any(n in line for n in _NOTICES):
                     if b"has appeared" in line and self._offset == 0 and not self._pending:
                         continue  # the file we waited for: tail reads it from its start already

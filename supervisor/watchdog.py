@@ -115,6 +115,7 @@ class Watchdog:
         self._tracks: dict[str, _Track] = {}
         self._latest_probe: str | None = None
         self._failures: list[dict[str, Any]] = []
+        self._advanced_since_failure = True
         self._failure_count = 0
         self._oom: dict[str, Any] | None = None
         self._final: Judgement | None = None
@@ -170,6 +171,7 @@ class Watchdog:
         self._phase = phase
         self._phase_entered_at = at
         self._phase_has_progress = False
+        self._advanced_since_failure = True
         # Bars of earlier phases are over even if they never printed their last step
         # (tqdm with leave=False, or a bar that stops at 99%); watching them would flag
         # a healthy run forever.
@@ -177,6 +179,7 @@ class Watchdog:
             track.retired = True
 
     def _failure(self, record: dict[str, Any]) -> None:
+        self._advanced_since_failure = False
         self._failure_count += 1
         if len(self._failures) < _MAX_FAILURES_KEPT:
             self._failures.append(record)
@@ -201,6 +204,7 @@ class Watchdog:
         if done == track.done:
             return  # a redraw of the same step (or the 100% bar printed twice) is no advance
         track.advance(done, at)
+        self._advanced_since_failure = True
 
     # ---- judgement while running ---------------------------------------------------
 
@@ -366,11 +370,14 @@ class Watchdog:
             prior = self._last_unhealthy
             return Judgement(prior.verdict, prior.reason, {**prior.evidence, **evidence})
         if returncode == 0 and signal is None:
-            # Some programs log an error, recover and finish: trust the exit status, but
-            # keep what was logged.
             if failure is None:
                 return Judgement(Verdict.DONE, "exited 0", evidence)
-            return Judgement(Verdict.DONE, f"exited 0 after logging: {failure['line']}", evidence)
+            if self._advanced_since_failure:
+                # It logged an error, then made progress again and finished: a recovery.
+                return Judgement(Verdict.DONE, f"exited 0; recovered after logging: {failure['line']}", evidence)
+            # Exit 0 straight after a failure is a shutdown, not success: `vllm serve` exits 0
+            # after "Worker proc VllmWorker-1 died unexpectedly" and EngineDeadError (seen on 2 H200s).
+            return Judgement(Verdict.CRASHED, f"exited 0 right after a failure: {failure['line']}", evidence)
         if oom is not None:
             return Judgement(Verdict.OOM, f"CUDA out of memory ({how}): {oom['line']}", evidence)
         if signal == _SIGKILL and not killed_by_us:

@@ -32,7 +32,8 @@ INSTALL_HINT = "apt-get update && apt-get install -y openssh-server"
 
 
 class SshServer:
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, max_sessions: int = 64) -> None:
+        self.max_sessions = max_sessions
         self.root = Path(root or tempfile.mkdtemp(prefix="sv-sshd-", dir="/tmp"))
         self._own_root = root is None
         self.user = getpass.getuser()
@@ -72,7 +73,7 @@ class SshServer:
             "UsePAM no\n"
             "StrictModes no\n"
             "PrintMotd no\n"
-            "MaxSessions 64\n"
+            f"MaxSessions {self.max_sessions}\n"
             "MaxStartups 100:30:200\n"
             "LogLevel VERBOSE\n"
         )

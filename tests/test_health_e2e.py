@@ -156,3 +156,18 @@ def test_alert_reaches_a_real_http_endpoint(home: Path, daemon_env: dict[str, st
         daemon.stop()
         server.shutdown()
         server.server_close()
+
+
+def test_tp_worker_death_then_exit_zero_is_a_crash(fast_daemon: DaemonProcess, home: Path) -> None:
+    # A real TP=2 log: one worker SIGKILLed after ready; vLLM shut down and exited 0.
+    log = REPO / "tests" / "data" / "tp2" / "vllm-0.23-tp2-worker1-sigkill.log"
+    spec = replay_spec(home, "tp", [str(log), "--exit", "0"],
+                       "[restart]\nmax_attempts = 3\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "tp"), timeout=60)
+    attempts = client.attempts("tp").attempts
+    assert attempts[0].verdict == "crashed", attempts[0].reason
+    assert "VllmWorker-1 died unexpectedly" in (attempts[0].reason or "")
+    assert attempts[0].phase == "engine_ready"
+    assert len(attempts) == 2 and "same failure twice" in (attempts[1].action or "")

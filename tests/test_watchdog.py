@@ -298,12 +298,25 @@ def test_exit_zero_is_done() -> None:
     assert j.evidence["returncode"] == 0 and "failure" not in j.evidence
 
 
-def test_exit_zero_after_a_logged_failure_is_done_with_the_failure_kept() -> None:
+def test_exit_zero_after_a_recovered_failure_is_done_with_the_failure_kept() -> None:
     w, _ = make()
+    w.observe(progress(1, 10, probe="extract.samples"))
     w.observe(failure(line="ValueError: retrying with a smaller batch"))
+    w.observe(progress(2, 10, probe="extract.samples"))  # it made progress again: recovered
     j = w.exited(0, None, killed_by_us=False)
-    assert j.verdict == Verdict.DONE
+    assert j.verdict == Verdict.DONE and "recovered" in j.reason
     assert j.evidence["line"] == "ValueError: retrying with a smaller batch"
+
+
+def test_exit_zero_right_after_a_failure_is_a_crash() -> None:
+    # `vllm serve` with TP=2, one worker SIGKILLed: the engine dies and the server exits 0.
+    w, _ = make()
+    w.observe(phase(Phase.ENGINE_READY))
+    w.observe(failure(kind="other", line="Worker proc VllmWorker-1 died unexpectedly, shutting down executor."))
+    w.observe(failure(line="RuntimeError: Executor failed."))
+    j = w.exited(0, None, killed_by_us=False)
+    assert j.verdict == Verdict.CRASHED
+    assert "VllmWorker-1 died unexpectedly" in j.reason
 
 
 def test_nonzero_exit_after_a_failure_is_a_crash_with_evidence() -> None:

@@ -18,7 +18,8 @@ output hidden state of step ``i-1`` and predicts token ``t+2+i``. Loss of step `
 draft) over the draft vocabulary (the reference's soft cross-entropy minus the target's entropy:
 the same gradients, and 0 for a perfect draft), summed over positions whose predicted token has
 ``loss_mask`` 1 and whose target argmax lies in the draft vocabulary (the reference masks the
-others), divided by the number of loss-masked positions; the total is ``sum_i decay**i * loss_i``
+others), divided by the number of loss-masked positions (the mask is read at the predicted token;
+the reference reads it at ``t+i``); the total is ``sum_i decay**i * loss_i``
 (``--ttt-decay`` 0.8). ``acc_i``: the draft's argmax equals the target's argmax, over the
 loss-masked positions (a target argmax outside the draft vocabulary counts as a miss).
 

@@ -1,14 +1,17 @@
 """A job for the crash benchmark: a few lines of output, then an uncaught exception.
 
-    _crasher.py NAME [--lines 5] [--interval 0.05]
+    _crasher.py NAME [--lines 5] [--interval 0.05] [--exit-stamp FILE]
 
 The last line before the exception starts with the ``time.time()`` taken just before it is
-written and raised; Python then prints the traceback to the same log and exits 1.
+written and raised; Python then prints the traceback to the same log and exits 1.  With
+``--exit-stamp``, an atexit handler (run after the traceback is printed, as the interpreter
+shuts down) writes ``time.time()`` to FILE: the job's own last action before it exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import sys
 import time
 
@@ -22,7 +25,11 @@ def main() -> int:
     parser.add_argument("name")
     parser.add_argument("--lines", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
+    parser.add_argument("--exit-stamp")
     args = parser.parse_args()
+    if args.exit_stamp:
+        path = args.exit_stamp
+        atexit.register(lambda: open(path, "w").write(f"{time.time():.6f}\n"))
     for i in range(args.lines):
         print(f"{time.time():.6f} worker 0: loading shard {i}", flush=True)
         time.sleep(args.interval)

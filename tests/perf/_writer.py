@@ -1,6 +1,6 @@
 """A job for the benchmarks: writes stamped lines to stdout at a steady rate.
 
-    _writer.py --rate LINES_PER_S --lines N [--event-every K] [--go FILE] [--ready DIR] [--linger]
+    _writer.py --rate LINES_PER_S --lines N [--event-every K] [--phase F] [--go FILE] [--ready DIR] [--linger]
 
 Every line starts with the ``time.time()`` taken just before it is written (one write and a
 flush per line).  Every K-th line is a transformers shard bar, which the ``transformers``
@@ -28,6 +28,8 @@ def main() -> int:
     parser.add_argument("--lines", type=int, required=True)
     parser.add_argument("--event-every", type=int, default=1)
     parser.add_argument("--go")
+    parser.add_argument("--phase", type=float, default=0.0,
+                        help="offset of this writer's lines, in line periods (0..1), so many writers do not write in step")
     parser.add_argument("--ready", help="a directory: touch DIR/<pid> once waiting for --go")
     parser.add_argument("--linger", action="store_true")
     args = parser.parse_args()
@@ -47,7 +49,7 @@ def main() -> int:
     while time.time() < start:
         time.sleep(max(0.0, start - time.time()))
     for i in range(args.lines):
-        due = start + i / args.rate
+        due = start + (i + args.phase) / args.rate
         delay = due - time.time()
         if delay > 0:
             time.sleep(delay)

@@ -6,14 +6,19 @@ One real daemon; ``--crashes`` jobs (distinct names, ``max_attempts = 1``), run 
 other.  Each is tests/perf/_crasher.py: a few stamped lines, then an uncaught RuntimeError,
 whose traceback Python writes to the log before exiting 1.  For each crash:
 
-- exit: this benchmark holds a pidfd on the job's Python process (the wrapper's child) and
-  stamps ``time.time()`` when it becomes readable, i.e. when the process has exited; the
-  same for the launch wrapper (its exit, after it has written the exit-status file, is what
-  the daemon waits for);
-- last write: the stamp on the last line the job wrote before raising (the traceback
-  follows it, then interpreter shutdown);
+- job exit, two ways that bracket it: this benchmark holds a pidfd on the job's Python
+  process and stamps ``time.time()`` when it becomes readable (the process has exited by
+  then; this benchmark's own wake-up can be late on a busy machine, which makes the
+  latency look shorter); and the job's own atexit handler, run after Python has printed
+  the traceback, writes ``time.time()`` to a side file (interpreter teardown still
+  follows, which makes the latency look longer);
+- last write: the stamp on the last line the job wrote before raising;
 - the daemon's ``exited`` and ``verdict`` events: their ``ts`` (set when the event object is
-  created, just before the transaction that stores it commits).
+  created, just before the transaction that stores it commits);
+- context: the launch wrapper's exit, seen the same way (it writes the exit-status file
+  after the job ends, then exits: that exit is what the daemon waits for), and how long
+  the daemon waited for a CPU while each crash was handled (run-queue delay from
+  /proc/PID/schedstat, from before the exit until the job was finished).
 
 It checks that each verdict is ``crashed`` and that the attempt carries the traceback.
 Prints a markdown table of p50/p99/max.
@@ -74,6 +79,14 @@ def wait_exits(pids: list[int]) -> list[float | None]:
     return stamps
 
 
+def run_delay(pid: int) -> float:
+    """Seconds the process has spent runnable but waiting for a CPU (Linux schedstat)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--crashes", type=int, default=20, help="how many crashing jobs (default 20)")
@@ -86,19 +99,26 @@ def main() -> int:
 
     print(machine_note())
     rows: list[dict[str, float | None]] = []
+    delays: list[float] = []
     attached = crashed = 0
     with Daemon(keep=args.keep) as daemon:
         client = daemon.client()
         db = daemon.db()
         for i in range(args.crashes):
             name = f"crash-{i:02d}"
-            spec = daemon.spec(name, [PY, str(CRASHER), name, "--lines", str(args.lines)],
+            spec = daemon.spec(name, [PY, str(CRASHER), name, "--lines", str(args.lines),
+                                      "--exit-stamp", str(daemon.home / f"{name}.exit")],
                                extra="[restart]\nmax_attempts = 1\n")
             started = client.start(str(spec), {})
             wrapper = client.attempts(name).attempts[0].pid
             assert wrapper is not None
-            exit_at, wrapper_exit = wait_exits([job_process(wrapper).pid, wrapper])
+            exit_file = daemon.home / f"{name}.exit"
+            job = job_process(wrapper)
+            delay0 = run_delay(daemon.pid)
+            job_exit, wrapper_exit = wait_exits([job.pid, wrapper])
             daemon.wait_finished([name], timeout=30)
+            delay = run_delay(daemon.pid) - delay0
+            exit_at = float(exit_file.read_text()) if exit_file.exists() else None
             attempt = client.attempts(name).attempts[0]
             events = dict(db.execute("SELECT kind, ts FROM events WHERE job=? AND kind IN ('exited', 'verdict')",
                                      (name,)).fetchall())
@@ -106,19 +126,24 @@ def main() -> int:
             last = max((s for s in map(stamp_of, lines) if s is not None), default=None)
             crashed += attempt.verdict == "crashed"
             attached += bool(attempt.failure and attempt.failure.traceback and "RuntimeError" in attempt.failure.traceback)
-            rows.append({"exit": exit_at, "wrapper": wrapper_exit, "last": last, "exited": events.get("exited"), "verdict": events.get("verdict")})
+            delays.append(delay)
+            rows.append({"exit": exit_at, "pidfd": job_exit, "wrapper": wrapper_exit, "last": last, "exited": events.get("exited"), "verdict": events.get("verdict")})
         db.close()
 
     def deltas(a: str, b: str) -> list[float]:
         return [r[b] - r[a] for r in rows if r[a] is not None and r[b] is not None]  # type: ignore[operator]
 
     spans = [
-        ("process exit -> `verdict` event (crashed)", deltas("exit", "verdict")),
-        ("process exit -> wrapper exit (exit status file written)", deltas("exit", "wrapper")),
-        ("wrapper exit -> `exited` event", deltas("wrapper", "exited")),
+        ("job exit seen here (pidfd) -> `verdict` event (crashed)", deltas("pidfd", "verdict")),
+        ("job exit (its atexit stamp) -> `verdict` event (crashed)", deltas("exit", "verdict")),
+        ("job exit seen here (pidfd) -> `exited` event", deltas("pidfd", "exited")),
         ("`exited` event -> `verdict` event", deltas("exited", "verdict")),
         ("last line written -> `verdict` event", deltas("last", "verdict")),
-        ("last line written -> process exit (traceback, interpreter shutdown)", deltas("last", "exit")),
+        ("context: last line written -> atexit stamp (traceback printed)", deltas("last", "exit")),
+        ("context: atexit stamp -> job exit seen here (interpreter teardown)", deltas("exit", "pidfd")),
+        ("context: job exit -> wrapper exit, both seen here", deltas("pidfd", "wrapper")),
+        ("context: wrapper exit seen here -> `exited` event", deltas("wrapper", "exited")),
+        ("context: daemon's run-queue wait while handling the crash", delays),
     ]
     print(f"\n{len(rows)} crashes, one job at a time: verdict `crashed` {crashed}/{len(rows)}, "
           f"traceback attached to the attempt {attached}/{len(rows)}\n")

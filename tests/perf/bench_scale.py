@@ -1,0 +1,253 @@
+"""Daemon cost and detection latency while it follows N busy logs at once.
+
+    .venv/bin/python tests/perf/bench_scale.py [--jobs 1,10,100] [--total-rate 1500] [--seconds 10]
+                                               [--event-every 10] [--busy 8x1000] [--profile DIR] [--quick]
+
+For each configuration, a fresh real daemon runs N jobs, each tests/perf/_writer.py: stamped
+lines (``time.time()`` first, one write and flush per line) at a steady rate, every
+``--event-every``-th line a transformers shard bar (a progress event), the others worker
+lines that no probe matches.  The writers wait until all N are up, start together (each
+offset by a fraction of its line period, so that they do not write in lock-step), write for
+``--seconds`` and then stay alive (so attempt endings stay out of the window).
+
+- ``--jobs`` share ``--total-rate`` lines/s between them (N = 1, 10, 100 by default);
+- ``--busy JOBSxRATE`` adds the configuration of the cost target: 8 jobs x 1000 lines/s.
+
+Per configuration: detection latency (stored event ``ts`` - the line's stamp; ``ts`` is set
+when the event object is created, just before its transaction commits), p50/p99/max; the
+daemon's CPU seconds (psutil ``cpu_times`` user+system of the daemon pid, from the writers'
+start until every expected event is stored; the kernel's share shown apart) per million lines
+and as % of one core over that window, with how often it slept and was woken (voluntary
+context switches) and its read system calls, per thousand lines; its CPU while the N jobs
+are up but quiet (idle); its RSS (peak of samples every 0.25 s, and before the writers start).  Targets: p99 under 50 ms at N = 100; under 2 % of a core at
+8 jobs x 1000 lines/s.
+
+``--profile DIR`` samples the daemon with py-spy (``py-spy record --gil --format raw``, which
+pauses it 200 times a second: use the figures of a run without it) during each window and
+prints where its Python time goes (self and inclusive, by function).  Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import PY, WRITER, Daemon, machine_note, ms, percentile, stamp_of, table, wait_until, write_go  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Config:
+    label: str
+    jobs: int
+    rate: float  # lines/s per job
+    seconds: float
+    every: int
+
+    @property
+    def lines_per_job(self) -> int:
+        lines = max(self.every, int(self.rate * self.seconds))
+        return lines - lines % self.every  # the last line is a bar: "all stored" is then exact
+
+
+@dataclass
+class Outcome:
+    config: Config
+    latencies: list[float]
+    events: int
+    expected: int
+    cpu_s: float
+    sys_s: float  # of cpu_s, in the kernel
+    wakes: int  # voluntary context switches: times the daemon went to sleep and was woken
+    reads: int  # read-type system calls
+    window_s: float
+    idle_pct: float
+    rss_before: int
+    rss_peak: int
+    write_span_s: float  # the writers' start to the last line's stamp
+    profile: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def lines(self) -> int:
+        return self.config.jobs * self.config.lines_per_job
+
+
+def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
+    with Daemon(keep=keep) as daemon:
+        home = daemon.home
+        go, ready = home / "go", home / "ready"
+        ready.mkdir()
+        specs = [daemon.spec(f"w{i:03d}", [PY, str(WRITER), "--rate", f"{config.rate:g}",
+                                           "--lines", str(config.lines_per_job), "--event-every", str(config.every),
+                                           "--phase", f"{i / config.jobs:.4f}", "--go", str(go), "--ready", str(ready), "--linger"],
+                             extra="[restart]\nmax_attempts = 1\n")
+                 for i in range(config.jobs)]
+        daemon.start_jobs(specs)
+        wait_until(lambda: len(list(ready.iterdir())) >= config.jobs, 120, f"{config.jobs} writers to be ready", 0.1)
+        proc = daemon.process()
+        rss_before = proc.memory_info().rss
+        time.sleep(0.5)  # let launch-time work settle
+        cpu0 = sum(proc.cpu_times()[:2])
+        time.sleep(2.0)
+        idle_pct = (sum(proc.cpu_times()[:2]) - cpu0) / 2.0 * 100
+
+        peak = [rss_before]
+        stop = threading.Event()
+
+        def sample_rss() -> None:
+            while not stop.wait(0.25):
+                try:
+                    peak[0] = max(peak[0], proc.memory_info().rss)
+                except Exception:  # noqa: BLE001 - the daemon may be gone at the very end
+                    return
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
+        expected = config.jobs * (config.lines_per_job // config.every)
+        db = daemon.db()
+        spy = None
+        profile = None
+        if profile_dir is not None:
+            profile = profile_dir / f"{re.sub(r'[^A-Za-z0-9=]+', '_', config.label)}.raw.txt"
+            spy = subprocess.Popen([shutil.which("py-spy") or str(Path(PY).parent / "py-spy"), "record", "-p", str(daemon.pid),
+                                    "-f", "raw", "-o", str(profile), "-r", "200", "--gil",
+                                    "-d", str(int(config.seconds + 5))],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # attached
+        start_at = write_go(go, delay_s=0.5)
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu_start = proc.cpu_times()
+        wakes_start = proc.num_ctx_switches().voluntary
+        reads_start = proc.io_counters().read_count
+
+        def stored() -> bool:
+            return db.execute("SELECT COUNT(*) FROM events WHERE kind='progress'").fetchone()[0] >= expected
+
+        wait_until(stored, config.seconds * 4 + 60, f"{expected} events to be stored", interval=0.05)
+        cpu_end = proc.cpu_times()
+        wakes = proc.num_ctx_switches().voluntary - wakes_start
+        reads = proc.io_counters().read_count - reads_start
+        cpu_s = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
+        sys_s = cpu_end.system - cpu_start.system
+        window = time.time() - start_at
+        stop.set()
+        sampler.join()
+        rows = db.execute("SELECT ts, message FROM events WHERE kind='progress'").fetchall()
+        db.close()
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes what it has
+            try:
+                spy.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        stamps = [s for _, m in rows if (s := stamp_of(m)) is not None]
+        latencies = [ts - s for ts, m in rows if (s := stamp_of(m)) is not None]
+    return Outcome(config, latencies, len(rows), expected, cpu_s, sys_s, wakes, reads, window, idle_pct, rss_before, peak[0],
+                   (max(stamps) - start_at) if stamps else 0.0, profile)
+
+
+def summarize_profile(path: Path, top: int = 14) -> str:
+    """Self and inclusive sample counts by function from py-spy's raw (collapsed) output."""
+    self_count: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame(f) for f in stack.split(";")]
+        frames = [f for f in frames if f]
+        if frames:
+            self_count[frames[-1]] += count
+        for name in set(frames):
+            incl[name] += count
+    if not total:
+        return f"(no samples in {path})"
+    rows_self = [[name, f"{100 * c / total:.1f}%"] for name, c in self_count.most_common(top)]
+    rows_incl = [[name, f"{100 * c / total:.1f}%"] for name, c in incl.most_common(top + 6)]
+    return (f"{total} samples of the thread holding the GIL (py-spy --gil, 200 Hz; kernel time is not in them)\n\nself (where the CPU is spent):\n\n" + table(["function", "samples"], rows_self)
+            + "\n\ninclusive (the function or anything it calls):\n\n" + table(["function", "samples"], rows_incl))
+
+
+def _frame(frame: str) -> str:
+    # "name (path/to/file.py:123)" -> "file.py:name"; the thread/process header frames are dropped.
+    name, _, where = frame.partition(" (")
+    if not where:
+        return ""
+    file = where.rstrip(")").rsplit(":", 1)[0]
+    short = file.split("/site-packages/")[-1] if "/site-packages/" in file else file.replace(str(ROOT) + "/", "")
+    if "/lib/python3" in short:
+        short = "stdlib:" + short.rsplit("/", 1)[-1]
+    return f"{short}:{name}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", default="1,10,100", help="numbers of concurrent jobs (default 1,10,100)")
+    parser.add_argument("--total-rate", type=float, default=1500.0, help="lines/s across all jobs (default 1500)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long each writer writes (default 10)")
+    parser.add_argument("--event-every", type=int, default=10, help="every K-th line is a progress bar (default 10)")
+    parser.add_argument("--busy", default="8x1000", help="JOBSxRATE of the cost target, '' for none (default 8x1000)")
+    parser.add_argument("--profile", type=Path, help="directory for py-spy profiles of the daemon (needs py-spy)")
+    parser.add_argument("--quick", action="store_true", help="4 s of writing per configuration")
+    parser.add_argument("--keep", action="store_true", help="keep the daemons' state directories")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds = min(args.seconds, 4.0)
+    configs = [Config(f"N={n}", n, args.total_rate / n, args.seconds, args.event_every)
+               for n in (int(x) for x in args.jobs.split(",") if x)]
+    if args.busy:
+        jobs, rate = args.busy.lower().split("x")
+        configs.append(Config(f"{jobs} x {rate}/s", int(jobs), float(rate), args.seconds, args.event_every))
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+
+    print(machine_note())
+    outcomes = [run(c, args.profile, args.keep) for c in configs]
+    print(f"\nwriters: {args.seconds:g} s each; every {args.event_every}th line a progress bar; "
+          f"latency = stored event ts - the line's stamp\n")
+    rows = []
+    for o in outcomes:
+        c = o.config
+        rows.append([c.label, f"{c.rate:g}", f"{o.lines / o.write_span_s:.0f}" if o.write_span_s else "-",
+                     f"{o.events}/{o.expected}", ms(percentile(o.latencies, 50)), ms(percentile(o.latencies, 99)),
+                     ms(max(o.latencies, default=float("nan"))),
+                     f"{o.cpu_s:.2f}", f"{100 * o.sys_s / o.cpu_s:.0f}%" if o.cpu_s else "-", f"{o.cpu_s / o.lines * 1e6:.1f}",
+                     f"{1000 * o.wakes / o.lines:.0f}", f"{1000 * o.reads / o.lines:.0f}", f"{100 * o.cpu_s / o.window_s:.1f}%",
+                     f"{o.idle_pct:.2f}%", f"{o.rss_before / 2**20:.0f}", f"{o.rss_peak / 2**20:.0f}"])
+    print(table(["jobs", "lines/s per job", "lines/s achieved", "events stored", "p50 ms", "p99 ms", "max ms",
+                 "daemon CPU s", "of it kernel", "CPU s per 1M lines",
+                 "wake-ups per 1k lines", "read calls per 1k lines", "% of a core", "idle % core", "RSS before MiB", "RSS peak MiB"],
+                rows))
+    print()
+    for o in outcomes:
+        if o.config.jobs == 100:
+            p99 = percentile(o.latencies, 99)
+            print(f"target p99 < 50 ms at N = 100: {p99 * 1000:.1f} ms -> {'met' if p99 < 0.05 else 'MISSED'}")
+        if args.busy and o is outcomes[-1]:
+            pct = 100 * o.cpu_s / o.window_s
+            print(f"target < 2% of a core at {o.config.label}: {pct:.1f}% -> {'met' if pct < 2 else 'MISSED'} "
+                  f"({o.cpu_s:.2f} CPU s over {o.window_s:.1f} s)")
+    for o in outcomes:
+        if o.profile is not None and o.profile.exists():
+            print(f"\n### py-spy profile of the daemon, {o.config.label} ({o.profile})\n")
+            print(summarize_profile(o.profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,727 @@
+"""The SSH host against a real OpenSSH server on loopback: launch, exit, liveness, kill,
+follow (records identical to the local follower's), dropped connections, host keys and
+logins, nvidia-smi sampling, doctor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psutil
+import pytest
+from supervisor.errors import HostError, LaunchError
+from supervisor.events import Record
+from supervisor.follow import LogFollower
+from supervisor.host import LaunchRequest, ProcessHandle
+from supervisor.ssh import SshHost, parse_target
+
+if TYPE_CHECKING:
+    from sshd import SshServer
+
+pytest_plugins = ["sshd"]  # the session-scoped sshd_server fixture
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def ssh_env(sshd_server: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Client settings for the test server; HOME points elsewhere so ~/.ssh is never read."""
+    fake_home = tmp_path / "home"
+    fake_home.mkdir()
+    monkeypatch.setenv("HOME", str(fake_home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    env = sshd_server.env()
+    env["SUPERVISE_SSH_LOG_ROOT"] = str(tmp_path / "remote-logs")
+    env["SUPERVISE_SSH_RETRY_S"] = "20"
+    return env
+
+
+@pytest.fixture
+def url(sshd_server: SshServer) -> str:
+    return sshd_server.url
+
+
+@pytest.fixture
+def cleanup_tags() -> Iterator[list[str]]:
+    """Tags of attempts a test started: anything still carrying one is killed afterwards."""
+    tags: list[str] = []
+    yield tags
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("SUPERVISE_ATTEMPT") in tags:
+                proc.kill()
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(make())  # type: ignore[arg-type]
+
+
+def request(tmp_path: Path, code: str, tag: str, *, workdir: Path | None = None, n: int = 1,
+            env: dict[str, str] | None = None, argv: list[str] | None = None) -> LaunchRequest:
+    logs = tmp_path / "remote-logs" / "job"
+    return LaunchRequest(argv=argv or [sys.executable, "-c", code], workdir=str(workdir or tmp_path),
+                         env={"PYTHONUNBUFFERED": "1", **(env or {})},
+                         log_path=str(logs / f"attempt-{n}.log"), status_path=str(logs / f"attempt-{n}.exit"), tag=tag)
+
+
+def wait_for_file(path: Path, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+# -- launch, exit, liveness ------------------------------------------------------------------
+
+def test_launch_is_detached_tagged_and_exit_is_noticed_at_once(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.1.abc")
+    code = ("import os,sys,time; time.sleep(0.3); "
+            "print(os.getpgid(0)==os.getppid(), os.environ['SUPERVISE_ATTEMPT'], sys.stdin.read()==''); sys.exit(7)")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[ProcessHandle, float, Any, tuple[str, str]]:
+        try:
+            paths = await host.log_paths("job", 1)
+            handle = await host.launch(request(tmp_path, code, "s.1.abc"))
+            start = time.monotonic()
+            status = await asyncio.wait_for(host.wait_exit(handle), timeout=10)
+            return handle, time.monotonic() - start, status, paths
+        finally:
+            await host.close()
+
+    handle, waited, status, paths = run(go)
+    assert paths == (str(tmp_path / "remote-logs/job/attempt-1.log"), str(tmp_path / "remote-logs/job/attempt-1.exit"))
+    assert status.returncode == 7 and status.signal is None
+    # The wrapper leads its own session and group; the command runs in that group.
+    assert "True s.1.abc True" in Path(handle.log_path).read_text()
+    assert handle.pgid == handle.pid
+    assert handle.start_time is not None
+    assert waited < 3.0  # 0.3 s of work, then a 0.1 s remote poll: no client-side polling loop
+
+
+def test_signal_death_and_start_time_against_pid_reuse(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.2.abc")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[bool, bool, Any, bool, Any]:
+        try:
+            go_file = tmp_path / "go"
+            code = (f"import os,signal,time\nwhile not os.path.exists({str(go_file)!r}): time.sleep(0.01)\n"
+                    "os.kill(os.getpid(), signal.SIGSEGV)")
+            handle = await host.launch(request(tmp_path, code, "s.2.abc"))
+            alive = await host.is_alive(handle)
+            impostor = ProcessHandle(pid=handle.pid, start_time=(handle.start_time or 0) - 100, pgid=handle.pgid,
+                                     tag=handle.tag, log_path=handle.log_path, status_path=handle.status_path)
+            fooled = await host.is_alive(impostor)
+            before = await host.exit_status(handle)
+            go_file.write_text("")
+            status = await host.wait_exit(handle)
+            return alive, fooled, status, await host.is_alive(handle), before
+        finally:
+            await host.close()
+
+    alive, fooled, status, after, before = run(go)
+    assert alive and not fooled and not after
+    assert before is None
+    assert status.signal == signal.SIGSEGV
+
+
+def test_short_operations_share_one_resident_shell_that_is_replaced_if_it_dies(ssh_env, url: str) -> None:
+    host = SshHost(url, env=ssh_env)
+
+    def shells() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["/bin/sh", "-s"]
+                and "SUPERVISE_ATTEMPT" not in _environ(p)]
+
+    earlier = {p.pid for p in shells()}
+
+    def resident_shells() -> list[psutil.Process]:  # this test's own
+        return [p for p in shells() if p.pid not in earlier]
+
+    async def go() -> tuple[int, float, str, int]:
+        try:
+            await host.remote_home()
+            before = resident_shells()
+            started = time.monotonic()
+            for _ in range(20):
+                assert await host.exit_status(ProcessHandle(0, None, 0, "x", "", "/nonexistent")) is None
+            per_op = (time.monotonic() - started) / 20
+            for proc in before:
+                proc.kill()
+            host._home = None  # ask again: the next operation finds its shell gone
+            home = await host.remote_home()
+            return len(before), per_op, home, host.connects
+        finally:
+            await host.close()
+
+    shells, per_op, home, connects = run(go)
+    assert shells == 1  # one resident shell served every short operation
+    assert per_op < 0.05  # no login shell (and its rc files) per operation
+    assert home and connects == 1  # replaced without reconnecting
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
+def test_log_paths_never_pick_an_existing_log_and_tilde_is_the_remote_home(ssh_env, tmp_path: Path, url: str) -> None:
+    existing = tmp_path / "remote-logs" / "job" / "attempt-3.log"
+    existing.parent.mkdir(parents=True)
+    existing.write_text("old")
+    (existing.parent / "attempt-3.1.log").write_text("older")
+    host = SshHost(url, env=ssh_env)
+    default = SshHost(url, env={k: v for k, v in ssh_env.items() if k != "SUPERVISE_SSH_LOG_ROOT"})
+
+    async def go() -> tuple[tuple[str, str], str]:
+        try:
+            return await host.log_paths("job", 3), await default.log_root()
+        finally:
+            await host.close()
+            await default.close()
+
+    paths, root = run(go)
+    assert paths[0].endswith("job/attempt-3.2.log") and paths[1].endswith("job/attempt-3.2.exit")
+    remote_home = os.path.expanduser(f"~{psutil.Process().username()}")
+    assert root == f"{remote_home}/.local/state/supervise/logs"
+
+
+def test_bad_workdir_is_a_launch_error_with_the_reason(ssh_env, tmp_path: Path, url: str) -> None:
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> object:
+        try:
+            return await host.launch(request(tmp_path, "print(1)", "s.3.abc", workdir=tmp_path / "missing"))
+        finally:
+            await host.close()
+
+    with pytest.raises(LaunchError, match="missing"):
+        run(go)
+
+
+def test_argv_and_env_values_are_never_shell_code(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.4.abc")
+    marker = tmp_path / "pwned"
+    evil = [f"; touch {marker}; #", f"$(touch {marker})", f"`touch {marker}`", "it's \"quoted\"\n2nd line", "*"]
+    code = "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ['EVIL']]))"
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> Any:
+        try:
+            req = request(tmp_path, code, "s.4.abc", env={"EVIL": f"$(touch {marker})'\""},
+                          argv=[sys.executable, "-c", code, *evil])
+            handle = await host.launch(req)
+            return handle, await host.wait_exit(handle)
+        finally:
+            await host.close()
+
+    handle, status = run(go)
+    import json
+
+    assert status.returncode == 0
+    assert json.loads(Path(handle.log_path).read_text()) == [evil, f"$(touch {marker})'\""]
+    assert not marker.exists()
+
+
+def test_repeated_launch_adopts_the_first_instead_of_starting_twice(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    # What a launch retried after a dropped connection does: the log exists, so the attempt
+    # already started; it is found by its tag.
+    cleanup_tags.append("s.5.abc")
+    host = SshHost(url, env=ssh_env)
+    req = request(tmp_path, "import time; print('once', flush=True); time.sleep(30)", "s.5.abc")
+
+    async def go() -> tuple[ProcessHandle, ProcessHandle, set[int]]:
+        try:
+            first = await host.launch(req)
+            second = await host.launch(req)
+            pids = await host.attempt_pids(first)
+            await host.kill_tree(first, 0.5)
+            return first, second, pids
+        finally:
+            await host.close()
+
+    first, second, pids = run(go)
+    assert (second.pid, second.start_time) == (first.pid, first.start_time)
+    assert Path(req.log_path).read_text().count("once") == 1
+    assert len(pids) == 2  # the wrapper and its python: nothing launched twice
+
+
+# -- kill ----------------------------------------------------------------------------------------
+
+ESCAPER = """
+import os, time, signal
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setsid()  # escape the attempt's process group and session
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stubborn: needs SIGKILL
+        open("{pid_file}.tmp", "w").write(str(os.getpid()))
+        os.rename("{pid_file}.tmp", "{pid_file}")
+        time.sleep(60)
+    os._exit(0)  # the middle process exits: the grandchild is re-parented
+print("parent waiting", flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_tree_finds_the_escaped_tagged_grandchild(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.6.abc")
+    pid_file = tmp_path / "escaped.pid"
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[int, ProcessHandle, set[int], Any, set[int], Any]:
+        try:
+            handle = await host.launch(request(tmp_path, ESCAPER.format(pid_file=pid_file), "s.6.abc"))
+            escaped = int(await asyncio.to_thread(wait_for_file, pid_file))
+            pids = await host.attempt_pids(handle)
+            started = time.monotonic()
+            report = await host.kill_tree(handle, 0.5)
+            took = time.monotonic() - started
+            status = await asyncio.wait_for(host.wait_exit(handle), 10)
+            return escaped, handle, pids, report, await host.attempt_pids(handle), (took, status)
+        finally:
+            await host.close()
+
+    escaped, handle, pids, report, after, (took, status) = run(go)
+    assert os.getpgid(escaped) != handle.pgid  # it really escaped
+    assert {handle.pid, escaped} <= pids
+    assert escaped in {pid for pid, _ in report.killed}
+    assert handle.pid in {pid for pid, _ in report.terminated}
+    names = dict(report.terminated + report.killed)
+    assert "python" in names[escaped] and "-c" in names[escaped]
+    assert not report.survivors and not after
+    assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
+    assert took < 5
+    assert status.returncode is None or status.signal == signal.SIGTERM
+
+
+def test_an_unidentified_pid_never_lends_its_tree_or_group(ssh_env, tmp_path: Path, url: str) -> None:
+    # A handle whose start time is unknown may name a reused pid: only tagged processes may
+    # then be touched, never the group or children of whatever now holds that pid.
+    bystander = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & sleep 30"], start_new_session=True)
+    host = SshHost(url, env=ssh_env)
+
+    def handle(pid: int) -> ProcessHandle:
+        return ProcessHandle(pid=pid, start_time=None, pgid=pid, tag="nobody.0.x", log_path="", status_path="/nonexistent")
+
+    async def go() -> tuple[set[int], set[int], Any]:
+        try:
+            return (await host.attempt_pids(handle(1)), await host.attempt_pids(handle(bystander.pid)),
+                    await host.kill_tree(handle(bystander.pid), 0.2))
+        finally:
+            await host.close()
+
+    try:
+        deadline = time.monotonic() + 5
+        while not psutil.Process(bystander.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        children = {p.pid for p in psutil.Process(bystander.pid).children()}
+        of_init, of_bystander, report = run(go)
+        assert of_init == set() and of_bystander == set()
+        assert not report.terminated and not report.killed and not report.survivors
+        assert bystander.poll() is None and {p.pid for p in psutil.Process(bystander.pid).children()} == children
+    finally:
+        os.killpg(bystander.pid, signal.SIGKILL)
+        bystander.wait()
+
+
+# -- the connection dies; the job does not ---------------------------------------------------------
+
+def test_job_survives_dropped_connections_and_every_operation_reconnects(
+        ssh_env, sshd_server: SshServer, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.7.abc")
+    go_file = tmp_path / "go"
+    code = ("import os,sys,time\nfor i in range(1, 61):\n    print(f'step {i}/60', flush=True)\n    time.sleep(0.02)\n"
+            f"    while i == 59 and not os.path.exists({str(go_file)!r}): time.sleep(0.01)\nsys.exit(3)\n")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[Any, list[Record], int, int]:
+        try:
+            handle = await host.launch(request(tmp_path, code, "s.7.abc"))
+            follower = host.follow(handle.log_path, 0)
+            records: list[Record] = []
+
+            async def read() -> None:
+                async for batch in follower.records():
+                    records.extend(batch)
+
+            reader = asyncio.create_task(read())
+            exit_wait = asyncio.create_task(host.wait_exit(handle))
+            drops = 0
+            for _ in range(3):
+                await asyncio.sleep(0.3)
+                drops += await asyncio.to_thread(sshd_server.drop_connections)
+                assert await host.is_alive(handle)
+            go_file.write_text("")
+            status = await asyncio.wait_for(exit_wait, 20)
+            follower.finish()
+            await asyncio.wait_for(reader, 20)
+            await follower.aclose()
+            return status, records, drops, follower.restarts
+        finally:
+            await host.close()
+
+    status, records, drops, restarts = run(go)
+    assert drops >= 3 and restarts >= 1
+    assert status.returncode == 3  # the job ran to its own end
+    assert [r.text for r in records] == [f"step {i}/60" for i in range(1, 61)]
+    assert host.connects >= 4
+
+
+def test_sighup_does_not_reach_the_job(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.8.abc")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[ProcessHandle, Any]:
+        try:
+            handle = await host.launch(request(tmp_path, "import time; time.sleep(0.5); print('survived')", "s.8.abc"))
+            os.killpg(handle.pgid, signal.SIGHUP)
+            return handle, await host.wait_exit(handle)
+        finally:
+            await host.close()
+
+    handle, status = run(go)
+    assert status.returncode == 0
+    assert "survived" in Path(handle.log_path).read_text()
+
+
+# -- following ---------------------------------------------------------------------------------------
+
+CONTENT = (b"plain line\n"
+           b"crlf line\r\n"
+           b"Loading:  10%|#  | 1/10\rLoading:  20%|## | 2/10\rLoading: 100%|###| 10/10\n"
+           b"\xff\xfe bad utf-8 \x00 nul\n"
+           b"caf\xc3\xa9 \xe2\x9c\x93\n"
+           + b"x" * ((1 << 20) + 4321) + b"\n"  # over-long: cut by the splitter
+           b"trailing partial line without newline")
+
+
+async def _records(follower: Any, *, finish_after: float = 0.0) -> list[Record]:
+    out: list[Record] = []
+
+    async def read() -> None:
+        async for batch in follower.records():
+            out.extend(batch)
+
+    task = asyncio.create_task(read())
+    await asyncio.sleep(finish_after)
+    follower.finish()
+    await asyncio.wait_for(task, 30)
+    await follower.aclose()
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 11, 24])
+def test_follow_yields_the_same_records_as_the_local_follower(ssh_env, tmp_path: Path, offset: int, url: str) -> None:
+    path = tmp_path / "log.txt"
+    path.write_bytes(CONTENT)
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[list[Record], list[Record], list[Record], int, int]:
+        try:
+            local = LogFollower(path, offset)
+            remote_streamed = host.follow(str(path), offset)  # tail -F, then finish
+            remote_drained = host.follow(str(path), offset)  # finish at once: one plain read
+            streamed = await _records(remote_streamed, finish_after=0.5)
+            drained = await _records(remote_drained)
+            return await _records(local, finish_after=0.1), streamed, drained, remote_streamed.offset, local.offset
+        finally:
+            await host.close()
+
+    local, streamed, drained, remote_offset, local_offset = run(go)
+    assert local[-1].text == "trailing partial line without newline"
+    assert any(r.cut for r in local) and any(r.redraw for r in local)
+    assert streamed == local
+    assert drained == local
+    assert remote_offset == local_offset == len(CONTENT)
+
+
+def test_follow_a_growing_log_across_dropped_connections(ssh_env, sshd_server: SshServer, tmp_path: Path, url: str) -> None:
+    path = tmp_path / "growing.log"
+    path.write_bytes(b"")
+    host = SshHost(url, env=ssh_env)
+    lines = [f"line {i:03d} " + "y" * (i % 7) + ("\r" if i % 5 == 0 else "\n") for i in range(200)]
+
+    async def write() -> None:
+        with open(path, "ab", buffering=0) as handle:
+            for i, line in enumerate(lines):
+                data = line.encode()
+                if i % 3 == 0:  # a line split across writes
+                    handle.write(data[:4])
+                    await asyncio.sleep(0.002)
+                    data = data[4:]
+                handle.write(data)
+                await asyncio.sleep(0.005)
+            handle.write(b"the end, no newline")
+
+    async def go() -> tuple[list[Record], int, list[int]]:
+        try:
+            follower = host.follow(str(path), 0)
+            out: list[Record] = []
+            offsets: list[int] = []
+
+            async def read() -> None:
+                async for batch in follower.records():
+                    out.extend(batch)
+                    offsets.append(follower.offset)
+
+            reader = asyncio.create_task(read())
+            writer = asyncio.create_task(write())
+            for _ in range(4):
+                await asyncio.sleep(0.25)
+                await asyncio.to_thread(sshd_server.drop_connections)
+            await writer
+            await asyncio.sleep(0.2)
+            follower.finish()
+            await asyncio.wait_for(reader, 30)
+            await follower.aclose()
+            return out, follower.restarts, offsets
+        finally:
+            await host.close()
+
+    remote, restarts, offsets = run(go)
+
+    async def local_records() -> list[Record]:
+        return await _records(LogFollower(path, 0))
+
+    assert restarts >= 2
+    assert remote == run(local_records)  # no gap, no doubled record
+    assert offsets == sorted(offsets)
+
+
+def test_follow_resumes_at_a_stored_offset_and_treats_one_past_the_end_as_a_new_file(ssh_env, tmp_path: Path, url: str) -> None:
+    path = tmp_path / "short.log"
+    path.write_bytes(b"new file\n")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[list[Record], int]:
+        try:
+            follower = host.follow(str(path), 5000)
+            records = await _records(follower, finish_after=0.3)
+            return records, follower.truncations
+        finally:
+            await host.close()
+
+    records, truncations = run(go)
+    assert [(r.text, r.offset) for r in records] == [("new file", 0)]
+    assert truncations == 1
+
+
+def test_follow_a_file_that_never_appears_ends_on_finish(ssh_env, tmp_path: Path, url: str) -> None:
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> list[Record]:
+        try:
+            return await _records(host.follow(str(tmp_path / "nope" / "never.log"), 0), finish_after=0.3)
+        finally:
+            await host.close()
+
+    assert run(go) == []
+
+
+def test_closing_a_follower_stops_its_remote_tail(ssh_env, tmp_path: Path, url: str) -> None:
+    path = tmp_path / "closed.log"
+    path.write_text("a\n")
+    host = SshHost(url, env=ssh_env)
+
+    def tails() -> list[int]:
+        found = []
+        for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if proc.info["name"] == "tail" and str(path) in cmd:
+                found.append(proc.pid)
+        return found
+
+    async def go() -> tuple[list[int], list[int]]:
+        try:
+            follower = host.follow(str(path), 0)
+            it = follower.records().__aiter__()
+            await asyncio.wait_for(it.__anext__(), 10)
+            running = tails()
+            await follower.aclose()
+            deadline = time.monotonic() + 5
+            while tails() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return running, tails()
+        finally:
+            await host.close()
+
+    running, left = run(go)
+    assert running and not left
+
+
+def test_a_full_session_budget_waits_for_a_free_session_then_names_max_sessions(ssh_env, tmp_path: Path) -> None:
+    from sshd import SshServer  # the plugin module, imported (and assertion-rewritten) by now
+
+    path = tmp_path / "a.log"
+    path.write_text("a\n")
+    with SshServer(tmp_path / "sshd2", max_sessions=2) as server:
+        host = SshHost(server.url, env={**ssh_env, **server.env(), "SUPERVISE_SSH_RETRY_S": "1"})
+
+        async def go() -> str:
+            try:
+                first, second = host.follow(str(path), 0), host.follow(str(path), 0)
+                for follower in (first, second):  # two long-lived sessions: the budget is spent
+                    await asyncio.wait_for(follower.records().__aiter__().__anext__(), 10)
+                with pytest.raises(HostError, match="MaxSessions"):
+                    await host.remote_home()
+                waiting = asyncio.create_task(host.remote_home())
+                await asyncio.sleep(0.3)
+                await first.aclose()  # frees one: the waiting operation takes it
+                home = await asyncio.wait_for(waiting, 10)
+                await second.aclose()
+                return home
+            finally:
+                await host.close()
+
+        assert run(go) == os.path.expanduser(f"~{psutil.Process().username()}")
+
+
+# -- host keys and logins ---------------------------------------------------------------------------
+
+def _refused(env: dict[str, str], url: str, tmp_path: Path) -> str:
+    host = SshHost(url, env=env)
+    marker = tmp_path / "ran"
+
+    async def go() -> None:
+        try:
+            await host.launch(request(tmp_path, f"open({str(marker)!r}, 'w')", "s.9.abc"))
+        finally:
+            await host.close()
+
+    with pytest.raises(HostError) as info:
+        run(go)
+    assert not marker.exists() and not (tmp_path / "remote-logs").exists()  # nothing ran there
+    return str(info.value)
+
+
+def test_unknown_host_key_is_refused_with_the_command_to_add_it(ssh_env, sshd_server: SshServer, tmp_path: Path, url: str) -> None:
+    empty = tmp_path / "known_hosts"
+    env = {**ssh_env, "SUPERVISE_SSH_KNOWN_HOSTS": str(empty)}
+    port = sshd_server.port
+    message = _refused(env, url, tmp_path)
+    assert message == (f"host key of 127.0.0.1:{port} is not in known_hosts: verify it and add it with "
+                       f"`ssh-keyscan -p {port} 127.0.0.1 >> {empty}`")
+    assert "\n" not in message
+    # With no known_hosts setting at all: the user's ~/.ssh/known_hosts (here a fake HOME's).
+    env.pop("SUPERVISE_SSH_KNOWN_HOSTS")
+    env.pop("SUPERVISE_SSH_CONFIG")
+    assert _refused(env, url, tmp_path).endswith(f"`ssh-keyscan -p {port} 127.0.0.1 >> ~/.ssh/known_hosts`")
+
+
+def test_accept_new_records_an_unknown_key_but_never_a_changed_one(ssh_env, sshd_server: SshServer, tmp_path: Path, url: str) -> None:
+    known = tmp_path / "kh" / "known_hosts"
+    env = {**ssh_env, "SUPERVISE_SSH_KNOWN_HOSTS": str(known)}
+
+    async def connect(url: str, env: dict[str, str]) -> str:
+        host = SshHost(url, env=env)
+        try:
+            return await host.remote_home()
+        finally:
+            await host.close()
+
+    assert run(lambda: connect(url + "?accept_new_host_key=1", env))
+    assert known.read_text().split()[1:] == sshd_server.host_key.with_suffix(".pub").read_text().split()[:2]
+    assert run(lambda: connect(url, env))  # now known: no opt-in needed
+
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known.write_text(f"[127.0.0.1]:{sshd_server.port} " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    changed = {**env, "SUPERVISE_SSH_ACCEPT_NEW_HOST_KEYS": "1"}
+    message = _refused(changed, url, tmp_path)
+    assert message.startswith(f"host key of 127.0.0.1:{sshd_server.port} has CHANGED")
+
+
+def test_wrong_user_or_key_is_a_clear_error(ssh_env, sshd_server: SshServer, tmp_path: Path, url: str) -> None:
+    message = _refused(ssh_env, f"ssh://nosuchuser@127.0.0.1:{sshd_server.port}", tmp_path)
+    assert message.startswith(f"SSH login as nosuchuser to 127.0.0.1:{sshd_server.port} was refused (wrong user or key")
+    stranger = tmp_path / "stranger_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    message = _refused({**ssh_env, "SUPERVISE_SSH_KEY": str(stranger), "SUPERVISE_SSH_CONFIG": os.devnull},
+                       url, tmp_path)
+    assert "was refused (wrong user or key" in message and str(stranger) in message
+
+
+def test_bad_host_urls_are_rejected() -> None:
+    for bad in ["ssh://", "http://box", "ssh://box/path", "ssh://box:notaport", "ssh://box?nope=1"]:
+        with pytest.raises(HostError):
+            parse_target(bad)
+    target = parse_target("ssh://me@[::1]:2222?accept_new_host_key=1&log_root=/data/logs")
+    assert (target.host, target.port, target.user, target.accept_new, target.log_root) == ("::1", 2222, "me", True, "/data/logs")
+    assert target.where == "[::1]:2222"
+
+
+# -- GPUs ------------------------------------------------------------------------------------------
+
+FAKE_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=*) printf '0, GPU-aaa, NVIDIA H200, 29640, 143771, 87\\n1, GPU-bbb, NVIDIA H200, 4, 143771, [N/A]\\n';;
+  --query-compute-apps=*) printf '4242, GPU-aaa, 29632\\n4343, GPU-bbb, [N/A]\\n';;
+  -L) printf 'GPU 0: NVIDIA H200 (UUID: GPU-aaa)\\nGPU 1: NVIDIA H200 (UUID: GPU-bbb)\\n';;
+esac
+"""
+
+
+def test_sample_gpus_parses_nvidia_smi_and_says_when_it_is_missing(ssh_env, tmp_path: Path, url: str) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    with_smi = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_NVIDIA_SMI": str(smi)})
+    without = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_NVIDIA_SMI": "/nonexistent/nvidia-smi"})
+
+    async def go() -> tuple[Any, Any]:
+        try:
+            return await with_smi.sample_gpus(), await without.sample_gpus()
+        finally:
+            await with_smi.close()
+            await without.close()
+
+    sample, missing = run(go)
+    assert sample.available
+    assert [(d.index, d.uuid, d.used_mib, d.total_mib, d.util_pct) for d in sample.devices] == [
+        (0, "GPU-aaa", 29640, 143771, 87), (1, "GPU-bbb", 4, 143771, None)]
+    assert [(p.pid, p.gpu_index, p.used_mib) for p in sample.processes] == [(4242, 0, 29632), (4343, 1, None)]
+    assert not missing.available
+    assert missing.reason == f"nvidia-smi not found on {with_smi.target.display}"
+
+
+def test_sample_gpus_never_raises_when_the_host_is_unreachable(ssh_env) -> None:
+    host = SshHost("ssh://root@127.0.0.1:1", env={**ssh_env, "SUPERVISE_SSH_RETRY_S": "0.5"})
+
+    async def go() -> Any:
+        try:
+            return await host.sample_gpus()
+        finally:
+            await host.close()
+
+    sample = run(go)
+    assert not sample.available and "cannot sample GPUs on root@127.0.0.1:1" in sample.reason
+
+
+# -- doctor ------------------------------------------------------------------------------------------
+
+def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Path, monkeypatch, capsys, url: str) -> None:
+    from supervisor.doctor import doctor_command
+
+    for key, value in ssh_env.items():
+        monkeypatch.setenv(key, value)
+    assert doctor_command(url) == 0
+    out = capsys.readouterr().out
+    for name in ("ssh", "host key", "login", "/bin/sh", "setsid", "/proc", "tail", "grep -z", "awk", "python3", "log root"):
+        assert any(line.startswith("ok") and line[9:].startswith(name) for line in out.splitlines()), (name, out)
+    assert "MISSING  nvidia-smi" in out and "SUPERVISE_SSH_NVIDIA_SMI" in out
+
+    monkeypatch.setenv("SUPERVISE_SSH_KNOWN_HOSTS", str(tmp_path / "empty_known_hosts"))
+    assert doctor_command(url) == 1
+    out = capsys.readouterr().out
+    assert f"MISSING  host key    host key of 127.0.0.1:{sshd_server.port} is not in known_hosts" in out
