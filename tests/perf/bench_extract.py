@@ -1,0 +1,125 @@
+"""Tokens/s of the extract job's hf backend beside a plain transformers forward over the same data.
+
+    PYTHONPATH=jobs python tests/perf/bench_extract.py [--device cpu|cuda] [--hidden 256] [--layers 8]
+                                                      [--samples 64] [--batch-size 4]
+
+Runs under the jobs' interpreter (torch, transformers), never imports the supervisor.
+1. Builds a random-init Llama of the given size with `eagle3.tiny_model` (cached under /tmp).
+2. Runs the real job (`python -m eagle3.extract`) as a subprocess and times its extraction phase from
+   the arrival of its own lines: `extract phase: extracting` -> `extract done` (reading the batches,
+   running the model, writing every `hs_{i}.safetensors` atomically).
+3. Runs plain transformers over the same token ids (read back from the job's output), in the same
+   batches with the same padding: `model(ids, output_hidden_states=True)` (what people write) and the
+   base model alone (no lm_head), after one warm-up batch.
+Prints a markdown table: tokens/s of each and the job's overhead against the plain forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = REPO / "jobs"
+DONE_RE = re.compile(r"extract done: (\d+) samples, (\d+) tokens")
+
+
+def build_model(hidden: int, layers: int) -> Path:
+    out = Path(tempfile.gettempdir()) / f"bench-llama-h{hidden}-l{layers}"
+    env = {**os.environ, "PYTHONPATH": str(JOBS)}
+    subprocess.run([sys.executable, "-m", "eagle3.tiny_model", str(out), "--hidden", str(hidden),
+                    "--layers", str(layers)], check=True, env=env, capture_output=True)
+    return out
+
+
+def run_job(model: Path, out: Path, device: str, samples: int, batch_size: int) -> tuple[float, int]:
+    """Seconds of the job's extraction phase and the tokens it extracted."""
+    env = {**os.environ, "PYTHONPATH": str(JOBS), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "eagle3.extract", "--model", str(model), "--out", str(out), "--device", device,
+           "--batch-size", str(batch_size), "--max-samples", str(samples)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    started = tokens = None
+    ended = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        now = time.perf_counter()
+        if line.startswith("extract phase: extracting"):
+            started = now
+        if m := DONE_RE.search(line):
+            ended, tokens = now, int(m.group(2))
+    if proc.wait() != 0 or started is None or ended is None or tokens is None:
+        raise SystemExit(f"the job failed (exit {proc.returncode})")
+    return ended - started, tokens
+
+
+def plain_forward(model_dir: Path, out: Path, device: str, samples: int, batch_size: int) -> dict[str, float]:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    token_lists = [load_file(str(out / f"hs_{i}.safetensors"))["token_ids"].tolist() for i in range(samples)]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto").to(device).eval()
+    batches = [token_lists[i:i + batch_size] for i in range(0, len(token_lists), batch_size)]
+    tokens = sum(len(t) for t in token_lists)
+
+    def padded(batch: list[list[int]]) -> torch.Tensor:
+        ids = torch.zeros((len(batch), max(len(t) for t in batch)), dtype=torch.int64)
+        for b, t in enumerate(batch):
+            ids[b, : len(t)] = torch.tensor(t)
+        return ids.to(device)
+
+    def timed(forward: object) -> float:
+        with torch.no_grad():
+            forward(padded(batches[0]))  # type: ignore[operator]  # warm-up
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for batch in batches:
+                out_ = forward(padded(batch))  # type: ignore[operator]
+                # Like the job, bring the hidden states to the CPU as bf16.
+                torch.stack([h.to(torch.bfloat16) for h in out_.hidden_states]).cpu()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+    full = timed(lambda ids: model(ids, output_hidden_states=True))
+    base = timed(lambda ids: model.model(ids, output_hidden_states=True))
+    return {"full": tokens / full, "base": tokens / base, "tokens": tokens}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=4)
+    args = ap.parse_args()
+    model = build_model(args.hidden, args.layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        job_s, job_tokens = run_job(model, out, args.device, args.samples, args.batch_size)
+        plain = plain_forward(model, out, args.device, args.samples, args.batch_size)
+    job_tps = job_tokens / job_s
+    print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"device {args.device}; model hidden {args.hidden}, {args.layers} layers; {args.samples} samples, "
+          f"{job_tokens} tokens, batch {args.batch_size}\n")
+    print("| run | tokens/s | job overhead vs this |")
+    print("|---|---:|---:|")
+    print(f"| extract job (hf backend: forward + bf16 copy + atomic safetensors writes) | {job_tps:,.0f} | - |")
+    for key, label in (("full", "plain `model(ids, output_hidden_states=True)`"),
+                       ("base", "plain base model only (no lm_head)")):
+        overhead = plain[key] / job_tps - 1
+        print(f"| {label} | {plain[key]:,.0f} | {overhead:+.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
