@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import itertools
+import time
 import os
 import struct
 import weakref
@@ -138,6 +139,10 @@ class Watch:
     token: int
 
 
+_STORM_GAP_S = 0.002  # inotify readings closer together than this are a storm of writes
+_STORM_PAUSE_S = 0.005  # how long a storm pauses reading: the latency it may add
+
+
 class WatchHub:
     """One inotify instance per event loop, its fd registered with ``loop.add_reader``.
 
@@ -151,6 +156,7 @@ class WatchHub:
         self._inotify = Inotify()
         self._subs: dict[int, dict[int, Callback]] = {}
         self._tokens = itertools.count()
+        self._last_read = 0.0
         try:
             loop.add_reader(self._inotify.fd, self._on_readable)
         except NotImplementedError as exc:  # an event loop without readiness callbacks
@@ -179,8 +185,20 @@ class WatchHub:
             self._close()
 
     def _on_readable(self) -> None:
+        now = time.monotonic()
         for event in self._inotify.read_events():
             self._dispatch(event)
+        if now - self._last_read < _STORM_GAP_S and self._inotify.fd >= 0:
+            # A storm of writes (busy logs): stop reading for a moment.  Events queue up
+            # meanwhile (the kernel merges repeats of one watch), and one wake-up of the loop
+            # and of each follower then stands for many writes.  Quiet logs never pause.
+            self._loop.remove_reader(self._inotify.fd)
+            self._loop.call_later(_STORM_PAUSE_S, self._resume)
+        self._last_read = now
+
+    def _resume(self) -> None:
+        if self._inotify.fd >= 0 and _hubs.get(self._loop) is self:
+            self._loop.add_reader(self._inotify.fd, self._on_readable)
 
     def _dispatch(self, event: InotifyEvent) -> None:
         if event.mask & IN_Q_OVERFLOW:

@@ -66,6 +66,7 @@ _alive() {  # PID START ('-': any start time): a live process, zombies count as 
   [ "$2" = - ] || [ "$S_START" = "$2" ]
 }
 _tagged() {  # TAG: pids whose environment holds SUPERVISE_ATTEMPT=TAG, space-separated
+  [ -n "$1" ] || return 0
   grep -lsxzF -e "SUPERVISE_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | sed -e 's,^/proc/,,' -e 's,/environ$,,' | tr '\n' ' '
 }
 _wrapper_alive() {  # WRAPPER_PID WRAPPER_START: the attempt's wrapper, positively identified

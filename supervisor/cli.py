@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     p = add("status", cmd_status, "show jobs: state, phase, progress, health")
     p.add_argument("job", nargs="?")
     p.add_argument("--json", action="store_true")
+    p.add_argument("-w", "--watch", action="store_true",
+                   help="a live view, redrawn twice a second (plain lines every few seconds when not a terminal)")
+    p.add_argument("--every", type=float, default=5.0, metavar="S",
+                   help="with --watch and no terminal: seconds between plain status lines")
 
     p = add("logs", cmd_logs, "print an attempt's log (tqdm redraws shown as one updating line)")
     p.add_argument("job")
@@ -89,6 +93,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("logfile")
     p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
     p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")
+    p.add_argument("--json", action="store_true")
+
+    p = add("report", cmd_report, "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")
+    p.add_argument("job")
+    p.add_argument("--out", default=None, metavar="FILE.png|FILE.html",
+                   help="where to write it (default: JOB-report.png); .html embeds the picture and a table of attempts")
+
+    p = add("config", cmd_config, "the daemon's settings: config file + SUPERVISE_* environment")
+    p.add_argument("action", choices=["show"], help="show: the effective settings and where each came from")
     p.add_argument("--json", action="store_true")
 
     p = add("doctor", cmd_doctor, "check that a host can run supervised jobs (SSH, shell tools, nvidia-smi, disk)")
@@ -126,6 +139,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from .watch import watch_command
+
+        client = _client()
+        return watch_command(lambda: client.status(args.job), plain_every_s=args.every)
     status = _client().status(args.job)
     if args.json:
         print(status.model_dump_json(indent=2))
@@ -147,10 +165,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     for chunk in client.follow_log(args.job, attempt=args.attempt, follow=args.follow):
         if chunk.end:
             break
+        if chunk.partial and not tty:
+            continue  # an unterminated redraw: printed once it is complete
         if chunk.redraw:
-            # A tqdm redraw replaces the previous state: on a terminal, overwrite the line.
+            # A tqdm redraw replaces the previous state: on a terminal, overwrite the line,
+            # cut to the terminal's width (a wrapped line cannot be overwritten by \r).
             if tty:
-                sys.stdout.write("\r\x1b[2K" + chunk.text)
+                sys.stdout.write("\r\x1b[2K" + _fit_line(chunk.text))
                 sys.stdout.flush()
                 redraw_pending = True
                 continue
@@ -161,6 +182,40 @@ def cmd_logs(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     if redraw_pending:
         sys.stdout.write("\n")
+    return 0
+
+
+def _fit_line(text: str) -> str:
+    import shutil
+
+    from rich.cells import cell_len, set_cell_size
+
+    width = max(10, shutil.get_terminal_size().columns - 1)
+    return text if cell_len(text) <= width else set_cell_size(text, width)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import report_command
+
+    return report_command(_client(), args.job, args.out)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from .config import describe_settings, load_settings
+
+    client = Client(default_paths())
+    running = client.accepting()
+    response = client.config() if running else describe_settings(load_settings(default_paths()))
+    client.close()
+    if args.json:
+        print(response.model_dump_json(indent=2))
+        return 0
+    origin = "the running daemon's" if running else "no daemon running; as a daemon started from this shell would read them"
+    print(f"config file: {response.config_file} ({'present' if response.config_file_exists else 'absent'}); settings: {origin}")
+    width = max(len(s.name) for s in response.settings)
+    for setting in response.settings:
+        value = " ".join(setting.value) if isinstance(setting.value, list) else setting.value
+        print(f"  {setting.name:<{width}} = {value if value not in (None, '') else '(unset)'!s:<24} from {setting.source}")
     return 0
 
 

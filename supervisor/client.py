@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from . import protocol
-from .config import Paths
+from .config import Paths, load_settings
 from .errors import DaemonError, DaemonNotRunning, NotFound, RequestRejected, SpecError
 
 M = TypeVar("M", bound=BaseModel)
@@ -77,12 +77,20 @@ class Client:
     def attempts(self, job: str) -> protocol.AttemptsResponse:
         return self._call("GET", f"/v1/jobs/{job}/attempts", protocol.AttemptsResponse)
 
-    def events(self, job: str, attempt: int | None = None, kinds: list[str] | None = None) -> protocol.EventsResponse:
+    def events(self, job: str, attempt: int | None = None, kinds: list[str] | None = None,
+               after: int | None = None) -> protocol.EventsResponse:
+        """Stored events in id order, at most 10,000 a call: pass the last id as `after` for more."""
         return self._call("GET", f"/v1/jobs/{job}/events", protocol.EventsResponse,
-                          params=_params(attempt=attempt, kinds=",".join(kinds or []) or None))
+                          params=_params(attempt=attempt, kinds=",".join(kinds or []) or None, after=after))
 
     def gpus(self) -> protocol.GpusResponse:
         return self._call("GET", "/v1/gpus", protocol.GpusResponse)
+
+    def job_gpu(self, job: str) -> protocol.JobGpuResponse:
+        return self._call("GET", f"/v1/jobs/{job}/gpu", protocol.JobGpuResponse)
+
+    def config(self) -> protocol.ConfigResponse:
+        return self._call("GET", "/v1/config", protocol.ConfigResponse)
 
     def follow_events(self, job: str, *, attempt: int | None = None, min_attempt: int | None = None, after: int = 0,
                       until_done: bool = False, kinds: list[str] | None = None) -> Iterator[protocol.EventInfo]:
@@ -144,6 +152,7 @@ def _raise_for_error(response: httpx.Response) -> None:
 
 def spawn_daemon(paths: Paths) -> None:
     """Start the daemon detached: its own session, output to its log file."""
+    load_settings(paths)  # a malformed config is reported here, in one line, not in the daemon's log
     paths.state_dir.mkdir(parents=True, exist_ok=True)
     with open(paths.daemon_log, "ab") as log_file:
         # Through a shell that exits at once, so the daemon is nobody's child here: it outlives this CLI.

@@ -1,15 +1,26 @@
-"""Where the supervisor keeps its state, and the few settings the daemon reads at start-up.
+"""Where the supervisor keeps its state, and the settings the daemon reads at start-up.
 
 State directory: `$SUPERVISE_HOME`, else `$XDG_STATE_HOME/supervise`, else
 `~/.local/state/supervise`.  It holds the store (`supervise.db`), the control socket
-(`daemon.sock`), the daemon's own log (`daemon.log`) and local attempt logs (`logs/`).
+(`daemon.sock`), the daemon's own log (`daemon.log`), local attempt logs (`logs/`) and
+the optional config file (`config.toml`; `$SUPERVISE_CONFIG` names another one).
+
+Settings (`DaemonSettings`) come from, in order of precedence: `SUPERVISE_<NAME>`
+environment variables, the config file (`name = value`, one key per field), the defaults.
+`supervise config show` prints the effective values and where each came from.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -54,24 +65,160 @@ def default_paths() -> Paths:
     return Paths(state)
 
 
-@dataclass(frozen=True)
-class DaemonSettings:
-    gpu_interval_s: float = 2.0  # NVML sampling period
-    gpu_store_every_s: float = 10.0  # how often a GPU sample is written to the store
-    poll_interval_s: float = 0.5  # fallback when pidfd/inotify are unavailable
-    alert_urls: tuple[str, ...] = ()
-    alert_min_interval_s: float = 60.0
+# -- daemon settings: one typed model, read from a TOML file and the environment ------------
+
+_ENV_PREFIX = "SUPERVISE_"
+CONFIG_ENV = "SUPERVISE_CONFIG"
+
+
+class DaemonSettings(BaseModel):
+    """Settings the daemon reads at start-up.  Each field can be set in the config file
+    (`$SUPERVISE_CONFIG`, else `$SUPERVISE_HOME/config.toml`) under its own name, or in the
+    environment as `SUPERVISE_<NAME>` (upper case); the environment wins over the file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_interval_s: float = Field(2.0, gt=0, description="seconds between two GPU samples of a host (NVML locally, nvidia-smi over SSH)")
+    gpu_store_every_s: float = Field(10.0, ge=0, description="how often a GPU sample is also written to the store (history for `supervise report`)")
+    poll_interval_s: float = Field(0.5, gt=0, description="log polling period where inotify is unavailable")
+    alert_urls: tuple[str, ...] = Field((), description="apprise URLs that alerts go to (in the environment: separated by spaces)")
+    alert_min_interval_s: float = Field(60.0, ge=0, description="at most one alert per job and kind within this many seconds")
+    metrics_addr: str | None = Field(None, description="host:port for Prometheus metrics over TCP, loopback only (e.g. 127.0.0.1:9464); "
+                                                    "off when unset; /metrics on the control socket is always on")
+    loop_lag_interval_s: float = Field(0.5, gt=0, description="how often the daemon measures its event loop's lag (the sleep's overshoot)")
+
+    @field_validator("alert_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        return tuple(value.split()) if isinstance(value, str) else value
+
+    @field_validator("metrics_addr", mode="before")
+    @classmethod
+    def _loopback_only(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str):
+            raise ValueError("expected a string 'host:port'")
+        host, port = parse_loopback_addr(value)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def metrics_bind(self) -> tuple[str, int] | None:
+        """(host, port) to bind the TCP metrics endpoint to, or None when it is off."""
+        return parse_loopback_addr(self.metrics_addr) if self.metrics_addr else None
 
     @classmethod
-    def from_env(cls) -> DaemonSettings:
-        urls = tuple(u for u in os.environ.get("SUPERVISE_ALERT_URLS", "").split() if u)
+    def env_var(cls, field: str) -> str:
+        return _ENV_PREFIX + field.upper()
+
+    @classmethod
+    def from_env(cls, paths: Paths | None = None) -> DaemonSettings:
+        """The effective settings: defaults, then the config file, then the environment."""
+        return load_settings(paths).settings
+
+
+def parse_loopback_addr(addr: str) -> tuple[str, int]:
+    """`host:port` (`[::1]:port` for IPv6) with a loopback host; anything else is refused:
+    the endpoint has no authentication, so it is never exposed beyond this machine."""
+    text = addr.strip()
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+    else:
+        host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"'{addr}' is not host:port (e.g. 127.0.0.1:9464)")
+    if host != "localhost":
         try:
-            return cls(
-                gpu_interval_s=float(os.environ.get("SUPERVISE_GPU_INTERVAL_S", cls.gpu_interval_s)),
-                gpu_store_every_s=float(os.environ.get("SUPERVISE_GPU_STORE_EVERY_S", cls.gpu_store_every_s)),
-                poll_interval_s=float(os.environ.get("SUPERVISE_POLL_INTERVAL_S", cls.poll_interval_s)),
-                alert_urls=urls,
-                alert_min_interval_s=float(os.environ.get("SUPERVISE_ALERT_MIN_INTERVAL_S", cls.alert_min_interval_s)),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"bad SUPERVISE_* setting: {exc}") from exc
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(f"'{addr}' is not a loopback address: the metrics endpoint binds only to 127.0.0.0/8, "
+                             "::1 or localhost (put an authenticating proxy in front to expose it)")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    """The effective settings and where each value came from."""
+
+    settings: DaemonSettings
+    sources: dict[str, str]  # field -> "default" | "<config file>" | "env SUPERVISE_X"
+    config_file: Path
+    config_file_exists: bool
+
+
+def config_file_path(paths: Paths | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """`$SUPERVISE_CONFIG`, else `config.toml` in the state directory."""
+    explicit = (os.environ if environ is None else environ).get(CONFIG_ENV)
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    return (paths or default_paths()).state_dir / "config.toml"
+
+
+def load_settings(paths: Paths | None = None, environ: Mapping[str, str] | None = None) -> LoadedSettings:
+    """Defaults, overridden by the config file, overridden by `SUPERVISE_*` variables.
+
+    A malformed file or value raises `ConfigError` with one line naming the file (or the
+    variable) and the key."""
+    env = os.environ if environ is None else environ
+    explicit = env.get(CONFIG_ENV)
+    path = config_file_path(paths, env)
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    exists = path.is_file()
+    if explicit and not exists:
+        raise ConfigError(f"config {path}: no such file (named by {CONFIG_ENV})")
+    if exists:
+        for key, value in _read_toml(path).items():
+            if key not in DaemonSettings.model_fields:
+                known = ", ".join(DaemonSettings.model_fields)
+                raise ConfigError(f"config {path}: key '{key}': unknown setting (known: {known})")
+            values[key] = value
+            origin[key] = str(path)
+    for key in DaemonSettings.model_fields:
+        var = DaemonSettings.env_var(key)
+        if var in env:
+            values[key] = env[var]
+            origin[key] = f"env {var}"
+    try:
+        settings = DaemonSettings.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else "?"
+        where = origin.get(key, "default")
+        place = f"config {where}: key '{key}'" if not where.startswith("env ") else f"environment {where[4:]}"
+        shown = "" if key == "alert_urls" else f" (got {values.get(key)!r})"  # URLs carry secrets
+        raise ConfigError(f"{place}: {_message(error)}{shown}") from exc
+    sources = {key: origin.get(key, "default") for key in DaemonSettings.model_fields}
+    return LoadedSettings(settings, sources, path, exists)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot read it: {exc.strerror}") from exc
+
+
+def _message(error: Any) -> str:
+    message = str(error.get("msg", "invalid value"))
+    return message.removeprefix("Value error, ")
+
+
+def describe_settings(loaded: LoadedSettings) -> Any:
+    """The effective settings as the API shows them (alert URLs redacted: they carry secrets)."""
+    from .alerts import redact_url
+    from .protocol import ConfigResponse, SettingInfo
+
+    rows = []
+    for name, field in DaemonSettings.model_fields.items():
+        value = getattr(loaded.settings, name)
+        if name == "alert_urls":
+            value = [redact_url(url) for url in value]
+        rows.append(SettingInfo(name=name, value=value, source=loaded.sources.get(name, "default"),
+                                env=DaemonSettings.env_var(name), description=field.description or ""))
+    return ConfigResponse(config_file=str(loaded.config_file), config_file_exists=loaded.config_file_exists, settings=rows)

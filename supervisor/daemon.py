@@ -28,12 +28,14 @@ from pydantic import BaseModel, ValidationError
 from . import __version__, protocol
 from .alerts import Alerter
 from .bus import EventBus
-from .config import DaemonSettings, Paths, default_paths
+from .config import DaemonSettings, LoadedSettings, Paths, default_paths, describe_settings, load_settings
 from .errors import DaemonError, NotFound, RequestRejected, SpecError, SuperviseError
 from .events import Event
 from .gpu import GpuSample, NvmlSampler
 from .host import Host, ProcessHandle
 from .launch import LocalHost
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics, serve_tcp
 from .runner import GpuView, JobRunner, RunnerContext
 from .spec import JobSpec, load_spec
 from .store import AttemptRow, EventQuery, Store
@@ -69,12 +71,20 @@ class GpuMonitor:
         return sample
 
     async def run(self) -> None:
+        said_off = False
         while True:
             sample = await self.sample()
-            if not sample.available:
+            if sample.available:
+                said_off = False
+                await asyncio.sleep(self.settings.gpu_interval_s)
+                continue
+            if not said_off:
                 log.info("GPU sampling is off", host=self.host_name, reason=sample.reason)
-                return
-            await asyncio.sleep(self.settings.gpu_interval_s)
+                said_off = True
+            if self.host_name == "local":
+                return  # no driver here will not change while the daemon runs
+            # A remote box may be unreachable for a while: look again, less often.
+            await asyncio.sleep(max(30.0, self.settings.gpu_interval_s))
 
 
 @dataclass
@@ -117,6 +127,10 @@ class Hosts:
     def local(self) -> HostSlot:
         return self.get("local")
 
+    def items(self) -> list[tuple[str, HostSlot]]:
+        """The hosts connected so far (never connects one)."""
+        return list(self._slots.items())
+
     async def close(self) -> None:
         for slot in self._slots.values():
             if slot.task is not None:
@@ -129,9 +143,10 @@ class Hosts:
 
 class Daemon:
     def __init__(self, paths: Paths, settings: DaemonSettings, host: Host | None = None,
-                 nvml: Any | None = None) -> None:
+                 nvml: Any | None = None, loaded: LoadedSettings | None = None) -> None:
         self.paths = paths
         self.settings = settings
+        self.loaded = loaded or LoadedSettings(settings, {}, paths.state_dir / "config.toml", False)
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(paths.db)
         self.bus = EventBus()
@@ -143,6 +158,9 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.bus.subscribe(self._log_event)
+        self.metrics = Metrics(self)
+        self.bus.subscribe(self.metrics.on_events)
+        self._metrics_runner: web.AppRunner | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -150,7 +168,8 @@ class Daemon:
         slot = self.hosts.get(host_name)
         gpu = slot.gpu
         return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
-                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest))
+                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest),
+                             records_seen=self.metrics.records_seen)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""
@@ -175,6 +194,10 @@ class Daemon:
         finally:
             os.umask(old_umask)
         self.paths.pid_file.write_text(f"{os.getpid()}\n")
+        self._tasks.append(asyncio.create_task(self.metrics.measure_loop_lag(self.settings.loop_lag_interval_s),
+                                               name="loop-lag"))
+        if self.settings.metrics_bind is not None:
+            self._metrics_runner = await serve_tcp(self.metrics, *self.settings.metrics_bind)
         log.info("daemon listening", socket=str(self.paths.socket), pid=os.getpid(), version=__version__)
         try:
             await self._stopping.wait()
@@ -191,6 +214,8 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
         await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             self.paths.socket.unlink()
@@ -216,6 +241,11 @@ class Daemon:
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+        if spec.host != "local":
+            # A remote box may be unreachable right now: never hold up start-up for it.  The
+            # runner re-adopts the attempt and its host reconnects with backoff.
+            self._start_runner(spec, resume=row)
+            return f"{row.job}#{row.n}: re-adopted on {spec.host} (its runner checks liveness)"
         host = self.hosts.get(spec.host).host
         alive = row.pid is not None and await host.is_alive(handle)
         status = None if alive else await host.exit_status(handle)
@@ -344,11 +374,16 @@ class Daemon:
         response = await _ndjson(request)
         follower = self.hosts.get(row.host).host.follow(row.log_path, _int_query(request, "offset") or 0)
         ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
+        partial = getattr(follower, "partial_text", None)  # followers that can show an unterminated tail
         try:
             async for batch in follower.records():
                 for record in batch:
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=record.offset,
                                                                  text=record.text, redraw=record.redraw))
+                tail = partial() if partial is not None else ""
+                if tail:
+                    await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text=tail,
+                                                                 redraw=True, partial=True))
             await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text="", end=True))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
@@ -368,6 +403,24 @@ class Daemon:
         sample = monitor.latest or await monitor.sample()
         return _json(protocol.GpusResponse(available=sample.available, note=sample.reason, devices=gpu_devices(sample)))
 
+    async def job_gpu(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        job = self.store.job(name)
+        attempts = self.store.attempts(name)
+        host = job.spec.get("host", "local")
+        since = attempts[0].started if attempts else job.created
+        live = any(a.ended is None for a in attempts)
+        until = time.time() if live or not attempts else max(a.ended or a.started for a in attempts)
+        samples = [protocol.GpuSampleInfo(ts=ts, gpu=gpu, used_mib=used, total_mib=total)
+                   for ts, gpu, used, total in self.store.gpu_history(host, since) if ts <= until]
+        return _json(protocol.JobGpuResponse(job=name, host=host, since=since, until=until, samples=samples))
+
+    async def config(self, request: web.Request) -> web.StreamResponse:
+        return _json(describe_settings(self.loaded))
+
+    async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=await self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(openapi_schema())
 
@@ -384,6 +437,8 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("GET", "/v1/jobs/{name}/events", "events", None, protocol.EventsResponse),
     ("GET", "/v1/jobs/{name}/log", "logs", None, protocol.LogChunk),
     ("GET", "/v1/gpus", "gpus", None, protocol.GpusResponse),
+    ("GET", "/v1/jobs/{name}/gpu", "job_gpu", None, protocol.JobGpuResponse),
+    ("GET", "/v1/config", "config", None, protocol.ConfigResponse),
 ]
 
 
@@ -392,6 +447,7 @@ def build_app(daemon: Daemon) -> web.Application:
     for method, path, handler_name, _, _ in ROUTES:
         app.router.add_route(method, path, getattr(daemon, handler_name))
     app.router.add_get("/openapi.json", daemon.openapi)
+    app.router.add_get("/metrics", daemon.metrics_endpoint)  # Prometheus text format
     return app
 
 
@@ -507,13 +563,13 @@ def configure_logging() -> None:
 def run_daemon(paths: Paths | None = None) -> int:
     configure_logging()
     paths = paths or default_paths()
-    settings = DaemonSettings.from_env()
-    return asyncio.run(_main(paths, settings))
+    loaded = load_settings(paths)
+    return asyncio.run(_main(paths, loaded.settings, loaded))
 
 
-async def _main(paths: Paths, settings: DaemonSettings) -> int:
+async def _main(paths: Paths, settings: DaemonSettings, loaded: LoadedSettings | None = None) -> int:
     loop = asyncio.get_running_loop()
-    daemon = Daemon(paths, settings)
+    daemon = Daemon(paths, settings, loaded=loaded)
     signals_seen = 0
 
     def on_signal(signum: int) -> None:
@@ -536,7 +592,12 @@ async def _main(paths: Paths, settings: DaemonSettings) -> int:
 
 
 def main() -> None:
-    sys.exit(run_daemon())
+    try:
+        code = run_daemon()
+    except SuperviseError as exc:  # bad configuration, another daemon running: one line, its exit code
+        print(f"supervise daemon: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    sys.exit(code)
 
 
 if __name__ == "__main__":

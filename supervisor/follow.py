@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from types import TracebackType
@@ -64,6 +65,8 @@ class LogFollower:
         chunk_size: int = 1 << 20,
         use_inotify: bool | None = None,
         safety_interval: float = 30.0,
+        busy_lines_per_s: float = 500.0,
+        busy_read_interval: float = 0.02,
     ) -> None:
         if offset < 0 or chunk_size <= 0 or poll_interval <= 0 or safety_interval <= 0:
             raise ValueError("offset must be >= 0; chunk_size and intervals must be > 0")
@@ -93,6 +96,13 @@ class LogFollower:
         self._waiting = False
         self._inotify_active = False
         self._iterator: AsyncGenerator[list[Record], None] | None = None
+        # Adaptive batching: the cost of following is per read, not per byte.  A log written
+        # faster than busy_lines_per_s is read at most every busy_read_interval (many lines
+        # per wake-up); a quieter log is read the moment it is written.
+        self.busy_lines_per_s = busy_lines_per_s
+        self.busy_read_interval = busy_read_interval
+        self._last_read_at = 0.0
+        self._lines_per_s = 0.0
 
     # -- public surface -------------------------------------------------------------------
 
@@ -105,6 +115,12 @@ class LogFollower:
     def buffered(self) -> int:
         """Bytes of an incomplete last line currently held back."""
         return len(self._pending)
+
+    def partial_text(self, limit: int = 4096) -> str:
+        """The unterminated tail held back after the last record, decoded ('' if none): a
+        progress bar's latest redraw, which tqdm leaves unterminated until the next one.
+        For display only; it is yielded as a record once its terminator is written."""
+        return bytes(self._pending[:limit]).rstrip(b"\r").decode("utf-8", "replace")
 
     @property
     def peak_buffer(self) -> int:
@@ -163,6 +179,7 @@ class LogFollower:
                 self._wakeup.clear()  # before reading, so a write during the read re-wakes us
                 batch = self._pump_or_raise()
                 if batch:
+                    self._note_rate(len(batch))
                     yield batch
                     if self._more:
                         await asyncio.sleep(0)  # catching up on a large backlog: stay fair
@@ -188,8 +205,23 @@ class LogFollower:
         self._waiting = True
         try:
             await self._wakeup.wait()
+            delay = self._coalesce_delay()
+            if delay > 0:
+                await asyncio.sleep(delay)
         finally:
             self._waiting = False
+
+    def _note_rate(self, records: int) -> None:
+        now = time.monotonic()
+        elapsed = now - self._last_read_at
+        if elapsed > 0:
+            self._lines_per_s = records / max(elapsed, 1e-4)
+        self._last_read_at = now
+
+    def _coalesce_delay(self) -> float:
+        if self._finishing or self._closed or self._lines_per_s < self.busy_lines_per_s:
+            return 0.0
+        return self.busy_read_interval - (time.monotonic() - self._last_read_at)
 
     def _start(self) -> None:
         if self._want_inotify is not False:

@@ -157,16 +157,19 @@ def _attempt_processes(handle: ProcessHandle) -> list[psutil.Process]:
     carrying the attempt's tag, which finds workers that escaped the group and were
     re-parented to init."""
     found: dict[int, psutil.Process] = {}
-    if _alive(handle):
+    # Only a wrapper identified by pid *and* start time anchors a tree or a group: a bare or
+    # reused pid (pid 1 above all) must never make init's tree look like the attempt's.
+    anchored = handle.pid > 1 and handle.start_time is not None and _alive(handle)
+    if anchored:
         wrapper = psutil.Process(handle.pid)
         found[wrapper.pid] = wrapper
         with contextlib.suppress(psutil.Error):
             for child in wrapper.children(recursive=True):
                 found[child.pid] = child
-    me = os.getpid()
+    spared = _self_and_ancestors()
     wrapper_alive = handle.pid in found
     for proc in psutil.process_iter(["pid"]):
-        if proc.pid in found or proc.pid == me:
+        if proc.pid in found or proc.pid in spared:
             continue
         try:
             in_group = wrapper_alive and os.getpgid(proc.pid) == handle.pgid
@@ -175,7 +178,15 @@ def _attempt_processes(handle: ProcessHandle) -> list[psutil.Process]:
                     found[proc.pid] = proc
         except (psutil.Error, OSError):
             continue
-    return list(found.values())
+    return [p for p in found.values() if p.pid not in spared]
+
+
+def _self_and_ancestors() -> set[int]:
+    """The daemon and the processes above it: never part of an attempt, whatever a handle says."""
+    pids = {0, 1, os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        pids.update(p.pid for p in psutil.Process().parents())
+    return pids
 
 
 def _has_tag(proc: psutil.Process, tag: str) -> bool:
@@ -229,7 +240,7 @@ def _running(proc: psutil.Process) -> bool:
 def _signal_all(handle: ProcessHandle, procs: list[psutil.Process], sig: signal.Signals) -> None:
     """SIGTERM spares the wrapper, so that it outlives the command and records its exit
     status; SIGKILL goes to the whole group, wrapper included."""
-    if sig == signal.SIGKILL and _alive(handle):
+    if sig == signal.SIGKILL and handle.pgid > 1 and handle.start_time is not None and _alive(handle):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(handle.pgid, sig)
     for proc in procs:

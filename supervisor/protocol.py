@@ -81,6 +81,7 @@ class JobStatus(BaseModel):
     attempt: AttemptInfo | None
     last_output_age_s: float | None = None
     next_relaunch_in_s: float | None = None
+    run_attempt: int | None = Field(default=None, description="the latest attempt's place in its run (since the last `start`), against max_attempts")
 
 
 class StatusResponse(BaseModel):
@@ -147,6 +148,9 @@ class LogChunk(BaseModel):
     text: str
     redraw: bool = False
     end: bool = False  # the attempt has ended and its log is fully sent
+    # The log's current unterminated tail (a progress bar's latest redraw): shown until the
+    # complete record, sent later with the same offset, replaces it.
+    partial: bool = False
 
 
 class PingResponse(BaseModel):
@@ -154,3 +158,32 @@ class PingResponse(BaseModel):
     version: str
     api_version: int = API_VERSION
     state_dir: str
+
+
+class GpuSampleInfo(BaseModel):
+    ts: float
+    gpu: int
+    used_mib: int
+    total_mib: int
+
+
+class JobGpuResponse(BaseModel):
+    job: str
+    host: str
+    since: float
+    until: float
+    samples: list[GpuSampleInfo] = Field(default_factory=list, description="stored GPU samples of the job's host over its time span")
+
+
+class SettingInfo(BaseModel):
+    name: str
+    value: Any
+    source: str = Field(description="'default', the config file's path, or 'env SUPERVISE_X'")
+    env: str = Field(description="the environment variable that sets it")
+    description: str = ""
+
+
+class ConfigResponse(BaseModel):
+    config_file: str
+    config_file_exists: bool
+    settings: list[SettingInfo]

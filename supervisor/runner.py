@@ -52,6 +52,7 @@ class RunnerContext:
     alerter: Alerter
     gpu: GpuView
     clock: Callable[[], float] = time.monotonic
+    records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
 
 
 @dataclass
@@ -67,6 +68,7 @@ class _Live:
     failure: dict[str, Any] | None = None
     known_pids: set[int] = field(default_factory=set)
     exit_status: ExitStatus | None = None
+    check_at: float | None = None  # when the watch loop will next ask the watchdog
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -211,7 +213,7 @@ class JobRunner:
         log_path, status_path = await self.ctx.host.log_paths(spec.name, n)
         tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
         argv = spec.argv(n)
-        workdir = str(spec.resolved_workdir())
+        workdir = spec.resolved_workdir()
         row = AttemptRow(
             job=spec.name, n=n, tag=tag, host=self.ctx.host.name, argv=argv, workdir=workdir,
             log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
@@ -312,11 +314,14 @@ class JobRunner:
 
     def _time_to_next_check(self, live: _Live) -> float | None:
         at = live.watchdog.next_check_at()
+        live.check_at = at
         return None if at is None else max(0.0, at - self.ctx.clock())
 
     async def _read(self, live: _Live, follower: Any, engine: ProbeEngine) -> None:
         last_save = 0.0
         async for batch in follower.records():
+            if self.ctx.records_seen is not None:
+                self.ctx.records_seen(self.spec.name, len(batch))
             probe_events = engine.feed_many(batch)
             saved = self._ingest(live, probe_events, engine.resume_offset, force=time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S)
             if saved:
@@ -344,7 +349,11 @@ class JobRunner:
         else:
             self.ctx.store.update_attempt(self.spec.name, live.row.n, log_offset=offset, **fields)
         live.row.log_offset = offset
-        live.wake.set()  # let the watch loop re-read the watchdog's next deadline
+        # Wake the watch loop only if the watchdog now wants to look earlier than planned:
+        # progress only pushes deadlines later, and a wake-up per batch is costly on busy logs.
+        at = live.watchdog.next_check_at()
+        if at is not None and (live.check_at is None or at < live.check_at):
+            live.wake.set()
         return True
 
     def _note(self, live: _Live, event: Event, now: float | None = None) -> None:
@@ -360,8 +369,16 @@ class JobRunner:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
         # A log that cannot be read to its end must not stop the attempt from being judged.
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError, SuperviseError):
+        try:
             await asyncio.wait_for(reader, timeout=30)
+        except (TimeoutError, SuperviseError):
+            pass
+        except asyncio.CancelledError:
+            # The reader was cancelled: judge anyway.  This task being cancelled (the daemon
+            # detaching at shutdown) must go through, or the runner would relaunch regardless.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
         self._ingest(live, engine.flush(), follower.offset, force=True)
         live.exit_status = status
         self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode, exit_signal=status.signal)

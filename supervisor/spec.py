@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import SpecError
 from .events import Phase, Verdict
@@ -106,6 +106,17 @@ class JobSpec(_Strict):
             _template_fields(item)
         return value
 
+    @model_validator(mode="after")
+    def _remote_needs_explicit_paths(self) -> JobSpec:
+        # On another machine the supervisor's own interpreter and a directory resolved
+        # here mean nothing: a remote job names both.
+        if self.host != "local":
+            if not self.python:
+                raise ValueError(f"host {self.host}: set `python` to the interpreter on that machine")
+            if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
+                raise ValueError(f"host {self.host}: `workdir` must be an absolute path on that machine")
+        return self
+
     @property
     def spec_dir(self) -> Path:
         return Path(self.spec_path).parent if self.spec_path else Path.cwd()
@@ -129,8 +140,12 @@ class JobSpec(_Strict):
     def interpreter(self) -> str:
         return self.python or sys.executable
 
-    def resolved_workdir(self) -> Path:
-        return (self.spec_dir / self._expand(self.workdir, attempt=0)).resolve()
+    def resolved_workdir(self) -> str:
+        """The working directory: relative to the spec file locally; as written on a remote host."""
+        expanded = self._expand(self.workdir, attempt=0)
+        if self.host != "local":
+            return expanded
+        return str((self.spec_dir / expanded).resolve())
 
     def argv(self, attempt: int) -> list[str]:
         """The command with every template expanded; each item stays one argv item."""

@@ -56,7 +56,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import asyncssh
@@ -446,7 +446,7 @@ class SshHost:
             raise HostError(self._login_message()) from exc
         except socket.gaierror as exc:
             raise HostError(f"cannot resolve the host name {target.host}: {exc.strerror or exc}") from exc
-        except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, asyncssh.ConfigParseError) as exc:
+        except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, asyncssh.ConfigParseError, ValueError) as exc:
             raise HostError(f"SSH client setup for {target.display} failed: {exc}") from exc
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             raise _Transient(exc) from exc
@@ -878,7 +878,7 @@ class SshFollower:
             except RuntimeError:
                 pass  # running in another task right now; it will see _closed
 
-    async def __aenter__(self) -> SshFollower:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -40,7 +40,20 @@ def job_status(row: JobRow, store: Store, runner: JobRunner | None) -> protocol.
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
         last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch,
+        run_attempt=_run_attempt(store, row.name) if latest else None,
     )
+
+
+def _run_attempt(store: Store, job: str) -> int:
+    """How many attempts the current run has made: a run is the attempts since the last
+    `start` (each relaunch marks its predecessor's action 'relaunch ...')."""
+    attempts = store.attempts(job)
+    count = 1
+    for row in reversed(attempts[:-1]):
+        if not (row.action or "").startswith("relaunch"):
+            break
+        count += 1
+    return count
 
 
 def event_info(event: Event) -> protocol.EventInfo:

@@ -28,7 +28,7 @@ from .spec import HealthSpec
 
 # Enough intervals for a stable median without letting a million-step training bar grow
 # memory without bound.
-_MAX_INTERVALS = 1024
+_MAX_INTERVALS = 256  # the median of the recent intervals: adapts, and stays cheap to recompute
 _TRACEBACK_TAIL_LINES = 15
 # A program that logs the same error in a loop must not grow the watchdog without bound.
 _MAX_FAILURES_KEPT = 20
@@ -138,6 +138,11 @@ class Watchdog:
         if rate is not None and track.total is not None:
             eta = max(0, track.total - track.done) * rate
         return ProgressState(track.probe, track.done, track.total, rate, eta, track.last_advance_at)
+
+    @property
+    def phase_entered_at(self) -> float:
+        """Clock time the current phase began (the attempt's start before any phase)."""
+        return self._phase_entered_at
 
     @property
     def failures(self) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import psutil
 import pytest
@@ -47,7 +48,7 @@ class SshServer:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def start(self) -> SshServer:
+    def start(self) -> Self:
         if not os.access(SSHD, os.X_OK):
             raise RuntimeError(f"{SSHD} is not installed: the SSH tests need a real OpenSSH server ({INSTALL_HINT})")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ class SshServer:
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> SshServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

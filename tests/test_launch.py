@@ -140,3 +140,20 @@ def test_exit_status_parse(tmp_path: Path, code: str) -> None:
     status_path.write_text(code)
     handle = ProcessHandle(pid=1, start_time=None, pgid=1, tag="x", log_path="", status_path=str(status_path))
     assert asyncio.run(host.exit_status(handle)) is None
+
+
+def test_a_bare_or_init_pid_never_anchors_a_kill(tmp_path: Path) -> None:
+    """A handle naming pid 1 (or any pid without a start time) finds only tagged processes."""
+    import subprocess
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        host = LocalHost(tmp_path)
+        for pid in (1, bystander.pid):
+            handle = ProcessHandle(pid=pid, start_time=None, pgid=pid, tag="no-such-tag", log_path="",
+                                   status_path=str(tmp_path / "none.exit"))
+            assert asyncio.run(host.attempt_pids(handle)) == set()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

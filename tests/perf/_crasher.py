@@ -16,6 +16,11 @@ import sys
 import time
 
 
+def write_stamp(path: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(f"{time.time():.6f}\n")
+
+
 def load_shard(name: str, index: int) -> None:
     raise RuntimeError(f"shard {index} of {name} is corrupt: header length mismatch")
 
@@ -28,8 +33,7 @@ def main() -> int:
     parser.add_argument("--exit-stamp")
     args = parser.parse_args()
     if args.exit_stamp:
-        path = args.exit_stamp
-        atexit.register(lambda: open(path, "w").write(f"{time.time():.6f}\n"))
+        atexit.register(write_stamp, args.exit_stamp)
     for i in range(args.lines):
         print(f"{time.time():.6f} worker 0: loading shard {i}", flush=True)
         time.sleep(args.interval)

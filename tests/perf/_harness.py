@@ -22,17 +22,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parents[2]
 PERF = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
+import psutil
 
-from supervisor.client import Client  # noqa: E402
-from supervisor.config import Paths  # noqa: E402
+from supervisor.client import Client
+from supervisor.config import Paths
 
 PY = sys.executable
 WRITER = PERF / "_writer.py"
@@ -58,7 +58,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self._clients: list[Client] = []
 
-    def __enter__(self) -> Daemon:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -228,5 +228,11 @@ def machine_note() -> str:
     except OSError:
         pass
     load = os.getloadavg()
+    try:
+        tree = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10, check=False).stdout.strip() or "?"
+    except (OSError, subprocess.TimeoutExpired):
+        tree = "?"
     return (f"machine: nproc {os.cpu_count()}, CPU {model}, kernel {platform.release()}, "
-            f"Python {platform.python_version()}; load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+            f"Python {platform.python_version()}; tree {tree}; "
+            f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

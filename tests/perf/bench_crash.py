@@ -35,8 +35,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psutil  # noqa: E402
-from _harness import PERF, PY, Daemon, machine_note, ms, percentile, stamp_of, table, wait_until  # noqa: E402
+import psutil
+from _harness import (
+    PERF,
+    PY,
+    Daemon,
+    machine_note,
+    ms,
+    percentile,
+    stamp_of,
+    table,
+    wait_until,
+)
 
 CRASHER = PERF / "_crasher.py"
 
@@ -106,13 +116,12 @@ def main() -> int:
         db = daemon.db()
         for i in range(args.crashes):
             name = f"crash-{i:02d}"
-            spec = daemon.spec(name, [PY, str(CRASHER), name, "--lines", str(args.lines),
-                                      "--exit-stamp", str(daemon.home / f"{name}.exit")],
+            exit_file = daemon.home / f"{name}.exit"
+            spec = daemon.spec(name, [PY, str(CRASHER), name, "--lines", str(args.lines), "--exit-stamp", str(exit_file)],
                                extra="[restart]\nmax_attempts = 1\n")
             started = client.start(str(spec), {})
             wrapper = client.attempts(name).attempts[0].pid
             assert wrapper is not None
-            exit_file = daemon.home / f"{name}.exit"
             job = job_process(wrapper)
             delay0 = run_delay(daemon.pid)
             job_exit, wrapper_exit = wait_exits([job.pid, wrapper])
@@ -127,7 +136,8 @@ def main() -> int:
             crashed += attempt.verdict == "crashed"
             attached += bool(attempt.failure and attempt.failure.traceback and "RuntimeError" in attempt.failure.traceback)
             delays.append(delay)
-            rows.append({"exit": exit_at, "pidfd": job_exit, "wrapper": wrapper_exit, "last": last, "exited": events.get("exited"), "verdict": events.get("verdict")})
+            rows.append({"exit": exit_at, "pidfd": job_exit, "wrapper": wrapper_exit, "last": last,
+                         "exited": events.get("exited"), "verdict": events.get("verdict")})
         db.close()
 
     def deltas(a: str, b: str) -> list[float]:

@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/perf/bench_scale.py [--jobs 1,10,100] [--total-rate 1500] [--seconds 10]
                                                [--event-every 10] [--busy 8x1000] [--profile DIR] [--quick]
+    .venv/bin/python tests/perf/bench_scale.py --summarize DIR/PROFILE.raw.txt
 
 For each configuration, a fresh real daemon runs N jobs, each tests/perf/_writer.py: stamped
 lines (``time.time()`` first, one write and flush per line) at a steady rate, every
@@ -42,7 +43,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import PY, WRITER, Daemon, machine_note, ms, percentile, stamp_of, table, wait_until, write_go  # noqa: E402
+from _harness import (
+    PY,
+    WRITER,
+    Daemon,
+    machine_note,
+    ms,
+    percentile,
+    stamp_of,
+    table,
+    wait_until,
+    write_go,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,9 +189,11 @@ def summarize_profile(path: Path, top: int = 14) -> str:
             incl[name] += count
     if not total:
         return f"(no samples in {path})"
-    rows_self = [[name, f"{100 * c / total:.1f}%"] for name, c in self_count.most_common(top)]
-    rows_incl = [[name, f"{100 * c / total:.1f}%"] for name, c in incl.most_common(top + 6)]
-    return (f"{total} samples of the thread holding the GIL (py-spy --gil, 200 Hz; kernel time is not in them)\n\nself (where the CPU is spent):\n\n" + table(["function", "samples"], rows_self)
+    rows_self = [[f"`{name}`", f"{100 * c / total:.1f}%"] for name, c in self_count.most_common(top)]
+    # Frames on (nearly) every stack are the event loop's own chain: leave them out.
+    below_root = [(name, c) for name, c in incl.most_common() if c < 0.97 * total]
+    rows_incl = [[f"`{name}`", f"{100 * c / total:.1f}%"] for name, c in below_root[: top + 6]]
+    return (f"{total} samples of the thread holding the GIL (py-spy --gil; kernel time is not in them)\n\nself (where the CPU is spent):\n\n" + table(["function", "samples"], rows_self)
             + "\n\ninclusive (the function or anything it calls):\n\n" + table(["function", "samples"], rows_incl))
 
 
@@ -203,9 +217,13 @@ def main() -> int:
     parser.add_argument("--event-every", type=int, default=10, help="every K-th line is a progress bar (default 10)")
     parser.add_argument("--busy", default="8x1000", help="JOBSxRATE of the cost target, '' for none (default 8x1000)")
     parser.add_argument("--profile", type=Path, help="directory for py-spy profiles of the daemon (needs py-spy)")
+    parser.add_argument("--summarize", type=Path, help="only print the summary of a py-spy raw profile written before")
     parser.add_argument("--quick", action="store_true", help="4 s of writing per configuration")
     parser.add_argument("--keep", action="store_true", help="keep the daemons' state directories")
     args = parser.parse_args()
+    if args.summarize:
+        print(summarize_profile(args.summarize))
+        return 0
     if args.quick:
         args.seconds = min(args.seconds, 4.0)
     configs = [Config(f"N={n}", n, args.total_rate / n, args.seconds, args.event_every)

@@ -37,7 +37,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import PACKS, PY, ROOT, Daemon, machine_note, ms, table  # noqa: E402
+import itertools
+
+from _harness import PACKS, PY, ROOT, Daemon, machine_note, ms, table
 
 REPLAY = ROOT / "tests" / "jobs" / "replay.py"
 PACING = ROOT / "tests" / "data" / "pacing" / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
@@ -58,7 +60,7 @@ def shard_interval() -> float:
     """Median seconds between shard-bar lines in the recording (real pacing, before --speed)."""
     stamps = [float(line.split("\t", 1)[0]) for line in PACING.read_text(encoding="utf-8").splitlines()
               if "checkpoint shards:" in line and not line.startswith("#")]
-    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+    return statistics.median(b - a for a, b in itertools.pairwise(stamps))
 
 
 def job_name(*parts: object) -> str:
@@ -94,7 +96,7 @@ def frozen_row(run: Run, result: dict[str, Any]) -> list[object]:
         if last_done is None or (done is not None and done > last_done):
             advances.append(e.ts)
             last_done = done
-    intervals = [b - a for a, b in zip(advances, advances[1:])]
+    intervals = [b - a for a, b in itertools.pairwise(advances)]
     median = statistics.median(intervals) if intervals else None
     bound = max(run.floor, STALL_K * median) if median is not None else run.floor
     which = "floor" if median is None or run.floor >= STALL_K * median else f"{STALL_K:g} x median"

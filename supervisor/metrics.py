@@ -1,0 +1,289 @@
+"""Prometheus metrics of the daemon, its jobs and its GPUs.
+
+Served at `/metrics` on the control socket, and over TCP on a loopback address when
+`metrics_addr` is set (`SUPERVISE_METRICS_ADDR=127.0.0.1:9464`).  Names follow Prometheus
+conventions: prefix `supervise_`, base units (seconds, bytes), `_total` for counters,
+labels `job`, `gpu`, `host`, `kind`.
+
+Two sources:
+- counters fed by the event bus (failures by kind, verdicts, launches) and by the runner
+  (records read from logs: `rate(supervise_probe_records_total[1m])` is lines per second);
+- gauges computed at scrape time from what the daemon holds (store, live attempts, the
+  latest GPU sample), so a scrape always shows the present and survives daemon restarts.
+
+Per-job GPU memory is attributed through the attempt's processes: every pid that carries
+the attempt's tag (its process tree, workers re-parented to init included) and that NVML
+lists on a device.  Memory held by a job that is no longer running is a leak
+(`deploy/alerts.yml`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .events import Event, EventKind, Phase
+from .host import ProcessHandle
+from .store import AttemptRow, JobRow
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = structlog.get_logger("supervise.metrics")
+
+# The classic text format, which every Prometheus version parses (the names here need no escaping).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MIB = 1024 * 1024
+JOB_STATES = ("starting", "waiting", "running", "backoff", "done", "failed", "stopped")
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_ATTRIBUTION_TTL_S = 2.0  # per-job GPU memory is recomputed at most this often
+_ATTRIBUTION_TIMEOUT_S = 5.0
+
+
+class Metrics:
+    """The daemon's metrics registry; subscribe `on_events` to the bus, pass `records_seen`
+    to the runners, run `measure_loop_lag` as a task, serve `render()`."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.started = time.time()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.failures = Counter("supervise_job_failures", "Failures the probes recognised in a job's log, by kind",
+                                ["job", "kind"], registry=self.registry)
+        self.verdicts = Counter("supervise_job_verdicts", "Verdicts the watchdog recorded on a job's attempts",
+                                ["job", "verdict"], registry=self.registry)
+        self.launches = Counter("supervise_job_launches", "Attempts launched by this daemon (relaunches included)",
+                                ["job"], registry=self.registry)
+        self.records = Counter("supervise_probe_records", "Log records (lines and progress redraws) read and run through the probes",
+                               ["job"], registry=self.registry)
+        self.loop_lag = Histogram("supervise_event_loop_lag_seconds",
+                                  "How late the daemon's event loop woke from a timed sleep", buckets=LAG_BUCKETS,
+                                  registry=self.registry)
+        self.registry.register(_StateCollector(self))
+        self._job_gpu: dict[tuple[str, str, int], int] = {}  # (job, host, gpu) -> bytes
+        self._job_gpu_at = 0.0
+        self._refresh_lock = asyncio.Lock()
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def on_events(self, events: list[Event]) -> None:
+        for event in events:
+            if event.kind is EventKind.FAILURE:
+                self.failures.labels(event.job, str(event.data.get("failure", "other"))).inc()
+            elif event.kind is EventKind.VERDICT:
+                self.verdicts.labels(event.job, str(event.data.get("verdict", "unknown"))).inc()
+            elif event.kind is EventKind.LAUNCHED:
+                self.launches.labels(event.job).inc()
+                self.records.labels(event.job)  # the series exists (at 0) from launch on
+
+    def records_seen(self, job: str, n: int) -> None:
+        self.records.labels(job).inc(n)
+
+    async def measure_loop_lag(self, interval_s: float) -> None:
+        """Sleep `interval_s` again and again; how much later than asked it wakes is the lag."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval_s)
+            self.loop_lag.observe(max(0.0, loop.time() - start - interval_s))
+
+    # -- output ------------------------------------------------------------------------
+
+    async def render(self) -> bytes:
+        await self.refresh()
+        return generate_latest(self.registry)
+
+    async def refresh(self) -> None:
+        """Recompute what needs awaiting before a scrape: GPU memory per job."""
+        async with self._refresh_lock:
+            if time.monotonic() - self._job_gpu_at < _ATTRIBUTION_TTL_S:
+                return
+            try:
+                self._job_gpu = await asyncio.wait_for(self._attribute_gpu_memory(), _ATTRIBUTION_TIMEOUT_S)
+            except (TimeoutError, Exception) as exc:  # noqa: BLE001 - a scrape must not fail for this
+                log.warning("per-job GPU memory not attributed", error=repr(exc))
+            self._job_gpu_at = time.monotonic()
+
+    async def _attribute_gpu_memory(self) -> dict[tuple[str, str, int], int]:
+        result: dict[tuple[str, str, int], int] = {}
+        for host_name, slot in self.daemon.hosts.items():
+            sample = slot.gpu.latest
+            if sample is None or not sample.available or not sample.processes:
+                continue
+            for job in self.daemon.store.jobs():
+                if job.spec.get("host", "local") != host_name:
+                    continue
+                pids = await self._job_pids(job, slot.host)
+                for proc in sample.processes:
+                    if proc.pid in pids and proc.used_mib:
+                        key = (job.name, host_name, proc.gpu_index)
+                        result[key] = result.get(key, 0) + proc.used_mib * MIB
+        return result
+
+    async def _job_pids(self, job: JobRow, host: Any) -> set[int]:
+        row = self.daemon.store.latest_attempt(job.name)
+        if row is None or row.pid is None:
+            return set()
+        handle = ProcessHandle(pid=row.pid, start_time=row.start_time, pgid=row.pgid or row.pid, tag=row.tag,
+                               log_path=row.log_path, status_path=row.status_path)
+        pids = set(await host.attempt_pids(handle))
+        runner = self.daemon.runners.get(job.name)
+        live = runner.live if runner is not None else None
+        if live is not None and live.row.n == row.n:
+            pids |= live.known_pids
+        return pids
+
+
+class _StateCollector(Collector):
+    """Gauges computed from the daemon's state at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        daemon = self.metrics.daemon
+        info = InfoMetricFamily("supervise_daemon", "The daemon serving these metrics")
+        info.add_metric([], {"version": __version__})
+        yield info
+        started = GaugeMetricFamily("supervise_daemon_start_time_seconds", "When the daemon started (Unix time)")
+        started.add_metric([], self.metrics.started)
+        yield started
+        yield from self._jobs(daemon)
+        yield from self._gpus(daemon)
+
+    def _jobs(self, daemon: Daemon) -> Iterator[Metric]:
+        f = _Families()
+        attempts = f.gauge("supervise_job_attempts", "Attempts of the job so far (the latest attempt's number)", ["job"])
+        max_attempts = f.gauge("supervise_job_max_attempts", "Attempts allowed per run by the job's restart policy", ["job"])
+        state = f.gauge("supervise_job_state", "The job's state: 1 for the current one, 0 for the others", ["job", "state"])
+        phase = f.gauge("supervise_job_phase", "The latest attempt's phase: 1 for the current one, 0 for the others",
+                        ["job", "phase"])
+        done = f.gauge("supervise_job_progress_done", "Items done by the active progress bar of the latest attempt",
+                       ["job", "probe"])
+        expected = f.gauge("supervise_job_progress_expected", "Items the active progress bar counts to (its total)",
+                           ["job", "probe"])
+        per_item = f.gauge("supervise_job_progress_seconds_per_item", "Median seconds per item of the active progress bar",
+                           ["job", "probe"])
+        eta = f.gauge("supervise_job_progress_eta_seconds", "Estimated seconds until the active progress bar completes",
+                      ["job", "probe"])
+        stall = f.gauge("supervise_job_stall_seconds",
+                        "Seconds since the running attempt last moved forward: its progress bar advanced or it entered a phase",
+                        ["job"])
+        output_age = f.gauge("supervise_job_last_output_age_seconds", "Seconds since the running attempt last wrote to its log",
+                             ["job"])
+        attempt_start = f.gauge("supervise_job_attempt_start_time_seconds", "When the latest attempt started (Unix time)", ["job"])
+        job_gpu = f.gauge("supervise_job_gpu_memory_used_bytes",
+                          "GPU memory held by the processes of the job's latest attempt, per device", ["job", "host", "gpu"])
+        now = time.time()
+        for job in daemon.store.jobs():
+            row = daemon.store.latest_attempt(job.name)
+            attempts.add_metric([job.name], row.n if row else 0)
+            max_attempts.add_metric([job.name], job.spec.get("restart", {}).get("max_attempts", 1))
+            for name in (*JOB_STATES, *((job.state,) if job.state not in JOB_STATES else ())):
+                state.add_metric([job.name, name], 1.0 if job.state == name else 0.0)
+            if row is None:
+                continue
+            attempt_start.add_metric([job.name], row.started)
+            runner = daemon.runners.get(job.name)
+            live = runner.live if runner is not None and runner.live is not None and runner.live.row.n == row.n else None
+            current_phase = live.watchdog.phase.value if live is not None and live.watchdog.phase else row.phase
+            for p in Phase:
+                phase.add_metric([job.name, p.value], 1.0 if current_phase == p.value else 0.0)
+            progress = _progress(row, live)
+            if progress is not None:
+                labels = [job.name, str(progress["probe"])]
+                done.add_metric(labels, float(progress["done"]))
+                if progress.get("total") is not None:
+                    expected.add_metric(labels, float(progress["total"]))
+                if progress.get("rate_s_per_it") is not None:
+                    per_item.add_metric(labels, float(progress["rate_s_per_it"]))
+                if progress.get("eta_s") is not None:
+                    eta.add_metric(labels, float(progress["eta_s"]))
+            if live is not None:
+                clock_now = runner.ctx.clock() if runner is not None else time.monotonic()
+                moved = live.watchdog.phase_entered_at
+                current = live.watchdog.progress
+                if current is not None:
+                    moved = max(moved, current.last_advance_at)
+                stall.add_metric([job.name], max(0.0, clock_now - moved))
+                if live.last_output is not None:
+                    output_age.add_metric([job.name], max(0.0, now - live.last_output))
+        for (job_name, host, gpu), used in sorted(self.metrics._job_gpu.items()):
+            job_gpu.add_metric([job_name, host, str(gpu)], float(used))
+        yield from f
+
+    def _gpus(self, daemon: Daemon) -> Iterator[Metric]:
+        f = _Families()
+        up = f.gauge("supervise_gpu_sampling_up", "1 when the host's GPUs could be read at the last sample", ["host"])
+        used = f.gauge("supervise_gpu_memory_used_bytes", "GPU memory in use on the device (all processes)", ["host", "gpu"])
+        total = f.gauge("supervise_gpu_memory_total_bytes", "GPU memory of the device", ["host", "gpu"])
+        util = f.gauge("supervise_gpu_utilization_ratio", "GPU utilisation at the last sample (0 to 1)", ["host", "gpu"])
+        for host_name, slot in daemon.hosts.items():
+            sample = slot.gpu.latest
+            if sample is None:
+                continue
+            up.add_metric([host_name], 1.0 if sample.available else 0.0)
+            for device in sample.devices:
+                labels = [host_name, str(device.index)]
+                used.add_metric(labels, float(device.used_mib * MIB))
+                total.add_metric(labels, float(device.total_mib * MIB))
+                if device.util_pct is not None:
+                    util.add_metric(labels, device.util_pct / 100.0)
+        yield from f
+
+
+class _Families:
+    """Gauge families in declaration order; iterating yields them."""
+
+    def __init__(self) -> None:
+        self._families: list[GaugeMetricFamily] = []
+
+    def gauge(self, name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation, labels=labels)
+        self._families.append(family)
+        return family
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def _progress(row: AttemptRow, live: Any) -> dict[str, Any] | None:
+    if live is not None:
+        current = live.watchdog.progress
+        if current is not None:
+            return {"probe": current.probe, "done": current.done, "total": current.total,
+                    "rate_s_per_it": current.rate, "eta_s": current.eta_s}
+    return row.progress
+
+
+async def serve_tcp(metrics: Metrics, host: str, port: int) -> Any:
+    """The opt-in TCP endpoint: an app with `/metrics` only (never the control API).
+    Returns the aiohttp runner to clean up, or None when the address cannot be bound."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=await metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        log.error("metrics endpoint not started: cannot bind", addr=f"{host}:{port}", error=exc.strerror or str(exc))
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+        return None
+    log.info("metrics endpoint listening", url=f"http://{host if ':' not in host else '[' + host + ']'}:{port}/metrics")
+    return runner

@@ -1,0 +1,231 @@
+"""`supervise status --watch`: a live view of every job, redrawn from the API about twice a second.
+
+On a terminal it is a `rich` table: state, attempt n/max, phase, a progress bar with
+done/total, rate and ETA of the active progress bar, the watchdog's verdict, time since the
+job last wrote output, and GPU memory per device.  When stdout is not a terminal (a pipe,
+a file, `watch`-less cron), it prints plain lines every few seconds instead.  Ctrl-C exits
+cleanly and leaves the jobs running.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from collections.abc import Callable
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from . import protocol
+from .errors import DaemonError
+
+_STATE_STYLE = {"running": "bold green", "done": "green", "failed": "bold red", "backoff": "yellow",
+                "waiting": "yellow", "starting": "cyan", "stopped": "dim"}
+_VERDICT_STYLE = {"healthy": "green", "done": "green", "stalled": "bold yellow", "silent": "bold yellow",
+                  "crashed": "bold red", "oom": "bold red", "leaked": "bold magenta"}
+
+StatusSource = Callable[[], protocol.StatusResponse]
+
+
+def watch_command(fetch: StatusSource, *, interval_s: float = 0.5, plain_every_s: float = 5.0,
+                  tty: bool | None = None, out: object = None) -> int:
+    """Run the view until Ctrl-C; `fetch` returns a fresh status (the API's `/v1/status`)."""
+    stream = out or sys.stdout
+    is_tty = stream.isatty() if tty is None else tty  # type: ignore[attr-defined]
+    try:
+        if is_tty:
+            _live(fetch, interval_s, Console(file=stream))  # type: ignore[arg-type]
+        else:
+            _plain(fetch, plain_every_s, stream)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _live(fetch: StatusSource, interval_s: float, console: Console) -> None:
+    with Live(_fetch_view(fetch), console=console, auto_refresh=False, transient=False,
+              vertical_overflow="visible") as live:
+        while True:
+            time.sleep(interval_s)
+            live.update(_fetch_view(fetch), refresh=True)
+
+
+def _fetch_view(fetch: StatusSource) -> RenderableType:
+    try:
+        return render(fetch())
+    except DaemonError as exc:
+        return Text(f"supervise · {_clock(time.time())} · daemon unreachable: {exc} (retrying; Ctrl-C to exit)",
+                    style="bold red")
+
+
+def _plain(fetch: StatusSource, every_s: float, stream: object) -> None:
+    while True:
+        try:
+            lines = plain_lines(fetch())
+        except DaemonError as exc:
+            lines = [f"{_clock(time.time())} daemon unreachable: {exc}"]
+        stream.write("\n".join(lines) + "\n")  # type: ignore[attr-defined]
+        stream.flush()  # type: ignore[attr-defined]
+        time.sleep(every_s)
+
+
+# -- the terminal view ---------------------------------------------------------------------
+
+def render(status: protocol.StatusResponse, now: float | None = None) -> RenderableType:
+    now = time.time() if now is None else now
+    header = Text.assemble(("supervise", "bold"), f" · daemon pid {status.daemon_pid} v{status.daemon_version} · ",
+                           _clock(now), " · ", (f"{len(status.jobs)} job{'s' if len(status.jobs) != 1 else ''}", ""),
+                           (" · Ctrl-C to exit", "dim"))
+    jobs = Table(expand=False, box=None, pad_edge=False, header_style="bold", show_edge=False)
+    for column, justify in (("JOB", "left"), ("STATE", "left"), ("ATTEMPT", "right"), ("PHASE", "left"),
+                            ("PROGRESS", "left"), ("DONE", "right"), ("RATE", "right"), ("ETA", "right"),
+                            ("HEALTH", "left"), ("OUTPUT", "right")):
+        jobs.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    notes: list[Text] = []
+    for job in status.jobs:
+        jobs.add_row(*_job_cells(job))
+        note = _job_note(job)
+        if note:
+            notes.append(Text.assemble(("  " + job.name + ": ", "bold"), (note, "dim")))
+    parts: list[RenderableType] = [header, Text(""), jobs if status.jobs else Text("no jobs yet: `supervise start JOB`")]
+    parts.extend(notes)
+    parts.append(Text(""))
+    parts.append(_gpu_view(status))
+    return Group(*parts)
+
+
+def _job_cells(job: protocol.JobStatus) -> list[RenderableType]:
+    a = job.attempt
+    state = Text(job.state, style=_STATE_STYLE.get(job.state, ""))
+    attempt = _attempt_text(job)
+    phase = (a.phase or "-") if a else "-"
+    bar: RenderableType = Text("-")
+    done = rate = eta = "-"
+    if a is not None and a.progress is not None:
+        p = a.progress
+        if p.total:
+            bar = ProgressBar(total=p.total, completed=min(p.done, p.total), width=24,
+                              complete_style="green" if p.done >= p.total else "cyan", finished_style="green")
+        done = f"{_num(p.done)}/{_num(p.total)}" if p.total else _num(p.done)
+        rate = _rate(p.rate_s_per_it)
+        eta = _duration(p.eta_s) if p.eta_s is not None and job.state == "running" else "-"
+    verdict = _verdict(job)
+    health = Text(verdict, style=_VERDICT_STYLE.get(verdict, ""))
+    output = f"{_duration(job.last_output_age_s)} ago" if job.last_output_age_s is not None else "-"
+    return [Text(job.name, style="bold"), state, attempt, phase, bar, done, rate, eta, health, output]
+
+
+def _job_note(job: protocol.JobStatus) -> str:
+    a = job.attempt
+    if job.next_relaunch_in_s is not None:
+        return f"relaunch in {_duration(job.next_relaunch_in_s)}: {job.reason}"
+    if a is not None and a.failure is not None and job.state != "done":
+        return f"{a.failure.kind}: {a.failure.line}"[:160]
+    if job.state in ("failed", "waiting", "backoff", "stopped") and job.reason:
+        return job.reason[:160]
+    return ""
+
+
+def _gpu_view(status: protocol.StatusResponse) -> RenderableType:
+    if not status.gpu:
+        return Text(f"GPUs: {status.gpu_note or 'none'}", style="dim")
+    table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
+    for column, justify in (("GPU", "right"), ("MEMORY", "left"), ("USED / TOTAL", "right"), ("UTIL", "right"),
+                            ("PROCESSES", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for d in status.gpu:
+        share = d.used_mib / d.total_mib if d.total_mib else 0.0
+        style = "red" if share > 0.9 else "yellow" if share > 0.5 else "green"
+        procs = " ".join(f"{p.get('pid')}:{p.get('used_mib') or '?'}MiB" for p in d.processes) or "-"
+        table.add_row(str(d.index), ProgressBar(total=max(d.total_mib, 1), completed=d.used_mib, width=24,
+                                                complete_style=style, finished_style=style),
+                      f"{d.used_mib:,}/{d.total_mib:,} MiB", f"{d.util_pct}%" if d.util_pct is not None else "-", procs)
+    return table
+
+
+# -- plain lines ---------------------------------------------------------------------------
+
+def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> list[str]:
+    clock = _clock(time.time() if now is None else now)
+    lines = []
+    for job in status.jobs:
+        a = job.attempt
+        parts = [clock, job.name, job.state]
+        if a is not None:
+            parts += [f"attempt {_attempt_text(job)}", f"phase {a.phase or '-'}"]
+            if a.progress is not None:
+                p = a.progress
+                pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
+                parts.append(f"progress {_num(p.done)}/{_num(p.total)}{pct}")
+                if p.rate_s_per_it:
+                    parts.append(_rate(p.rate_s_per_it))
+                if p.eta_s is not None and job.state == "running":
+                    parts.append(f"eta {_duration(p.eta_s)}")
+        parts.append(f"health {_verdict(job)}")
+        if job.last_output_age_s is not None:
+            parts.append(f"output {_duration(job.last_output_age_s)} ago")
+        note = _job_note(job)
+        if note:
+            parts.append(f"({note})")
+        lines.append("  ".join(parts))
+    if not status.jobs:
+        lines.append(f"{clock}  no jobs yet")
+    if status.gpu:
+        lines.append(f"{clock}  GPUs: " + "  ".join(f"{d.index}:{d.used_mib}/{d.total_mib} MiB" for d in status.gpu))
+    else:
+        lines.append(f"{clock}  GPUs: {status.gpu_note or 'none'}")
+    return lines
+
+
+# -- formatting ----------------------------------------------------------------------------
+
+def _attempt_text(job: protocol.JobStatus) -> str:
+    """'2/3': the run's second attempt of three allowed; '(#7)' adds the job's attempt number
+    when earlier runs make the two differ."""
+    a = job.attempt
+    if a is None:
+        return "-"
+    run = job.run_attempt or a.n
+    return f"{run}/{job.max_attempts}" + (f" (#{a.n})" if run != a.n else "")
+
+
+def _verdict(job: protocol.JobStatus) -> str:
+    a = job.attempt
+    if a is None:
+        return "-"
+    if a.verdict:
+        return a.verdict
+    return "healthy" if a.state == "running" else a.state
+
+
+def _rate(seconds_per_item: float | None) -> str:
+    if not seconds_per_item:
+        return "-"
+    if seconds_per_item < 1:
+        return f"{1 / seconds_per_item:.1f} it/s"
+    return f"{seconds_per_item:.1f} s/it"
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _clock(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
