@@ -41,6 +41,8 @@ from .records import MAX_RECORD_BYTES, split_records
 
 log = structlog.get_logger()
 
+_RATE_WINDOW_S = 0.1  # a log's line rate is measured over windows this long
+
 _FILE_MASK = (
     _inotify.IN_MODIFY
     | _inotify.IN_CLOSE_WRITE
@@ -103,6 +105,8 @@ class LogFollower:
         self.busy_read_interval = busy_read_interval
         self._last_read_at = 0.0
         self._lines_per_s = 0.0
+        self._window_start = 0.0
+        self._window_records = 0
 
     # -- public surface -------------------------------------------------------------------
 
@@ -212,11 +216,17 @@ class LogFollower:
             self._waiting = False
 
     def _note_rate(self, records: int) -> None:
+        # The rate over windows of at least 0.1 s: two lines landing in one read are jitter,
+        # not a busy log, and must not delay the next line.
         now = time.monotonic()
-        elapsed = now - self._last_read_at
-        if elapsed > 0:
-            self._lines_per_s = records / max(elapsed, 1e-4)
         self._last_read_at = now
+        self._window_records += records
+        elapsed = now - self._window_start
+        if elapsed >= _RATE_WINDOW_S:
+            self._lines_per_s = self._window_records / elapsed
+            self._window_start, self._window_records = now, 0
+        elif elapsed < 0 or self._window_start == 0.0:
+            self._window_start = now
 
     def _coalesce_delay(self) -> float:
         if self._finishing or self._closed or self._lines_per_s < self.busy_lines_per_s:

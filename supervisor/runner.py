@@ -110,7 +110,11 @@ class JobRunner:
     async def detach(self) -> None:
         """The daemon is shutting down: stop watching, leave the job running for the next daemon."""
         if self.task is not None:
-            self.task.cancel()
+            # Cancel until it has ended: a cancellation that lands just as an awaited result
+            # completes is swallowed (asyncio.wait_for before 3.12, suppress(CancelledError)).
+            while not self.task.done():
+                self.task.cancel()
+                await asyncio.wait({self.task}, timeout=0.1)
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
