@@ -90,7 +90,7 @@ def render(status: protocol.StatusResponse, now: float | None = None) -> Rendera
         jobs.add_row(*_job_cells(job))
         note = _job_note(job)
         if note:
-            notes.append(Text.assemble(("  " + job.name + ": ", "bold"), (note, "dim")))
+            notes.append(Text.assemble(("  " + job.name + ": ", "bold"), (note, "dim"), no_wrap=True, overflow="ellipsis"))
     parts: list[RenderableType] = [header, Text(""), jobs if status.jobs else Text("no jobs yet: `supervise start JOB`")]
     parts.extend(notes)
     parts.append(Text(""))
