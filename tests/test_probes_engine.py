@@ -464,3 +464,18 @@ def test_extract_job_log_end_to_end() -> None:
     short = build_report(run(log + "extract incomplete: 1 of 4 samples failed (3); relaunch to retry them\n"))
     assert short.outcome is Outcome.CRASHED and short.failure is not None
     assert short.failure.line.startswith("extract incomplete")
+
+
+def test_a_bar_with_the_next_log_line_glued_on_still_advances() -> None:
+    # From a real LLaMA-Factory run: tqdm's last redraw, then the trainer's log line written
+    # straight after it with no newline.  Both the bar and the log line are read.
+    from supervisor.events import ProbeKind, Record
+    from supervisor.probes import ProbeEngine, load_packs
+
+    text = ("100%|██████████| 72/72 [33:13<00:00, 22.84s/it][INFO|trainer.py:4309] 2026-04-22 01:29:39,056 >> "
+            "Saving model checkpoint to /out/checkpoint-72")
+    engine = ProbeEngine(load_packs())
+    events = engine.feed(Record(text=text, offset=0, end=len(text.encode()) + 1, redraw=False))
+    kinds = [e.kind for e in events]
+    assert kinds[0] is ProbeKind.PROGRESS and events[0].fields["done"] == 72
+    assert len(events) == 2 and events[1].kind is not ProbeKind.PROGRESS

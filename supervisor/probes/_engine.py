@@ -345,9 +345,8 @@ class ProbeEngine:
             if consumed or not probe:
                 self._hold(events, out)
                 return
-        event = self._probe_line(record, line, fields) if probe else None
-        if event is not None:
-            events.append(event)
+        if probe:
+            events.extend(self._probe_line(record, line, fields))
         self._hold(events, out)
 
     def _traceback_line(
@@ -374,23 +373,36 @@ class ProbeEngine:
             return []
         return self._set.Match(data) or []
 
-    def _probe_line(self, record: Record, line: str, prefix_fields: dict[str, Any]) -> ProbeEvent | None:
+    def _probe_line(self, record: Record, line: str, prefix_fields: dict[str, Any]) -> list[ProbeEvent]:
+        """The first matching probe's event; plus, when that probe is not a progress probe, the
+        first matching progress probe's, placed first: a tqdm redraw that the next log line was
+        written straight after (`... 72/72 [..][INFO|trainer.py:4309] Saving ...`) still
+        advances its bar."""
         data = line.encode("utf-8", "replace")
         hits = self._set.Match(data) if self._set is not None else None
         if not hits:
-            return None
+            return []
+        primary: ProbeEvent | None = None
         for index in sorted(hits) if len(hits) > 1 else hits:
             cp = self._probes[index]
+            probe = cp.probe
+            if primary is not None and probe.kind is not ProbeKind.PROGRESS:
+                continue
             fields = cp.fields(data, line)
             if fields is None:
                 continue
             if prefix_fields:
                 fields = {**prefix_fields, **fields}
-            probe = cp.probe
             if probe.kind is ProbeKind.FAILURE:
-                return self._failure_event(probe, record, line, fields)
-            return ProbeEvent(probe.kind, probe.name, record.offset, line, probe.phase, None, fields)
-        return None
+                event = self._failure_event(probe, record, line, fields)
+            else:
+                event = ProbeEvent(probe.kind, probe.name, record.offset, line, probe.phase, None, fields)
+            if primary is not None:
+                return [event, primary]
+            if probe.kind is ProbeKind.PROGRESS:
+                return [event]
+            primary = event
+        return [primary] if primary is not None else []
 
     def _failure_event(self, probe: Probe, record: Record, line: str, fields: dict[str, Any]) -> ProbeEvent:
         header = self._split.header(line)
