@@ -56,8 +56,8 @@ PHASE_COLOURS: dict[str, str] = {
 }
 _ATTEMPT_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 _VERDICT_MARKERS = {  # verdict -> (marker, colour)
-    "crashed": ("X", "#d62728"), "oom": ("X", "#7f0000"), "stalled": ("s", "#ff9f1c"),
-    "silent": ("s", "#ffbf00"), "leaked": ("P", "#e377c2"), "done": ("*", "#2ca02c"),
+    "crashed": ("X", "#d62728"), "oom": ("X", "#7f0000"), "stalled": ("s", "#6a3d9a"),
+    "silent": ("s", "#9e6ac8"), "leaked": ("P", "#e377c2"), "done": ("*", "#2ca02c"),
 }
 
 
@@ -160,7 +160,7 @@ def _draw_attempts(axis: Any, history: History) -> None:
     handles += [
         Line2D([], [], marker="o", color="#d62728", linestyle="", markersize=5, label="failure line"),
         Line2D([], [], marker="X", color="#d62728", linestyle="", label="verdict: crashed/oom"),
-        Line2D([], [], marker="s", color="#ff9f1c", linestyle="", label="verdict: stalled/silent"),
+        Line2D([], [], marker="s", color="#6a3d9a", linestyle="", label="verdict: stalled/silent"),
         Line2D([], [], marker="v", color="black", linestyle="", label="tree killed"),
         Line2D([], [], marker=">", color="#2ca02c", linestyle="", label="relaunch decided"),
     ]

@@ -13,6 +13,7 @@ import datetime as dt
 import sys
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -32,13 +33,13 @@ StatusSource = Callable[[], protocol.StatusResponse]
 
 
 def watch_command(fetch: StatusSource, *, interval_s: float = 0.5, plain_every_s: float = 5.0,
-                  tty: bool | None = None, out: object = None) -> int:
+                  tty: bool | None = None, out: TextIO | None = None) -> int:
     """Run the view until Ctrl-C; `fetch` returns a fresh status (the API's `/v1/status`)."""
     stream = out or sys.stdout
-    is_tty = stream.isatty() if tty is None else tty  # type: ignore[attr-defined]
+    is_tty = stream.isatty() if tty is None else tty
     try:
         if is_tty:
-            _live(fetch, interval_s, Console(file=stream))  # type: ignore[arg-type]
+            _live(fetch, interval_s, Console(file=stream))
         else:
             _plain(fetch, plain_every_s, stream)
     except KeyboardInterrupt:
@@ -48,7 +49,7 @@ def watch_command(fetch: StatusSource, *, interval_s: float = 0.5, plain_every_s
 
 def _live(fetch: StatusSource, interval_s: float, console: Console) -> None:
     with Live(_fetch_view(fetch), console=console, auto_refresh=False, transient=False,
-              vertical_overflow="visible") as live:
+              vertical_overflow="ellipsis") as live:
         while True:
             time.sleep(interval_s)
             live.update(_fetch_view(fetch), refresh=True)
@@ -62,14 +63,14 @@ def _fetch_view(fetch: StatusSource) -> RenderableType:
                     style="bold red")
 
 
-def _plain(fetch: StatusSource, every_s: float, stream: object) -> None:
+def _plain(fetch: StatusSource, every_s: float, stream: TextIO) -> None:
     while True:
         try:
             lines = plain_lines(fetch())
         except DaemonError as exc:
             lines = [f"{_clock(time.time())} daemon unreachable: {exc}"]
-        stream.write("\n".join(lines) + "\n")  # type: ignore[attr-defined]
-        stream.flush()  # type: ignore[attr-defined]
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()
         time.sleep(every_s)
 
 

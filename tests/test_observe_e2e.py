@@ -23,7 +23,6 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, DaemonProcess, _kill_leftover_jobs, wait_until
-from supervisor.client import Client
 
 MIB = 1024 * 1024
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")
@@ -97,9 +96,9 @@ def test_metrics_move_with_a_running_job(daemon: DaemonProcess, make_job, daemon
         samples = _parse(_scrape_socket(home))
         done = _value(samples, "supervise_job_progress_done", probe="vllm.shards", **job)
         stall = _value(samples, "supervise_job_stall_seconds", **job)
-        return samples if done == 2 and stall is not None and stall > 0.8 else None
+        return samples if done in (2, 3) and stall is not None and stall > 0.8 else None
 
-    # The bar's latest redraw is a record only once the next one starts: 2/6 is what has been read.
+    # 3/6 is drawn; the runner reads a redraw once the next one starts, so it may still count 2/6.
     slow = wait_until(in_the_slow_shard, timeout=10, interval=0.1)
     assert _value(slow, "supervise_job_phase", phase="weight_loading", **job) == 1.0
     assert _value(slow, "supervise_job_phase", phase="running", **job) == 0.0
@@ -123,14 +122,14 @@ def test_metrics_move_with_a_running_job(daemon: DaemonProcess, make_job, daemon
     assert _value(end, "supervise_probe_records_total", **job) >= 9  # 1 + 7 redraws/lines + traceback lines
     if shutil.which("promtool"):
         lint = subprocess.run(["promtool", "check", "metrics"], input=_scrape_socket(home), capture_output=True,
-                              text=True, timeout=30)
+                              text=True, timeout=30, check=False)
         assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
 
 
 def test_non_loopback_metrics_address_is_refused(home: Path, daemon_env: dict[str, str]) -> None:
     env = {**daemon_env, "SUPERVISE_METRICS_ADDR": "0.0.0.0:9464"}
     result = subprocess.run([sys.executable, "-m", "supervisor.daemon"], env=env, capture_output=True, text=True,
-                            timeout=30)
+                            timeout=30, check=False)
     assert result.returncode == 78
     assert result.stderr.strip().endswith("environment SUPERVISE_METRICS_ADDR: '0.0.0.0:9464' is not a loopback address: "
                                           "the metrics endpoint binds only to 127.0.0.0/8, ::1 or localhost "
@@ -167,7 +166,7 @@ def _gpu_spec(home: Path) -> Path:
     spec.write_text(f"""\
 name = "extract-tp2"
 command = ["{{python}}", "{REPO / 'tests' / 'jobs' / 'gpu_job.py'}", "{home / 'holders'}", "--shards", "4",
-           "--shard-s", "0.25", "--prompts", "24", "--prompt-s", "0.08", "--crash", "1:8", "--crash", "2:14"]
+           "--shard-s", "0.25", "--prompts", "40", "--prompt-s", "0.08", "--crash", "1:8", "--crash", "2:14"]
 probes = ["python", "cuda", "vllm"]
 stop_grace_s = 2
 [env]
@@ -213,7 +212,7 @@ class Tmux:
             time.sleep(0.1)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.server, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-L", self.server, "kill-server"], capture_output=True, timeout=10, check=False)
 
 
 def _pane_command(home: Path, *args: str) -> str:
@@ -229,9 +228,8 @@ def test_gpu_job_watch_metrics_and_report(gpu_daemon: FakeGpuDaemon, home: Path,
     client.start(str(_gpu_spec(home)), {})
     tmux = Tmux("watch", _pane_command(home, "status", "--watch"), 150, 20)
     try:
-        # The live view, as a person sees it, while attempt 1 generates.
-        screen = tmux.wait_for(lambda s: "running      1/3  running" in s and "/24" in s, timeout=20)
-        (home / "watch-screen.txt").write_text(screen)
+        # The live view, as a person sees it, while an attempt generates.
+        screen = tmux.wait_for(lambda s: re.search(r"running +[123]/3  running .*/40", s) is not None, timeout=25)
         assert "supervise · daemon pid" in screen
         assert "JOB          STATE    ATTEMPT  PHASE    PROGRESS" in screen
         assert "healthy" in screen and "it/s" in screen and "ago" in screen
@@ -252,7 +250,7 @@ def test_gpu_job_watch_metrics_and_report(gpu_daemon: FakeGpuDaemon, home: Path,
 
         wait_until(lambda: client.status("extract-tp2").jobs[0].state == "done", timeout=40, interval=0.2)
         final = tmux.wait_for(lambda s: "done       3/3" in s, timeout=5)
-        assert "60/60" not in final and "24/24" in final
+        assert "40/40" in final
         tmux.keys("C-c")
         assert "Traceback" not in tmux.wait_for(lambda s: "EXIT=0" in s, timeout=5)
     finally:

@@ -4,10 +4,11 @@ graph capture, engine ready) and then a "Processed prompts" bar, and declares it
 to a fake NVML (tests/fakes/gpu_daemon.py) by writing `<holders>/<pid>`.
 
     gpu_job.py HOLDERS [--shards N] [--shard-s S] [--prompts P] [--prompt-s S] [--crash N:STEP ...]
-               [--pause-at-shard K:SECONDS]
+               [--hang N:SHARD ...]
 
 `--crash 1:12` makes attempt 1 die at prompt 12 (attempt 1 with a CUDA OOM, later ones with an
-illegal memory access, so their fingerprints differ).
+illegal memory access, so their fingerprints differ); `--hang 2:5` makes attempt 2 hang for good
+while loading shard 5 (a stuck shard load: only the watchdog ends it).
 """
 
 from __future__ import annotations
@@ -28,14 +29,11 @@ def main() -> None:
     parser.add_argument("--prompt-s", type=float, default=0.05)
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--crash", action="append", default=[], metavar="ATTEMPT:STEP")
-    parser.add_argument("--pause-at-shard", default=None, metavar="K:SECONDS")
+    parser.add_argument("--hang", action="append", default=[], metavar="ATTEMPT:SHARD")
     args = parser.parse_args()
     attempt = int(os.environ.get("SUPERVISE_ATTEMPT", "job.1.x").split(".")[-2])
     crash_at = {int(a): int(s) for a, s in (c.split(":") for c in args.crash)}
-    pause_shard, pause_s = None, 0.0
-    if args.pause_at_shard:
-        shard_text, seconds_text = args.pause_at_shard.split(":")
-        pause_shard, pause_s = int(shard_text), float(seconds_text)
+    hang_at = {int(a): int(s) for a, s in (h.split(":") for h in args.hang)}
     holder = Path(args.holders) / str(os.getpid())
 
     def hold(mib_per_gpu: int) -> None:
@@ -56,7 +54,7 @@ def main() -> None:
     sys.stdout.write(f"\r{bar}:   0% Completed | 0/{args.shards} [00:00<?, ?it/s]")
     sys.stdout.flush()
     for shard in range(1, args.shards + 1):
-        time.sleep(pause_s if shard == pause_shard else args.shard_s)
+        time.sleep(3600 if hang_at.get(attempt) == shard else args.shard_s)
         hold(900 + 2600 * shard)
         pct = 100 * shard // args.shards
         sys.stdout.write(f"\r{bar}: {pct:3d}% Completed | {shard}/{args.shards} [00:0{shard}<00:00,  "
