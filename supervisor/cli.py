@@ -8,11 +8,12 @@ Exit codes: 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or probe
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
+from . import _format as _fmt
 from . import protocol
 from .client import Client
 from .config import default_paths
@@ -226,9 +227,9 @@ def cmd_attempts(args: argparse.Namespace) -> int:
         return 0
     print(f"{'#':>3}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} {'fingerprint':<12} action")
     for a in response.attempts:
-        duration = _duration((a.ended or dt.datetime.now().timestamp()) - a.started)
-        progress = f"{_num(a.progress.done)}/{_num(a.progress.total)}" if a.progress and a.progress.total else "-"
-        print(f"{a.n:>3}  {_time(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
+        duration = _fmt.duration((a.ended or time.time()) - a.started)
+        progress = f"{_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}" if a.progress and a.progress.total else "-"
+        print(f"{a.n:>3}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
         if a.reason and a.verdict not in (None, "done"):
             print(f"     {a.reason}")
@@ -326,7 +327,7 @@ class _EventPrinter:
             detail = f"{event.phase}: {event.message}"
         elif event.kind == "failure":
             detail = f"{event.data.get('failure', 'failure')}: {event.message}"
-        print(f"{_clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
+        print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
 
     def _progress(self, event: protocol.EventInfo) -> None:
         done, total = event.data.get("done"), event.data.get("total")
@@ -334,7 +335,7 @@ class _EventPrinter:
         for key in ("tok_s", "loss", "rate"):
             if key in event.data:
                 extra += f" {key}={event.data[key]}"
-        line = f"{_clock(event.ts)} #{event.attempt} progress {event.probe}: {_num(done)}/{_num(total)}{extra}"
+        line = f"{_fmt.clock(event.ts)} #{event.attempt} progress {event.probe}: {_fmt.num(done)}/{_fmt.num(total)}{extra}"
         if self.tty:
             sys.stdout.write("\r\x1b[2K" + line)
             sys.stdout.flush()
@@ -356,20 +357,20 @@ def _status_block(job: protocol.JobStatus) -> str:
     a = job.attempt
     lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
     if a is not None:
-        lines.append(f"  attempt {a.n}/{job.max_attempts}  pid {a.pid}  host {a.host}  started {_time(a.started)}")
+        lines.append(f"  attempt {a.n}/{job.max_attempts}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or 'healthy'}")
         if a.progress is not None:
             p = a.progress
-            eta = f"  eta {_duration(p.eta_s)}" if p.eta_s else ""
+            eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s else ""
             rate = f"  {p.rate_s_per_it:.2f} s/it" if p.rate_s_per_it else ""
-            lines.append(f"  progress {p.probe}: {_num(p.done)}/{_num(p.total)}{rate}{eta}")
+            lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}{eta}")
         if a.failure is not None:
             lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
         if job.last_output_age_s is not None:
-            lines.append(f"  last output {_duration(job.last_output_age_s)} ago")
+            lines.append(f"  last output {_fmt.duration(job.last_output_age_s)} ago")
         lines.append(f"  log {a.log_path}")
     if job.next_relaunch_in_s is not None:
-        lines.append(f"  relaunch in {_duration(job.next_relaunch_in_s)}")
+        lines.append(f"  relaunch in {_fmt.duration(job.next_relaunch_in_s)}")
     return "\n".join(lines)
 
 
@@ -379,31 +380,8 @@ def _gpu_line(devices: list[protocol.GpuDeviceInfo], note: str) -> str:
     return "GPUs: " + "  ".join(f"{d.index}:{d.used_mib}/{d.total_mib} MiB" for d in devices)
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return "?"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
-def _time(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _clock(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 if __name__ == "__main__":

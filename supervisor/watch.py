@@ -9,7 +9,6 @@ cleanly and leaves the jobs running.
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from . import _format as _fmt
 from . import protocol
 from .errors import DaemonError
 
@@ -59,7 +59,7 @@ def _fetch_view(fetch: StatusSource) -> RenderableType:
     try:
         return render(fetch())
     except DaemonError as exc:
-        return Text(f"supervise · {_clock(time.time())} · daemon unreachable: {exc} (retrying; Ctrl-C to exit)",
+        return Text(f"supervise · {_fmt.clock(time.time())} · daemon unreachable: {exc} (retrying; Ctrl-C to exit)",
                     style="bold red")
 
 
@@ -68,7 +68,7 @@ def _plain(fetch: StatusSource, every_s: float, stream: TextIO) -> None:
         try:
             lines = plain_lines(fetch())
         except DaemonError as exc:
-            lines = [f"{_clock(time.time())} daemon unreachable: {exc}"]
+            lines = [f"{_fmt.clock(time.time())} daemon unreachable: {exc}"]
         stream.write("\n".join(lines) + "\n")
         stream.flush()
         time.sleep(every_s)
@@ -79,7 +79,7 @@ def _plain(fetch: StatusSource, every_s: float, stream: TextIO) -> None:
 def render(status: protocol.StatusResponse, now: float | None = None) -> RenderableType:
     now = time.time() if now is None else now
     header = Text.assemble(("supervise", "bold"), f" · daemon pid {status.daemon_pid} v{status.daemon_version} · ",
-                           _clock(now), " · ", (f"{len(status.jobs)} job{'s' if len(status.jobs) != 1 else ''}", ""),
+                           _fmt.clock(now), " · ", (f"{len(status.jobs)} job{'s' if len(status.jobs) != 1 else ''}", ""),
                            (" · Ctrl-C to exit", "dim"))
     jobs = Table(expand=False, box=None, pad_edge=False, header_style="bold", show_edge=False)
     for column, justify in (("JOB", "left"), ("STATE", "left"), ("ATTEMPT", "right"), ("PHASE", "left"),
@@ -111,19 +111,19 @@ def _job_cells(job: protocol.JobStatus) -> list[RenderableType]:
         if p.total:
             bar = ProgressBar(total=p.total, completed=min(p.done, p.total), width=24,
                               complete_style="green" if p.done >= p.total else "cyan", finished_style="green")
-        done = f"{_num(p.done)}/{_num(p.total)}" if p.total else _num(p.done)
+        done = f"{_fmt.num(p.done)}/{_fmt.num(p.total)}" if p.total else _fmt.num(p.done)
         rate = _rate(p.rate_s_per_it)
-        eta = _duration(p.eta_s) if p.eta_s is not None and job.state == "running" else "-"
+        eta = _fmt.duration(p.eta_s) if p.eta_s is not None and job.state == "running" else "-"
     verdict = _verdict(job)
     health = Text(verdict, style=_VERDICT_STYLE.get(verdict, ""))
-    output = f"{_duration(job.last_output_age_s)} ago" if job.last_output_age_s is not None else "-"
+    output = f"{_fmt.duration(job.last_output_age_s)} ago" if job.last_output_age_s is not None else "-"
     return [Text(job.name, style="bold"), state, attempt, phase, bar, done, rate, eta, health, output]
 
 
 def _job_note(job: protocol.JobStatus) -> str:
     a = job.attempt
     if job.next_relaunch_in_s is not None:
-        return f"relaunch in {_duration(job.next_relaunch_in_s)}: {job.reason}"
+        return f"relaunch in {_fmt.duration(job.next_relaunch_in_s)}: {job.reason}"
     if a is not None and a.failure is not None and job.state != "done":
         return f"{a.failure.kind}: {a.failure.line}"[:160]
     if job.state in ("failed", "waiting", "backoff", "stopped") and job.reason:
@@ -151,7 +151,7 @@ def _gpu_view(status: protocol.StatusResponse) -> RenderableType:
 # -- plain lines ---------------------------------------------------------------------------
 
 def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> list[str]:
-    clock = _clock(time.time() if now is None else now)
+    clock = _fmt.clock(time.time() if now is None else now)
     lines = []
     for job in status.jobs:
         a = job.attempt
@@ -161,14 +161,14 @@ def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> li
             if a.progress is not None:
                 p = a.progress
                 pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
-                parts.append(f"progress {_num(p.done)}/{_num(p.total)}{pct}")
+                parts.append(f"progress {_fmt.num(p.done)}/{_fmt.num(p.total)}{pct}")
                 if p.rate_s_per_it:
                     parts.append(_rate(p.rate_s_per_it))
                 if p.eta_s is not None and job.state == "running":
-                    parts.append(f"eta {_duration(p.eta_s)}")
+                    parts.append(f"eta {_fmt.duration(p.eta_s)}")
         parts.append(f"health {_verdict(job)}")
         if job.last_output_age_s is not None:
-            parts.append(f"output {_duration(job.last_output_age_s)} ago")
+            parts.append(f"output {_fmt.duration(job.last_output_age_s)} ago")
         note = _job_note(job)
         if note:
             parts.append(f"({note})")
@@ -211,22 +211,3 @@ def _rate(seconds_per_item: float | None) -> str:
     return f"{seconds_per_item:.1f} s/it"
 
 
-def _num(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def _clock(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

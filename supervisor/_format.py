@@ -1,0 +1,34 @@
+"""Small text formatters shared by the terminal views (`cli`, `watch`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+def num(value: Any) -> str:
+    """A count for display: '?' when unknown, no '.0' on whole numbers."""
+    if value is None:
+        return "?"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:g}"
+    return str(value)
+
+
+def timestamp(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def clock(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
