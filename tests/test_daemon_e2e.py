@@ -5,56 +5,40 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
-
-from conftest import REPO, DaemonProcess, wait_until
-from supervisor.client import Client
-
-PROGRESS_JOB = """\
-import sys, time
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-delay = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
-print("starting", flush=True)
-for i in range(1, n + 1):
-    print(f"Loading checkpoint shards: {100*i//n}%|###| {i}/{n} [00:00<00:01, 5.0it/s]", flush=True)
-    time.sleep(delay)
-print("all good", flush=True)
-"""
-
-
-def _job_state(client: Client, job: str) -> str:
-    return client.status(job).jobs[0].state
-
-
-def _supervise(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=120, check=check, cwd=REPO)
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import (
+    CRASHING_JOB,
+    PROGRESS_JOB,
+    escaping_job,
+    job_state,
+    probe_events,
+    supervise,
+)
 
 
 def test_start_status_logs_and_done(daemon: DaemonProcess, make_job, daemon_env) -> None:
     spec = make_job("progress", PROGRESS_JOB, params=', "10", "0.01"')
-    out = _supervise(daemon_env, "start", str(spec))
+    out = supervise(daemon_env, "start", str(spec))
     assert "started progress attempt 1" in out.stdout
     client = daemon.client()
-    wait_until(lambda: _job_state(client, "progress") == "done")
+    wait_until(lambda: job_state(client, "progress") == "done")
     attempt = client.attempts("progress").attempts[0]
     assert attempt.exit_code == 0 and attempt.verdict == "done"
-    logs = _supervise(daemon_env, "logs", "progress").stdout
+    logs = supervise(daemon_env, "logs", "progress").stdout
     assert "10/10 [00:00<00:01, 5.0it/s]" in logs and "all good" in logs
     progress = [e for e in client.events("progress").events if e.kind == "progress"]
     assert [e.data["done"] for e in progress][-1] == 10
-    status = _supervise(daemon_env, "status", "--json").stdout
+    status = supervise(daemon_env, "status", "--json").stdout
     assert json.loads(status)["jobs"][0]["state"] == "done"
 
 
 def test_start_follow_exits_with_job_result(daemon: DaemonProcess, make_job, daemon_env) -> None:
-    spec = make_job("crashy", "import sys\nprint('x', flush=True)\nraise KeyError('layers.0.weight_scale')\n",
+    spec = make_job("crashy", CRASHING_JOB,
                     extra="[restart]\nmax_attempts = 1\n")
-    result = _supervise(daemon_env, "start", str(spec), "--follow", check=False)
+    result = supervise(daemon_env, "start", str(spec), "--follow", check=False)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "KeyError: 'layers.0.weight_scale'" in result.stdout
     assert "crashy failed" in result.stdout
@@ -62,20 +46,7 @@ def test_start_follow_exits_with_job_result(daemon: DaemonProcess, make_job, dae
 
 def test_stop_kills_escaped_grandchild(daemon: DaemonProcess, make_job, home: Path) -> None:
     pid_file = home / "grandchild.pid"
-    script = f"""\
-    import os, time
-    if os.fork() == 0:
-        if os.fork() == 0:
-            os.setsid()  # escape the job's process group and session
-            open("{pid_file}.tmp", "w").write(str(os.getpid()))
-            os.rename("{pid_file}.tmp", "{pid_file}")
-            while True:
-                time.sleep(1)
-        os._exit(0)  # the middle process exits: the grandchild is re-parented to init
-    print("parent waiting", flush=True)
-    while True:
-        time.sleep(1)
-    """
+    script = escaping_job(pid_file)
     spec = make_job("escaper", script)
     client = daemon.client()
     client.start(str(spec), {})
@@ -85,7 +56,7 @@ def test_stop_kills_escaped_grandchild(daemon: DaemonProcess, make_job, home: Pa
     response = client.stop("escaper", grace_s=1.0)
     assert grandchild in {p.pid for p in response.processes}
     assert not gc.is_running() or gc.status() == psutil.STATUS_ZOMBIE
-    assert _job_state(client, "escaper") == "stopped"
+    assert job_state(client, "escaper") == "stopped"
     attempt = client.attempts("escaper").attempts[0]
     # The wrapper is spared SIGTERM so it can record how the command ended.
     assert attempt.exit_signal == signal.SIGTERM, attempt
@@ -104,23 +75,19 @@ def test_daemon_sigkill_and_restart_readopts_without_loss_or_doubles(
     assert psutil.pid_exists(job_pid)  # the job keeps running without its daemon
     daemon.start()
     client = daemon.client()
-    wait_until(lambda: _job_state(client, "steady") == "done", timeout=30)
-    interrupted = _probe_events(client, "steady")
+    wait_until(lambda: job_state(client, "steady") == "done", timeout=30)
+    interrupted = probe_events(client, "steady")
 
     spec2 = make_job("steady2", PROGRESS_JOB, params=', "40", "0.05"')
     client.start(str(spec2), {})
-    wait_until(lambda: _job_state(client, "steady2") == "done", timeout=30)
-    uninterrupted = _probe_events(client, "steady2")
+    wait_until(lambda: job_state(client, "steady2") == "done", timeout=30)
+    uninterrupted = probe_events(client, "steady2")
     assert interrupted == uninterrupted
     assert [d for _, _, d in interrupted if d is not None] == list(range(1, 41))
     attempts = client.attempts("steady").attempts
     assert len(attempts) == 1 and attempts[0].pid == job_pid  # re-adopted, not relaunched
     assert "re-adopted" in daemon.log_text()
 
-
-def _probe_events(client: Client, job: str) -> list[tuple[str | None, str, object]]:
-    return [(e.probe, e.message, e.data.get("done")) for e in client.events(job).events
-            if e.probe is not None]
 
 
 def test_cr_only_progress_is_read(daemon: DaemonProcess, make_job) -> None:
@@ -135,7 +102,7 @@ def test_cr_only_progress_is_read(daemon: DaemonProcess, make_job) -> None:
     spec = make_job("crbar", script)
     client = daemon.client()
     client.start(str(spec), {})
-    wait_until(lambda: _job_state(client, "crbar") == "done")
+    wait_until(lambda: job_state(client, "crbar") == "done")
     done = [e.data.get("done") for e in client.events("crbar").events if e.kind == "progress"]
     assert done and done[-1] == 5
 
@@ -155,7 +122,7 @@ def test_huge_line_and_binary_garbage_do_not_hurt_the_daemon(daemon: DaemonProce
     spec = make_job("garbage", script, extra="[restart]\nmax_attempts = 1\n")
     client = daemon.client()
     client.start(str(spec), {})
-    wait_until(lambda: _job_state(client, "garbage") == "failed", timeout=60)
+    wait_until(lambda: job_state(client, "garbage") == "failed", timeout=60)
     attempt = client.attempts("garbage").attempts[0]
     assert attempt.failure is not None and attempt.failure.kind == "value_error"
     assert client.ping().pid == daemon.proc.pid  # still the same daemon
@@ -164,7 +131,7 @@ def test_huge_line_and_binary_garbage_do_not_hurt_the_daemon(daemon: DaemonProce
 def test_bad_spec_is_one_clear_line_and_nothing_runs(daemon_env, home: Path) -> None:
     spec = home / "bad.toml"
     spec.write_text('name = "bad"\ncommand = "not-a-list"\n')
-    result = _supervise(daemon_env, "start", str(spec), check=False)
+    result = supervise(daemon_env, "start", str(spec), check=False)
     assert result.returncode == 65
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.toml" in lines[0] and "command" in lines[0]
@@ -180,18 +147,18 @@ def test_set_value_is_one_argv_item_never_a_command(daemon: DaemonProcess, make_
     """
     spec = make_job("inject", script, params=', "--out", "{out}"', extra='[params]\nout = "x"\n')
     evil = f"; touch {marker}; rm -rf / #"
-    _supervise(daemon_env, "start", str(spec), "--set", f"out={evil}")
+    supervise(daemon_env, "start", str(spec), "--set", f"out={evil}")
     client = daemon.client()
-    wait_until(lambda: _job_state(client, "inject") == "done")
+    wait_until(lambda: job_state(client, "inject") == "done")
     assert json.loads(argv_file.read_text()) == ["--out", evil]
     assert not marker.exists()
 
 
 def test_unknown_set_key_and_unknown_job_are_clear_errors(daemon_env, make_job) -> None:
     spec = make_job("plain", "print('hi')\n")
-    result = _supervise(daemon_env, "start", str(spec), "--set", "nope=1", check=False)
+    result = supervise(daemon_env, "start", str(spec), "--set", "nope=1", check=False)
     assert result.returncode == 65 and "no such parameter" in result.stderr
-    result = _supervise(daemon_env, "start", "no-such-job-anywhere", check=False)
+    result = supervise(daemon_env, "start", "no-such-job-anywhere", check=False)
     assert result.returncode == 65 and "no job spec" in result.stderr
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,29 +13,21 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
-from conftest import REPO, DaemonProcess, wait_until
-from supervisor.client import Client
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import (
+    CRASHING_JOB,
+    PROGRESS_JOB,
+    escaping_job,
+    job_state,
+    probe_events,
+    progress_done,
+    supervise,
+)
 
 if TYPE_CHECKING:
     from sshd import SshServer
 
 pytest_plugins = ["sshd"]  # the session-scoped sshd_server fixture
-
-PROGRESS_JOB = """\
-import os, sys, time
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-delay = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
-gate = sys.argv[3] if len(sys.argv) > 3 else None  # halfway, wait until this file exists
-print("starting", flush=True)
-for i in range(1, n + 1):
-    print(f"Loading checkpoint shards: {100*i//n}%|###| {i}/{n} [00:00<00:01, 5.0it/s]", flush=True)
-    time.sleep(delay)
-    while gate and i == n // 2 and not os.path.exists(gate):
-        time.sleep(0.01)
-print("***** Running training *****", flush=True)
-print("all good", flush=True)
-"""
-
 
 @pytest.fixture
 def daemon_env(daemon_env: dict[str, str], sshd_server: SshServer, home: Path) -> dict[str, str]:
@@ -62,36 +53,18 @@ def ssh_job(make_job: Callable[..., Path], sshd_server: SshServer) -> Callable[.
     return make
 
 
-def _state(client: Client, job: str) -> str:
-    return client.status(job).jobs[0].state
-
-
-def _supervise(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=120, check=check, cwd=REPO)
-
-
-def _probe_events(client: Client, job: str) -> list[tuple[str | None, str, object]]:
-    return [(e.probe, e.message, e.data.get("done")) for e in client.events(job).events if e.probe is not None]
-
-
-def _progress(client: Client, job: str) -> int:
-    done = [e.data.get("done", 0) for e in client.events(job).events if e.kind == "progress"]
-    return int(done[-1]) if done else 0
-
-
 def test_ssh_job_runs_with_progress_logs_and_done(daemon: DaemonProcess, ssh_job, daemon_env, home: Path,
                                                   sshd_server: SshServer) -> None:
     spec = ssh_job("remote", PROGRESS_JOB, params=', "10", "0.01"')
-    out = _supervise(daemon_env, "start", str(spec))
+    out = supervise(daemon_env, "start", str(spec))
     assert "started remote attempt 1" in out.stdout
     client = daemon.client()
-    wait_until(lambda: _state(client, "remote") == "done")
+    wait_until(lambda: job_state(client, "remote") == "done")
     attempt = client.attempts("remote").attempts[0]
     assert attempt.exit_code == 0 and attempt.verdict == "done"
     assert attempt.host == sshd_server.url
     assert attempt.log_path == str(home / "remote-logs" / "remote" / "attempt-1.log")
-    logs = _supervise(daemon_env, "logs", "remote").stdout
+    logs = supervise(daemon_env, "logs", "remote").stdout
     assert "10/10 [00:00<00:01, 5.0it/s]" in logs and "all good" in logs
     events = client.events("remote").events
     assert [e.data["done"] for e in events if e.kind == "progress"] == list(range(1, 11))
@@ -100,9 +73,9 @@ def test_ssh_job_runs_with_progress_logs_and_done(daemon: DaemonProcess, ssh_job
 
 
 def test_ssh_crash_is_reported_with_its_traceback(daemon: DaemonProcess, ssh_job, daemon_env) -> None:
-    spec = ssh_job("crashy", "import sys\nprint('x', flush=True)\nraise KeyError('layers.0.weight_scale')\n",
+    spec = ssh_job("crashy", CRASHING_JOB,
                    extra="[restart]\nmax_attempts = 1\n")
-    result = _supervise(daemon_env, "start", str(spec), "--follow", check=False)
+    result = supervise(daemon_env, "start", str(spec), "--follow", check=False)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "KeyError: 'layers.0.weight_scale'" in result.stdout
     assert "crashy failed" in result.stdout
@@ -112,20 +85,7 @@ def test_ssh_crash_is_reported_with_its_traceback(daemon: DaemonProcess, ssh_job
 
 def test_ssh_stop_kills_escaped_grandchild(daemon: DaemonProcess, ssh_job, home: Path) -> None:
     pid_file = home / "grandchild.pid"
-    script = f"""\
-    import os, time
-    if os.fork() == 0:
-        if os.fork() == 0:
-            os.setsid()  # escape the job's process group and session
-            open("{pid_file}.tmp", "w").write(str(os.getpid()))
-            os.rename("{pid_file}.tmp", "{pid_file}")
-            while True:
-                time.sleep(1)
-        os._exit(0)
-    print("parent waiting", flush=True)
-    while True:
-        time.sleep(1)
-    """
+    script = escaping_job(pid_file)
     spec = ssh_job("escaper", script)
     client = daemon.client()
     client.start(str(spec), {})
@@ -135,7 +95,7 @@ def test_ssh_stop_kills_escaped_grandchild(daemon: DaemonProcess, ssh_job, home:
     response = client.stop("escaper", grace_s=1.0)
     assert grandchild in {p.pid for p in response.processes}
     assert not gc.is_running() or gc.status() == psutil.STATUS_ZOMBIE
-    assert _state(client, "escaper") == "stopped"
+    assert job_state(client, "escaper") == "stopped"
 
 
 def test_dropped_connections_change_nothing_in_the_stored_events(
@@ -150,19 +110,19 @@ def test_dropped_connections_change_nothing_in_the_stored_events(
         return sshd_server.log_text().count("Accepted publickey")
 
     for at in (5, 12, 20):
-        wait_until(lambda: _progress(client, "dropped") >= at, timeout=30)  # noqa: B023
+        wait_until(lambda: progress_done(client, "dropped") >= at, timeout=30)  # noqa: B023
         job_pid = job_pid or client.status("dropped").jobs[0].attempt.pid
         before = logins()
         assert sshd_server.drop_connections() >= 1
         wait_until(lambda: logins() > before, timeout=30)  # noqa: B023 - the daemon is back
     gate.write_text("")
-    wait_until(lambda: _state(client, "dropped") == "done", timeout=30)
-    interrupted = _probe_events(client, "dropped")
+    wait_until(lambda: job_state(client, "dropped") == "done", timeout=30)
+    interrupted = probe_events(client, "dropped")
 
     spec2 = ssh_job("steady", PROGRESS_JOB, params=f', "40", "0.03", "{gate}"')
     client.start(str(spec2), {})
-    wait_until(lambda: _state(client, "steady") == "done", timeout=30)
-    uninterrupted = _probe_events(client, "steady")
+    wait_until(lambda: job_state(client, "steady") == "done", timeout=30)
+    uninterrupted = probe_events(client, "steady")
 
     assert interrupted == uninterrupted
     assert [d for _, _, d in interrupted if d is not None] == list(range(1, 41))
@@ -176,7 +136,7 @@ def test_daemon_sigkill_and_restart_readopts_the_remote_job(daemon: DaemonProces
     spec = ssh_job("steady", PROGRESS_JOB, params=f', "40", "0.02", "{gate}"')
     client = daemon.client()
     client.start(str(spec), {})
-    wait_until(lambda: _progress(client, "steady") >= 8)
+    wait_until(lambda: progress_done(client, "steady") >= 8)
     job_pid = client.status("steady").jobs[0].attempt.pid
     daemon.kill(signal.SIGKILL)
     assert psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE  # it runs on without its daemon
@@ -184,8 +144,8 @@ def test_daemon_sigkill_and_restart_readopts_the_remote_job(daemon: DaemonProces
     client = daemon.client()
     wait_until(lambda: "re-adopted" in daemon.log_text())
     gate.write_text("")
-    wait_until(lambda: _state(client, "steady") == "done", timeout=30)
-    events = _probe_events(client, "steady")
+    wait_until(lambda: job_state(client, "steady") == "done", timeout=30)
+    events = probe_events(client, "steady")
     assert [d for _, _, d in events if d is not None] == list(range(1, 41))
     attempts = client.attempts("steady").attempts
     assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0

@@ -1,0 +1,66 @@
+"""Job scripts and helpers shared by the end-to-end tests of the local and the SSH host."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from supervisor.client import Client
+
+REPO = Path(__file__).resolve().parents[1]
+
+# argv: N lines, delay between them, optionally a gate file it waits for halfway.
+PROGRESS_JOB = """\
+import os, sys, time
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+delay = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
+gate = sys.argv[3] if len(sys.argv) > 3 else None  # halfway, wait until this file exists
+print("starting", flush=True)
+for i in range(1, n + 1):
+    print(f"Loading checkpoint shards: {100*i//n}%|###| {i}/{n} [00:00<00:01, 5.0it/s]", flush=True)
+    time.sleep(delay)
+    while gate and i == n // 2 and not os.path.exists(gate):
+        time.sleep(0.01)
+print("***** Running training *****", flush=True)  # a phase line (transformers' Trainer)
+print("all good", flush=True)
+"""
+
+CRASHING_JOB = "import sys\nprint('x', flush=True)\nraise KeyError('layers.0.weight_scale')\n"
+
+
+def escaping_job(pid_file: Path) -> str:
+    """A job whose grandchild escapes its process group and session and is re-parented to init."""
+    return f"""\
+    import os, time
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()  # escape the job's process group and session
+            open("{pid_file}.tmp", "w").write(str(os.getpid()))
+            os.rename("{pid_file}.tmp", "{pid_file}")
+            while True:
+                time.sleep(1)
+        os._exit(0)  # the middle process exits: the grandchild is re-parented to init
+    print("parent waiting", flush=True)
+    while True:
+        time.sleep(1)
+    """
+
+
+def job_state(client: Client, job: str) -> str:
+    return client.status(job).jobs[0].state
+
+
+def supervise(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=120, check=check, cwd=REPO)
+
+
+def probe_events(client: Client, job: str) -> list[tuple[str | None, str, object]]:
+    return [(e.probe, e.message, e.data.get("done")) for e in client.events(job).events if e.probe is not None]
+
+
+def progress_done(client: Client, job: str) -> int:
+    done = [e.data.get("done", 0) for e in client.events(job).events if e.kind == "progress"]
+    return int(done[-1]) if done else 0
