@@ -1,9 +1,10 @@
-"""The event bus: the store, alerts, metrics and `logs -f` streams subscribe to it.
+"""The event bus: the daemon's log, metrics and `events -f` streams subscribe to it.
 
-Publishing is synchronous and ordered: subscribers are called in the order they
-subscribed, so the store (subscribed first) assigns ids before anyone else sees an
-event.  Streaming subscribers get a bounded queue; a reader too slow to keep up is
-dropped (told so) rather than allowed to grow the daemon's memory.
+Events are published once stored: the runner writes each batch to the store in the same
+transaction as the log offset it reaches (that pairing is what makes a restart lose and
+double nothing), so every published event already has its id.  Publishing is synchronous
+and ordered.  Streaming subscribers get a bounded queue; a reader too slow to keep up is
+dropped (its stream ends) rather than allowed to grow the daemon's memory.
 """
 
 from __future__ import annotations
