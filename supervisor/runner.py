@@ -405,6 +405,12 @@ class JobRunner:
         live.killed_by_us = True
         report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s)
         live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
+        if live.exit_status is None:  # killed while alive (stalled, silent): record how it ended
+            status = await self.ctx.host.exit_status(live.handle)
+            if status is not None:
+                live.exit_status = status
+                self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode,
+                                              exit_signal=status.signal)
         self._action(live, f"killed the process tree: {report.summary()}",
                      {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors})
 

@@ -72,6 +72,7 @@ def test_frozen_shard_load_is_flagged_within_the_bound_and_killed(fast_daemon: D
     flagged = next(e.ts for e in events if e.kind == "verdict" and e.data.get("verdict") == "stalled")
     assert 1.0 <= flagged - last_progress < 3.0  # the bound is max(floor 1 s, 3 x ~0.075 s)
     assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)
+    assert attempt.exit_signal == 15  # SIGTERM; the wrapper, spared, recorded it
 
 
 def test_crash_is_seen_at_exit_and_same_crash_twice_stops(fast_daemon: DaemonProcess, home: Path) -> None:
