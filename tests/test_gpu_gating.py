@@ -5,18 +5,25 @@ driver does)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 
 from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
 from supervisor.client import Client
 from supervisor.config import DaemonSettings, Paths
 from supervisor.daemon import Daemon
+from supervisor.errors import RequestRejected
 
 HOLD_MIB = 8000
 FREE_LAG_S = 1.5
@@ -54,8 +61,27 @@ class ProcessBoundNvml(FakeNvml):
         return super().nvmlDeviceGetComputeRunningProcesses(handle)
 
 
+@contextlib.contextmanager
+def in_process_daemon(nvml: FakeNvml) -> Iterator[Client]:
+    """A real daemon (its own event loop, in a thread) whose NVML is the given fake."""
+    home = Path(tempfile.mkdtemp(prefix="sv-", dir="/tmp"))
+    daemon = Daemon(Paths(home), DaemonSettings(gpu_interval_s=0.1), nvml=nvml)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(daemon.serve(),), daemon=True)
+    thread.start()
+    client = Client(Paths(home))
+    try:
+        wait_until(lambda: _pings(client))
+        yield client
+    finally:
+        loop.call_soon_threadsafe(daemon.request_stop)
+        thread.join(timeout=30)
+        loop.close()
+        client.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def test_relaunch_waits_for_gpu_memory_release(tmp_path: Path) -> None:
-    home = Path(__import__("tempfile").mkdtemp(prefix="sv-", dir="/tmp"))
     holders = tmp_path / "holders"
     holders.mkdir()
     script = tmp_path / "gpu_job.py"
@@ -68,13 +94,7 @@ def test_relaunch_waits_for_gpu_memory_release(tmp_path: Path) -> None:
                     "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0\nbackoff_jitter_s = 0\n"
                     "[gpu]\nrelease_timeout_s = 20\nrelease_tolerance_mib = 100\n")
     nvml = ProcessBoundNvml(holders)
-    daemon = Daemon(Paths(home), DaemonSettings(gpu_interval_s=0.1), nvml=nvml)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(daemon.serve(),), daemon=True)
-    thread.start()
-    client = Client(Paths(home))
-    try:
-        wait_until(lambda: _pings(client))
+    with in_process_daemon(nvml) as client:
         client.start(str(spec), {})
         wait_until(lambda: client.status("gpu").jobs[0].state == "failed", timeout=60)
         first, second = client.attempts("gpu").attempts
@@ -85,10 +105,52 @@ def test_relaunch_waits_for_gpu_memory_release(tmp_path: Path) -> None:
         assert launched_second >= freed_at + offset - 0.05, "relaunched while memory was still held"
         actions = [e.message for e in client.events("gpu").events if e.kind == "action"]
         assert any(m.startswith("GPU memory released after") for m in actions)
+
+
+def _foreign_holder(holders: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """A process that is not the supervisor's and holds GPU memory (per the fake) for `seconds`."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    (holders / f"{proc.pid}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def _plain_spec(tmp_path: Path, name: str, foreign: str) -> Path:
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(f'name = "{name}"\ncommand = ["{sys.executable}", "-c", "print(1)"]\n'
+                    f'[gpu]\nforeign_memory = "{foreign}"\nforeign_wait_s = 30\n')
+    return spec
+
+
+def test_prelaunch_refuses_gpus_held_by_others_and_says_whose(tmp_path: Path) -> None:
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    holder = _foreign_holder(holders, 30)
+    try:
+        with in_process_daemon(ProcessBoundNvml(holders)) as client:
+            wait_until(lambda: client.gpus().devices and client.gpus().devices[0].used_mib > HOLD_MIB)
+            with pytest.raises(RequestRejected) as info:
+                client.start(str(_plain_spec(tmp_path, "refused", "refuse")), {})
+            message = str(info.value)
+            assert f"pid {holder.pid}" in message and f"{HOLD_MIB} MiB" in message and "sleep" in message
+            assert client.attempts("refused").attempts == []  # nothing was launched
     finally:
-        loop.call_soon_threadsafe(daemon.request_stop)
-        thread.join(timeout=30)
-        client.close()
+        holder.kill()
+        holder.wait()
+
+
+def test_prelaunch_waits_until_others_free_the_gpus(tmp_path: Path) -> None:
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    holder = _foreign_holder(holders, 1.0)
+    try:
+        with in_process_daemon(ProcessBoundNvml(holders)) as client:
+            wait_until(lambda: client.gpus().devices and client.gpus().devices[0].used_mib > HOLD_MIB)
+            client.start(str(_plain_spec(tmp_path, "patient", "wait")), {})  # returns once launched
+            assert holder.poll() is not None, "launched while another process still held the GPU"
+            wait_until(lambda: client.status("patient").jobs[0].state == "done", timeout=30)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def _alive(pid: int) -> bool:
