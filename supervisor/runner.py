@@ -20,7 +20,7 @@ import structlog
 
 from .alerts import Alert, Alerter
 from .bus import EventBus
-from .errors import SuperviseError
+from .errors import StoreError, SuperviseError
 from .events import Event, EventKind, ProbeEvent, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
 from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
@@ -33,6 +33,7 @@ from .watchdog import Judgement, Watchdog
 log = structlog.get_logger("supervise.runner")
 
 _OFFSET_SAVE_INTERVAL_S = 1.0  # with no events, the resume offset is saved at most this often
+_MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.DONE}
 
 
@@ -170,12 +171,35 @@ class JobRunner:
                     return
         except asyncio.CancelledError:
             raise
+        except StoreError as exc:
+            # Full disk (most likely): supervision of this run is over, but its end must still
+            # reach the store, so try again until there is room.
+            log.error("job supervision stopped: the store cannot be written", job=self.spec.name, error=str(exc))
+            await self._record_when_possible(live_n=self._current_attempt_number(), reason=str(exc))
         except SuperviseError as exc:
             log.error("job failed", job=self.spec.name, error=str(exc))
             self._set_job("failed", str(exc))
         except Exception as exc:  # the daemon must outlive any one job's bug
             log.exception("job runner crashed", job=self.spec.name)
             self._set_job("failed", f"internal error: {exc!r}")
+
+    def _current_attempt_number(self) -> int | None:
+        latest = None
+        with contextlib.suppress(SuperviseError):
+            latest = self.ctx.store.latest_attempt(self.spec.name)
+        return latest.n if latest is not None else None
+
+    async def _record_when_possible(self, live_n: int | None, reason: str, retry_s: float = 2.0) -> None:
+        message = f"the store could not be written ({reason}); free disk space"
+        while True:
+            try:
+                if live_n is not None:
+                    self.ctx.store.update_attempt(self.spec.name, live_n, state="ended", ended=time.time(),
+                                                  action="supervision stopped: store not writable")
+                self._set_job("failed", message)
+                return
+            except StoreError:
+                await asyncio.sleep(retry_s)
 
     def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
         with contextlib.suppress(SuperviseError):
@@ -323,21 +347,40 @@ class JobRunner:
 
     async def _read(self, live: _Live, follower: Any, engine: ProbeEngine) -> None:
         last_save = 0.0
+        unsaved: list[Event] = []  # events a failed store write (full disk) could not take yet
+        disk_warned = False
         async for batch in follower.records():
             if self.ctx.records_seen is not None:
                 self.ctx.records_seen(self.spec.name, len(batch))
-            probe_events = engine.feed_many(batch)
-            saved = self._ingest(live, probe_events, engine.resume_offset, force=time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S)
-            if saved:
-                last_save = time.monotonic()
+            unsaved.extend(self._observe(live, engine.feed_many(batch)))
+            force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
+            try:
+                if self._save(live, unsaved, engine.resume_offset, force=force):
+                    last_save = time.monotonic()
+                unsaved = []
+                disk_warned = False
+            except StoreError as exc:
+                # Keep following and judging; store what is pending with the next batch.
+                if not disk_warned:
+                    log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
+                    disk_warned = True
+                del unsaved[:-_MAX_UNSAVED_EVENTS]
 
-    def _ingest(self, live: _Live, probe_events: list[ProbeEvent], offset: int, *, force: bool) -> bool:
+    def _observe(self, live: _Live, probe_events: list[ProbeEvent]) -> list[Event]:
+        """Feed the watchdog (output seen, each event) and return the events to store."""
         now = self.ctx.clock()
         live.watchdog.output_seen(now)
         live.last_output = time.time()
         events = [self._from_probe(live.row.n, pe) for pe in probe_events]
         for event in events:
             self._note(live, event, now)
+        return events
+
+    def _ingest(self, live: _Live, probe_events: list[ProbeEvent], offset: int, *, force: bool) -> bool:
+        return self._save(live, self._observe(live, probe_events), offset, force=force)
+
+    def _save(self, live: _Live, events: list[Event], offset: int, *, force: bool) -> bool:
+        """Store the events with the offset they bring the attempt to (one transaction), publish them."""
         if not events and not force:
             return False
         progress = live.watchdog.progress
