@@ -508,7 +508,7 @@ async def _write_line(response: web.StreamResponse, model: BaseModel) -> None:
 
 async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
     """Wait until the runner has launched (or failed to launch) the job's new attempt."""
-    before = (store.latest_attempt(job) or None)
+    before = store.latest_attempt(job)
     previous = before.n if before else 0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -81,7 +81,6 @@ class JobRunner:
         self.live: _Live | None = None
         self.next_relaunch_at: float | None = None
         self._stop_requested = asyncio.Event()
-        self._stop_report: KillReport | None = None
         self.task: asyncio.Task[None] | None = None
         self._engine_packs = load_packs(spec.probes, spec.probe_files)
 
@@ -102,7 +101,6 @@ class JobRunner:
         if live is not None:
             live.killed_by_us = True
             report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
-            self._stop_report = report
         if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError, SuperviseError):
                 await asyncio.wait_for(asyncio.shield(self.task), timeout=30)

@@ -278,9 +278,6 @@ class Store:
                 self._update_in_tx(db, job, n, fields)
         return stored
 
-    def set_offset(self, job: str, n: int, offset: int) -> None:
-        self.update_attempt(job, n, log_offset=offset)
-
     def _update_in_tx(self, db: sqlite3.Connection, job: str, n: int, fields: dict[str, Any]) -> None:
         sets, values = [], []
         for key, value in fields.items():

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _harness import percentile  # noqa: E402
 from sshd import SshServer  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 from supervisor.config import Paths  # noqa: E402
@@ -55,15 +56,6 @@ for i in range(n):
     out.write(f"{time.time():.6f} Loading checkpoint shards: {pct:3d}%|###| {done}/{n} [00:05<00:05,  1.00s/it]\\n".encode())
     out.flush()
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def ms(seconds: float) -> str:
