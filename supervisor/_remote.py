@@ -191,8 +191,8 @@ _members "$1" "$2" "$3" "$4"
 """
 
 # $1 pid $2 start $3 pgid $4 tag $5 grace (centiseconds).  Prints "N pid name" the first
-# time a process of the attempt is seen, "A pid" for each one alive when the grace period
-# ends, "K pid" for each SIGKILL and "S pid" for survivors.  It finishes even if the
+# time a process of the attempt is seen, "R pid" for each re-parented one, "A pid" for each
+# one alive when the grace period ends, "K pid" for each SIGKILL and "S pid" for survivors.  It finishes even if the
 # connection drops meanwhile (SIGPIPE and SIGHUP ignored).
 KILL_TREE = PROC_FUNCS + r"""
 trap '' PIPE HUP
@@ -204,8 +204,17 @@ _learn() {
   done
 }
 _signal() {  # SIG PIDS
-  if [ "$pg" -gt 1 ] && [ "$pg" = "$wp" ] && _wrapper_alive "$wp" "$ws"; then kill -"$1" -- "-$pg" 2>/dev/null; fi
-  [ -z "$2" ] || kill -"$1" $2 2>/dev/null
+  if [ "$1" = KILL ]; then
+    if [ "$pg" -gt 1 ] && [ "$pg" = "$wp" ] && _wrapper_alive "$wp" "$ws"; then kill -KILL -- "-$pg" 2>/dev/null; fi
+    [ -z "$2" ] || kill -KILL $2 2>/dev/null
+    return 0
+  fi
+  # TERM spares the wrapper, so that it outlives the command and records its exit status,
+  # and is followed by CONT: a stopped process cannot act on TERM until it runs again.
+  _t=
+  for _p in $2; do [ "$_p" = "$wp" ] || _t="$_t $_p"; done
+  [ -z "$_t" ] || { kill -"$1" $_t 2>/dev/null; kill -CONT $_t 2>/dev/null; }
+  return 0
 }
 _still() {  # PIDS: those still alive, plus any process of the attempt that appeared meanwhile
   _out=
@@ -217,6 +226,10 @@ _still() {  # PIDS: those still alive, plus any process of the attempt that appe
 }
 alive=$(_members "$wp" "$ws" "$pg" "$tag" | tr '\n' ' ')
 _learn "$alive"
+for _p in $alive; do  # re-parented: a parent outside the attempt (the wrapper's is, by design)
+  [ "$_p" != "$wp" ] && _stat "$_p" || continue
+  case " $alive " in *" $S_PPID "*) ;; *) echo "R $_p";; esac
+done
 _signal TERM "$alive"
 _now
 deadline=$((NOW + grace))
@@ -395,6 +408,8 @@ def parse_kill(out: bytes) -> KillReport:
             report.killed.append((pid, names.get(pid, "?")))
         elif kind == "S":
             report.survivors.append((pid, names.get(pid, "?")))
+        elif kind == "R":
+            report.reparented.append(pid)
     report.terminated = [(pid, names[pid]) for pid in learned_before_grace if pid not in alive_after_grace]
     return report
 

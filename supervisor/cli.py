@@ -135,7 +135,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
     response = _client().stop(args.job, args.grace)
     print(response.message)
     for proc in response.processes:
-        print(f"  {proc.signal:<8} {proc.pid:>8}  {proc.name}")
+        orphan = "  (re-parented)" if proc.reparented else ""
+        print(f"  {proc.signal:<8} {proc.pid:>8}  {proc.name}{orphan}")
     return 0
 
 

@@ -297,8 +297,11 @@ class Daemon:
         if runner is None or not runner.running:
             return _json(protocol.StopResponse(job=name, message=f"{name} is not running"))
         report = await runner.stop(body.grace_s)
-        processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM") for p, n in report.terminated]
-        processes += [protocol.KilledProcess(pid=p, name=n, signal="SIGKILL") for p, n in report.killed]
+        orphans = set(report.reparented)
+        processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
+                     for p, n in report.terminated]
+        processes += [protocol.KilledProcess(pid=p, name=n, signal="SIGKILL", reparented=p in orphans)
+                      for p, n in report.killed]
         message = f"stopped {name}: {report.summary()}"
         if report.survivors:
             raise RequestRejected(message, 500)

@@ -79,9 +79,14 @@ class KillReport:
     terminated: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) ended by TERM
     killed: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) that needed KILL
     survivors: list[tuple[int, str]] = field(default_factory=list)  # still alive after KILL
+    # Processes whose parent was not a process of the attempt when found (re-parented to
+    # init after their parent died): found by group or tag, not by walking the tree.
+    reparented: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{len(self.terminated)} ended on SIGTERM", f"{len(self.killed)} needed SIGKILL"]
+        if self.reparented:
+            parts.append(f"{len(self.reparented)} had been re-parented (found by tag)")
         if self.survivors:
             parts.append(f"{len(self.survivors)} STILL ALIVE: " + ", ".join(f"{p} {n}" for p, n in self.survivors))
         return ", ".join(parts)

@@ -200,6 +200,7 @@ def _kill_tree(handle: ProcessHandle, grace_s: float) -> KillReport:
     report = KillReport()
     targets = _attempt_processes(handle)
     names = {p.pid: _name(p) for p in targets}
+    report.reparented = _reparented(handle, targets)
     _signal_all(handle, targets, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     alive = targets
@@ -219,6 +220,18 @@ def _kill_tree(handle: ProcessHandle, grace_s: float) -> KillReport:
         alive = _merge(alive, _attempt_processes(handle), names)
     report.survivors = [(p.pid, names.get(p.pid, "?")) for p in alive]
     return report
+
+
+def _reparented(handle: ProcessHandle, procs: list[psutil.Process]) -> list[int]:
+    """The processes whose parent is outside the attempt: orphans adopted by init (or a
+    subreaper) after their parent died.  The wrapper's own parent is outside by design."""
+    pids = {p.pid for p in procs}
+    orphans = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.pid != handle.pid and proc.ppid() not in pids:
+                orphans.append(proc.pid)
+    return sorted(orphans)
 
 
 def _merge(alive: list[psutil.Process], more: list[psutil.Process], names: dict[int, str]) -> list[psutil.Process]:
@@ -248,6 +261,10 @@ def _signal_all(handle: ProcessHandle, procs: list[psutil.Process], sig: signal.
             continue
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
+            if sig == signal.SIGTERM:
+                # A stopped process (SIGSTOP, Ctrl-Z, a debugger) cannot act on SIGTERM until it
+                # runs again; systemd sends SIGCONT after SIGTERM for the same reason.
+                proc.send_signal(signal.SIGCONT)
 
 
 def _name(proc: psutil.Process) -> str:

@@ -103,6 +103,7 @@ class KilledProcess(BaseModel):
     pid: int
     name: str
     signal: str
+    reparented: bool = False  # its parent had died: found by tag, not by walking the tree
 
 
 class StopResponse(BaseModel):

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ import structlog
 from .alerts import Alert, Alerter
 from .bus import EventBus
 from .errors import StoreError, SuperviseError
-from .events import Event, EventKind, ProbeEvent, Verdict
+from .events import Event, EventKind, ProbeEvent, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
 from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
@@ -33,6 +33,10 @@ from .watchdog import Judgement, Watchdog
 log = structlog.get_logger("supervise.runner")
 
 _OFFSET_SAVE_INTERVAL_S = 1.0  # with no events, the resume offset is saved at most this often
+# A traceback is complete only when the next line shows it is over; a process that hangs
+# right after printing one (a rank died, its peers wait) prints no next line.  After this
+# much quiet, an open traceback is taken as complete.
+_TRACEBACK_QUIET_S = 1.0
 _MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.DONE}
 
@@ -327,7 +331,8 @@ class JobRunner:
                     error = reader.exception()
                     self._action(live, f"log following stopped ({error}); still watching the process", {})
                 judgement = live.watchdog.check()
-                if judgement.verdict in (Verdict.STALLED, Verdict.SILENT):
+                # Stalled, silent, or hung after a failure: judged while alive, killed next.
+                if judgement.verdict is not Verdict.HEALTHY:
                     self._record_verdict(live, judgement)
                     return judgement
         finally:
@@ -347,10 +352,15 @@ class JobRunner:
         last_save = 0.0
         unsaved: list[Event] = []  # events a failed store write (full disk) could not take yet
         disk_warned = False
-        async for batch in follower.records():
-            if self.ctx.records_seen is not None:
-                self.ctx.records_seen(self.spec.name, len(batch))
-            unsaved.extend(self._observe(live, engine.feed_many(batch)))
+        async for batch in _batches_or_quiet(follower, engine):
+            if batch is None:  # quiet with a traceback open: it is complete
+                unsaved.extend(self._observe(live, engine.flush(), output=False))
+                # Its rules may have come due already (dated from the last output): look now.
+                live.wake.set()
+            else:
+                if self.ctx.records_seen is not None:
+                    self.ctx.records_seen(self.spec.name, len(batch))
+                unsaved.extend(self._observe(live, engine.feed_many(batch)))
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
                 if self._save(live, unsaved, engine.resume_offset, force=force):
@@ -364,11 +374,16 @@ class JobRunner:
                     disk_warned = True
                 del unsaved[:-_MAX_UNSAVED_EVENTS]
 
-    def _observe(self, live: _Live, probe_events: list[ProbeEvent]) -> list[Event]:
-        """Feed the watchdog (output seen, each event) and return the events to store."""
-        now = self.ctx.clock()
-        live.watchdog.output_seen(now)
-        live.last_output = time.time()
+    def _observe(self, live: _Live, probe_events: list[ProbeEvent], *, output: bool = True) -> list[Event]:
+        """Feed the watchdog (output seen, each event) and return the events to store.
+        ``output=False``: events completed later from records already seen, which date from
+        the last output, not from now."""
+        if output:
+            now = self.ctx.clock()
+            live.watchdog.output_seen(now)
+            live.last_output = time.time()
+        else:
+            now = live.watchdog.last_output_at
         events = [self._from_probe(live.row.n, pe) for pe in probe_events]
         for event in events:
             self._note(live, event, now)
@@ -430,7 +445,8 @@ class JobRunner:
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    {"returncode": status.returncode, "signal": status.signal})])
         judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us)
-        self._record_verdict(live, judgement)
+        if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
+            self._record_verdict(live, judgement)
         return judgement
 
     def _record_verdict(self, live: _Live, judgement: Judgement) -> None:
@@ -453,7 +469,8 @@ class JobRunner:
                 self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode,
                                               exit_signal=status.signal)
         self._action(live, f"killed the process tree: {report.summary()}",
-                     {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors})
+                     {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors,
+                      "reparented": report.reparented})
 
     async def _wait_gpu_release(self, live: _Live) -> bool:
         sample = self.ctx.gpu.latest()
@@ -517,6 +534,39 @@ class JobRunner:
     def _publish(self, events: list[Event]) -> None:
         stored = self.ctx.store.record_events(events)
         self.ctx.bus.publish(stored)
+
+
+async def _batches_or_quiet(follower: Any, engine: ProbeEngine) -> AsyncIterator[list[Record] | None]:
+    """The follower's batches, and None each time the log has been quiet for
+    ``_TRACEBACK_QUIET_S`` while the engine holds an open traceback."""
+    batches = aiter(follower.records())
+    pending: asyncio.Future[list[Record]] | None = None
+    try:
+        while True:
+            if pending is None and not engine.has_open_traceback:
+                try:
+                    batch = await anext(batches)
+                except StopAsyncIteration:
+                    return
+                yield batch
+                continue
+            if pending is None:
+                # Waited on as a task, so that a timeout leaves the follower untouched.
+                pending = asyncio.ensure_future(anext(batches))
+            timeout = _TRACEBACK_QUIET_S if engine.has_open_traceback else None
+            done, _ = await asyncio.wait({pending}, timeout=timeout)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                batch = task.result()
+            except StopAsyncIteration:
+                return
+            yield batch
+    finally:
+        if pending is not None:
+            pending.cancel()
 
 
 def _describe(status: ExitStatus | None) -> str:

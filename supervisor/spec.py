@@ -57,6 +57,10 @@ class HealthSpec(_Strict):
         default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
     )
     phase_deadline_s: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    # A failure logged, then nothing moved and nothing printed for this long, with the process
+    # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
+    # by default before it gives up).  None turns the rule off.
+    hang_after_failure_s: Annotated[float, Field(gt=0)] | None = 120.0
 
     def stall_floor(self, phase: Phase | None) -> float:
         if phase is not None and phase in self.stall_floor_by_phase:

@@ -5,7 +5,8 @@ heartbeats) and the arrival of any output into a small state, and judges it agai
 the job's ``HealthSpec`` with an injectable clock:
 
 - ``check()`` while the process runs: healthy, stalled (stuck progress or a phase past
-  its deadline) or silent (no output at all for too long);
+  its deadline), silent (no output at all for too long) or crashed/oom (a failure was
+  logged and the process has hung since: the surviving ranks of a dead one);
 - ``exited()`` once it has ended: done, crashed or oom.
 
 Nothing here sleeps or polls: ``next_check_at()`` says when the verdict could next
@@ -116,6 +117,8 @@ class Watchdog:
         self._latest_probe: str | None = None
         self._failures: list[dict[str, Any]] = []
         self._advanced_since_failure = True
+        # The first failure since the last advance: what a hang after it is blamed on.
+        self._unrecovered_failure: dict[str, Any] | None = None
         self._failure_count = 0
         self._oom: dict[str, Any] | None = None
         self._final: Judgement | None = None
@@ -143,6 +146,11 @@ class Watchdog:
     def phase_entered_at(self) -> float:
         """Clock time the current phase began (the attempt's start before any phase)."""
         return self._phase_entered_at
+
+    @property
+    def last_output_at(self) -> float:
+        """Clock time of the latest output (the attempt's start before any)."""
+        return self._last_output_at
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -184,6 +192,8 @@ class Watchdog:
             track.retired = True
 
     def _failure(self, record: dict[str, Any]) -> None:
+        if self._advanced_since_failure:
+            self._unrecovered_failure = record
         self._advanced_since_failure = False
         self._failure_count += 1
         if len(self._failures) < _MAX_FAILURES_KEPT:
@@ -245,6 +255,7 @@ class Watchdog:
         conditions.extend(self._first_progress_condition())
         conditions.extend(self._deadline_condition())
         conditions.extend(self._silence_condition())
+        conditions.extend(self._hang_after_failure_condition())
         return conditions
 
     def _stall_condition(self, track: _Track) -> _Condition:
@@ -335,6 +346,28 @@ class Watchdog:
             return reason, {"phase": self._phase_name(), "silent_s": round(quiet, 3), "silence_s": limit}
 
         return [_Condition(last + limit, Verdict.SILENT, describe)]
+
+    def _hang_after_failure_condition(self) -> list[_Condition]:
+        # A phase change or a progress step after the failure means the process recovered
+        # (vLLM logs a full traceback at WARNING during a healthy start, then becomes ready).
+        limit = self._health.hang_after_failure_s
+        failure = self._unrecovered_failure
+        if limit is None or failure is None or self._advanced_since_failure:
+            return []
+        last = self._last_output_at
+        verdict = Verdict.OOM if failure["failure"] == FailureKind.CUDA_OOM else Verdict.CRASHED
+
+        def describe(at: float) -> tuple[str, dict[str, Any]]:
+            quiet = at - last
+            reason = f"hung after a failure, no output for {format_duration(quiet)}: {failure['line']}"
+            evidence = {
+                "phase": self._phase_name(), "silent_s": round(quiet, 3), "hang_after_failure_s": limit,
+                "failure": failure["failure"], "line": failure["line"], "fingerprint": failure["fingerprint"],
+                "traceback_tail": failure["traceback_tail"], "failures_seen": self._failure_count,
+            }
+            return reason, evidence
+
+        return [_Condition(last + limit, verdict, describe)]
 
     def _healthy_reason(self) -> str:
         progress = self.progress

@@ -28,6 +28,22 @@ print("all good", flush=True)
 
 CRASHING_JOB = "import sys\nprint('x', flush=True)\nraise KeyError('layers.0.weight_scale')\n"
 
+# A data-loading thread dies with a traceback; the main loop then waits for a batch forever:
+# a failure followed by a hang, with the process alive (a dead rank and its waiting peers look so).
+HANG_AFTER_FAILURE_JOB = """\
+import queue, threading, time
+batches = queue.Queue()
+def load():
+    for step in range(3):
+        batches.put(step)
+        time.sleep(0.05)
+    raise RuntimeError("shard 3 of the dataset is corrupt")
+threading.Thread(target=load, daemon=True).start()
+while True:
+    step = batches.get()
+    print(f"step {step}", flush=True)
+"""
+
 
 def escaping_job(pid_file: Path) -> str:
     """A job whose grandchild escapes its process group and session and is re-parented to init."""

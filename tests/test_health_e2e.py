@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, DaemonProcess, wait_until
+from e2e_jobs import HANG_AFTER_FAILURE_JOB
 from supervisor.client import Client
 
 CORPUS = REPO / "tests" / "data" / "corpus"
@@ -92,6 +93,34 @@ def test_crash_is_seen_at_exit_and_same_crash_twice_stops(fast_daemon: DaemonPro
     exited = [e for e in client.events("crash").events if e.kind in ("exited", "verdict") and e.attempt == 1]
     # With every poll at an hour, the verdict follows the exit at once.
     assert exited[-1].ts - exited[0].ts < 2.0
+
+
+def test_a_hang_after_a_failure_is_judged_killed_and_the_same_hang_twice_stops(
+    fast_daemon: DaemonProcess, home: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_AFTER_FAILURE_JOB)
+    spec = home / "hang.toml"
+    spec.write_text(f'name = "hang"\ncommand = ["{sys.executable}", "{script}"]\nstop_grace_s = 1\n'
+                    "[health]\nhang_after_failure_s = 1.0\n"
+                    "[restart]\nmax_attempts = 5\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "hang"), timeout=60)
+    attempts = client.attempts("hang").attempts
+    assert len(attempts) == 2 and client.status("hang").jobs[0].state == "failed"
+    first = attempts[0]
+    assert first.verdict == "crashed"
+    assert first.reason == "hung after a failure, no output for 1.0s: RuntimeError: shard 3 of the dataset is corrupt"
+    assert first.exit_signal == 15  # killed by us, SIGTERM; the spared wrapper recorded it
+    assert first.fingerprint and first.fingerprint == attempts[1].fingerprint
+    assert "same failure twice" in (attempts[1].action or "")
+    events = [e for e in client.events("hang").events if e.attempt == 1]
+    judged = next(e.ts for e in events if e.kind == "verdict")
+    # Its last line came ~0.2 s after the start; with every poll at an hour, the verdict
+    # comes from the rule's own deadline, 1 s after that line.
+    assert 1.0 <= judged - first.started < 4.0
+    assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)
 
 
 def test_cuda_oom_is_classified_as_oom(fast_daemon: DaemonProcess, home: Path) -> None:

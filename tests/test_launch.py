@@ -99,8 +99,44 @@ time.sleep(60)
     escaped, report, pids = asyncio.run(run())
     assert escaped in pids
     assert escaped in {pid for pid, _ in report.killed}
+    assert report.reparented == [escaped]  # its parent had exited: found by tag, not in the tree
+    assert "1 had been re-parented" in report.summary()
     assert not report.survivors
     assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
+
+
+# A job that stopped itself (SIGSTOP: a debugger, Ctrl-Z, a frozen rank) and shuts down cleanly on SIGTERM.
+STOPPED_JOB = """
+import os, signal, sys
+def bye(*_):
+    print("clean shutdown", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+print("stopping myself", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+print("continued without a signal", flush=True)
+"""
+
+
+def test_a_stopped_process_is_continued_so_that_sigterm_reaches_it(tmp_path: Path) -> None:
+    host = LocalHost(tmp_path)
+
+    async def run() -> tuple[object, float, object]:
+        handle = await host.launch(request(tmp_path, STOPPED_JOB))
+        deadline = time.monotonic() + 10
+        while psutil.Process(handle.pid).children()[0].status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        report = await host.kill_tree(handle, 10.0)
+        took = time.monotonic() - started
+        return report, took, await asyncio.wait_for(host.wait_exit(handle), 5)
+
+    report, took, status = asyncio.run(run())
+    assert not report.killed and not report.survivors  # SIGTERM sufficed: no SIGKILL after the grace
+    assert took < 5
+    assert "clean shutdown" in (tmp_path / "logs" / "attempt-1.log").read_text()
+    assert status.returncode == 0  # the spared wrapper recorded the job's own exit
 
 
 def test_bad_workdir_is_a_launch_error_with_the_reason(tmp_path: Path) -> None:

@@ -296,13 +296,52 @@ def test_kill_tree_finds_the_escaped_tagged_grandchild(ssh_env, tmp_path: Path, 
     assert os.getpgid(escaped) != handle.pgid  # it really escaped
     assert {handle.pid, escaped} <= pids
     assert escaped in {pid for pid, _ in report.killed}
+    assert report.reparented == [escaped]  # its parent had exited: found by tag, not in the tree
+    # The wrapper is spared SIGTERM: it ends once its command has, after recording its status.
     assert handle.pid in {pid for pid, _ in report.terminated}
     names = dict(report.terminated + report.killed)
     assert "python" in names[escaped] and "-c" in names[escaped]
     assert not report.survivors and not after
     assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
     assert took < 5
-    assert status.returncode is None or status.signal == signal.SIGTERM
+    assert status.signal == signal.SIGTERM
+
+
+def test_a_stopped_remote_process_is_continued_so_that_sigterm_reaches_it(
+    ssh_env, tmp_path: Path, cleanup_tags, url: str
+) -> None:
+    from test_launch import STOPPED_JOB
+
+    cleanup_tags.append("s.7.abc")
+    host = SshHost(url, env=ssh_env)
+    log = tmp_path / "remote-logs" / "job" / "attempt-1.log"
+
+    def stopped() -> bool:
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("SUPERVISE_ATTEMPT") == "s.7.abc" and proc.status() == psutil.STATUS_STOPPED:
+                    return True
+        return False
+
+    async def go() -> tuple[Any, float, Any]:
+        try:
+            handle = await host.launch(request(tmp_path, STOPPED_JOB, "s.7.abc"))
+            deadline = time.monotonic() + 10
+            while not stopped():
+                assert time.monotonic() < deadline, "the job never stopped itself"
+                await asyncio.sleep(0.02)
+            started = time.monotonic()
+            report = await host.kill_tree(handle, 10.0)
+            took = time.monotonic() - started
+            return report, took, await asyncio.wait_for(host.wait_exit(handle), 10)
+        finally:
+            await host.close()
+
+    report, took, status = run(go)
+    assert not report.killed and not report.survivors
+    assert took < 5
+    assert "clean shutdown" in log.read_text()
+    assert status.returncode == 0
 
 
 def test_an_unidentified_pid_never_lends_its_tree_or_group(ssh_env, tmp_path: Path, url: str) -> None:

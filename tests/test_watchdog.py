@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor.events import Event, EventKind, FailureKind, Phase, Verdict
+from supervisor.probes import replay_file
 from supervisor.spec import HealthSpec
 from supervisor.watchdog import Judgement, Watchdog, format_duration
 
@@ -286,6 +288,106 @@ def test_next_check_at_is_the_earliest_pending_rule() -> None:
     assert w.next_check_at() == pytest.approx(23.0)  # silence first
     assert w.next_check_at(now=23.0) == pytest.approx(53.0)  # then the stall, then the deadline
     assert w.next_check_at(now=53.0) == pytest.approx(500.0)
+
+
+# ---- hung after a failure ------------------------------------------------------------------
+
+
+def test_a_failure_then_silence_is_a_crash_while_the_process_still_runs() -> None:
+    # One rank raised; the others wait in their next collective and print nothing more.
+    w, clock = make(hang_after_failure_s=120, stall_floor_s=1e9)
+    advance(w, clock, 3, 10.0, total=None)
+    clock.t = 11.0
+    w.observe(failure(line="RuntimeError: rank 1: bad batch at step 5", fp="fpbad"))
+    assert w.next_check_at() == 131.0
+    assert w.check(130.9).verdict == Verdict.HEALTHY
+    j = w.check(131.0)
+    assert j.verdict == Verdict.CRASHED
+    assert j.reason == "hung after a failure, no output for 2m00s: RuntimeError: rank 1: bad batch at step 5"
+    assert j.evidence["fingerprint"] == "fpbad" and j.evidence["hang_after_failure_s"] == 120
+    # Killed by us for it: the exit keeps that verdict, whatever signal ended it.
+    assert w.exited(None, 15, killed_by_us=True).reason == j.reason
+
+
+def test_output_after_the_failure_pushes_the_hang_deadline() -> None:
+    w, clock = make(hang_after_failure_s=30)
+    clock.t = 5.0
+    w.observe(failure())
+    clock.t = 20.0
+    w.output_seen()  # shutdown messages, a second rank's traceback: not yet hung
+    assert w.check(34.0).verdict == Verdict.HEALTHY
+    assert w.next_check_at() == 50.0
+    assert w.check(50.0).verdict == Verdict.CRASHED
+
+
+def test_the_first_failure_since_the_last_advance_is_blamed() -> None:
+    w, clock = make(hang_after_failure_s=30)
+    advance(w, clock, 1, 0.5)
+    w.observe(failure(line="ValueError: first, recovered from", fp="a"))
+    advance(w, clock, 2, 1.0)
+    w.observe(failure(line="RuntimeError: the cause", fp="b"))
+    w.observe(failure(line="RuntimeError: a consequence", fp="c"))
+    j = w.check(100.0)
+    assert j.verdict == Verdict.CRASHED and j.evidence["fingerprint"] == "b"
+
+
+@pytest.mark.parametrize("recovery", ["phase", "progress"])
+def test_a_phase_or_progress_after_the_failure_is_a_recovery(recovery: str) -> None:
+    # vLLM logs a full traceback at WARNING during a healthy --skip-tokenizer-init start, then
+    # becomes ready and sits idle: it must not be called hung.
+    w, clock = make(hang_after_failure_s=30, stall_floor_s=1e9)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 1, 1.0)
+    w.observe(failure(kind="value_error", line="ValueError: Tokenizer not available"))
+    if recovery == "phase":
+        w.observe(phase(Phase.ENGINE_READY))
+    else:
+        advance(w, clock, 2, 2.0)
+    assert w.check(10_000.0).verdict == Verdict.HEALTHY
+    assert w.next_check_at(10_000.0) is None or recovery == "progress"
+
+
+def test_an_oom_then_hang_is_oom_and_the_rule_can_be_turned_off() -> None:
+    w, _ = make(hang_after_failure_s=60)
+    w.observe(failure(kind=FailureKind.CUDA_OOM, line="torch.OutOfMemoryError: CUDA out of memory."))
+    assert w.check(60.0).verdict == Verdict.OOM
+    off, _ = make(hang_after_failure_s=None)
+    off.observe(failure())
+    assert off.check(1e9).verdict == Verdict.HEALTHY and off.next_check_at() is None
+
+
+def _corpus_events(path: Path) -> list[Event]:
+    report = replay_file(path)
+    events = []
+    for e in report.events:
+        data: dict[str, Any] = dict(e.fields)
+        if e.failure is not None:
+            data.update(failure=e.failure.value, fingerprint=e.fingerprint, traceback=e.traceback, line=e.line)
+        events.append(Event(job="j", attempt=1, kind=EventKind(e.kind.value), message=e.line, probe=e.probe,
+                            phase=e.phase, offset=e.offset, data=data))
+    return events
+
+
+def _corpus_labels() -> list[tuple[Path, str]]:
+    cases = []
+    for folder in ("vllm-logs", "full-logs", "device-logs"):
+        labels = tomllib.loads((DATA / "corpus" / folder / "labels.toml").read_text())["log"]
+        cases += [(DATA / "corpus" / folder / label["file"], label["outcome"]) for label in labels]
+    return cases
+
+
+@pytest.mark.parametrize(("path", "outcome"), _corpus_labels(), ids=lambda v: getattr(v, "name", v))
+def test_on_real_logs_only_failed_runs_leave_a_failure_unrecovered(path: Path, outcome: str) -> None:
+    """Were each corpus process to hang after its last line, the rule would fire on the runs
+    that failed, and on no run that became ready, finished, or was still loading."""
+    w, _ = make(hang_after_failure_s=120, stall_floor_s=1e12)
+    for event in _corpus_events(path):
+        w.observe(event, now=0.0)
+    verdict = w.check(1e6).verdict
+    if outcome in ("crashed", "oom"):
+        assert verdict in (Verdict.CRASHED, Verdict.OOM)
+    else:
+        assert verdict == Verdict.HEALTHY, w.check(1e6).reason
 
 
 # ---- exits ------------------------------------------------------------------------------

@@ -267,6 +267,11 @@ class ProbeEngine:
             return self._last.offset  # its fields are lent to the next line
         return self._end
 
+    @property
+    def has_open_traceback(self) -> bool:
+        """A traceback is being captured: its event comes with a later line or ``flush``."""
+        return self._tracker.active
+
     def feed(self, record: Record) -> list[ProbeEvent]:
         """Feed one record; returns the events that are complete (see ``feed_many``)."""
         text = record.text
@@ -319,7 +324,8 @@ class ProbeEngine:
             self._end = records[-1].end
 
     def flush(self) -> list[ProbeEvent]:
-        """End of the log: finish open tracebacks and return every event still held."""
+        """End of the log, or a quiet one: finish open tracebacks and return every event
+        still held.  Feeding may go on afterwards."""
         out: list[ProbeEvent] = []
         events = [self._traceback_event(cap) for cap in self._tracker.flush()]
         self._hold(events, out)

@@ -16,7 +16,7 @@ say() { echo "=== $(date +%T) $*"; }
 
 say "supervise venv"
 python3 -m venv /tmp/sv && /tmp/sv/bin/pip install -q --no-index --find-links "$WHEELS" \
-  pydantic structlog tenacity psutil asyncssh nvidia-ml-py google-re2 aiohttp httpx apprise || exit 1
+  pydantic structlog tenacity psutil asyncssh nvidia-ml-py google-re2 aiohttp httpx apprise prometheus-client rich || exit 1
 SV() { PYTHONPATH=$REPO /tmp/sv/bin/python -m supervisor.cli "$@"; }
 
 say "vLLM"

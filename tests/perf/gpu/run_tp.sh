@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Tensor-parallel vLLM (TP=2) under supervise on 2 H200s: one worker SIGKILLed mid-run, then one worker
-# frozen (SIGSTOP) during shard loading.  Run from the repo root on the GPU machine after the vLLM wheels were
-# copied to /tmp/parts:   OUT=/some/dir STEP=kill|freeze bash tests/perf/gpu/run_tp.sh
+# Tensor-parallel vLLM (TP=2) under supervise on 2 H200s: one worker SIGKILLed mid-run (kill), one worker
+# frozen (SIGSTOP) during shard loading (freeze), the API server SIGKILLed so that the engine and its
+# workers are re-parented to init (orphan); and two NCCL ranks where one raises and the other hangs in
+# its next all-reduce (hang, no vLLM needed).  Run from the repo root on the GPU machine after the vLLM
+# wheels were copied to /tmp/parts:   OUT=/some/dir STEP=kill|freeze|orphan|hang bash tests/perf/gpu/run_tp.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
@@ -11,10 +13,10 @@ export SUPERVISE_HOME=/tmp/svh-$STEP SUPERVISE_GPU_INTERVAL_S=0.25 SUPERVISE_GPU
 say() { echo "=== $(date +%T.%N | cut -c1-12) $*"; }
 if [ ! -x /tmp/sv/bin/python ]; then
   python3 -m venv /tmp/sv && /tmp/sv/bin/pip install -q --no-index --find-links "$REPO/.vllm/sv" \
-    pydantic structlog tenacity psutil asyncssh nvidia-ml-py google-re2 aiohttp httpx apprise || exit 1
+    pydantic structlog tenacity psutil asyncssh nvidia-ml-py google-re2 aiohttp httpx apprise prometheus-client rich || exit 1
 fi
 SV() { PYTHONPATH=$REPO /tmp/sv/bin/python -m supervisor.cli "$@"; }
-bash "$REPO/.vllm/part6/vllm-install.sh" >/dev/null 2>&1 || bash /tmp/parts/vllm-install.sh
+[ "$STEP" = hang ] || bash "$REPO/.vllm/part6/vllm-install.sh" >/dev/null 2>&1 || bash /tmp/parts/vllm-install.sh
 nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv | tee "$OUT/$STEP-nvidia-smi-before.csv"
 wait_ready() {  # wait_ready JOB N: until N "Application startup complete" events exist
   for i in $(seq 1 300); do
@@ -45,8 +47,17 @@ release_timeout_s = 90
 release_tolerance_mib = 512
 TOML
 }
+attempt_field() {  # attempt_field JOB FIELD: a field of the job's current attempt
+  SV status "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['attempt']['$2'])"
+}
+wait_state() {  # wait_state JOB STATE SECONDS
+  for i in $(seq 1 $(($3 * 2))); do
+    [ "$(SV status "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['state'])")" = "$2" ] && return 0
+    sleep 0.5
+  done; return 1
+}
+[ -d /tmp/models/tiny-llama ] || (cd jobs && $JOBPY -m eagle3.tiny_model /tmp/models/tiny-llama) >/dev/null 2>&1
 if [ "$STEP" = kill ]; then
-  (cd jobs && $JOBPY -m eagle3.tiny_model /tmp/models/tiny-llama) >/dev/null 2>&1
   spec tp /tmp/models/tiny-llama
   say "start TP=2"; SV start /tmp/tp.toml
   wait_ready tp 1 && say "ready"
@@ -61,6 +72,42 @@ if [ "$STEP" = kill ]; then
   SV attempts tp | tee "$OUT/kill-attempts.txt"
   SV events tp | grep -E "launched|exited|verdict|action|failure" | cut -c1-260 | tee "$OUT/kill-events.txt"
   SV events tp --json > "$OUT/kill-events.jsonl"
+elif [ "$STEP" = orphan ]; then
+  spec orp /tmp/models/tiny-llama
+  say "start TP=2"; SV start /tmp/orp.toml
+  wait_ready orp 1 && say "ready"
+  WRAPPER=$(attempt_field orp pid); API=$(pgrep -P "$WRAPPER" | head -1)
+  ps -eo pid,ppid,pgid,cmd | grep -v grep | grep -E "vllm|spawn" | cut -c1-160 > "$OUT/orphan-ps-before.txt"
+  nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv >> "$OUT/orphan-ps-before.txt"
+  say "kill -9 API server $API"; kill -9 "$API"; sleep 0.3
+  ps -eo pid,ppid,pgid,cmd | grep -v grep | grep -E "vllm|spawn" | cut -c1-160 | tee "$OUT/orphan-ps-after-kill.txt"
+  wait_ready orp 2 && say "relaunched and ready again"
+  SV stop orp
+  SV attempts orp | tee "$OUT/orphan-attempts.txt"
+  SV events orp | grep -E "launched|exited|verdict|action|failure" | cut -c1-260 | tee "$OUT/orphan-events.txt"
+  SV events orp --json > "$OUT/orphan-events.jsonl"
+elif [ "$STEP" = hang ]; then
+  cat > /tmp/hang.toml <<TOML
+name = "hang"
+python = "$JOBPY"
+command = ["{python}", "$REPO/tests/perf/gpu/nccl_hang.py"]
+probes = ["python", "cuda", "nccl"]
+stop_grace_s = 5
+[health]
+hang_after_failure_s = 20
+[restart]
+max_attempts = 3
+backoff_initial_s = 1
+backoff_jitter_s = 0
+[gpu]
+release_timeout_s = 60
+TOML
+  say "start 2 NCCL ranks"; SV start /tmp/hang.toml
+  wait_state hang failed 240 && say "gave up"
+  ps -eo pid,ppid,pgid,cmd | grep -v grep | grep nccl_hang | tee "$OUT/hang-ps-after.txt"
+  SV attempts hang | tee "$OUT/hang-attempts.txt"
+  SV events hang | cut -c1-260 | tee "$OUT/hang-events.txt"
+  SV events hang --json > "$OUT/hang-events.jsonl"
 else
   $JOBPY tests/perf/gpu/big_model.py /tmp/models/big-llama
   spec frz /tmp/models/big-llama --skip-tokenizer-init
