@@ -104,6 +104,7 @@ release_timeout_s = 60
 TOML
   say "start 2 NCCL ranks"; SV start /tmp/hang.toml
   wait_state hang failed 240 && say "gave up"
+  SV stop hang 2>/dev/null
   ps -eo pid,ppid,pgid,cmd | grep -v grep | grep nccl_hang | tee "$OUT/hang-ps-after.txt"
   SV attempts hang | tee "$OUT/hang-attempts.txt"
   SV events hang | cut -c1-260 | tee "$OUT/hang-events.txt"
