@@ -121,4 +121,4 @@ else
   SV events frz | grep -E "launched|exited|verdict|action|failure|shards" | cut -c1-260 | tee "$OUT/freeze-events.txt"
 fi
 PYTHONPATH=$REPO /tmp/sv/bin/python tests/perf/gpu/analyse_gpu.py "$SUPERVISE_HOME/supervise.db" | tee "$OUT/$STEP-analysis.md"
-tar czf "$OUT/$STEP-logs.tgz" -C "$SUPERVISE_HOME" logs daemon.log supervise.db 2>/dev/null
+tar czf "$OUT/$STEP-logs.tgz" -C "$SUPERVISE_HOME" logs daemon.log $(cd "$SUPERVISE_HOME" && ls supervise.db*) 2>/dev/null
