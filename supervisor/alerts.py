@@ -240,7 +240,7 @@ def _kept_segments(host: str) -> int | None:
 
 def _redact_path(path: str, keep: int | None) -> str:
     segments = path.split("/")
-    out = []
+    out: list[str] = []
     index = 0
     for segment in segments:
         if not segment:

@@ -82,9 +82,14 @@ class LocalHost:
         try:
             if not _alive(handle):  # the pid was reused before we opened it
                 return
-            gone = asyncio.get_running_loop().create_future()
             loop = asyncio.get_running_loop()
-            loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+            gone: asyncio.Future[None] = loop.create_future()
+
+            def on_exit() -> None:
+                if not gone.done():
+                    gone.set_result(None)
+
+            loop.add_reader(pidfd, on_exit)
             try:
                 await gone
             finally:
