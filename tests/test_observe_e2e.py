@@ -229,10 +229,12 @@ def test_gpu_job_watch_metrics_and_report(gpu_daemon: FakeGpuDaemon, home: Path,
     tmux = Tmux("watch", _pane_command(home, "status", "--watch"), 150, 20)
     try:
         # The live view, as a person sees it, while an attempt generates.
-        screen = tmux.wait_for(lambda s: re.search(r"running +[123]/3  running .*/40", s) is not None, timeout=25)
+        # The first redraw after a bar appears may come before its rate and the first verdict are
+        # known: wait for a screen that shows them.
+        screen = tmux.wait_for(lambda s: re.search(r"running +[123]/3  running .*/40", s) is not None
+                               and "healthy" in s and "it/s" in s and "ago" in s, timeout=25)
         assert "supervise · daemon pid" in screen
         assert "JOB          STATE    ATTEMPT  PHASE    PROGRESS" in screen
-        assert "healthy" in screen and "it/s" in screen and "ago" in screen
         assert "━" in screen  # the progress bar
         assert "  0  " in screen and "  1  " in screen and "/81,559 MiB" in screen  # GPU memory per device
 
