@@ -34,6 +34,7 @@ _TRACEBACK_TAIL_LINES = 15
 # A program that logs the same error in a loop must not grow the watchdog without bound.
 _MAX_FAILURES_KEPT = 20
 _SIGKILL = int(signal_module.SIGKILL)
+_SURVIVABLE_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ class Watchdog:
         self._latest_probe: str | None = None
         self._failures: list[dict[str, Any]] = []
         self._advanced_since_failure = True
-        # The first failure since the last advance: what a hang after it is blamed on.
+        # The first failure since the last advance not logged below ERROR: what a hang after it
+        # is blamed on.
         self._unrecovered_failure: dict[str, Any] | None = None
         self._failure_count = 0
         self._oom: dict[str, Any] | None = None
@@ -185,6 +187,7 @@ class Watchdog:
         self._phase_entered_at = at
         self._phase_has_progress = False
         self._advanced_since_failure = True
+        self._unrecovered_failure = None
         # Bars of earlier phases are over even if they never printed their last step
         # (tqdm with leave=False, or a bar that stops at 99%); watching them would flag
         # a healthy run forever.
@@ -192,7 +195,9 @@ class Watchdog:
             track.retired = True
 
     def _failure(self, record: dict[str, Any]) -> None:
-        if self._advanced_since_failure:
+        # A traceback the program itself logged below ERROR is one it means to survive: it does
+        # not make a quiet process look hung.
+        if self._unrecovered_failure is None and record["level"] not in _SURVIVABLE_LEVELS:
             self._unrecovered_failure = record
         self._advanced_since_failure = False
         self._failure_count += 1
@@ -220,6 +225,7 @@ class Watchdog:
             return  # a redraw of the same step (or the 100% bar printed twice) is no advance
         track.advance(done, at)
         self._advanced_since_failure = True
+        self._unrecovered_failure = None
 
     # ---- judgement while running ---------------------------------------------------
 
@@ -352,7 +358,7 @@ class Watchdog:
         # (vLLM logs a full traceback at WARNING during a healthy start, then becomes ready).
         limit = self._health.hang_after_failure_s
         failure = self._unrecovered_failure
-        if limit is None or failure is None or self._advanced_since_failure:
+        if limit is None or failure is None:
             return []
         last = self._last_output_at
         verdict = Verdict.OOM if failure["failure"] == FailureKind.CUDA_OOM else Verdict.CRASHED
@@ -515,6 +521,7 @@ def _failure_record(event: Event) -> dict[str, Any]:
         "fingerprint": data.get("fingerprint"),
         "traceback_tail": tail,
         "probe": event.probe,
+        "level": data.get("level"),
     }
 
 

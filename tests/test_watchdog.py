@@ -347,6 +347,18 @@ def test_a_phase_or_progress_after_the_failure_is_a_recovery(recovery: str) -> N
     assert w.next_check_at(10_000.0) is None or recovery == "progress"
 
 
+def test_a_traceback_logged_at_warning_does_not_arm_the_hang_rule() -> None:
+    w, _ = make(hang_after_failure_s=30)
+    warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`")
+    warned.data["level"] = "WARNING"
+    w.observe(warned)
+    assert w.check(1e6).verdict == Verdict.HEALTHY
+    errored = failure(line="RuntimeError: boom")
+    errored.data["level"] = "ERROR"
+    w.observe(errored)
+    assert w.check(1e6).verdict == Verdict.CRASHED
+
+
 def test_an_oom_then_hang_is_oom_and_the_rule_can_be_turned_off() -> None:
     w, _ = make(hang_after_failure_s=60)
     w.observe(failure(kind=FailureKind.CUDA_OOM, line="torch.OutOfMemoryError: CUDA out of memory."))
