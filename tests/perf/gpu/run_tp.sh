@@ -56,22 +56,25 @@ wait_state() {  # wait_state JOB STATE SECONDS
     sleep 0.5
   done; return 1
 }
+save_history() {  # save_history JOB STEP: the attempts and the stored events of the job
+  SV attempts "$1" | tee "$OUT/$2-attempts.txt"
+  SV events "$1" | grep -E "launched|exited|verdict|action|failure|shards" | cut -c1-260 | tee "$OUT/$2-events.txt"
+  SV events "$1" --json > "$OUT/$2-events.jsonl"
+}
 [ -d /tmp/models/tiny-llama ] || (cd jobs && $JOBPY -m eagle3.tiny_model /tmp/models/tiny-llama) >/dev/null 2>&1
 if [ "$STEP" = kill ]; then
   spec tp /tmp/models/tiny-llama
   say "start TP=2"; SV start /tmp/tp.toml
   wait_ready tp 1 && say "ready"
   SV status tp | tee "$OUT/kill-status-ready.txt"
-  LOG=$(SV status tp --json | python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['attempt']['log_path'])")
+  LOG=$(attempt_field tp log_path)
   W1=$(grep -ao "Worker_TP1 pid=[0-9]*" "$LOG" | head -1 | cut -d= -f2)
   nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv | tee "$OUT/kill-gpu-apps-before.txt"
   ps -eo pid,ppid,pgid,cmd | grep -v grep | grep -E "vllm|spawn" | cut -c1-160 >> "$OUT/kill-gpu-apps-before.txt"
   say "kill -9 worker $W1"; kill -9 "$W1"
   wait_ready tp 2 && say "relaunched and ready again"
   SV stop tp
-  SV attempts tp | tee "$OUT/kill-attempts.txt"
-  SV events tp | grep -E "launched|exited|verdict|action|failure" | cut -c1-260 | tee "$OUT/kill-events.txt"
-  SV events tp --json > "$OUT/kill-events.jsonl"
+  save_history tp kill
 elif [ "$STEP" = orphan ]; then
   spec orp /tmp/models/tiny-llama
   say "start TP=2"; SV start /tmp/orp.toml
@@ -83,9 +86,7 @@ elif [ "$STEP" = orphan ]; then
   ps -eo pid,ppid,pgid,cmd | grep -v grep | grep -E "vllm|spawn" | cut -c1-160 | tee "$OUT/orphan-ps-after-kill.txt"
   wait_ready orp 2 && say "relaunched and ready again"
   SV stop orp
-  SV attempts orp | tee "$OUT/orphan-attempts.txt"
-  SV events orp | grep -E "launched|exited|verdict|action|failure" | cut -c1-260 | tee "$OUT/orphan-events.txt"
-  SV events orp --json > "$OUT/orphan-events.jsonl"
+  save_history orp orphan
 elif [ "$STEP" = hang ]; then
   cat > /tmp/hang.toml <<TOML
 name = "hang"
@@ -106,19 +107,16 @@ TOML
   wait_state hang failed 240 && say "gave up"
   SV stop hang 2>/dev/null
   ps -eo pid,ppid,pgid,cmd | grep -v grep | grep nccl_hang | tee "$OUT/hang-ps-after.txt"
-  SV attempts hang | tee "$OUT/hang-attempts.txt"
-  SV events hang | cut -c1-260 | tee "$OUT/hang-events.txt"
-  SV events hang --json > "$OUT/hang-events.jsonl"
+  save_history hang hang
 else
   $JOBPY tests/perf/gpu/big_model.py /tmp/models/big-llama
   spec frz /tmp/models/big-llama --skip-tokenizer-init
   say "start TP=2 (6.7B, 13 shards)"; SV start /tmp/frz.toml
-  LOG=$(SV status frz --json | python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['attempt']['log_path'])")
+  LOG=$(attempt_field frz log_path)
   /tmp/sv/bin/python tests/perf/gpu/freeze_worker.py "$LOG" 4 | tee "$OUT/freeze-when.txt"
   wait_ready frz 1 && say "ready (after the relaunch)"
   SV stop frz
-  SV attempts frz | tee "$OUT/freeze-attempts.txt"
-  SV events frz | grep -E "launched|exited|verdict|action|failure|shards" | cut -c1-260 | tee "$OUT/freeze-events.txt"
+  save_history frz freeze
 fi
 PYTHONPATH=$REPO /tmp/sv/bin/python tests/perf/gpu/analyse_gpu.py "$SUPERVISE_HOME/supervise.db" | tee "$OUT/$STEP-analysis.md"
 tar czf "$OUT/$STEP-logs.tgz" -C "$SUPERVISE_HOME" logs daemon.log $(cd "$SUPERVISE_HOME" && ls supervise.db*) 2>/dev/null
