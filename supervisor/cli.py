@@ -360,6 +360,9 @@ def _status_block(job: protocol.JobStatus) -> str:
     if a is not None:
         lines.append(f"  attempt {a.n}/{job.max_attempts}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or 'healthy'}")
+        if job.next_verdict is not None:
+            nv = job.next_verdict
+            lines.append(f"  {nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}")
         if a.progress is not None:
             p = a.progress
             eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s else ""

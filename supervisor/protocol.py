@@ -72,6 +72,12 @@ class GpuDeviceInfo(BaseModel):
     processes: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class NextVerdict(BaseModel):
+    verdict: str
+    in_s: float
+    reason: str  # as it would read then
+
+
 class JobStatus(BaseModel):
     name: str
     state: str
@@ -81,6 +87,7 @@ class JobStatus(BaseModel):
     attempt: AttemptInfo | None
     last_output_age_s: float | None = None
     next_relaunch_in_s: float | None = None
+    next_verdict: NextVerdict | None = Field(default=None, description="the watchdog rule that comes due first if nothing changes")
     run_attempt: int | None = Field(default=None, description="the latest attempt's place in its run (since the last `start`), against max_attempts")
 
 

@@ -343,6 +343,19 @@ class JobRunner:
                         await task
             await follower.aclose()
 
+    def next_verdict(self) -> tuple[float, str, str] | None:
+        """(seconds from now, verdict, reason) of the rule the running attempt meets first if
+        nothing changes; None when nothing is pending."""
+        live = self.live
+        if live is None:
+            return None
+        now = self.ctx.clock()
+        upcoming = live.watchdog.upcoming(now)
+        if upcoming is None:
+            return None
+        deadline, verdict, reason = upcoming
+        return deadline - now, verdict.value, reason
+
     def _time_to_next_check(self, live: _Live) -> float | None:
         at = live.watchdog.next_check_at()
         live.check_at = at

@@ -29,7 +29,11 @@ def job_status(row: JobRow, store: Store, runner: JobRunner | None) -> protocol.
     latest = store.latest_attempt(row.name)
     last_output_age = None
     next_relaunch = None
+    next_verdict = None
     if runner is not None:
+        if (upcoming := runner.next_verdict()) is not None:
+            in_s, verdict, reason = upcoming
+            next_verdict = protocol.NextVerdict(verdict=verdict, in_s=in_s, reason=reason)
         if runner.live is not None and runner.live.last_output is not None:
             last_output_age = time.time() - runner.live.last_output
         if runner.next_relaunch_at is not None:
@@ -39,7 +43,7 @@ def job_status(row: JobRow, store: Store, runner: JobRunner | None) -> protocol.
         name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
-        last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch,
+        last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
         run_attempt=_run_attempt(store, row.name) if latest else None,
     )
 

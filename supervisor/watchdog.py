@@ -255,6 +255,18 @@ class Watchdog:
         pending = [c.deadline for c in self._conditions() if c.deadline > at]
         return min(pending) if pending else None
 
+    def upcoming(self, now: float | None = None) -> tuple[float, Verdict, str] | None:
+        """The rule that comes due first if nothing changes: its clock deadline, the verdict it
+        would give and the reason it would give then.  None when no rule is pending."""
+        if self._final is not None:
+            return None
+        at = self._now(now)
+        pending = [c for c in self._conditions() if c.deadline > at]
+        if not pending:
+            return None
+        first = min(pending, key=lambda c: c.deadline)
+        return first.deadline, first.verdict, first.describe(first.deadline)[0]
+
     def _conditions(self) -> list[_Condition]:
         watched = [t for t in self._tracks.values() if not (t.finished or t.retired)]
         conditions = [self._stall_condition(t) for t in watched]

@@ -15,6 +15,7 @@ from e2e_jobs import (
     escaping_job,
     job_state,
     probe_events,
+    progress_done,
     supervise,
 )
 
@@ -42,6 +43,23 @@ def test_start_follow_exits_with_job_result(daemon: DaemonProcess, make_job, dae
     assert result.returncode == 1, result.stdout + result.stderr
     assert "KeyError: 'layers.0.weight_scale'" in result.stdout
     assert "crashy failed" in result.stdout
+
+
+def test_status_says_which_verdict_comes_next_and_when(daemon: DaemonProcess, make_job, daemon_env, home: Path) -> None:
+    gate = home / "gate"  # the job holds at 5/10 until the gate exists
+    spec = make_job("held", PROGRESS_JOB, params=f', "10", "0.01", "{gate}"', extra="[health]\nstall_floor_s = 30\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "held") >= 5)
+    upcoming = client.status("held").jobs[0].next_verdict
+    assert upcoming is not None and upcoming.verdict == "stalled"
+    assert 25 < upcoming.in_s <= 30
+    assert upcoming.reason.startswith("checkpoint_shard 5/10, no progress for 30.0s (bound 30.0s = stall floor")
+    text = supervise(daemon_env, "status", "held").stdout
+    assert "  stalled in " in text and "if nothing changes: checkpoint_shard 5/10" in text
+    gate.write_text("")
+    wait_until(lambda: job_state(client, "held") == "done")
+    assert client.status("held").jobs[0].next_verdict is None
 
 
 def test_stop_kills_escaped_grandchild(daemon: DaemonProcess, make_job, home: Path) -> None:

@@ -300,6 +300,9 @@ def test_a_failure_then_silence_is_a_crash_while_the_process_still_runs() -> Non
     clock.t = 11.0
     w.observe(failure(line="RuntimeError: rank 1: bad batch at step 5", fp="fpbad"))
     assert w.next_check_at() == 131.0
+    # What `status` shows meanwhile: the rule that comes due first, and what it would say.
+    assert w.upcoming(11.0) == (131.0, Verdict.CRASHED,
+                                "hung after a failure, no output for 2m00s: RuntimeError: rank 1: bad batch at step 5")
     assert w.check(130.9).verdict == Verdict.HEALTHY
     j = w.check(131.0)
     assert j.verdict == Verdict.CRASHED
@@ -307,6 +310,7 @@ def test_a_failure_then_silence_is_a_crash_while_the_process_still_runs() -> Non
     assert j.evidence["fingerprint"] == "fpbad" and j.evidence["hang_after_failure_s"] == 120
     # Killed by us for it: the exit keeps that verdict, whatever signal ended it.
     assert w.exited(None, 15, killed_by_us=True).reason == j.reason
+    assert w.upcoming() is None
 
 
 def test_output_after_the_failure_pushes_the_hang_deadline() -> None:
