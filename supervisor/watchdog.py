@@ -16,8 +16,8 @@ event, after which it asks again).
 
 from __future__ import annotations
 
+import bisect
 import signal as signal_module
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -67,9 +67,9 @@ class _Track:
     retired: bool = False  # its phase is over: shown as the last progress, no longer watched
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
     per_item: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
-    # The daemon asks for the bound after every event; a fast bar must not cost a sort each time.
-    _median: float | None = None
-    _rate: float | None = None
+    # Sorted copies of the two windows: the daemon asks for the bound after every event.
+    _intervals_sorted: list[float] = field(default_factory=list)
+    _per_item_sorted: list[float] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -77,21 +77,33 @@ class _Track:
 
     def advance(self, done: int, at: float) -> None:
         interval = at - self.last_advance_at
-        self.intervals.append(interval)
-        self.per_item.append(interval / (done - self.done))
-        self._median = self._rate = None
+        _push(self.intervals, self._intervals_sorted, interval)
+        _push(self.per_item, self._per_item_sorted, interval / (done - self.done))
         self.done = done
         self.last_advance_at = at
 
     def median_interval(self) -> float | None:
-        if self._median is None and self.intervals:
-            self._median = statistics.median(self.intervals)
-        return self._median
+        return _median(self._intervals_sorted)
 
     def rate(self) -> float | None:
-        if self._rate is None and self.per_item:
-            self._rate = statistics.median(self.per_item)
-        return self._rate
+        return _median(self._per_item_sorted)
+
+
+def _push(window: deque[float], ordered: list[float], value: float) -> None:
+    """Append to a bounded window, keeping a sorted copy of it: a fast bar advances hundreds of
+    times a second, and the median is asked for after each advance."""
+    if len(window) == window.maxlen:
+        del ordered[bisect.bisect_left(ordered, window[0])]
+    window.append(value)
+    bisect.insort(ordered, value)
+
+
+def _median(ordered: list[float]) -> float | None:
+    n = len(ordered)
+    if n == 0:
+        return None
+    middle = n // 2
+    return ordered[middle] if n % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 @dataclass(frozen=True)

@@ -290,6 +290,22 @@ def test_next_check_at_is_the_earliest_pending_rule() -> None:
     assert w.next_check_at(now=53.0) == pytest.approx(500.0)
 
 
+def test_the_windowed_median_matches_statistics_median() -> None:
+    import random
+    import statistics
+    from collections import deque
+
+    from supervisor.watchdog import _median, _push
+
+    rng = random.Random(7)
+    window: deque[float] = deque(maxlen=16)
+    ordered: list[float] = []
+    for _ in range(2000):  # ties and repeats included: the removal must take out one equal value
+        _push(window, ordered, rng.choice([rng.random(), 0.5, 1.0]))
+        assert ordered == sorted(window)
+        assert _median(ordered) == pytest.approx(statistics.median(window), abs=1e-12)
+
+
 # ---- hung after a failure ------------------------------------------------------------------
 
 
