@@ -21,7 +21,7 @@ import structlog
 from .alerts import Alert, Alerter
 from .bus import EventBus
 from .errors import StoreError, SuperviseError
-from .events import Event, EventKind, ProbeEvent, Record, Verdict
+from .events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
 from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
@@ -37,6 +37,10 @@ _OFFSET_SAVE_INTERVAL_S = 1.0  # with no events, the resume offset is saved at m
 # right after printing one (a rank died, its peers wait) prints no next line.  After this
 # much quiet, an open traceback is taken as complete.
 _TRACEBACK_QUIET_S = 1.0
+# tqdm leaves its latest redraw unterminated until the next one: a bar stuck at 4/8 would read
+# 3/8.  A redraw left alone this long was written whole; its progress is read at once.
+_REDRAW_QUIET_S = 0.2
+_QUIET_SLACK_S = 0.005  # a timer may fire this much early
 _MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.DONE}
 
@@ -365,10 +369,15 @@ class JobRunner:
         last_save = 0.0
         unsaved: list[Event] = []  # events a failed store write (full disk) could not take yet
         disk_warned = False
-        async for batch in _batches_or_quiet(follower, engine):
-            if batch is None:  # quiet with a traceback open: it is complete
-                unsaved.extend(self._observe(live, engine.flush(), output=False))
-                # Its rules may have come due already (dated from the last output): look now.
+        redraws = _RedrawReader(follower, self._engine_packs)
+        async for batch in _batches_or_quiet(follower, lambda: self._quiet_wait(live, engine, redraws)):
+            if batch is None:  # the log has been quiet: complete what it left open
+                quiet_for = self.ctx.clock() - live.watchdog.last_output_at
+                if engine.has_open_traceback and quiet_for >= _TRACEBACK_QUIET_S - _QUIET_SLACK_S:
+                    unsaved.extend(self._observe(live, engine.flush(), output=False))
+                if redraws.pending() and quiet_for >= _REDRAW_QUIET_S - _QUIET_SLACK_S:
+                    unsaved.extend(self._observe(live, redraws.read(), output=False))
+                # Rules may have come due already (these events date from the last output): look now.
                 live.wake.set()
             else:
                 if self.ctx.records_seen is not None:
@@ -386,6 +395,19 @@ class JobRunner:
                     log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
                     disk_warned = True
                 del unsaved[:-_MAX_UNSAVED_EVENTS]
+
+    def _quiet_wait(self, live: _Live, engine: ProbeEngine, redraws: _RedrawReader) -> float | None:
+        """How long the log may stay quiet before something it left open is completed: an open
+        traceback, an unterminated progress redraw.  None: nothing is open."""
+        waits = []
+        if engine.has_open_traceback:
+            waits.append(_TRACEBACK_QUIET_S)
+        if redraws.pending():
+            waits.append(_REDRAW_QUIET_S)
+        if not waits:
+            return None
+        quiet_for = self.ctx.clock() - live.watchdog.last_output_at
+        return max(0.0, min(waits) - quiet_for)
 
     def _observe(self, live: _Live, probe_events: list[ProbeEvent], *, output: bool = True) -> list[Event]:
         """Feed the watchdog (output seen, each event) and return the events to store.
@@ -549,14 +571,52 @@ class JobRunner:
         self.ctx.bus.publish(stored)
 
 
-async def _batches_or_quiet(follower: Any, engine: ProbeEngine) -> AsyncIterator[list[Record] | None]:
-    """The follower's batches, and None each time the log has been quiet for
-    ``_TRACEBACK_QUIET_S`` while the engine holds an open traceback."""
+class _RedrawReader:
+    """Reads progress from the log's unterminated tail (a tqdm redraw awaiting the next one).
+
+    The tail goes through an engine of its own, so that the main engine's state (open
+    tracebacks, lent prefixes) never sees text that is not a record yet; only progress events
+    are kept.  Each is stored at the offset where the tail starts, the offset its record will
+    have: when the record is complete, its event is the same and the store keeps one."""
+
+    def __init__(self, follower: Any, packs: Any) -> None:
+        self._partial: Callable[[], str] | None = getattr(follower, "partial_text", None)
+        self._follower = follower
+        self._packs = packs
+        self._engine: ProbeEngine | None = None  # built on first use: most logs never need it
+        self._read_at: tuple[int, str] | None = None
+
+    def pending(self) -> bool:
+        """An unterminated tail not read yet."""
+        if self._partial is None:
+            return False
+        text = self._partial()
+        return bool(text.strip()) and (self._follower.offset, text) != self._read_at
+
+    def read(self) -> list[ProbeEvent]:
+        assert self._partial is not None
+        text = self._partial()
+        offset = self._follower.offset
+        self._read_at = (offset, text)
+        if self._engine is None:
+            self._engine = ProbeEngine(self._packs, start_offset=offset)
+        record = Record(text=text, offset=offset, end=offset + len(text.encode()), redraw=True)
+        # flush() ends whatever the tail may have opened: each read starts clean.
+        events = self._engine.feed_many([record]) + self._engine.flush()
+        return [e for e in events if e.kind is ProbeKind.PROGRESS]
+
+
+async def _batches_or_quiet(
+    follower: Any, quiet_wait: Callable[[], float | None]
+) -> AsyncIterator[list[Record] | None]:
+    """The follower's batches, and None each time the log has been quiet for as long as
+    ``quiet_wait()`` says (None: wait for the next batch however long it takes)."""
     batches = aiter(follower.records())
     pending: asyncio.Future[list[Record]] | None = None
     try:
         while True:
-            if pending is None and not engine.has_open_traceback:
+            timeout = quiet_wait()
+            if pending is None and timeout is None:
                 try:
                     batch = await anext(batches)
                 except StopAsyncIteration:
@@ -566,7 +626,6 @@ async def _batches_or_quiet(follower: Any, engine: ProbeEngine) -> AsyncIterator
             if pending is None:
                 # Waited on as a task, so that a timeout leaves the follower untouched.
                 pending = asyncio.ensure_future(anext(batches))
-            timeout = _TRACEBACK_QUIET_S if engine.has_open_traceback else None
             done, _ = await asyncio.wait({pending}, timeout=timeout)
             if not done:
                 yield None

@@ -28,6 +28,20 @@ print("all good", flush=True)
 
 CRASHING_JOB = "import sys\nprint('x', flush=True)\nraise KeyError('layers.0.weight_scale')\n"
 
+# tqdm's way of drawing to a file: each redraw starts with "\r" and none ends, so the latest one
+# stays unterminated until the next.  argv: a gate file; the bar holds at 4/8 until it exists.
+CR_BAR_JOB = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(1, 9):
+    sys.stdout.write(f"\\rLoading checkpoint shards: {100 * i // 8}%|###| {i}/8 [00:00<00:01, 5.0it/s]")
+    sys.stdout.flush()
+    time.sleep(0.05)
+    while i == 4 and not os.path.exists(gate):
+        time.sleep(0.01)
+sys.stdout.write("\\n")
+"""
+
 # A data-loading thread dies with a traceback; the main loop then waits for a batch forever:
 # a failure followed by a hang, with the process alive (a dead rank and its waiting peers look so).
 HANG_AFTER_FAILURE_JOB = """\
