@@ -192,8 +192,8 @@ _members "$1" "$2" "$3" "$4"
 
 # $1 pid $2 start $3 pgid $4 tag $5 grace (centiseconds).  Prints "N pid name" the first
 # time a process of the attempt is seen, "R pid" for each re-parented one, "A pid" for each
-# one alive when the grace period ends, "K pid" for each SIGKILL and "S pid" for survivors.  It finishes even if the
-# connection drops meanwhile (SIGPIPE and SIGHUP ignored).
+# one alive when the grace period ends, "K pid" for each SIGKILL and "S pid" for survivors.
+# It finishes even if the connection drops meanwhile (SIGPIPE and SIGHUP ignored).
 KILL_TREE = PROC_FUNCS + r"""
 trap '' PIPE HUP
 wp=$1 ws=$2 pg=$3 tag=$4 grace=$5
