@@ -37,7 +37,7 @@ import structlog
 from . import _inotify
 from .errors import HostError
 from .events import Record
-from .records import MAX_RECORD_BYTES, split_records
+from .records import MAX_RECORD_BYTES, split_records, unterminated_text
 
 log = structlog.get_logger()
 
@@ -123,8 +123,8 @@ class LogFollower:
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail held back after the last record, decoded ('' if none): a
         progress bar's latest redraw, which tqdm leaves unterminated until the next one.
-        For display only; it is yielded as a record once its terminator is written."""
-        return bytes(self._pending[:limit]).rstrip(b"\r").decode("utf-8", "replace")
+        For display and progress only; it is yielded as a record once its terminator is written."""
+        return unterminated_text(self._pending, limit)
 
     @property
     def peak_buffer(self) -> int:

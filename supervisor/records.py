@@ -21,6 +21,13 @@ _TERMINATOR = re.compile(rb"[\r\n]")
 _LF = 0x0A
 
 
+def unterminated_text(pending: bytes | bytearray, limit: int = 4096) -> str:
+    """The text of a follower's bytes that are not a record yet, decoded as records are ('' if
+    none): a progress bar's latest redraw, which tqdm leaves unterminated until the next one.
+    For display and progress only: it becomes a record once its terminator is written."""
+    return bytes(pending[:limit]).rstrip(b"\r").decode("utf-8", "replace")
+
+
 def split_records(data: bytes, base_offset: int, final: bool = False) -> tuple[list[Record], int]:
     """Split ``data`` (which starts at byte ``base_offset`` of the log) into records.
 

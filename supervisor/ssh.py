@@ -76,7 +76,7 @@ from .host import (
     ProcessHandle,
     log_paths,
 )
-from .records import MAX_RECORD_BYTES, split_records
+from .records import MAX_RECORD_BYTES, split_records, unterminated_text
 
 log = structlog.get_logger("supervise.ssh")
 T = TypeVar("T")
@@ -852,6 +852,10 @@ class SshFollower:
     @property
     def buffered(self) -> int:
         return len(self._pending)
+
+    def partial_text(self, limit: int = 4096) -> str:
+        """The unterminated tail received after the last record (see ``LogFollower.partial_text``)."""
+        return unterminated_text(self._pending, limit)
 
     def records(self) -> AsyncIterator[list[Record]]:
         if self._iterator is not None:

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import (
+    CR_BAR_JOB,
     CRASHING_JOB,
     PROGRESS_JOB,
     escaping_job,
@@ -51,6 +52,20 @@ def ssh_job(make_job: Callable[..., Path], sshd_server: SshServer) -> Callable[.
         return spec
 
     return make
+
+
+def test_ssh_an_unterminated_tqdm_redraw_is_read_while_it_waits(daemon: DaemonProcess, ssh_job, home: Path) -> None:
+    gate = home / "never"  # the remote bar stays at 4/8: its "4/8" redraw is never terminated
+    spec = ssh_job("crbar", CR_BAR_JOB, params=f', "{gate}"',
+                   extra="[health]\nstall_floor_s = 2.0\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: (a := client.status("crbar").jobs[0].attempt) is not None
+               and a.progress is not None and a.progress.done == 4, timeout=15)
+    wait_until(lambda: job_state(client, "crbar") == "failed", timeout=20)
+    attempt = client.attempts("crbar").attempts[0]
+    assert (attempt.reason or "").startswith("checkpoint_shard 4/8, no progress for 2.0s")
+    assert [e.data["done"] for e in client.events("crbar").events if e.kind == "progress"] == [1, 2, 3, 4]
 
 
 def test_ssh_job_runs_with_progress_logs_and_done(daemon: DaemonProcess, ssh_job, daemon_env, home: Path,
