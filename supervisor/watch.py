@@ -26,6 +26,7 @@ from .errors import DaemonError
 
 _STATE_STYLE = {"running": "bold green", "done": "green", "failed": "bold red", "backoff": "yellow",
                 "waiting": "yellow", "starting": "cyan", "stopped": "dim"}
+_COUNTDOWN_S = 30.0  # a next verdict closer than this is shown beside the job
 _VERDICT_STYLE = {"healthy": "green", "done": "green", "stalled": "bold yellow", "silent": "bold yellow",
                   "crashed": "bold red", "oom": "bold red", "leaked": "bold magenta"}
 
@@ -124,6 +125,11 @@ def _job_note(job: protocol.JobStatus) -> str:
     a = job.attempt
     if job.next_relaunch_in_s is not None:
         return f"relaunch in {_fmt.duration(job.next_relaunch_in_s)}: {job.reason}"
+    nv = job.next_verdict
+    # A job with a failure on screen and still "healthy" is waiting out the hang rule: say so.
+    # A stall countdown is shown only when it is close, or every bar would carry one.
+    if nv is not None and (nv.verdict in ("crashed", "oom") or nv.in_s <= _COUNTDOWN_S):
+        return f"{nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}"[:160]
     if a is not None and a.failure is not None and job.state != "done":
         return f"{a.failure.kind}: {a.failure.line}"[:160]
     if job.state in ("failed", "waiting", "backoff", "stopped") and job.reason:

@@ -23,6 +23,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, DaemonProcess, _kill_leftover_jobs, wait_until
+from supervisor import protocol
+from supervisor.watch import plain_lines
 
 MIB = 1024 * 1024
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")
@@ -342,3 +344,27 @@ def test_logs_follow_shows_the_current_tqdm_state_on_one_line(daemon: DaemonProc
         assert lines[2:4] == ["weights loaded", "EXIT=0"]
     finally:
         tmux.close()
+
+
+def _status_with(next_verdict: protocol.NextVerdict | None, failure: str | None) -> protocol.StatusResponse:
+    attempt = protocol.AttemptInfo(
+        job="ranks", n=1, state="running", host="local", pid=42, started=0.0, ended=None, exit_code=None,
+        exit_signal=None, log_path="/x.log", phase="running", progress=None, verdict=None, reason=None,
+        failure=protocol.FailureInfo(kind="runtime_error", line=failure) if failure else None, fingerprint=None,
+        action=None, argv=[])
+    job = protocol.JobStatus(name="ranks", state="running", reason="", host="local", max_attempts=3, attempt=attempt,
+                             next_verdict=next_verdict)
+    return protocol.StatusResponse(jobs=[job], daemon_pid=1, daemon_version="0", gpu_note="none")
+
+
+def test_the_live_view_counts_down_to_a_hang_verdict_and_to_a_close_stall() -> None:
+    hang = protocol.NextVerdict(verdict="crashed", in_s=80.0,
+                                reason="hung after a failure, no output for 2m00s: RuntimeError: rank 1 died")
+    line = plain_lines(_status_with(hang, "RuntimeError: rank 1 died"), now=0)[0]
+    assert line.endswith("(crashed in 1m20s if nothing changes: hung after a failure, no output for 2m00s: "
+                         "RuntimeError: rank 1 died)")
+    far = protocol.NextVerdict(verdict="stalled", in_s=200.0, reason="shard 4/64, no progress for 5m00s")
+    assert plain_lines(_status_with(far, None), now=0)[0].endswith("health healthy")
+    close = protocol.NextVerdict(verdict="stalled", in_s=12.0, reason="shard 4/64, no progress for 5m00s")
+    assert plain_lines(_status_with(close, None), now=0)[0].endswith(
+        "(stalled in 12s if nothing changes: shard 4/64, no progress for 5m00s)")
