@@ -382,7 +382,7 @@ class JobRunner:
             else:
                 if self.ctx.records_seen is not None:
                     self.ctx.records_seen(self.spec.name, len(batch))
-                unsaved.extend(self._observe(live, engine.feed_many(batch)))
+                unsaved.extend(self._observe(live, engine.feed_many(batch), records=len(batch)))
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
                 if self._save(live, unsaved, engine.resume_offset, force=force):
@@ -409,13 +409,15 @@ class JobRunner:
         quiet_for = self.ctx.clock() - live.watchdog.last_output_at
         return max(0.0, min(waits) - quiet_for)
 
-    def _observe(self, live: _Live, probe_events: list[ProbeEvent], *, output: bool = True) -> list[Event]:
+    def _observe(self, live: _Live, probe_events: list[ProbeEvent], *, output: bool = True,
+                 records: int = 0) -> list[Event]:
         """Feed the watchdog (output seen, each event) and return the events to store.
-        ``output=False``: events completed later from records already seen, which date from
-        the last output, not from now."""
+        ``records``: how many records brought these events.  ``output=False``: events completed
+        later from records already seen, which date from the last output, not from now."""
         if output:
             now = self.ctx.clock()
-            live.watchdog.output_seen(now)
+            heartbeats = sum(1 for pe in probe_events if pe.kind is ProbeKind.INFO and pe.fields.get("heartbeat"))
+            live.watchdog.output_seen(now, heartbeats_only=0 < records <= heartbeats)
             live.last_output = time.time()
         else:
             now = live.watchdog.last_output_at

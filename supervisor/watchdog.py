@@ -123,6 +123,9 @@ class Watchdog:
         self._clock = clock
         self._started_at = clock()
         self._last_output_at = self._started_at
+        # Output other than "still waiting" lines, and the latest of those lines.
+        self._last_active_at = self._started_at
+        self._heartbeat: tuple[float, str] | None = None
         self._phase: Phase | None = None
         self._phase_entered_at = self._started_at
         self._phase_has_progress = False
@@ -172,14 +175,22 @@ class Watchdog:
 
     # ---- input -------------------------------------------------------------------
 
-    def output_seen(self, now: float | None = None) -> None:
-        """Any record arrived: the process is not silent."""
-        self._last_output_at = self._now(now)
+    def output_seen(self, now: float | None = None, *, heartbeats_only: bool = False) -> None:
+        """Records arrived: the process is not silent.  ``heartbeats_only``: they were all
+        "still waiting" lines, which show it alive but not doing anything."""
+        at = self._now(now)
+        self._last_output_at = at
+        if not heartbeats_only:
+            self._last_active_at = at
 
     def observe(self, event: Event, now: float | None = None) -> None:
         at = self._now(now)
         # Every probe event comes from a record, so it is output too.
         self._last_output_at = at
+        if event.kind == EventKind.INFO and event.data.get("heartbeat"):
+            self._heartbeat = (at, event.message)
+        else:
+            self._last_active_at = at
         phase = event.phase or _as_phase(event.data.get("phase"))
         if phase is not None and event.kind in (EventKind.PHASE, EventKind.PROGRESS):
             self._enter_phase(phase, at)
@@ -286,6 +297,7 @@ class Watchdog:
         conditions.extend(self._deadline_condition())
         conditions.extend(self._silence_condition())
         conditions.extend(self._hang_after_failure_condition())
+        conditions.extend(self._waiting_condition())
         return conditions
 
     def _stall_condition(self, track: _Track) -> _Condition:
@@ -384,7 +396,7 @@ class Watchdog:
         failure = self._unrecovered_failure
         if limit is None or failure is None:
             return []
-        last = self._last_output_at
+        last = self._last_active_at  # "still waiting" lines after a failure are the hang itself
         verdict = Verdict.OOM if failure["failure"] == FailureKind.CUDA_OOM else Verdict.CRASHED
 
         def describe(at: float) -> tuple[str, dict[str, Any]]:
@@ -398,6 +410,26 @@ class Watchdog:
             return reason, evidence
 
         return [_Condition(last + limit, verdict, describe)]
+
+    def _waiting_condition(self) -> list[_Condition]:
+        limit = self._health.waiting_s
+        heartbeat = self._heartbeat
+        if limit is None or heartbeat is None or self._phase not in self._health.waiting_phases:
+            return []
+        if heartbeat[0] < self._last_active_at:
+            return []  # it did something since its last "still waiting"
+        since = self._last_active_at
+
+        def describe(at: float) -> tuple[str, dict[str, Any]]:
+            waited = at - since
+            reason = (
+                f"only 'still waiting' lines for {format_duration(waited)} in phase {self._phase_name()} "
+                f"(limit {format_duration(limit)}): {heartbeat[1]}"
+            )
+            return reason, {"phase": self._phase_name(), "waiting_s": round(waited, 3), "limit_s": limit,
+                            "line": heartbeat[1]}
+
+        return [_Condition(since + limit, Verdict.STALLED, describe)]
 
     def _healthy_reason(self) -> str:
         progress = self.progress

@@ -124,6 +124,34 @@ def test_a_hang_after_a_failure_is_judged_killed_and_the_same_hang_twice_stops(
     assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)
 
 
+WAITING_JOB = """\
+import time
+for i in (1, 2):
+    print(f"Loading checkpoint shards: {50 * i}%|###| {i}/2 [00:00<00:00, 9.0it/s]", flush=True)
+while True:  # what vLLM's engine prints while a rank hangs
+    print("(EngineCore pid=127) INFO 04-15 13:42:25 [shm_broadcast.py:681] No available shared memory broadcast "
+          "block found in 60 seconds. This typically happens when some processes are hanging.", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_only_waiting_lines_after_loading_is_a_stall(fast_daemon: DaemonProcess, home: Path, tmp_path: Path) -> None:
+    script = tmp_path / "waiting.py"
+    script.write_text(WAITING_JOB)
+    spec = home / "waiting.toml"
+    spec.write_text(f'name = "waiting"\ncommand = ["{sys.executable}", "{script}"]\nstop_grace_s = 1\n'
+                    'probes = ["vllm", "transformers"]\n[health]\nwaiting_s = 1.5\n[restart]\nmax_attempts = 1\n')
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "waiting"), timeout=30)
+    attempt = client.attempts("waiting").attempts[0]
+    assert attempt.verdict == "stalled"
+    assert (attempt.reason or "").startswith("only 'still waiting' lines for 1.5s in phase weight_loading (limit 1.5s)")
+    events = client.events("waiting").events
+    assert sum(1 for e in events if e.kind == "info" and e.data.get("heartbeat")) >= 5
+    assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)
+
+
 def test_cuda_oom_is_classified_as_oom(fast_daemon: DaemonProcess, home: Path) -> None:
     log = CORPUS / "device-logs" / "torch-oom.log"
     spec = replay_spec(home, "oom", [str(log), "--exit", "1"], "[restart]\nmax_attempts = 1\n")

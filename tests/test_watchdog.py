@@ -138,6 +138,51 @@ def test_heartbeats_are_output_but_not_progress() -> None:
     assert "also" not in j.evidence  # ...but they did keep it from being silent
 
 
+def test_only_waiting_lines_in_a_start_up_phase_is_a_stall() -> None:
+    # A rank froze after loading: the engine says "still waiting" every 60 s, forever.
+    w, clock = make(waiting_s=600, stall_floor_s=1e9)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    clock.t = 10.0
+    w.output_seen(heartbeats_only=False)
+    for t in range(70, 700, 60):
+        clock.t = float(t)
+        w.output_seen(heartbeats_only=True)
+        w.observe(heartbeat())
+    assert w.check(609.9).verdict == Verdict.HEALTHY
+    j = w.check(610.0)
+    assert j.verdict == Verdict.STALLED
+    assert j.reason == "only 'still waiting' lines for 10m00s in phase weight_loading (limit 10m00s): waiting"
+
+
+def test_waiting_lines_are_no_stall_once_ready_or_after_real_output() -> None:
+    ready, clock = make(waiting_s=60)
+    ready.observe(phase(Phase.ENGINE_READY))  # an idle server may print them
+    clock.t = 1.0
+    ready.observe(heartbeat())
+    assert ready.check(1e6).verdict == Verdict.HEALTHY
+    busy, clock = make(waiting_s=60)
+    busy.observe(phase(Phase.KV_CACHE_PROFILE))
+    clock.t = 30.0
+    busy.observe(heartbeat())
+    clock.t = 50.0
+    busy.output_seen()  # it printed something else since
+    assert busy.check(1e6).verdict == Verdict.HEALTHY
+    off, _ = make(waiting_s=None)
+    off.observe(phase(Phase.KV_CACHE_PROFILE))
+    off.observe(heartbeat())
+    assert off.check(1e6).verdict == Verdict.HEALTHY
+
+
+def test_waiting_lines_after_a_failure_do_not_hide_the_hang() -> None:
+    w, clock = make(hang_after_failure_s=120, waiting_s=None)
+    w.observe(failure(line="RuntimeError: rank 1 died"))
+    for t in (60.0, 120.0):
+        clock.t = t
+        w.output_seen(heartbeats_only=True)
+        w.observe(heartbeat())
+    assert w.check(120.0).verdict == Verdict.CRASHED
+
+
 def test_first_progress_bound_before_any_interval_is_known() -> None:
     w, clock = make(stall_floor_s=60, first_progress_s={Phase.WEIGHT_LOADING: 20})
     w.observe(phase(Phase.WEIGHT_LOADING))
