@@ -1,10 +1,10 @@
-"""Freeze (SIGSTOP) the TP rank-0 worker of a vLLM run once its shard bar reaches AT/N: a real stuck load.
+"""Freeze (SIGSTOP) a TP worker of a vLLM run once the shard bar reaches AT/N: a real stuck load.
 
-    freeze_worker.py LOG AT
+    freeze_worker.py LOG AT [RANK]
 
-Reads the attempt's log as it grows, learns the pid of `(Worker_TP0 pid=N)` from its prefixes,
-and sends SIGSTOP to that pid when `Loading safetensors checkpoint shards: ... AT/N` appears.
-Prints the pid and the time; exits.
+Reads the attempt's log as it grows, learns the pid of `(Worker_TP<RANK> pid=N)` (rank 0 by default)
+from its prefixes, and sends SIGSTOP to that pid when `Loading safetensors checkpoint shards: ... AT/N`
+appears (rank 0 draws the bar).  Prints the pid and the time; exits.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import signal
 import sys
 import time
 
-PID_RE = re.compile(rb"\(Worker_TP0 pid=(\d+)\)")
 BAR_RE = re.compile(rb"checkpoint shards:\s+\d+% Completed \| (\d+)/(\d+)")
 
 
-def main(log: str, at: int, limit_s: float = 600.0) -> int:
+def main(log: str, at: int, rank: int = 0, limit_s: float = 600.0) -> int:
+    pid_re = re.compile(rb"\(Worker_TP%d pid=(\d+)\)" % rank)
     deadline = time.monotonic() + limit_s
     while not os.path.exists(log):
         time.sleep(0.01)
@@ -32,16 +32,16 @@ def main(log: str, at: int, limit_s: float = 600.0) -> int:
                 time.sleep(0.005)
                 continue
             data = (data + chunk)[-65536:]
-            if pid is None and (m := PID_RE.search(data)):
+            if pid is None and (m := pid_re.search(data)):
                 pid = int(m.group(1))
             bars = [int(m.group(1)) for m in BAR_RE.finditer(chunk)]
             if pid is not None and bars and max(bars) >= at:
                 os.kill(pid, signal.SIGSTOP)
-                print(f"SIGSTOP Worker_TP0 pid {pid} at shard {max(bars)} ({time.time():.3f})", flush=True)
+                print(f"SIGSTOP Worker_TP{rank} pid {pid} at shard {max(bars)} ({time.time():.3f})", flush=True)
                 return 0
     print("never reached the shard to freeze at", flush=True)
     return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0))

@@ -2,8 +2,9 @@
 # Tensor-parallel vLLM (TP=2) under supervise on 2 H200s: one worker SIGKILLed mid-run (kill), one worker
 # frozen (SIGSTOP) during shard loading (freeze), the API server SIGKILLed so that the engine and its
 # workers are re-parented to init (orphan); and two NCCL ranks where one raises and the other hangs in
-# its next all-reduce (hang, no vLLM needed).  Run from the repo root on the GPU machine after the vLLM
-# wheels were copied to /tmp/parts:   OUT=/some/dir STEP=kill|freeze|orphan|hang bash tests/perf/gpu/run_tp.sh
+# its next all-reduce (hang, no vLLM needed); rank 1 frozen while loading, so that the engine only waits
+# (straggler).  Run from the repo root on the GPU machine after the vLLM
+# wheels were copied to /tmp/parts:   OUT=/some/dir STEP=kill|freeze|orphan|hang|straggler bash tests/perf/gpu/run_tp.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
@@ -42,6 +43,7 @@ backoff_initial_s = 1
 backoff_jitter_s = 0
 [health]
 stall_floor_s = 5
+waiting_s = ${WAITING_S:-1800}
 [gpu]
 release_timeout_s = 90
 release_tolerance_mib = 512
@@ -108,6 +110,20 @@ TOML
   SV stop hang 2>/dev/null
   ps -eo pid,ppid,pgid,cmd | grep -v grep | grep nccl_hang | tee "$OUT/hang-ps-after.txt"
   save_history hang hang
+elif [ "$STEP" = straggler ]; then
+  # Rank 1 frozen while loading: rank 0 draws the whole bar, then the engine waits on rank 1.
+  [ -d /tmp/models/big-llama ] || $JOBPY tests/perf/gpu/big_model.py /tmp/models/big-llama
+  WAITING_S=90 spec strg /tmp/models/big-llama --skip-tokenizer-init
+  say "start TP=2 (6.7B, 13 shards), waiting_s = 90"; SV start /tmp/strg.toml
+  LOG=$(attempt_field strg log_path)
+  /tmp/sv/bin/python tests/perf/gpu/freeze_worker.py "$LOG" 1 1 | tee "$OUT/straggler-when.txt"
+  for i in $(seq 1 480); do
+    SV events strg --json 2>/dev/null | grep -q '"kind":"verdict"' && break; sleep 0.5
+  done
+  say "verdict"; sleep 8  # the kill and the relaunch decision
+  SV stop strg
+  save_history strg straggler
+  grep -a "shm_broadcast\|Model loading took\|Worker_TP1" "$LOG" | cut -c1-220 > "$OUT/straggler-log-lines.txt"
 else
   $JOBPY tests/perf/gpu/big_model.py /tmp/models/big-llama
   spec frz /tmp/models/big-llama --skip-tokenizer-init
