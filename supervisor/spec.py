@@ -61,9 +61,10 @@ class HealthSpec(_Strict):
     # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
     # by default before it gives up).  None turns the rule off.
     hang_after_failure_s: Annotated[float, Field(gt=0)] | None = 120.0
-    # Nothing but "still waiting" lines (vLLM's "No available shared memory broadcast block
-    # found in 60 seconds": some rank is hanging) for this long, in a start-up phase with no
-    # bar to stall: stalled.  A ready server may print them while idle, hence the phases.
+    # No output but "still waiting" lines (vLLM's "No available shared memory broadcast block
+    # found in 60 seconds"), or none at all, for this long in a start-up phase: stalled.  Seen on
+    # 2 H200s: a TP rank frozen while loading left the log silent for good once rank 0 had
+    # loaded, and there is no bar left to stall.  A ready server may idle quietly, hence the phases.
     waiting_s: Annotated[float, Field(gt=0)] | None = 1800.0
     waiting_phases: list[Phase] = Field(
         default_factory=lambda: [p for p in Phase if p.rank < Phase.ENGINE_READY.rank]

@@ -412,22 +412,23 @@ class Watchdog:
         return [_Condition(last + limit, verdict, describe)]
 
     def _waiting_condition(self) -> list[_Condition]:
+        # Before any phase is recognised nothing is known about the program: no rule.
         limit = self._health.waiting_s
-        heartbeat = self._heartbeat
-        if limit is None or heartbeat is None or self._phase not in self._health.waiting_phases:
+        if limit is None or self._phase not in self._health.waiting_phases:
             return []
-        if heartbeat[0] < self._last_active_at:
-            return []  # it did something since its last "still waiting"
         since = self._last_active_at
+        heartbeat = self._heartbeat if self._heartbeat and self._heartbeat[0] >= since else None
 
         def describe(at: float) -> tuple[str, dict[str, Any]]:
-            waited = at - since
-            reason = (
-                f"only 'still waiting' lines for {format_duration(waited)} in phase {self._phase_name()} "
-                f"(limit {format_duration(limit)}): {heartbeat[1]}"
-            )
-            return reason, {"phase": self._phase_name(), "waiting_s": round(waited, 3), "limit_s": limit,
-                            "line": heartbeat[1]}
+            waited = format_duration(at - since)
+            where = f"in start-up phase {self._phase_name()} (limit {format_duration(limit)})"
+            if heartbeat is not None:
+                reason = f"only 'still waiting' lines for {waited} {where}: {heartbeat[1]}"
+            else:
+                reason = f"no output for {waited} {where}"
+            evidence = {"phase": self._phase_name(), "waiting_s": round(at - since, 3), "limit_s": limit,
+                        "line": heartbeat[1] if heartbeat else None}
+            return reason, evidence
 
         return [_Condition(since + limit, Verdict.STALLED, describe)]
 

@@ -151,12 +151,23 @@ def test_only_waiting_lines_in_a_start_up_phase_is_a_stall() -> None:
     assert w.check(609.9).verdict == Verdict.HEALTHY
     j = w.check(610.0)
     assert j.verdict == Verdict.STALLED
-    assert j.reason == "only 'still waiting' lines for 10m00s in phase weight_loading (limit 10m00s): waiting"
+    assert j.reason == "only 'still waiting' lines for 10m00s in start-up phase weight_loading (limit 10m00s): waiting"
 
 
-def test_waiting_lines_are_no_stall_once_ready_or_after_real_output() -> None:
+def test_no_output_at_all_in_a_start_up_phase_is_a_stall() -> None:
+    # Seen on 2 H200s: rank 1 frozen while loading; rank 0 loaded, then the log went silent for good.
+    w, clock = make(waiting_s=1800)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 13, 12.0, total=13)  # rank 0's bar, finished: no stall rule left
+    assert w.next_check_at(12.0) == 1812.0
+    j = w.check(1812.0)
+    assert j.verdict == Verdict.STALLED
+    assert j.reason == "no output for 30m00s in start-up phase weight_loading (limit 30m00s)"
+
+
+def test_quiet_is_no_stall_once_ready_after_real_output_or_before_any_phase() -> None:
     ready, clock = make(waiting_s=60)
-    ready.observe(phase(Phase.ENGINE_READY))  # an idle server may print them
+    ready.observe(phase(Phase.ENGINE_READY))  # an idle server may print them, or nothing
     clock.t = 1.0
     ready.observe(heartbeat())
     assert ready.check(1e6).verdict == Verdict.HEALTHY
@@ -165,8 +176,11 @@ def test_waiting_lines_are_no_stall_once_ready_or_after_real_output() -> None:
     clock.t = 30.0
     busy.observe(heartbeat())
     clock.t = 50.0
-    busy.output_seen()  # it printed something else since
-    assert busy.check(1e6).verdict == Verdict.HEALTHY
+    busy.output_seen()  # it printed something else since: the count starts again
+    assert busy.check(109.9).verdict == Verdict.HEALTHY
+    assert busy.check(110.0).reason == "no output for 1m00s in start-up phase kv_cache_profile (limit 1m00s)"
+    unknown, _ = make(waiting_s=60)  # no phase recognised: nothing is known about the program
+    assert unknown.check(1e6).verdict == Verdict.HEALTHY
     off, _ = make(waiting_s=None)
     off.observe(phase(Phase.KV_CACHE_PROFILE))
     off.observe(heartbeat())
@@ -291,7 +305,7 @@ def test_silence_in_a_listed_phase() -> None:
 
 
 def test_silence_is_not_judged_outside_the_listed_phases() -> None:
-    w, clock = make(silence_s=30, silence_phases=[Phase.RUNNING])
+    w, clock = make(silence_s=30, silence_phases=[Phase.RUNNING], waiting_s=None)
     w.observe(phase(Phase.MODEL_INIT))
     assert w.check(1000).verdict == Verdict.HEALTHY
     assert w.next_check_at() is None
@@ -308,7 +322,7 @@ def test_phase_deadline() -> None:
 
 
 def test_leaving_a_phase_in_time_meets_its_deadline() -> None:
-    w, clock = make(phase_deadline_s={Phase.MODEL_INIT: 600})
+    w, clock = make(phase_deadline_s={Phase.MODEL_INIT: 600}, waiting_s=None)
     w.observe(phase(Phase.MODEL_INIT))
     clock.t = 599
     w.observe(phase(Phase.WEIGHT_LOADING))
@@ -400,7 +414,7 @@ def test_the_first_failure_since_the_last_advance_is_blamed() -> None:
 def test_a_phase_or_progress_after_the_failure_is_a_recovery(recovery: str) -> None:
     # vLLM logs a full traceback at WARNING during a healthy --skip-tokenizer-init start, then
     # becomes ready and sits idle: it must not be called hung.
-    w, clock = make(hang_after_failure_s=30, stall_floor_s=1e9)
+    w, clock = make(hang_after_failure_s=30, stall_floor_s=1e9, waiting_s=None)
     w.observe(phase(Phase.WEIGHT_LOADING))
     advance(w, clock, 1, 1.0)
     w.observe(failure(kind="value_error", line="ValueError: Tokenizer not available"))
@@ -457,7 +471,7 @@ def _corpus_labels() -> list[tuple[Path, str]]:
 def test_on_real_logs_only_failed_runs_leave_a_failure_unrecovered(path: Path, outcome: str) -> None:
     """Were each corpus process to hang after its last line, the rule would fire on the runs
     that failed, and on no run that became ready, finished, or was still loading."""
-    w, _ = make(hang_after_failure_s=120, stall_floor_s=1e12)
+    w, _ = make(hang_after_failure_s=120, stall_floor_s=1e12, waiting_s=None)
     for event in _corpus_events(path):
         w.observe(event, now=0.0)
     verdict = w.check(1e6).verdict
