@@ -60,7 +60,10 @@ class HealthSpec(_Strict):
     # A failure logged, then nothing moved and nothing printed for this long, with the process
     # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
     # by default before it gives up).  None turns the rule off.
-    hang_after_failure_s: Annotated[float, Field(gt=0)] | None = 120.0
+    # Not applied once a server is ready: it logs a failed request and then idles, quietly.  Long
+    # enough that a job writing a checkpoint after a background thread's traceback (a metrics
+    # uploader's network error) is not cut short, half NCCL's default timeout.
+    hang_after_failure_s: Annotated[float, Field(gt=0)] | None = 300.0
     # No output but "still waiting" lines (vLLM's "No available shared memory broadcast block
     # found in 60 seconds"), or none at all, for this long in a start-up phase: stalled.  Seen on
     # 2 H200s: a TP rank frozen while loading left the log silent for good once rank 0 had

@@ -394,7 +394,9 @@ class Watchdog:
         # (vLLM logs a full traceback at WARNING during a healthy start, then becomes ready).
         limit = self._health.hang_after_failure_s
         failure = self._unrecovered_failure
-        if limit is None or failure is None:
+        # A ready server that logged one failed request and then idles is not hung; when its
+        # engine dies, vLLM exits and the exit is judged.
+        if limit is None or failure is None or self._phase is Phase.ENGINE_READY:
             return []
         last = self._last_active_at  # "still waiting" lines after a failure are the hang itself
         verdict = Verdict.OOM if failure["failure"] == FailureKind.CUDA_OOM else Verdict.CRASHED

@@ -426,6 +426,15 @@ def test_a_phase_or_progress_after_the_failure_is_a_recovery(recovery: str) -> N
     assert w.next_check_at(10_000.0) is None or recovery == "progress"
 
 
+def test_a_ready_server_that_logged_a_failure_and_idles_is_not_hung() -> None:
+    w, clock = make(hang_after_failure_s=30)
+    w.observe(phase(Phase.ENGINE_READY))
+    clock.t = 5.0
+    w.observe(failure(line="ValueError: prompt too long for this model"))
+    assert w.check(1e6).verdict == Verdict.HEALTHY
+    assert w.upcoming(1e6) is None
+
+
 def test_a_traceback_logged_at_warning_does_not_arm_the_hang_rule() -> None:
     w, _ = make(hang_after_failure_s=30)
     warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`")
