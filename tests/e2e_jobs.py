@@ -28,6 +28,18 @@ print("all good", flush=True)
 
 CRASHING_JOB = "import sys\nprint('x', flush=True)\nraise KeyError('layers.0.weight_scale')\n"
 
+# A job that stopped itself (SIGSTOP: a debugger, Ctrl-Z, a frozen rank) and shuts down cleanly on SIGTERM.
+STOPPED_JOB = """
+import os, signal, sys
+def bye(*_):
+    print("clean shutdown", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+print("stopping myself", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+print("continued without a signal", flush=True)
+"""
+
 # tqdm's way of drawing to a file: each redraw starts with "\r" and none ends, so the latest one
 # stays unterminated until the next.  argv: a gate file; the bar holds at 4/8 until it exists.
 CR_BAR_JOB = """\

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from e2e_jobs import STOPPED_JOB
 from supervisor.errors import LaunchError
 from supervisor.host import LaunchRequest, ProcessHandle
 from supervisor.launch import LocalHost
@@ -103,19 +104,6 @@ time.sleep(60)
     assert "1 had been re-parented" in report.summary()
     assert not report.survivors
     assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
-
-
-# A job that stopped itself (SIGSTOP: a debugger, Ctrl-Z, a frozen rank) and shuts down cleanly on SIGTERM.
-STOPPED_JOB = """
-import os, signal, sys
-def bye(*_):
-    print("clean shutdown", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, bye)
-print("stopping myself", flush=True)
-os.kill(os.getpid(), signal.SIGSTOP)
-print("continued without a signal", flush=True)
-"""
 
 
 def test_a_stopped_process_is_continued_so_that_sigterm_reaches_it(tmp_path: Path) -> None:

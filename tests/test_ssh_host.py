@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 import pytest
+from e2e_jobs import STOPPED_JOB
 from supervisor.errors import HostError, LaunchError
 from supervisor.events import Record
 from supervisor.follow import LogFollower
@@ -310,8 +311,6 @@ def test_kill_tree_finds_the_escaped_tagged_grandchild(ssh_env, tmp_path: Path, 
 def test_a_stopped_remote_process_is_continued_so_that_sigterm_reaches_it(
     ssh_env, tmp_path: Path, cleanup_tags, url: str
 ) -> None:
-    from test_launch import STOPPED_JOB
-
     cleanup_tags.append("s.7.abc")
     host = SshHost(url, env=ssh_env)
     log = tmp_path / "remote-logs" / "job" / "attempt-1.log"
