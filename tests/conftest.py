@@ -73,6 +73,12 @@ class DaemonProcess:
         elif self.proc is not None:
             self._log.close()
 
+    def close(self) -> None:
+        """The test is over: kill the jobs this home left running (they outlive a stopped daemon
+        by design), then stop the daemon."""
+        _kill_leftover_jobs(self.home)
+        self.stop()
+
     def log_text(self) -> str:
         return (self.home / "daemon-test.log").read_text(errors="replace")
 
@@ -103,8 +109,7 @@ def daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPat
     d = DaemonProcess(home, daemon_env)
     d.start()
     yield d
-    _kill_leftover_jobs(home)
-    d.stop()
+    d.close()
 
 
 def _kill_leftover_jobs(home: Path) -> None:

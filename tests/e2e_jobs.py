@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import wait_until
+
 from supervisor.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,3 +108,17 @@ def probe_events(client: Client, job: str) -> list[tuple[str | None, str, object
 def progress_done(client: Client, job: str) -> int:
     done = [e.data.get("done", 0) for e in client.events(job).events if e.kind == "progress"]
     return int(done[-1]) if done else 0
+
+
+def check_redraw_read_while_it_waits(client: Client, job: str, seen_within_s: float) -> None:
+    """A CR_BAR_JOB held at 4/8 (stall_floor_s = 2, one attempt): status shows 4/8 while its
+    redraw is unterminated, the stall is blamed on shard 4, and each step is stored once."""
+    # Without reading the tail, status would say 3/8 and the stall would be blamed on shard 3.
+    wait_until(lambda: (a := client.status(job).jobs[0].attempt) is not None
+               and a.progress is not None and a.progress.done == 4, timeout=seen_within_s)
+    wait_until(lambda: job_state(client, job) == "failed", timeout=20)
+    attempt = client.attempts(job).attempts[0]
+    assert attempt.verdict == "stalled"
+    assert (attempt.reason or "").startswith("checkpoint_shard 4/8, no progress for 2.0s")
+    done = [e.data["done"] for e in client.events(job).events if e.kind == "progress"]
+    assert done == [1, 2, 3, 4]  # each step once: the tail's event and its record's are one

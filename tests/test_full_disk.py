@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DaemonProcess, _kill_leftover_jobs, wait_until
+from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 
 
@@ -78,5 +78,4 @@ def test_daemon_survives_a_full_disk_and_keeps_what_it_stored(small_home: Path, 
         assert set(stored_before) <= after  # nothing stored before the disk filled was lost
         assert client.ping().pid == daemon.proc.pid
     finally:
-        _kill_leftover_jobs(small_home)
-        daemon.stop()
+        daemon.close()

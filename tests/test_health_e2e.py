@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, DaemonProcess, _kill_leftover_jobs, wait_until
+from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import HANG_AFTER_FAILURE_JOB
 from supervisor.client import Client
 
@@ -40,8 +40,7 @@ def fast_daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.Monk
     d = DaemonProcess(home, daemon_env)
     d.start()
     yield d
-    _kill_leftover_jobs(home)
-    d.stop()
+    d.close()
 
 
 def test_healthy_paced_load_is_never_flagged(fast_daemon: DaemonProcess, home: Path) -> None:
@@ -220,8 +219,7 @@ def test_alert_reaches_a_real_http_endpoint(home: Path, daemon_env: dict[str, st
         assert "alerting" in body and "attempt 1" in body and "oom" in body
         assert "OutOfMemoryError" in body and "give up" in body and "GPU" in body
     finally:
-        _kill_leftover_jobs(home)
-        daemon.stop()
+        daemon.close()
         server.shutdown()
         server.server_close()
 

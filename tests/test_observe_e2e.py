@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, DaemonProcess, _kill_leftover_jobs, wait_until
+from conftest import REPO, DaemonProcess, wait_until
 from supervisor import protocol
 from supervisor.watch import plain_lines
 
@@ -159,8 +159,7 @@ def gpu_daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.Monke
     d = FakeGpuDaemon(home, env)
     d.start()
     yield d
-    _kill_leftover_jobs(home)
-    d.stop()
+    d.close()
 
 
 def _gpu_spec(home: Path) -> Path:
