@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import _remote
+from .hosts import _remote
 from .errors import ConnectionLost, SuperviseError
 
 if TYPE_CHECKING:
-    from .ssh import SshHost
+    from .hosts.ssh import SshHost
 
 LOW_DISK_KIB = 1024 * 1024  # below 1 GiB free under the log root: a warning
 
@@ -58,7 +58,7 @@ def doctor_command(host: str | None) -> int:
 # -- remote --------------------------------------------------------------------------------
 
 async def _remote_checks(url: str) -> list[Check]:
-    from .ssh import SshHost
+    from .hosts.ssh import SshHost
 
     checks: list[Check] = []
     try:

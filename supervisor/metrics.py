@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .events import Event, EventKind, Phase
-from .host import ProcessHandle
+from .hosts.base import ProcessHandle
 from .store import AttemptRow, JobRow
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from .bus import EventBus
 from .errors import StoreError, SuperviseError
 from .events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
-from .host import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
+from .hosts.base import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
 from .probes import ProbeEngine, load_packs
 from .spec import JobSpec

@@ -22,7 +22,7 @@ import structlog
 
 from supervisor import _inotify
 from supervisor.events import Record
-from supervisor.follow import LogFollower
+from supervisor.hosts.local_follow import LogFollower
 from supervisor.records import MAX_RECORD_BYTES
 
 T = TypeVar("T")

@@ -14,8 +14,8 @@ import pytest
 
 from e2e_jobs import STOPPED_JOB
 from supervisor.errors import LaunchError
-from supervisor.host import LaunchRequest, ProcessHandle
-from supervisor.launch import LocalHost
+from supervisor.hosts.base import LaunchRequest, ProcessHandle
+from supervisor.hosts.local import LocalHost
 
 
 def request(tmp_path: Path, code: str, tag: str = "t.1.abc", workdir: Path | None = None) -> LaunchRequest:

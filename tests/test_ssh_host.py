@@ -20,9 +20,9 @@ import pytest
 from e2e_jobs import STOPPED_JOB
 from supervisor.errors import HostError, LaunchError
 from supervisor.events import Record
-from supervisor.follow import LogFollower
-from supervisor.host import LaunchRequest, ProcessHandle
-from supervisor.ssh import SshHost, parse_target
+from supervisor.hosts.local_follow import LogFollower
+from supervisor.hosts.base import LaunchRequest, ProcessHandle
+from supervisor.hosts.ssh import SshHost, parse_target
 
 if TYPE_CHECKING:
     from sshd import SshServer

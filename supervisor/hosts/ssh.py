@@ -64,10 +64,10 @@ import structlog
 import tenacity
 
 from . import _remote
-from .errors import ConnectionLost, HostError, LaunchError, SuperviseError
-from .events import Record
-from .gpu import GpuSample
-from .host import (
+from ..errors import ConnectionLost, HostError, LaunchError, SuperviseError
+from ..events import Record
+from ..gpu import GpuSample
+from .base import (
     TAG_VAR,
     WRAPPER_SH,
     ExitStatus,
@@ -76,7 +76,7 @@ from .host import (
     ProcessHandle,
     log_paths,
 )
-from .records import MAX_RECORD_BYTES, split_records, unterminated_text
+from ..records import MAX_RECORD_BYTES, split_records, unterminated_text
 
 log = structlog.get_logger("supervise.ssh")
 T = TypeVar("T")

@@ -28,8 +28,8 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .gpu import GpuDevice, GpuProcess
-from .host import KillReport
+from ..gpu import GpuDevice, GpuProcess
+from .base import KillReport
 
 MARK = b"@@supervise@@"
 

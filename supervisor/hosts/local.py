@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import structlog
 
-from .errors import LaunchError
-from .follow import LogFollower
-from .host import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
+from ..errors import LaunchError
+from .local_follow import LogFollower
+from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
 
 log = structlog.get_logger("supervise.launch")
 

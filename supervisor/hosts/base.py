@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .events import Record
+from ..events import Record
 
 # The detached wrapper, identical locally and over SSH.  It starts the command in a new
 # session (so it is its own process group and no terminal hang-up reaches it), with stdin

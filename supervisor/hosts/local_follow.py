@@ -35,9 +35,9 @@ from types import TracebackType
 import structlog
 
 from . import _inotify
-from .errors import HostError
-from .events import Record
-from .records import MAX_RECORD_BYTES, split_records, unterminated_text
+from ..errors import HostError
+from ..events import Record
+from ..records import MAX_RECORD_BYTES, split_records, unterminated_text
 
 log = structlog.get_logger()
 

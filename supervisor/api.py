@@ -1,0 +1,321 @@
+"""The control API: one handler per route, the route table, the error middleware, OpenAPI.
+
+Handlers read the service's store, runners and hosts and answer with `protocol` models;
+errors raised anywhere below are mapped once, here, to an `ErrorBody` and a status code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from . import __version__, protocol
+from .config import describe_settings
+from .errors import NotFound, RequestRejected, SpecError, SuperviseError
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .runner import JobRunner
+from .spec import load_spec
+from .store import AttemptRow, EventQuery, Store
+from .views import attempt_info, event_info, gpu_devices, job_status
+
+if TYPE_CHECKING:
+    from .service import Service
+
+log = structlog.get_logger("supervise.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Api:
+    """The route handlers, bound to one running service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+
+    async def ping(self, request: web.Request) -> web.StreamResponse:
+        return _json(protocol.PingResponse(pid=os.getpid(), version=__version__, state_dir=str(self.service.paths.state_dir)))
+
+    async def start_job(self, request: web.Request) -> web.StreamResponse:
+        body = await _body(request, protocol.StartRequest)
+        spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
+        spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+        current = self.service.runners.get(spec.name)
+        if current is not None and current.running:
+            raise RequestRejected(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first", 409)
+        self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), "starting")
+        runner = self.service.start_runner(spec)
+        n = await _wait_for_attempt(self.service.store, spec.name, runner)
+        row = self.service.store.attempt(spec.name, n)
+        return _json(protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
+                                            message=f"started {spec.name} attempt {n} (pid {row.pid})"))
+
+    async def stop_job(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        body = await _body(request, protocol.StopRequest)
+        self.service.store.job(name)
+        runner = self.service.runners.get(name)
+        if runner is None or not runner.running:
+            return _json(protocol.StopResponse(job=name, message=f"{name} is not running"))
+        report = await runner.stop(body.grace_s)
+        orphans = set(report.reparented)
+        processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
+                     for p, n in report.terminated]
+        processes += [protocol.KilledProcess(pid=p, name=n, signal="SIGKILL", reparented=p in orphans)
+                      for p, n in report.killed]
+        message = f"stopped {name}: {report.summary()}"
+        if report.survivors:
+            raise RequestRejected(message, 500)
+        return _json(protocol.StopResponse(job=name, message=message, processes=processes))
+
+    async def status(self, request: web.Request) -> web.StreamResponse:
+        only = request.query.get("job")
+        rows = [self.service.store.job(only)] if only else self.service.store.jobs()
+        jobs = [job_status(row, self.service.store, self.service.runners.get(row.name)) for row in rows]
+        sample = self.service.hosts.local.gpu.latest
+        return _json(protocol.StatusResponse(
+            jobs=jobs, daemon_pid=os.getpid(), daemon_version=__version__,
+            gpu=gpu_devices(sample), gpu_note="" if sample and sample.available else (sample.reason if sample else "not sampled yet"),
+        ))
+
+    async def jobs(self, request: web.Request) -> web.StreamResponse:
+        rows = self.service.store.jobs()
+        return _json(protocol.JobsResponse(jobs=[job_status(r, self.service.store, self.service.runners.get(r.name)) for r in rows]))
+
+    async def attempts(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        self.service.store.job(name)
+        return _json(protocol.AttemptsResponse(attempts=[attempt_info(a) for a in self.service.store.attempts(name)]))
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        self.service.store.job(name)
+        query = EventQuery(
+            job=name, attempt=_int_query(request, "attempt"), min_attempt=_int_query(request, "min_attempt"),
+            after_id=_int_query(request, "after") or 0,
+            kinds=[k for k in request.query.get("kinds", "").split(",") if k] or None,
+        )
+        if request.query.get("follow") != "1":
+            return _json(protocol.EventsResponse(events=[event_info(e) for e in self.service.store.query_events(query)]))
+        return await self._stream_events(request, query, until_done=request.query.get("until_done") == "1")
+
+    async def _stream_events(self, request: web.Request, query: EventQuery, until_done: bool) -> web.StreamResponse:
+        sub = self.service.bus.stream()  # subscribe before reading the backlog: nothing falls in between
+        response = await _ndjson(request)
+        try:
+            backlog = self.service.store.query_events(query)
+            for event in backlog:
+                await _write_line(response, event_info(event))
+            if backlog:
+                query = replace(query, after_id=backlog[-1].id or query.after_id)
+            while True:
+                try:
+                    batch = await asyncio.wait_for(sub.queue.get(), timeout=0.5)
+                except TimeoutError:
+                    runner = self.service.runners.get(query.job)
+                    if until_done and sub.queue.empty() and (runner is None or not runner.running):
+                        break
+                    continue
+                if batch is None:
+                    break
+                for event in batch:
+                    if query.matches(event):
+                        await _write_line(response, event_info(event))
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            sub.close()
+        return response
+
+    async def logs(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        self.service.store.job(name)
+        n = _int_query(request, "attempt")
+        row = self.service.store.attempt(name, n) if n else self.service.store.latest_attempt(name)
+        if row is None:
+            raise NotFound(f"job '{name}' has no attempts yet")
+        follow = request.query.get("follow") == "1"
+        response = await _ndjson(request)
+        follower = self.service.hosts.get(row.host).host.follow(row.log_path, _int_query(request, "offset") or 0)
+        ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
+        partial = getattr(follower, "partial_text", None)  # followers that can show an unterminated tail
+        try:
+            async for batch in follower.records():
+                for record in batch:
+                    await _write_line(response, protocol.LogChunk(attempt=row.n, offset=record.offset,
+                                                                 text=record.text, redraw=record.redraw))
+                tail = partial() if partial is not None else ""
+                if tail:
+                    await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text=tail,
+                                                                 redraw=True, partial=True))
+            await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text="", end=True))
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            ender.cancel()
+            await follower.aclose()
+        return response
+
+    async def _finish_when_ended(self, row: AttemptRow, follower: Any, follow: bool) -> None:
+        if follow:
+            while self.service.store.attempt(row.job, row.n).state in ("launching", "running"):
+                await asyncio.sleep(0.25)
+        follower.finish()
+
+    async def gpus(self, request: web.Request) -> web.StreamResponse:
+        monitor = self.service.hosts.get(request.query.get("host", "local")).gpu
+        sample = monitor.latest or await monitor.sample()
+        return _json(protocol.GpusResponse(available=sample.available, note=sample.reason, devices=gpu_devices(sample)))
+
+    async def job_gpu(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        job = self.service.store.job(name)
+        attempts = self.service.store.attempts(name)
+        host = job.spec.get("host", "local")
+        since = attempts[0].started if attempts else job.created
+        live = any(a.ended is None for a in attempts)
+        until = time.time() if live or not attempts else max(a.ended or a.started for a in attempts)
+        samples = [protocol.GpuSampleInfo(ts=ts, gpu=gpu, used_mib=used, total_mib=total)
+                   for ts, gpu, used, total in self.service.store.gpu_history(host, since) if ts <= until]
+        return _json(protocol.JobGpuResponse(job=name, host=host, since=since, until=until, samples=samples))
+
+    async def config(self, request: web.Request) -> web.StreamResponse:
+        return _json(describe_settings(self.service.loaded))
+
+    async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=await self.service.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(openapi_schema())
+
+
+
+ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None]] = [
+    ("GET", "/v1/ping", "ping", None, protocol.PingResponse),
+    ("POST", "/v1/jobs", "start_job", protocol.StartRequest, protocol.StartResponse),
+    ("GET", "/v1/jobs", "jobs", None, protocol.JobsResponse),
+    ("POST", "/v1/jobs/{name}/stop", "stop_job", protocol.StopRequest, protocol.StopResponse),
+    ("GET", "/v1/status", "status", None, protocol.StatusResponse),
+    ("GET", "/v1/jobs/{name}/attempts", "attempts", None, protocol.AttemptsResponse),
+    ("GET", "/v1/jobs/{name}/events", "events", None, protocol.EventsResponse),
+    ("GET", "/v1/jobs/{name}/log", "logs", None, protocol.LogChunk),
+    ("GET", "/v1/gpus", "gpus", None, protocol.GpusResponse),
+    ("GET", "/v1/jobs/{name}/gpu", "job_gpu", None, protocol.JobGpuResponse),
+    ("GET", "/v1/config", "config", None, protocol.ConfigResponse),
+]
+
+
+def build_app(service: Service) -> web.Application:
+    handlers = Api(service)
+    app = web.Application(middlewares=[_errors_middleware])
+    for method, path, handler_name, _, _ in ROUTES:
+        app.router.add_route(method, path, getattr(handlers, handler_name))
+    app.router.add_get("/openapi.json", handlers.openapi)
+    app.router.add_get("/metrics", handlers.metrics_endpoint)  # Prometheus text format
+    return app
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except RequestRejected as exc:
+        return _error(str(exc), exc.status)
+    except NotFound as exc:
+        return _error(str(exc), 404)
+    except SpecError as exc:
+        return _error(str(exc), 422)
+    except SuperviseError as exc:
+        return _error(str(exc), 400)
+    except Exception as exc:  # a bug in one request must not take the daemon down
+        log.exception("request failed", path=request.path)
+        return _error(f"internal error: {exc!r} (see the daemon log)", 500)
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response(protocol.ErrorBody(error=message).model_dump(), status=status)
+
+
+def _json(model: BaseModel) -> web.Response:
+    return web.Response(text=model.model_dump_json(), content_type="application/json")
+
+
+async def _body(request: web.Request, model: type[Any]) -> Any:
+    try:
+        raw = await request.read()
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        raise RequestRejected(f"bad request body: {exc.errors()[0]['msg']}", 400) from exc
+
+
+def _int_query(request: web.Request, key: str) -> int | None:
+    value = request.query.get(key)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise RequestRejected(f"query parameter {key} must be an integer", 400) from exc
+
+
+async def _ndjson(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    return response
+
+
+async def _write_line(response: web.StreamResponse, model: BaseModel) -> None:
+    await response.write(model.model_dump_json().encode() + b"\n")
+
+
+async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
+    """Wait until the runner has launched (or failed to launch) the job's new attempt."""
+    before = store.latest_attempt(job)
+    previous = before.n if before else 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        latest = store.latest_attempt(job)
+        if latest is not None and latest.n > previous and latest.state != "launching":
+            return latest.n
+        if not runner.running:
+            raise RequestRejected(f"could not start {job}: {store.job(job).reason}", 500)
+        await asyncio.sleep(0.02)
+    raise RequestRejected(f"{job} did not launch within 60s (waiting for GPUs?): `supervise status {job}`", 504)
+
+
+def openapi_schema() -> dict[str, Any]:
+    """An OpenAPI 3.1 document generated from the route table and the protocol models."""
+    paths: dict[str, Any] = {}
+    schemas: dict[str, Any] = {"ErrorBody": protocol.ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")}
+    for method, path, handler_name, request_model, response_model in ROUTES:
+        operation: dict[str, Any] = {"operationId": handler_name, "responses": {
+            "default": {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}}}
+        for model, slot in ((request_model, "request"), (response_model, "response")):
+            if model is None:
+                continue
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+            ref = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+            if slot == "request":
+                operation["requestBody"] = ref
+            else:
+                operation["responses"]["200"] = {"description": "ok", **ref}
+        params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for p in ("name",) if "{" + p + "}" in path]
+        if params:
+            operation["parameters"] = params
+        paths.setdefault(path, {})[method.lower()] = operation
+    return {"openapi": "3.1.0", "info": {"title": "supervise daemon", "version": __version__}, "paths": paths,
+            "components": {"schemas": schemas}}

@@ -1,0 +1,24 @@
+"""Machines that run jobs, behind one protocol (`base.Host`).
+
+    base          the protocol and its value types (launch request, process handle, exit
+                  status, kill report), the detached wrapper every host runs
+    local         this machine: launch, pidfd exit, process-tree kill (psutil)
+    local_follow  following a local log file (inotify, polling fallback)
+    ssh           a remote box over one asyncssh connection
+    _remote       the POSIX scripts the SSH host runs there, and their parsers
+    registry      one live host and GPU monitor per host name, made on first use
+
+A new kind of host is one new module implementing `Host`, and one line in `registry.connect`.
+"""
+
+from .base import (
+    TAG_VAR,
+    ExitStatus,
+    Follower,
+    Host,
+    KillReport,
+    LaunchRequest,
+    ProcessHandle,
+)
+
+__all__ = ["TAG_VAR", "ExitStatus", "Follower", "Host", "KillReport", "LaunchRequest", "ProcessHandle"]

@@ -1,0 +1,170 @@
+"""The daemon's service lifecycle: start-up, the recovery pass, the job runners, shutdown.
+
+Start-up runs a recovery pass (said in the log and in `supervise status`): every attempt
+the store believes running is re-adopted if its pid *and* start time still match, else
+finished from its exit-status file, else marked lost.  Shutdown (SIGTERM/SIGINT) detaches
+from jobs without touching them — they live in their own sessions and the next daemon
+re-adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import time
+from typing import Any
+
+import structlog
+from aiohttp import web
+from pydantic import ValidationError
+
+from . import __version__
+from .alerts import Alerter
+from .api import build_app
+from .bus import EventBus
+from .config import DaemonSettings, LoadedSettings, Paths
+from .errors import DaemonError, SuperviseError
+from .events import Event
+from .hosts.base import Host, ProcessHandle
+from .hosts.local import LocalHost
+from .hosts.registry import Hosts
+from .metrics import Metrics, serve_tcp
+from .runner import GpuView, JobRunner, RunnerContext
+from .spec import JobSpec
+from .store import AttemptRow, Store
+
+log = structlog.get_logger("supervise.daemon")
+
+
+class Service:
+    """The daemon's lifecycle: start-up (lock, recovery pass, listening), the runners, shutdown."""
+
+    def __init__(self, paths: Paths, settings: DaemonSettings, host: Host | None = None,
+                 nvml: Any | None = None, loaded: LoadedSettings | None = None) -> None:
+        self.paths = paths
+        self.settings = settings
+        self.loaded = loaded or LoadedSettings(settings, {}, paths.state_dir / "config.toml", False)
+        paths.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(paths.db)
+        self.bus = EventBus()
+        local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s)
+        self.hosts = Hosts(self.store, settings, local, nvml)
+        self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
+        self.runners: dict[str, JobRunner] = {}
+        self.recovery_notes: list[str] = []
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.bus.subscribe(self._log_event)
+        self.metrics = Metrics(self)
+        self.bus.subscribe(self.metrics.on_events)
+        self._metrics_runner: web.AppRunner | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def context(self, host_name: str) -> RunnerContext:
+        slot = self.hosts.get(host_name)
+        gpu = slot.gpu
+        return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
+                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest),
+                             records_seen=self.metrics.records_seen)
+
+    def _lock(self) -> None:
+        """One daemon per state directory: an advisory lock held for the daemon's lifetime."""
+        self._lock_file = open(self.paths.state_dir / "daemon.lock", "w")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise DaemonError(f"another daemon already runs for {self.paths.state_dir} (see {self.paths.pid_file})") from exc
+
+    async def serve(self) -> None:
+        self._lock()
+        await self.hosts.local.gpu.sample()
+        await self.recover()
+        runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        await runner.setup()
+        with contextlib.suppress(FileNotFoundError):
+            self.paths.socket.unlink()  # a previous daemon's socket; we hold the pid-file lock
+        site = web.UnixSite(runner, str(self.paths.socket))
+        old_umask = os.umask(0o177)  # the socket is born 0600: only this user may drive the daemon
+        try:
+            await site.start()
+        finally:
+            os.umask(old_umask)
+        self.paths.pid_file.write_text(f"{os.getpid()}\n")
+        self._tasks.append(asyncio.create_task(self.metrics.measure_loop_lag(self.settings.loop_lag_interval_s),
+                                               name="loop-lag"))
+        if self.settings.metrics_bind is not None:
+            self._metrics_runner = await serve_tcp(self.metrics, *self.settings.metrics_bind)
+        log.info("daemon listening", socket=str(self.paths.socket), pid=os.getpid(), version=__version__)
+        try:
+            await self._stopping.wait()
+        finally:
+            await self.shutdown(runner)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def shutdown(self, runner: web.AppRunner) -> None:
+        log.info("daemon stopping: jobs keep running and will be re-adopted", jobs=len(self.runners))
+        for job_runner in self.runners.values():
+            await job_runner.detach()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        await runner.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            self.paths.socket.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.paths.pid_file.unlink()
+        await self.hosts.close()
+        self.store.close()
+
+    async def recover(self) -> None:
+        """Re-adopt, finish or mark lost every attempt the store thinks is running."""
+        for row in self.store.live_attempts():
+            note = await self._recover_one(row)
+            self.recovery_notes.append(note)
+            log.info("recovery", job=row.job, attempt=row.n, outcome=note)
+        if not self.recovery_notes:
+            log.info("recovery: nothing was running")
+
+    async def _recover_one(self, row: AttemptRow) -> str:
+        try:
+            spec = JobSpec.model_validate(self.store.job(row.job).spec)
+        except (ValidationError, SuperviseError) as exc:
+            self.store.update_attempt(row.job, row.n, state="lost", reason=f"spec unreadable on recovery: {exc}")
+            return f"{row.job}#{row.n}: lost (spec unreadable)"
+        handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
+                               tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+        if spec.host != "local":
+            # A remote box may be unreachable right now: never hold up start-up for it.  The
+            # runner re-adopts the attempt and its host reconnects with backoff.
+            self.start_runner(spec, resume=row)
+            return f"{row.job}#{row.n}: re-adopted on {spec.host} (its runner checks liveness)"
+        host = self.hosts.get(spec.host).host
+        alive = row.pid is not None and await host.is_alive(handle)
+        status = None if alive else await host.exit_status(handle)
+        if row.pid is None or (not alive and status is None and row.state == "launching"):
+            self.store.update_attempt(row.job, row.n, state="lost", ended=time.time(),
+                                      reason="the daemon stopped while launching it")
+            self.store.set_job_state(row.job, "failed", "attempt lost during launch; start the job again")
+            return f"{row.job}#{row.n}: lost during launch"
+        # Alive, or ended while we were away: either way the runner drains the log from the
+        # saved offset and judges it; a dead wrapper is noticed at once by wait_exit.
+        self.start_runner(spec, resume=row)
+        return f"{row.job}#{row.n}: {'re-adopted pid ' + str(row.pid) if alive else 'ended while the daemon was down; finishing'}"
+
+    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner:
+        runner = JobRunner(spec, self.context(spec.host))
+        self.runners[spec.name] = runner
+        runner.start(resume)
+        return runner
+
+    def _log_event(self, events: list[Event]) -> None:
+        for event in events:
+            if event.kind.value in ("failure", "verdict", "action", "exited", "launched", "alert"):
+                log.info("event", job=event.job, attempt=event.attempt, kind=event.kind.value, message=event.message[:300])
