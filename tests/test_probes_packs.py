@@ -11,7 +11,7 @@ from supervisor.errors import ProbePackError
 from supervisor.events import Phase, ProbeKind, Record
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._pack import BUILTIN_DIR, PROBE_PATH_ENV
-from supervisor.probes._syntax import required_literals
+from supervisor.probes._literals import required_literals
 
 GOOD_PROBE = """
 [[probes]]

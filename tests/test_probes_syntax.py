@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import re2
 
-from supervisor.probes._syntax import first_chars, named_groups, rename_groups, required_literals, to_posix_ere
+from supervisor.probes._ere import to_posix_ere
+from supervisor.probes._literals import first_chars, required_literals
+from supervisor.probes._syntax import named_groups, rename_groups
 
 
 @pytest.mark.parametrize(("pattern", "literals"), [

@@ -41,9 +41,10 @@ import re2
 
 from ..events import FailureKind, ProbeEvent, ProbeKind, Record
 from ._fingerprint import fingerprint
+from ._literals import required_literals
 from ._pack import Pack, Probe, re2_options
 from ._prefix import ANSI_BYTES_RE, LineSplitter
-from ._syntax import Literal, required_literals
+from ._syntax import Literal
 from ._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
 
 _UNANCHORED = re2._Anchor.UNANCHORED

@@ -23,8 +23,8 @@ from typing import Any
 
 import re2
 
+from ._literals import first_chars, required_literals
 from ._pack import Rule, re2_options
-from ._syntax import first_chars, required_literals
 
 # ANSI escape sequences (CSI such as colours and cursor moves, OSC, two-byte escapes).
 # A fixed pattern of ours, so Python's engine is safe here, and faster.  It never spans

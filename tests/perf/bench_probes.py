@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from supervisor.probes import ProbeEngine, load_packs  # noqa: E402
-from supervisor.probes._syntax import to_posix_ere  # noqa: E402
+from supervisor.probes._ere import to_posix_ere  # noqa: E402
 from supervisor.records import split_records  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "corpus"
