@@ -4,7 +4,12 @@
                   status, kill report), the detached wrapper every host runs
     local         this machine: launch, pidfd exit, process-tree kill (psutil)
     local_follow  following a local log file (inotify, polling fallback)
-    ssh           a remote box over one asyncssh connection
+    ssh           a remote box over SSH: the Host protocol and GPU sampling (nvidia-smi)
+    ssh_target    an SSH host's address (ssh:// URL) and the host-key policy
+    ssh_connection  the one connection per SSH host: reconnects, short scripts, streams
+    ssh_agent     the resident remote shell that runs the short scripts
+    ssh_exits     waiting for remote exits, all on one channel
+    ssh_follow    following a remote log (tail -F over a channel)
     _remote       the POSIX scripts the SSH host runs there, and their parsers
     registry      one live host and GPU monitor per host name, made on first use
 
