@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 import structlog
 
-from supervisor import _inotify
+from supervisor.hosts import _inotify
 from supervisor.events import Record
 from supervisor.hosts.local_follow import LogFollower
 from supervisor.records import MAX_RECORD_BYTES

@@ -13,7 +13,7 @@ import structlog
 
 from ..errors import HostError
 from ..events import Record
-from ..records import MAX_RECORD_BYTES, split_records, unterminated_text
+from ..records import RecordBuffer
 from . import _remote
 from .ssh_agent import _close_process
 from .ssh_connection import _DROPS, SshConnection
@@ -27,7 +27,7 @@ _DRAIN_ERRORS: tuple[type[BaseException], ...] = (*_DROPS, TimeoutError)
 
 class SshFollower:
     """Follow a remote log from a byte offset: the same interface and the same records as
-    ``LogFollower`` (records are cut by ``split_records`` from the same bytes).
+    ``LogFollower`` (both feed the bytes they read to a ``records.RecordBuffer``).
 
     One channel runs ``tail -c +OFFSET+1 -F`` on the remote box (inotify there).  The byte
     offset is counted here; after a dropped connection the follower starts again exactly at
@@ -49,8 +49,7 @@ class SshFollower:
         self.chunk_size = chunk_size
         self.truncations = 0
         self.restarts = 0  # channels started again after a drop
-        self._offset = offset
-        self._pending = bytearray()
+        self._buffer = RecordBuffer(offset)  # what was received but not yet yielded, and where
         self._finishing = False
         self._closed = False
         self._waiting = False
@@ -65,15 +64,15 @@ class SshFollower:
     @property
     def offset(self) -> int:
         """Byte offset just past the last record yielded: where a restarted follower resumes."""
-        return self._offset
+        return self._buffer.offset
 
     @property
     def buffered(self) -> int:
-        return len(self._pending)
+        return self._buffer.buffered
 
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail received after the last record (see ``LogFollower.partial_text``)."""
-        return unterminated_text(self._pending, limit)
+        return self._buffer.partial_text(limit)
 
     def records(self) -> AsyncIterator[list[Record]]:
         if self._iterator is not None:
@@ -132,7 +131,7 @@ class SshFollower:
                     if not chunk:
                         raise EOFError("the remote tail ended")
                     drops = dead_ends = 0
-                    batch = self._feed(chunk)
+                    batch = self._buffer.feed(chunk)
                     if batch:
                         yield batch
             except _Closed:
@@ -149,7 +148,7 @@ class SshFollower:
                 drops += 1
                 self.restarts += 1
                 log.info("following again after a dropped channel", host=self._host.name, path=self.path,
-                         offset=self._offset, error=str(exc) or type(exc).__name__)
+                         offset=self._buffer.offset, error=str(exc) or type(exc).__name__)
                 if drops > 1 or dead_ends:
                     try:
                         await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(drops + dead_ends, 6))))
@@ -168,13 +167,13 @@ class SshFollower:
                     chunk = await self._guard(proc.stdout.read(self.chunk_size))
                     if not chunk:
                         break
-                    batch = self._feed(chunk)
+                    batch = self._buffer.feed(chunk)
                     if batch:
                         yield batch
                 await self._guard(asyncio.wait_for(proc.wait_closed(), timeout=10))
                 if proc.exit_status is None and proc.exit_signal is None:
                     raise EOFError("the channel closed before the log's end")
-                tail = self._flush()
+                tail = self._buffer.flush()
                 if tail:
                     yield tail
                 return
@@ -210,20 +209,20 @@ class SshFollower:
         return task.result()
 
     async def _start(self, body: str) -> asyncssh.SSHClientProcess[bytes]:
-        self._pending = bytearray()  # re-read from the end of the last yielded record
+        self._buffer.reset(self._buffer.offset)  # re-read from the end of the last yielded record
         self._reset = False
-        proc = await self._host.stream(body, self.path, str(self._offset))
+        proc = await self._host.stream(body, self.path, str(self._buffer.offset))
         self._proc = proc
         try:
             start = await _header(proc)
         except BaseException:
             await _close_process(proc)
             raise
-        if start != self._offset:
+        if start != self._buffer.offset:
             self.truncations += 1
             log.warning("stored offset past the end of the remote log: following from the start",
-                        host=self._host.name, path=self.path, offset=self._offset)
-            self._offset = start
+                        host=self._host.name, path=self.path, offset=self._buffer.offset)
+            self._buffer.reset(start)
         self._notices = asyncio.create_task(self._watch_notices(proc))
         return proc
 
@@ -266,7 +265,7 @@ class SshFollower:
                     return
                 self._last_error = line.decode(errors="replace").strip()[:300]
                 if any(n in line for n in _NOTICES):
-                    if b"has appeared" in line and self._offset == 0 and not self._pending:
+                    if b"has appeared" in line and self._buffer.end == 0:
                         continue  # the file we waited for: tail reads it from its start already
                     self._reset = True
                     self._wakeup.set()
@@ -274,35 +273,10 @@ class SshFollower:
     def _restart_at_zero(self) -> list[Record]:
         self.truncations += 1
         log.warning("remote log truncated or replaced: following from the start", host=self._host.name,
-                    path=self.path, offset=self._offset + len(self._pending))
-        tail = self._flush()
-        self._offset = 0
+                    path=self.path, offset=self._buffer.end)
+        tail = self._buffer.flush()
+        self._buffer.reset(0)
         return tail
-
-    # -- splitting, as LogFollower does -----------------------------------------------------
-
-    def _feed(self, chunk: bytes) -> list[Record]:
-        if self._pending:
-            self._pending += chunk
-            if not self._may_complete(chunk):
-                return []
-            data = bytes(self._pending)
-        else:
-            data = chunk
-        batch, used = split_records(data, self._offset, final=False)
-        self._pending = bytearray(data[used:])
-        self._offset += used
-        return batch
-
-    def _may_complete(self, chunk: bytes) -> bool:
-        held_cr = len(self._pending) > len(chunk) and self._pending[-len(chunk) - 1] == 0x0D
-        return len(self._pending) > MAX_RECORD_BYTES or b"\n" in chunk or b"\r" in chunk or held_cr
-
-    def _flush(self) -> list[Record]:
-        batch, used = split_records(bytes(self._pending), self._offset, final=True)
-        self._pending = bytearray()
-        self._offset += used
-        return batch
 
 
 class _Closed(Exception):
