@@ -1,6 +1,6 @@
 """The host interface: what the daemon needs from a machine that runs jobs.
 
-`LocalHost` (launch.py) and the SSH host implement it; the daemon never touches
+`LocalHost` (local.py) and `SshHost` (ssh.py) implement it; the daemon never touches
 processes or files of a job except through it.
 """
 
@@ -93,12 +93,25 @@ class KillReport:
 
 
 class Follower(Protocol):
+    """Follows one log from a byte offset: batches of records as they are written."""
+
     @property
-    def offset(self) -> int: ...
+    def offset(self) -> int:
+        """Byte offset just past the last record yielded: where a restarted follower resumes."""
+        ...
 
-    def records(self) -> AsyncIterator[list[Record]]: ...
+    def partial_text(self, limit: int = 4096) -> str:
+        """The unterminated tail after the last record ('' if none): a progress bar's latest
+        redraw, which tqdm leaves unterminated until the next one.  For display and progress only."""
+        ...
 
-    def finish(self) -> None: ...
+    def records(self) -> AsyncIterator[list[Record]]:
+        """Batches of complete records, in log order (one iteration only)."""
+        ...
+
+    def finish(self) -> None:
+        """The writer has exited: read to the end, yield the trailing partial line, then end."""
+        ...
 
     async def aclose(self) -> None: ...
 
