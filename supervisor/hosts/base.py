@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..events import Record
+from ..gpu import GpuSample
 
 # The detached wrapper, identical locally and over SSH.  It starts the command in a new
 # session (so it is its own process group and no terminal hang-up reaches it), with stdin
@@ -142,6 +143,11 @@ class Host(Protocol):
         ...
 
     def follow(self, path: str, offset: int) -> Follower: ...
+
+    async def sample_gpus(self) -> GpuSample:
+        """GPU memory per device and process now; never raises (``available=False`` and the
+        reason when there is no driver, or the host cannot be reached)."""
+        ...
 
     async def close(self) -> None: ...
 
