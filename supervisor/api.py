@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from . import __version__, protocol
 from .config import describe_settings
 from .errors import NotFound, RequestRejected, SpecError, SuperviseError
+from .hosts.base import Follower
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .runner import JobRunner
 from .spec import load_spec
@@ -147,13 +148,12 @@ class Api:
         response = await _ndjson(request)
         follower = self.service.hosts.get(row.host).host.follow(row.log_path, _int_query(request, "offset") or 0)
         ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
-        partial = getattr(follower, "partial_text", None)  # followers that can show an unterminated tail
         try:
             async for batch in follower.records():
                 for record in batch:
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=record.offset,
                                                                  text=record.text, redraw=record.redraw))
-                tail = partial() if partial is not None else ""
+                tail = follower.partial_text()
                 if tail:
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text=tail,
                                                                  redraw=True, partial=True))
@@ -165,7 +165,7 @@ class Api:
             await follower.aclose()
         return response
 
-    async def _finish_when_ended(self, row: AttemptRow, follower: Any, follow: bool) -> None:
+    async def _finish_when_ended(self, row: AttemptRow, follower: Follower, follow: bool) -> None:
         if follow:
             while self.service.store.attempt(row.job, row.n).state in ("launching", "running"):
                 await asyncio.sleep(0.25)

@@ -1,7 +1,9 @@
 """Splitting raw log bytes into records.
 
-A pure function, so the follower, the offline replay and the tests share one definition
-of where a record ends.  Terminators are ``\n``, ``\r\n`` (one newline) and a lone ``\r``
+``split_records`` is a pure function, so the followers, the offline replay and the tests
+share one definition of where a record ends; ``RecordBuffer`` wraps it sans-IO (bytes in,
+records out, the partial tail held), so the local and the SSH follower are byte transports
+around one buffer.  Terminators are ``\n``, ``\r\n`` (one newline) and a lone ``\r``
 (a progress-bar redraw).  Nothing is ever dropped: every byte consumed belongs to exactly
 one record, so ``Record.end`` of one record is ``Record.offset`` of the next and a reader
 can resume at any record's end.
@@ -26,6 +28,89 @@ def unterminated_text(pending: bytes | bytearray, limit: int = 4096) -> str:
     none): a progress bar's latest redraw, which tqdm leaves unterminated until the next one.
     For display and progress only: it becomes a record once its terminator is written."""
     return bytes(pending[:limit]).rstrip(b"\r").decode("utf-8", "replace")
+
+
+class RecordBuffer:
+    """Bytes in, records out: the state a follower keeps between reads, and no I/O.
+
+    ``feed`` takes the next bytes of the log (in any chunking) and returns the records they
+    complete; the unterminated tail is held until its terminator arrives (or ``flush`` at the
+    end emits it).  ``offset`` is the log position just past the last record returned: where
+    a restarted reader resumes with nothing lost or doubled.  ``end`` is where the next byte
+    fed belongs.
+    """
+
+    def __init__(self, offset: int = 0) -> None:
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        self._offset = offset
+        self._pending = bytearray()
+        self._peak = 0
+
+    @property
+    def offset(self) -> int:
+        """Byte offset just past the last record returned (the start of the held bytes)."""
+        return self._offset
+
+    @property
+    def end(self) -> int:
+        """Byte offset of the next byte to feed: ``offset`` plus the held bytes."""
+        return self._offset + len(self._pending)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete last line currently held back."""
+        return len(self._pending)
+
+    @property
+    def peak(self) -> int:
+        """The most bytes held at once (the held line plus one fed chunk)."""
+        return self._peak
+
+    def partial_text(self, limit: int = 4096) -> str:
+        """The held unterminated tail, decoded (see ``unterminated_text``)."""
+        return unterminated_text(self._pending, limit)
+
+    def feed(self, data: bytes) -> list[Record]:
+        """The records that ``data``, appended to the held bytes, completes."""
+        if self._pending:
+            self._pending += data
+            self._peak = max(self._peak, len(self._pending))
+            if not self._may_complete(data):
+                return []
+            whole = bytes(self._pending)
+        else:
+            whole = data  # the common case: no copy
+            self._peak = max(self._peak, len(whole))
+        batch, used = split_records(whole, self._offset, final=False)
+        self._pending = bytearray(whole[used:])
+        self._offset += used
+        return batch
+
+    def flush(self) -> list[Record]:
+        """The end of the stream: the held partial line (if any) as its final record."""
+        batch, used = split_records(bytes(self._pending), self._offset, final=True)
+        self._pending = bytearray()
+        self._offset += used
+        return batch
+
+    def reset(self, offset: int) -> None:
+        """Drop the held bytes and continue at ``offset`` (``self.offset`` to read them again
+        after a broken stream; 0 for a truncated or replaced file, after a ``flush``)."""
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        self._pending = bytearray()
+        self._offset = offset
+
+    def _may_complete(self, data: bytes) -> bool:
+        """Whether splitting could yield a record now.
+
+        The splitter rescans every held byte, so calling it on each small write to a long
+        open line would be quadratic; held bytes never contain a terminator except a
+        trailing ``\\r`` (it may be half of ``\\r\\n``).
+        """
+        held_cr = len(self._pending) > len(data) and self._pending[-len(data) - 1] == 0x0D
+        return len(self._pending) > MAX_RECORD_BYTES or b"\n" in data or b"\r" in data or held_cr
 
 
 def split_records(data: bytes, base_offset: int, final: bool = False) -> tuple[list[Record], int]:

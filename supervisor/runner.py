@@ -23,7 +23,7 @@ from .bus import EventBus
 from .errors import StoreError, SuperviseError
 from .events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
-from .hosts.base import ExitStatus, Host, KillReport, LaunchRequest, ProcessHandle
+from .hosts.base import ExitStatus, Follower, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
 from .probes import ProbeEngine, load_packs
 from .spec import JobSpec
@@ -365,7 +365,7 @@ class JobRunner:
         live.check_at = at
         return None if at is None else max(0.0, at - self.ctx.clock())
 
-    async def _read(self, live: _Live, follower: Any, engine: ProbeEngine) -> None:
+    async def _read(self, live: _Live, follower: Follower, engine: ProbeEngine) -> None:
         last_save = 0.0
         unsaved: list[Event] = []  # events a failed store write (full disk) could not take yet
         disk_warned = False
@@ -461,7 +461,7 @@ class JobRunner:
                 "fingerprint": event.data.get("fingerprint"), "traceback": event.data.get("traceback"),
             }
 
-    async def _finish(self, live: _Live, follower: Any, reader: asyncio.Task[None], engine: ProbeEngine,
+    async def _finish(self, live: _Live, follower: Follower, reader: asyncio.Task[None], engine: ProbeEngine,
                       status: ExitStatus) -> Judgement:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
@@ -581,8 +581,7 @@ class _RedrawReader:
     are kept.  Each is stored at the offset where the tail starts, the offset its record will
     have: when the record is complete, its event is the same and the store keeps one."""
 
-    def __init__(self, follower: Any, packs: Any) -> None:
-        self._partial: Callable[[], str] | None = getattr(follower, "partial_text", None)
+    def __init__(self, follower: Follower, packs: Any) -> None:
         self._follower = follower
         self._packs = packs
         self._engine: ProbeEngine | None = None  # built on first use: most logs never need it
@@ -590,14 +589,11 @@ class _RedrawReader:
 
     def pending(self) -> bool:
         """An unterminated tail not read yet."""
-        if self._partial is None:
-            return False
-        text = self._partial()
+        text = self._follower.partial_text()
         return bool(text.strip()) and (self._follower.offset, text) != self._read_at
 
     def read(self) -> list[ProbeEvent]:
-        assert self._partial is not None
-        text = self._partial()
+        text = self._follower.partial_text()
         offset = self._follower.offset
         self._read_at = (offset, text)
         if self._engine is None:
@@ -609,7 +605,7 @@ class _RedrawReader:
 
 
 async def _batches_or_quiet(
-    follower: Any, quiet_wait: Callable[[], float | None]
+    follower: Follower, quiet_wait: Callable[[], float | None]
 ) -> AsyncIterator[list[Record] | None]:
     """The follower's batches, and None each time the log has been quiet for as long as
     ``quiet_wait()`` says (None: wait for the next batch however long it takes)."""

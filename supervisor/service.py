@@ -49,8 +49,8 @@ class Service:
         paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(paths.db)
         self.bus = EventBus()
-        local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s)
-        self.hosts = Hosts(self.store, settings, local, nvml)
+        local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml)
+        self.hosts = Hosts(self.store, settings, local)
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
         self.runners: dict[str, JobRunner] = {}
         self.recovery_notes: list[str] = []

@@ -1,14 +1,19 @@
-"""GPU sampling through NVML (a fake one here, and the real library on a GPU-less box) and
-waiting for an attempt's memory to be released."""
+"""GPU sampling through NVML (a fake one here, and the real library on a GPU-less box), the
+local host and the host registry sampling through it, and waiting for an attempt's memory
+to be released."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from pathlib import Path
 
 import pynvml
 import pytest
 from fakes.fake_nvml import FakeNvml
 
+from supervisor.config import DaemonSettings
+from supervisor.errors import SpecError
 from supervisor.gpu import (
     GpuProcess,
     GpuSample,
@@ -19,6 +24,10 @@ from supervisor.gpu import (
     foreign_processes,
     wait_for_release,
 )
+from supervisor.hosts.local import LocalHost
+from supervisor.hosts.registry import Hosts, connect
+from supervisor.hosts.ssh import SshHost
+from supervisor.store import Store
 
 
 class Clock:
@@ -257,3 +266,66 @@ def test_wait_with_real_asyncio_sleep_is_prompt() -> None:
     r = asyncio.run(wait_for_release(sample, None, {0: 4, 1: 4}, lambda: {804}, tolerance_mib=0,
                                      timeout_s=5.0, interval_s=0.01))
     assert r.released and rounds == 2 and r.waited_s < 1.0
+
+
+# ---- GPU sampling through the host protocol ---------------------------------------------
+
+
+class ThreadNoting(FakeNvml):
+    """Notes which thread reads the devices: NVML calls block, so never the event loop's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's name
+        self.threads.add(threading.get_ident())
+        return super().nvmlDeviceGetCount()
+
+
+def test_local_host_samples_nvml_off_the_event_loop_and_close_shuts_it_down(tmp_path: Path) -> None:
+    nvml = ThreadNoting()
+    nvml.add_device(total_mib=1000, reserved_mib=4)
+    nvml.start_process(804, gpu=0, mib=100)
+    host = LocalHost(tmp_path, nvml=nvml)
+
+    async def main() -> tuple[GpuSample, int]:
+        sample = await host.sample_gpus()
+        await host.close()
+        return sample, threading.get_ident()
+
+    sample, loop_thread = asyncio.run(main())
+    assert sample.available and sample.processes == (GpuProcess(804, 0, 100),)
+    assert nvml.threads and loop_thread not in nvml.threads
+    assert nvml.refcount == 0 and nvml.calls[-1] == "nvmlShutdown"
+
+
+def test_registry_samples_every_host_through_the_host_and_closes_them(tmp_path: Path) -> None:
+    nvml = two_gpus(Clock())
+    settings = DaemonSettings(gpu_interval_s=0.01, gpu_store_every_s=0.0)
+    store = Store(tmp_path / "state.db")
+
+    async def main() -> GpuSample:
+        hosts = Hosts(store, settings, LocalHost(tmp_path, nvml=nvml))
+        try:
+            slot = hosts.get("local")
+            while slot.gpu.latest is None:  # the monitor task started by get() samples at once
+                await asyncio.sleep(0.01)
+            return slot.gpu.latest
+        finally:
+            await hosts.close()
+
+    try:
+        sample = asyncio.run(main())
+    finally:
+        store.close()
+    assert sample.available and len(sample.devices) == 2
+    assert nvml.refcount == 0  # Hosts.close() closed the local host, and with it NVML
+
+
+def test_connect_maps_a_host_url_scheme_to_its_module() -> None:
+    host = connect("ssh://alice@box.example:2222")  # made, not connected: nothing is dialled yet
+    assert isinstance(host, SshHost) and host.target.user == "alice" and host.target.port == 2222
+    for name in ("slurm://cluster", "box.example", "local2"):
+        with pytest.raises(SpecError, match=f"unknown host '{name}': use 'local' or 'ssh://"):
+            connect(name)

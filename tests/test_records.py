@@ -1,11 +1,12 @@
-"""The pure record splitter: terminators, redraws, over-long lines, decoding, chunking."""
+"""The pure record splitter (terminators, redraws, over-long lines, decoding, chunking) and the
+sans-IO RecordBuffer both followers feed."""
 
 from __future__ import annotations
 
 import random
 
 from supervisor.events import Record
-from supervisor.records import MAX_RECORD_BYTES, split_records
+from supervisor.records import MAX_RECORD_BYTES, RecordBuffer, split_records
 
 
 def texts(records: list[Record]) -> list[str]:
@@ -145,3 +146,95 @@ def test_long_lines_do_not_depend_on_chunking() -> None:
 def test_empty_input() -> None:
     assert split_records(b"", 5) == ([], 0)
     assert split_records(b"", 5, final=True) == ([], 0)
+
+
+# -- RecordBuffer ------------------------------------------------------------------------------
+
+
+def feed_in_pieces(data: bytes, cuts: list[int], base: int = 0) -> list[Record]:
+    """Feed ``data`` to one RecordBuffer split at the positions ``cuts``, then flush; checks the
+    buffer's positions after every feed."""
+    buffer = RecordBuffer(base)
+    out: list[Record] = []
+    fed = 0
+    for start, stop in zip([0, *cuts], [*cuts, len(data)], strict=True):
+        out += buffer.feed(data[start:stop])
+        fed = stop
+        assert buffer.end == base + fed
+        assert buffer.offset == (out[-1].end if out else base)
+        assert buffer.buffered == buffer.end - buffer.offset
+    out += buffer.flush()
+    assert buffer.offset == buffer.end == base + len(data) and buffer.buffered == 0
+    return out
+
+
+def test_buffer_holds_the_partial_tail() -> None:
+    buffer = RecordBuffer(100)
+    assert buffer.feed(b"one\ntw") == [Record("one", 100, 104)]
+    assert (buffer.offset, buffer.end, buffer.buffered) == (104, 106, 2)
+    assert buffer.partial_text() == "tw"
+    assert buffer.feed(b"o") == []
+    assert buffer.feed(b"\nthree") == [Record("two", 104, 108)]
+    assert buffer.partial_text() == "three"
+    assert buffer.partial_text(limit=2) == "th"
+
+
+def test_buffer_carriage_returns_are_redraws_and_crlf_is_one_newline() -> None:
+    buffer = RecordBuffer()
+    assert buffer.feed(b"10%\r50%\r") == [Record("10%", 0, 4, redraw=True)]
+    assert buffer.partial_text() == "50%"  # the latest redraw, its \r held: it may be half of \r\n
+    assert buffer.buffered == 4
+    assert buffer.feed(b"\n") == [Record("50%", 4, 9)]  # \r\n: a plain line, not a redraw
+    buffer.feed(b"90%\r")
+    # The next byte is not \n: the held \r was a redraw, returned now, not at the next line.
+    assert buffer.feed(b"d") == [Record("90%", 9, 13, redraw=True)]
+    assert buffer.partial_text() == "d"
+    assert buffer.feed(b"one\n") == [Record("done", 13, 18)]
+
+
+def test_buffer_cuts_an_over_long_line_and_keeps_the_rest() -> None:
+    buffer = RecordBuffer()
+    records = buffer.feed(b"z" * (MAX_RECORD_BYTES + 5))
+    assert len(records) == 1 and records[0].cut and len(records[0].text) == MAX_RECORD_BYTES
+    assert buffer.buffered == 5 and buffer.partial_text() == "zzzzz"
+    assert buffer.peak == MAX_RECORD_BYTES + 5
+    assert buffer.flush() == [Record("zzzzz", MAX_RECORD_BYTES, MAX_RECORD_BYTES + 5)]
+
+
+def test_buffer_flush_emits_the_tail_once() -> None:
+    buffer = RecordBuffer(10)
+    assert buffer.flush() == []
+    buffer.feed(b"a\nlast")
+    assert buffer.flush() == [Record("last", 12, 16)]
+    assert buffer.flush() == []
+    assert (buffer.offset, buffer.partial_text()) == (16, "")
+    buffer.feed(b"50%\r")
+    assert buffer.flush() == [Record("50%", 16, 20, redraw=True)]  # at the end a lone \r is a redraw
+
+
+def test_buffer_reset_reads_the_held_bytes_again() -> None:
+    # What the SSH follower does after a dropped channel: drop the held bytes, re-read them.
+    buffer = RecordBuffer()
+    buffer.feed(b"one\npart")
+    buffer.reset(buffer.offset)
+    assert (buffer.offset, buffer.buffered) == (4, 0)
+    assert buffer.feed(b"partial\n") == [Record("partial", 4, 12)]
+    buffer.reset(0)  # a truncated file: everything from the start again
+    assert buffer.feed(b"new\n") == [Record("new", 0, 4)]
+
+
+def test_buffer_result_does_not_depend_on_where_the_bytes_are_split() -> None:
+    rng = random.Random(20240614)
+    alphabet = [b"a", b"b", b"\n", b"\r", b"\r\n", b"\xff", b"\x00", "é".encode(), "€".encode()]
+    data = b"".join(rng.choice(alphabet) for _ in range(4000))
+    # One over-long line (cut, with a three-byte character across the cut) in the middle.
+    data = data[:2000] + b"x" * (MAX_RECORD_BYTES - 1) + "€".encode() * 4 + data[2000:]
+    whole = feed_in_pieces(data, [], base=7)
+    assert whole == split_records(data, 7, final=True)[0]
+    assert any(r.cut for r in whole) and any(r.redraw for r in whole)
+    for _ in range(40):
+        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 60)))
+        assert feed_in_pieces(data, cuts, base=7) == whole
+    # Byte by byte through the first part: every \r\n split in two.
+    head = data[:1500]
+    assert feed_in_pieces(head, list(range(1, len(head)))) == split_records(head, 0, final=True)[0]

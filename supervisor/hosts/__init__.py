@@ -1,14 +1,22 @@
 """Machines that run jobs, behind one protocol (`base.Host`).
 
-    base          the protocol and its value types (launch request, process handle, exit
-                  status, kill report), the detached wrapper every host runs
-    local         this machine: launch, pidfd exit, process-tree kill (psutil)
+    base          the protocol (`Host`, `Follower`) and its value types (launch request, process
+                  handle, exit status, kill report), the detached wrapper every host runs
+    local         this machine: launch, pidfd exit, process-tree kill (psutil), GPUs (NVML)
     local_follow  following a local log file (inotify, polling fallback)
-    ssh           a remote box over one asyncssh connection
+    _inotify      the inotify watches the local followers share
+    ssh           a remote box over SSH: the Host protocol and GPU sampling (nvidia-smi)
+    ssh_target    an SSH host's address (ssh:// URL) and the host-key policy
+    ssh_connection  the one connection per SSH host: reconnects, short scripts, streams
+    ssh_agent     the resident remote shell that runs the short scripts
+    ssh_exits     waiting for remote exits, all on one channel
+    ssh_follow    following a remote log (tail -F over a channel)
     _remote       the POSIX scripts the SSH host runs there, and their parsers
-    registry      one live host and GPU monitor per host name, made on first use
+    registry      `connect` (host URL scheme -> module), and one live host and GPU monitor per
+                  host name, made on first use
 
-A new kind of host is one new module implementing `Host`, and one line in `registry.connect`.
+Both followers are byte transports around one `records.RecordBuffer` (bytes in, records out).
+A new kind of host is one new module implementing `Host`, and one line in registry's `_KINDS`.
 """
 
 from .base import (

@@ -1,6 +1,6 @@
 """The host interface: what the daemon needs from a machine that runs jobs.
 
-`LocalHost` (launch.py) and the SSH host implement it; the daemon never touches
+`LocalHost` (local.py) and `SshHost` (ssh.py) implement it; the daemon never touches
 processes or files of a job except through it.
 """
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..events import Record
+from ..gpu import GpuSample
 
 # The detached wrapper, identical locally and over SSH.  It starts the command in a new
 # session (so it is its own process group and no terminal hang-up reaches it), with stdin
@@ -93,12 +94,25 @@ class KillReport:
 
 
 class Follower(Protocol):
+    """Follows one log from a byte offset: batches of records as they are written."""
+
     @property
-    def offset(self) -> int: ...
+    def offset(self) -> int:
+        """Byte offset just past the last record yielded: where a restarted follower resumes."""
+        ...
 
-    def records(self) -> AsyncIterator[list[Record]]: ...
+    def partial_text(self, limit: int = 4096) -> str:
+        """The unterminated tail after the last record ('' if none): a progress bar's latest
+        redraw, which tqdm leaves unterminated until the next one.  For display and progress only."""
+        ...
 
-    def finish(self) -> None: ...
+    def records(self) -> AsyncIterator[list[Record]]:
+        """Batches of complete records, in log order (one iteration only)."""
+        ...
+
+    def finish(self) -> None:
+        """The writer has exited: read to the end, yield the trailing partial line, then end."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -129,6 +143,11 @@ class Host(Protocol):
         ...
 
     def follow(self, path: str, offset: int) -> Follower: ...
+
+    async def sample_gpus(self) -> GpuSample:
+        """GPU memory per device and process now; never raises (``available=False`` and the
+        reason when there is no driver, or the host cannot be reached)."""
+        ...
 
     async def close(self) -> None: ...
 

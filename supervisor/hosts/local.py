@@ -1,4 +1,5 @@
-"""The local host: launch detached attempts, notice their exit at once, kill whole trees.
+"""The local host: launch detached attempts, notice their exit at once, kill whole trees,
+sample the GPUs (NVML, in a thread: its calls block briefly).
 
 Exit is noticed through a pidfd (Linux >= 5.3): it becomes readable the moment the
 wrapper ends, whoever its parent is, so a re-adopted attempt is watched as promptly as a
@@ -13,11 +14,13 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import structlog
 
 from ..errors import LaunchError
+from ..gpu import GpuSample, NvmlSampler
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
 
@@ -29,9 +32,11 @@ _START_TIME_TOLERANCE_S = 0.05  # create_time comes from clock ticks; same proce
 class LocalHost:
     name = "local"
 
-    def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5) -> None:
+    def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5, nvml: Any | None = None) -> None:
+        """``nvml``: the ``pynvml`` module or a stand-in with its functions (None: pynvml)."""
         self.log_root = log_root
         self.poll_interval_s = poll_interval_s
+        self._gpus = NvmlSampler(nvml=nvml)
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
         suffix = 0
@@ -119,8 +124,11 @@ class LocalHost:
     def follow(self, path: str, offset: int) -> LogFollower:
         return LogFollower(Path(path), offset, poll_interval=self.poll_interval_s)
 
+    async def sample_gpus(self) -> GpuSample:
+        return await asyncio.to_thread(self._gpus.sample)
+
     async def close(self) -> None:
-        return None
+        self._gpus.close()
 
 
 async def _wait_for_own_session(pid: int, timeout_s: float = 5.0) -> None:

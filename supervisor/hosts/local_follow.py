@@ -1,8 +1,8 @@
 """Following a growing log file: records as they are written, event-driven.
 
 ``LogFollower`` wakes on inotify events (through ``loop.add_reader``, no thread), reads
-what was appended, splits it into records (``records.split_records``) and yields them in
-batches.  It survives the situations a job's log goes through:
+what was appended, feeds it to a ``records.RecordBuffer`` (the same splitting as the SSH
+follower's) and yields the records in batches.  It survives the situations a job's log goes through:
 
 - the file does not exist yet: it waits for it (a watch on the parent directory);
 - a partial last line is held back until completed, but never more than about
@@ -37,7 +37,7 @@ import structlog
 from . import _inotify
 from ..errors import HostError
 from ..events import Record
-from ..records import MAX_RECORD_BYTES, split_records, unterminated_text
+from ..records import RecordBuffer
 
 log = structlog.get_logger()
 
@@ -78,9 +78,7 @@ class LogFollower:
         self.chunk_size = chunk_size
         self.truncations = 0
         self.rotations = 0
-        self._offset = offset  # start of self._pending in the current file
-        self._pending = bytearray()  # bytes read but not yet part of a yielded record
-        self._peak_buffer = 0
+        self._buffer = RecordBuffer(offset)  # what was read but not yet yielded, and where
         self._fd = -1
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._want_inotify = use_inotify
@@ -113,23 +111,23 @@ class LogFollower:
     @property
     def offset(self) -> int:
         """Byte offset just past the last record yielded: where a restarted follower resumes."""
-        return self._offset
+        return self._buffer.offset
 
     @property
     def buffered(self) -> int:
         """Bytes of an incomplete last line currently held back."""
-        return len(self._pending)
+        return self._buffer.buffered
 
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail held back after the last record, decoded ('' if none): a
         progress bar's latest redraw, which tqdm leaves unterminated until the next one.
         For display and progress only; it is yielded as a record once its terminator is written."""
-        return unterminated_text(self._pending, limit)
+        return self._buffer.partial_text(limit)
 
     @property
     def peak_buffer(self) -> int:
         """The most bytes this follower has held at once (pending line plus one read)."""
-        return self._peak_buffer
+        return self._buffer.peak
 
     @property
     def using_inotify(self) -> bool:
@@ -189,7 +187,7 @@ class LogFollower:
                         await asyncio.sleep(0)  # catching up on a large backlog: stay fair
                     continue
                 if self._finishing:
-                    tail = self._flush()
+                    tail = self._buffer.flush()
                     if tail:
                         yield tail
                     return
@@ -307,10 +305,10 @@ class LogFollower:
         while not self._closed:
             if self._fd < 0 and not self._open():
                 return []
-            chunk = os.pread(self._fd, self.chunk_size, self._offset + len(self._pending))
+            chunk = os.pread(self._fd, self.chunk_size, self._buffer.end)
             self._more = len(chunk) == self.chunk_size
             if chunk:
-                batch = self._feed(chunk)
+                batch = self._buffer.feed(chunk)
                 if batch:
                     return batch
                 continue
@@ -320,40 +318,6 @@ class LogFollower:
             if after_eof:
                 return after_eof
         return []
-
-    def _feed(self, chunk: bytes) -> list[Record]:
-        if self._pending:
-            self._pending += chunk
-            self._peak_buffer = max(self._peak_buffer, len(self._pending))
-            if not self._may_complete(chunk):
-                return []
-            data = bytes(self._pending)
-        else:
-            data = chunk  # the common case: no copy
-            self._peak_buffer = max(self._peak_buffer, len(data))
-        batch, used = split_records(data, self._offset, final=False)
-        self._pending = bytearray(data[used:])
-        self._offset += used
-        return batch
-
-    def _may_complete(self, chunk: bytes) -> bool:
-        """Whether splitting could yield a record now.
-
-        The splitter rescans every held byte, so calling it on each small write to a long
-        open line would be quadratic; held bytes never contain a terminator except a
-        trailing ``\r`` (it may be half of ``\r\n``).
-        """
-        held_cr = len(self._pending) > len(chunk) and self._pending[-len(chunk) - 1] == 0x0D
-        return (
-            len(self._pending) > MAX_RECORD_BYTES or b"\n" in chunk or b"\r" in chunk or held_cr
-        )
-
-    def _flush(self) -> list[Record]:
-        """Emit whatever partial line is held back, as its final record."""
-        batch, used = split_records(bytes(self._pending), self._offset, final=True)
-        self._pending = bytearray()
-        self._offset += used
-        return batch
 
     def _on_eof(self) -> list[Record] | None:
         """At EOF of the open file: handle truncation and rotation.
@@ -365,7 +329,7 @@ class LogFollower:
         nothing more to read until the next wake-up.
         """
         size = os.fstat(self._fd).st_size
-        if size < self._offset + len(self._pending):
+        if size < self._buffer.end:
             return self._truncated(size)
         if self._check_path:
             return self._switch_if_rotated()
@@ -376,12 +340,12 @@ class LogFollower:
         log.warning(
             "log truncated, following from the start",
             path=str(self.path),
-            offset=self._offset + len(self._pending),
+            offset=self._buffer.end,
             size=size,
             truncations=self.truncations,
         )
-        batch = self._flush()  # the held-back bytes were real output before the truncation
-        self._offset = 0
+        batch = self._buffer.flush()  # the held-back bytes were real output before the truncation
+        self._buffer.reset(0)
         return batch
 
     def _switch_if_rotated(self) -> list[Record] | None:
@@ -390,10 +354,10 @@ class LogFollower:
         if ident is None or ident == self._ident:
             return None  # unchanged, or moved away with no successor yet: keep the old one
         self.rotations += 1
-        log.info("log rotated, following the new file", path=str(self.path), old_end=self._offset)
-        batch = self._flush()
+        log.info("log rotated, following the new file", path=str(self.path), old_end=self._buffer.offset)
+        batch = self._buffer.flush()
         self._close_file()
-        self._offset = 0
+        self._buffer.reset(0)
         return batch
 
     def _stat_ident(self) -> tuple[int, int] | None:
@@ -415,7 +379,7 @@ class LogFollower:
         self._fd = fd
         self._ident = (st.st_dev, st.st_ino)
         self._watch_file()
-        if st.st_size < self._offset:
+        if st.st_size < self._buffer.offset:
             self._truncated(st.st_size)  # a stored offset past the end: the file was replaced
         return True
 

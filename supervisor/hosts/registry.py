@@ -1,45 +1,62 @@
 """The host registry: one live connection and one GPU monitor per host name, made on first use.
 
-`local` always exists; `ssh://[user@]box[:port]` hosts are connected when a job first names
-one.  Each host's GPU monitor samples it on a steady interval (through the host itself: NVML
-locally, nvidia-smi over SSH), keeps the latest sample for readers, and stores some for reports.
+`local` always exists; a host named by URL (`ssh://[user@]box[:port]`) is made by `connect`
+when a job first names it, from the module its scheme maps to.  Each host's GPU monitor samples
+it on a steady interval through `Host.sample_gpus` (NVML locally, nvidia-smi over SSH), keeps
+the latest sample for readers, and stores some for reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import importlib
 from dataclasses import dataclass
-from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
 from ..config import DaemonSettings
 from ..errors import SpecError, SuperviseError
-from ..gpu import GpuSample, NvmlSampler
+from ..gpu import GpuSample
 from ..store import Store
 from .base import Host
 
 log = structlog.get_logger("supervise.hosts")
 
+# A host URL's scheme -> (module in this package, its Host class, made from the URL).  Imported
+# on first use, so a daemon with only local jobs never loads asyncssh.
+_KINDS: dict[str, tuple[str, str]] = {
+    "ssh": ("ssh", "SshHost"),  # ssh://[user@]host[:port]
+}
+_USAGE = "use 'local' or 'ssh://[user@]host[:port]'"
+
+
+def connect(name: str) -> Host:
+    """The host a job's ``host`` names by URL; `SpecError` for a scheme no module implements."""
+    kind = _KINDS.get(urlsplit(name).scheme) if "://" in name else None
+    if kind is None:
+        raise SpecError(f"unknown host '{name}': {_USAGE}")
+    module = importlib.import_module(f".{kind[0]}", __package__)
+    host: Host = getattr(module, kind[1])(name)
+    return host
+
 
 class GpuMonitor:
     """Samples one host's GPUs on a steady interval; keeps the latest sample; stores some."""
 
-    def __init__(self, host_name: str, store: Store, settings: DaemonSettings,
-                 read: Callable[[], Awaitable[GpuSample]]) -> None:
+    def __init__(self, host_name: str, store: Store, settings: DaemonSettings, host: Host) -> None:
         self.host_name = host_name
         self.store = store
         self.settings = settings
-        self._read = read
+        self._host = host
         self.latest: GpuSample | None = None
         self._last_stored = 0.0
         self._lock = asyncio.Lock()
 
     async def sample(self) -> GpuSample:
         async with self._lock:  # one reading at a time per host
-            sample = await self._read()
+            sample = await self._host.sample_gpus()
         self.latest = sample
         if sample.available and sample.ts - self._last_stored >= self.settings.gpu_store_every_s:
             self._last_stored = sample.ts
@@ -59,9 +76,7 @@ class GpuMonitor:
             if not said_off:
                 log.info("GPU sampling is off", host=self.host_name, reason=sample.reason)
                 said_off = True
-            if self.host_name == "local":
-                return  # no driver here will not change while the daemon runs
-            # A remote box may be unreachable for a while: look again, less often.
+            # A remote box may be unreachable for a while, a driver loaded later: look again, less often.
             await asyncio.sleep(max(30.0, self.settings.gpu_interval_s))
 
 
@@ -77,29 +92,21 @@ class HostSlot:
 class Hosts:
     """One live connection and GPU monitor per host name (`local`, `ssh://user@box`), made on first use."""
 
-    def __init__(self, store: Store, settings: DaemonSettings, local: Host, nvml: Any | None) -> None:
+    def __init__(self, store: Store, settings: DaemonSettings, local: Host) -> None:
         self.store = store
         self.settings = settings
-        self._slots: dict[str, HostSlot] = {}
-        sampler = NvmlSampler(nvml=nvml)
-        self._local_sampler = sampler
-        self._slots["local"] = HostSlot(local, GpuMonitor("local", store, settings, lambda: asyncio.to_thread(sampler.sample)))
+        self._slots: dict[str, HostSlot] = {"local": self._slot("local", local)}
 
     def get(self, name: str) -> HostSlot:
         if name not in self._slots:
-            self._slots[name] = self._connect(name)
+            self._slots[name] = self._slot(name, connect(name))
         slot = self._slots[name]
         if slot.task is None:
             slot.task = asyncio.create_task(slot.gpu.run(), name=f"gpu:{name}")
         return slot
 
-    def _connect(self, name: str) -> HostSlot:
-        if not name.startswith("ssh://"):
-            raise SpecError(f"unknown host '{name}': use 'local' or 'ssh://[user@]host[:port]'")
-        from .ssh import SshHost
-
-        host = SshHost(name)
-        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host.sample_gpus))
+    def _slot(self, name: str, host: Host) -> HostSlot:
+        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host))
 
     @property
     def local(self) -> HostSlot:
@@ -116,4 +123,3 @@ class Hosts:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await slot.task
             await slot.host.close()
-        self._local_sampler.close()
