@@ -8,12 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from typing import TYPE_CHECKING
 
 import asyncssh
-
-if TYPE_CHECKING:
-    from .ssh_connection import SshConnection
 
 _SHELL = "/bin/sh -s"
 
@@ -43,8 +39,7 @@ class _Agent:
     The shell exits when its channel closes (EOF on stdin), removing its scratch file.
     """
 
-    def __init__(self, host: SshConnection, lane: str) -> None:
-        self._host = host
+    def __init__(self, lane: str) -> None:
         self.lane = lane
         self._lock = asyncio.Lock()
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None

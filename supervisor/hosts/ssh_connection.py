@@ -258,7 +258,7 @@ class SshConnection:
     def _agent(self, lane: str) -> _Agent:
         agent = self._agents.get(lane)
         if agent is None:
-            agent = self._agents[lane] = _Agent(self, lane)
+            agent = self._agents[lane] = _Agent(lane)
         return agent
 
     def _check_deadline(self, deadline: float | None, exc: BaseException | None) -> None:
