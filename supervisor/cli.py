@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("daemon", cmd_daemon, "run the daemon (in the foreground with --foreground)")
     p.add_argument("--foreground", action="store_true")
 
-    p = add("probe", cmd_probe, "replay a finished log through the probes and say what it shows")
+    p = add("probe", cmd_probe, "replay a finished log through the probes and say what it shows (exit 1: it crashed)")
     p.add_argument("logfile")
     p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
     p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")

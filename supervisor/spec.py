@@ -4,7 +4,9 @@ A spec's command is a list of argv templates.  `{name}` in an item is replaced b
 parameter `name` (from `[params]` or `--set name=value`) *inside that single item*: a
 value is never split and never seen by a shell, so `--set out='; rm -rf /'` is just an
 odd directory name.  Built-in names: `{python}` (the job's interpreter), `{spec_dir}`
-(the directory of the spec file), `{job}` and `{attempt}`.
+(the directory of the spec file), `{state_dir}` (this machine's supervise state directory,
+$SUPERVISE_HOME: where the built-in jobs write by default, since their spec_dir may be a
+read-only site-packages), `{job}` and `{attempt}`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .config import default_paths
 from .errors import SpecError
 from .events import Phase, Verdict
+from .resources import jobs_dir
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_BUILTIN_PARAMS = ("python", "spec_dir", "job", "attempt")
+_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt")
 
 
 class _Strict(BaseModel):
@@ -176,6 +180,7 @@ class JobSpec(_Strict):
         values = {
             "python": self.interpreter(),
             "spec_dir": str(self.spec_dir),
+            "state_dir": str(default_paths().state_dir),
             "job": self.name,
             "attempt": str(attempt),
         }
@@ -260,10 +265,10 @@ def _describe_validation(path: Path, exc: ValidationError) -> str:
 
 
 def spec_search_path() -> list[Path]:
-    """Where `supervise start NAME` looks for NAME.toml: $SUPERVISE_JOBS_PATH, ./jobs, the repo's jobs/."""
+    """Where `supervise start NAME` looks for NAME.toml: $SUPERVISE_JOBS_PATH, ./jobs, the built-in jobs."""
     dirs = [Path(p) for p in os.environ.get("SUPERVISE_JOBS_PATH", "").split(os.pathsep) if p]
     dirs.append(Path.cwd() / "jobs")
-    dirs.append(Path(__file__).resolve().parents[1] / "jobs")
+    dirs.append(jobs_dir())
     unique: list[Path] = []
     for d in dirs:
         if d not in unique:

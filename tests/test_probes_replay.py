@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from supervisor.events import FailureKind, Outcome, Phase
-from supervisor.probes import _replay, probe_command, replay_file
+from supervisor.probes import _pack, _replay, probe_command, replay_file
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 CRASH = CORPUS / "full-logs" / "03-unsloth-vllm-rocm-lora-profile-crash.log"
 READY = CORPUS / "full-logs" / "01-vllm-0.13-ready-13shards.log"
+OOM = CORPUS / "full-logs" / "02-deepspeed-zero3-gpt2-train-oom.log"
+DONE = CORPUS / "full-logs" / "05-llamafactory-lora-train-done.log"
 
 
 def test_json_has_exactly_the_documented_shape() -> None:
@@ -59,22 +61,41 @@ def test_pack_selection(tmp_path: Path) -> None:
     assert (report.outcome, report.last_phase) == (Outcome.READY, Phase.ENGINE_READY)
 
 
-def test_probe_command_prints_and_exits_zero_even_for_a_crash(capsys: pytest.CaptureFixture[str]) -> None:
-    assert probe_command(str(CRASH), [], [], True) == 0
+def test_probe_command_exits_one_for_a_crash_as_grep_does_for_a_match(capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_command(str(CRASH), [], [], True) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["failure"]["kind"] == FailureKind.RUNTIME_ERROR.value
-    assert probe_command(str(CRASH), ["vllm", "python"], [], False) == 0
+    assert probe_command(str(CRASH), ["vllm", "python"], [], False) == 1
     assert capsys.readouterr().out.startswith("outcome: crashed")
+    assert probe_command(str(OOM), [], [], False) == 1
+    assert capsys.readouterr().out.startswith("outcome: oom")
+    assert probe_command(str(READY), [], [], False) == 0
+    assert capsys.readouterr().out.startswith("outcome: ready")
+    assert probe_command(str(DONE), [], [], False) == 0
+    assert capsys.readouterr().out.startswith("outcome: done")
 
 
-def test_probe_command_errors_are_one_line_and_exit_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert probe_command(str(tmp_path / "nope.log"), [], [], False) == 2
+def test_probe_command_errors_are_one_line_with_the_readme_exit_codes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_command(str(tmp_path / "nope.log"), [], [], False) == 66
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err and "nope.log" in err
     bad = tmp_path / "bad.toml"
     bad.write_text("name = 'bad'\n[[probes]]\nid = 'x'\nkind = 'info'\nregex = '(?=x)'\n")
-    assert probe_command(str(READY), [], [str(bad)], False) == 2
+    assert probe_command(str(READY), [], [str(bad)], False) == 65
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.toml" in err and "probe 'x'" in err
-    assert probe_command(str(READY), ["nope"], [], False) == 2
+    assert probe_command(str(READY), ["nope"], [], False) == 65
     assert "unknown probe pack 'nope'" in capsys.readouterr().err
+
+
+def test_probe_with_no_pack_to_load_is_an_error_not_a_clean_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # What a wheel without its probes/ did: "failure: none ... events: 0", exit 0.
+    monkeypatch.setattr(_pack, "BUILTIN_DIR", tmp_path / "no-packs-here")
+    monkeypatch.delenv(_pack.PROBE_PATH_ENV, raising=False)
+    assert probe_command(str(CRASH), [], [], False) == 65
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "no probe pack found" in captured.err
+    assert str(tmp_path / "no-packs-here") in captured.err

@@ -24,6 +24,24 @@ def test_shipped_specs_validate() -> None:
         assert spec.argv(1), path
 
 
+def test_builtin_jobs_write_under_the_state_dir_not_beside_their_spec(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed from a wheel, a built-in spec lives in site-packages: output must not land there.
+    monkeypatch.setenv("SUPERVISE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # no ./jobs here: the built-in specs are found through supervisor.resources
+    extract, train = find_spec("extract"), find_spec("train")
+    assert Path(extract.spec_path) == REPO / "jobs" / "extract.toml"
+    argv = extract.argv(1)
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "home" / "out" / "extract")
+    assert argv[argv.index("--cache-dir") + 1] == str(tmp_path / "home" / "out" / "models")
+    assert argv[argv.index("--prompts") + 1] == str(REPO / "jobs" / "data" / "prompts.jsonl")
+    argv = train.argv(1)
+    assert argv[argv.index("--data") + 1] == str(tmp_path / "home" / "out" / "extract")
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "home" / "out" / "train")
+    state_dir = load_spec(write(tmp_path, 'command = ["{state_dir}"]')).argv(1)
+    assert state_dir == [str(tmp_path / "home")]
+
+
 @pytest.mark.parametrize("text, field", [
     ('command = "python x.py"', "command"),
     ('command = []', "command"),

@@ -49,9 +49,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ProbePackError
 from ..events import FailureKind, Phase, ProbeKind
+from ..resources import probes_dir
 
 PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
-BUILTIN_DIR = Path(__file__).resolve().parents[2] / "probes"
+BUILTIN_DIR = probes_dir()
 
 FIELD_TYPES = ("int", "float", "str", "bool", "duration", "rate")
 AUTO_FAILURE = "auto"

@@ -24,15 +24,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import SuperviseError
+from ..errors import ProbePackError, SuperviseError
 from ..events import PHASE_ORDER, FailureKind, Outcome, Phase, ProbeEvent, ProbeKind
 from ..records import split_records
 from ._engine import ProbeEngine
-from ._pack import load_packs
+from ._pack import load_packs, search_dirs
 
 _CHUNK = 4 << 20
 _HANDLED_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
 _TRACEBACK_TAIL = 15
+_CRASHED = frozenset({Outcome.CRASHED, Outcome.OOM})
+_EX_NOINPUT = 66  # sysexits: an input file did not exist or was not readable
 
 
 class FailureSummary(BaseModel):
@@ -136,7 +138,11 @@ def replay_file(
     pack_paths: Sequence[str | os.PathLike[str]] = (),
 ) -> ReplayReport:
     """Replay a log file through the probe packs (``pack_names=None``: all built-in packs)."""
-    engine = ProbeEngine(load_packs(pack_names, pack_paths))
+    packs = load_packs(pack_names, pack_paths)
+    if not packs:  # nothing could match: "no failure" would be a lie
+        searched = ", ".join(str(d) for d in search_dirs())
+        raise ProbePackError(f"no probe pack found (searched {searched}); reinstall supervise or pass --pack-file")
+    engine = ProbeEngine(packs)
     events: list[ProbeEvent] = []
     offset = 0
     pending = b""
@@ -224,20 +230,20 @@ def _progress(events: list[ProbeEvent]) -> list[ProgressSummary]:
 def probe_command(path: str, packs: list[str], pack_paths: list[str], as_json: bool) -> int:
     """``supervise probe``: print what a log shows.
 
-    Exit status: 0 whenever the log could be read (the outcome is in the output, crashed
-    or not); 2 when the file cannot be read or a pack does not load, with one line on
-    stderr.
+    Exit status, as grep signals a match: 1 when the log shows a crash (outcome ``crashed``
+    or ``oom``), 0 for any other outcome.  Errors are one line on stderr: 65 when no pack
+    loads (a broken pack, an unknown name, none found at all), 66 when the log cannot be read.
     """
     try:
         report = replay_file(path, packs or None, pack_paths)
     except SuperviseError as exc:
         print(f"supervise probe: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except OSError as exc:
         print(f"supervise probe: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _EX_NOINPUT
     print(report.to_json() if as_json else report.render_text())
-    return 0
+    return 1 if report.outcome in _CRASHED else 0
 
 
 def _num(value: int | float | None) -> str:
