@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.events import Event, EventKind, FailureKind, Phase, Verdict
+from supervisor.events import Event, EventKind, Failure, FailureKind, Phase, Verdict
 from supervisor.probes import replay_file
 from supervisor.spec import HealthSpec
 from supervisor.watchdog import Judgement, Watchdog, format_duration
@@ -41,10 +41,11 @@ def heartbeat() -> Event:
     return Event(job="j", attempt=1, kind=EventKind.INFO, message="waiting", data={"heartbeat": True})
 
 
-def failure(kind: str = "runtime_error", line: str = "RuntimeError: boom", fp: str = "fp1") -> Event:
+def failure(kind: str = "runtime_error", line: str = "RuntimeError: boom", fp: str = "fp1",
+            level: str | None = None) -> Event:
     tb = "Traceback (most recent call last):\n" + "".join(f'  File "x.py", line {i}, in f\n' for i in range(30)) + line
     return Event(job="j", attempt=1, kind=EventKind.FAILURE, message=line, probe="python.traceback",
-                 data={"failure": kind, "line": line, "fingerprint": fp, "traceback": tb})
+                 failure=Failure(FailureKind(kind), line, fp, tb, level))
 
 
 def make(**health: Any) -> tuple[Watchdog, Clock]:
@@ -354,7 +355,7 @@ def test_the_windowed_median_matches_statistics_median() -> None:
     import statistics
     from collections import deque
 
-    from supervisor.watchdog import _median, _push
+    from supervisor.watchdog._progress import _median, _push
 
     rng = random.Random(7)
     window: deque[float] = deque(maxlen=16)
@@ -437,12 +438,10 @@ def test_a_ready_server_that_logged_a_failure_and_idles_is_not_hung() -> None:
 
 def test_a_traceback_logged_at_warning_does_not_arm_the_hang_rule() -> None:
     w, _ = make(hang_after_failure_s=30)
-    warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`")
-    warned.data["level"] = "WARNING"
+    warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`", level="WARNING")
     w.observe(warned)
     assert w.check(1e6).verdict == Verdict.HEALTHY
-    errored = failure(line="RuntimeError: boom")
-    errored.data["level"] = "ERROR"
+    errored = failure(line="RuntimeError: boom", level="ERROR")
     w.observe(errored)
     assert w.check(1e6).verdict == Verdict.CRASHED
 
@@ -460,11 +459,10 @@ def _corpus_events(path: Path) -> list[Event]:
     report = replay_file(path)
     events = []
     for e in report.events:
-        data: dict[str, Any] = dict(e.fields)
-        if e.failure is not None:
-            data.update(failure=e.failure.value, fingerprint=e.fingerprint, traceback=e.traceback, line=e.line)
+        level = e.fields.get("level")  # the report's JSON keeps a failure's level among its fields
+        found = None if e.failure is None else Failure(e.failure, e.line, e.fingerprint, e.traceback, level)
         events.append(Event(job="j", attempt=1, kind=EventKind(e.kind.value), message=e.line, probe=e.probe,
-                            phase=e.phase, offset=e.offset, data=data))
+                            phase=e.phase, offset=e.offset, data=dict(e.fields), failure=found))
     return events
 
 
