@@ -455,6 +455,26 @@ def test_an_oom_then_hang_is_oom_and_the_rule_can_be_turned_off() -> None:
     assert off.check(1e9).verdict == Verdict.HEALTHY and off.next_check_at() is None
 
 
+def test_state_is_one_consistent_look() -> None:
+    w, clock = make(stall_floor_s=10, hang_after_failure_s=None, waiting_s=None)
+    empty = w.state()
+    assert (empty.phase, empty.progress, empty.failure, empty.failures_seen) == (None, None, None, 0)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 1, 2.0)
+    advance(w, clock, 2, 4.0)
+    w.observe(failure(line="ValueError: first", fp="a"))
+    w.observe(failure(kind="key_error", line="KeyError: latest", fp="b", level="ERROR"))
+    state = w.state()
+    assert state.phase is Phase.WEIGHT_LOADING and state.phase_entered_at == 0.0
+    assert state.progress == w.progress and state.progress is not None and state.progress.done == 2
+    # The latest failure, as the attempt stores it; the judgement still blames the first.
+    assert state.failure == Failure(FailureKind.KEY_ERROR, "KeyError: latest", "b", state.failure.traceback, "ERROR")
+    assert state.failures_seen == 2 and state.last_output_at == 4.0
+    assert state.next_check_at == w.next_check_at() == 14.0  # the stall floor after the last advance
+    assert w.exited(1, None, killed_by_us=False).evidence["fingerprint"] == "a"
+    assert w.state().next_check_at is None
+
+
 def _corpus_events(path: Path) -> list[Event]:
     report = replay_file(path)
     events = []
