@@ -327,7 +327,7 @@ class _EventPrinter:
         if event.kind == "phase" and event.phase:
             detail = f"{event.phase}: {event.message}"
         elif event.kind == "failure":
-            detail = f"{event.data.get('failure', 'failure')}: {event.message}"
+            detail = f"{event.failure.kind if event.failure else 'failure'}: {event.message}"
         print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
 
     def _progress(self, event: protocol.EventInfo) -> None:

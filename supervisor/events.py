@@ -8,6 +8,7 @@ use exactly these strings.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -96,6 +97,45 @@ class Verdict(StrEnum):
     DONE = "done"
 
 
+# Log levels at which a program reports an error it means to survive.
+SURVIVABLE_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failure a probe read from a log: the one value carried from the probe engine to the
+    watchdog, the store and the API."""
+
+    kind: FailureKind
+    line: str  # the record text with prefixes stripped (the final exception line for tracebacks)
+    fingerprint: str | None = None  # what two occurrences of one bug share (type + message + frame)
+    traceback: str | None = None  # the whole multi-line capture, when there was one
+    level: str | None = None  # the log level it was logged at (DEBUG … CRITICAL), when the header says
+
+    @property
+    def survivable(self) -> bool:
+        """Logged below ERROR: a program reporting an error it handled."""
+        return self.level in SURVIVABLE_LEVELS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,
+                "traceback": self.traceback, "level": self.level}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Failure:
+        """Read back ``to_json()``'s shape; rows written before ``level`` existed lack it, and a
+        kind this version does not know reads as ``other``."""
+        return cls(kind=failure_kind(data.get("kind")), line=str(data.get("line") or ""),
+                   fingerprint=data.get("fingerprint"), traceback=data.get("traceback"), level=data.get("level"))
+
+
+def failure_kind(value: Any) -> FailureKind:
+    try:
+        return FailureKind(value)
+    except ValueError:
+        return FailureKind.OTHER
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One record read from a log.
@@ -122,10 +162,8 @@ class ProbeEvent:
     offset: int  # byte offset of the first record it was derived from
     line: str  # the record text with prefixes stripped (the final exception line for tracebacks)
     phase: Phase | None = None
-    failure: FailureKind | None = None
+    failure: Failure | None = None  # failure probes only
     fields: dict[str, Any] = field(default_factory=dict)
-    traceback: str | None = None  # the whole multi-line capture, for failures
-    fingerprint: str | None = None  # failures only
 
 
 @dataclass(slots=True)
@@ -142,3 +180,4 @@ class Event:
     offset: int | None = None  # for probe events: where in the attempt's log it came from
     data: dict[str, Any] = field(default_factory=dict)
     id: int | None = None  # assigned by the store
+    failure: Failure | None = None  # failure events only

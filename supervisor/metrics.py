@@ -32,7 +32,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .events import Event, EventKind, Phase
+from .events import Event, EventKind, FailureKind, Phase
 from .hosts.base import ProcessHandle
 from .store import AttemptRow, JobRow
 
@@ -79,7 +79,8 @@ class Metrics:
     def on_events(self, events: list[Event]) -> None:
         for event in events:
             if event.kind is EventKind.FAILURE:
-                self.failures.labels(event.job, str(event.data.get("failure", "other"))).inc()
+                kind = event.failure.kind if event.failure else FailureKind.OTHER
+                self.failures.labels(event.job, kind.value).inc()
             elif event.kind is EventKind.VERDICT:
                 self.verdicts.labels(event.job, str(event.data.get("verdict", "unknown"))).inc()
             elif event.kind is EventKind.LAUNCHED:

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .events import Failure, FailureKind
+
 API_VERSION = 1
 
 
@@ -36,10 +38,16 @@ class ProgressInfo(BaseModel):
 
 
 class FailureInfo(BaseModel):
-    kind: str
+    kind: FailureKind
     line: str
     fingerprint: str | None = None
     traceback: str | None = None
+    level: str | None = Field(default=None, description="the log level it was logged at, when the log said")
+
+    @classmethod
+    def of(cls, failure: Failure) -> FailureInfo:
+        return cls(kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint,
+                   traceback=failure.traceback, level=failure.level)
 
 
 class AttemptInfo(BaseModel):
@@ -130,6 +138,7 @@ class EventInfo(BaseModel):
     offset: int | None
     message: str
     data: dict[str, Any]
+    failure: FailureInfo | None = None  # failure events only
 
 
 class EventsResponse(BaseModel):

@@ -21,14 +21,14 @@ import structlog
 from .alerts import Alert, Alerter
 from .bus import EventBus
 from .errors import StoreError, SuperviseError
-from .events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
+from .events import Event, EventKind, Failure, ProbeEvent, ProbeKind, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
 from .hosts.base import ExitStatus, Follower, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
 from .probes import ProbeEngine, load_packs
 from .spec import JobSpec
 from .store import AttemptRow, Store
-from .watchdog import Judgement, Watchdog
+from .watchdog import Judgement, ProgressState, Watchdog
 
 log = structlog.get_logger("supervise.runner")
 
@@ -74,7 +74,7 @@ class _Live:
     killed_by_us: bool = False
     last_output: float | None = None
     events_seen: int = 0
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None  # the latest failure logged
     known_pids: set[int] = field(default_factory=set)
     exit_status: ExitStatus | None = None
     check_at: float | None = None  # when the watch loop will next ask the watchdog
@@ -144,7 +144,7 @@ class JobRunner:
                 self.live = live
                 judgement = await self._watch(live)
                 self.live = None
-                fingerprint = (live.failure or {}).get("fingerprint")
+                fingerprint = live.failure.fingerprint if live.failure else None
                 if self._stop_requested.is_set():
                     # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
                     self.ctx.store.update_attempt(self.spec.name, live.row.n, state="stopped", ended=time.time(),
@@ -433,13 +433,13 @@ class JobRunner:
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""
         if not events and not force:
             return False
-        progress = live.watchdog.progress
-        fields: dict[str, Any] = {"phase": live.watchdog.phase.value if live.watchdog.phase else None}
-        if progress is not None:
-            fields["progress"] = _progress_dict(progress)
-        if live.failure is not None:
-            fields["failure"] = live.failure
-            fields["fingerprint"] = live.failure.get("fingerprint")
+        state = live.watchdog.state()  # one look per batch: what to store, and when to look again
+        fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None}
+        if state.progress is not None:
+            fields["progress"] = _progress_dict(state.progress)
+        if state.failure is not None:
+            fields["failure"] = state.failure
+            fields["fingerprint"] = state.failure.fingerprint
         if events:
             stored = self.ctx.store.record_events(events, offset=offset, attempt_fields=fields)
             self.ctx.bus.publish([e for e in stored if e.id is not None])
@@ -448,18 +448,15 @@ class JobRunner:
         live.row.log_offset = offset
         # Wake the watch loop only if the watchdog now wants to look earlier than planned:
         # progress only pushes deadlines later, and a wake-up per batch is costly on busy logs.
-        at = live.watchdog.next_check_at()
+        at = state.next_check_at
         if at is not None and (live.check_at is None or at < live.check_at):
             live.wake.set()
         return True
 
     def _note(self, live: _Live, event: Event, now: float | None = None) -> None:
         live.watchdog.observe(event, now)
-        if event.kind is EventKind.FAILURE:
-            live.failure = {
-                "kind": event.data.get("failure", "other"), "line": event.message,
-                "fingerprint": event.data.get("fingerprint"), "traceback": event.data.get("traceback"),
-            }
+        if event.failure is not None:
+            live.failure = event.failure
 
     async def _finish(self, live: _Live, follower: Follower, reader: asyncio.Task[None], engine: ProbeEngine,
                       status: ExitStatus) -> Judgement:
@@ -541,10 +538,10 @@ class JobRunner:
     async def _alert(self, live: _Live, judgement: Judgement, next_action: str) -> None:
         sample = self.ctx.gpu.latest()
         gpu_text = _gpu_summary(sample)
-        failure = live.failure or {}
+        failure = live.failure
         evidence = judgement.reason
-        if failure.get("line"):
-            evidence += f" | {failure['line']} (fingerprint {failure.get('fingerprint')})"
+        if failure is not None and failure.line:
+            evidence += f" | {failure.line} (fingerprint {failure.fingerprint})"
         alert = Alert(job=self.spec.name, attempt=live.row.n, title=f"{self.spec.name}: attempt {live.row.n} {judgement.verdict.value}",
                       what=judgement.verdict.value, evidence=evidence, gpu=gpu_text, next_action=next_action,
                       key=f"{self.spec.name}:{live.row.n}:{judgement.verdict.value}")
@@ -560,13 +557,8 @@ class JobRunner:
         return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=data)
 
     def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
-        data: dict[str, Any] = dict(pe.fields)
-        if pe.failure is not None:
-            data["failure"] = pe.failure.value
-            data["fingerprint"] = pe.fingerprint
-            data["traceback"] = pe.traceback
         return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line,
-                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=_jsonable(data))
+                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=_jsonable(pe.fields), failure=pe.failure)
 
     def _publish(self, events: list[Event]) -> None:
         stored = self.ctx.store.record_events(events)
@@ -643,7 +635,7 @@ def _describe(status: ExitStatus | None) -> str:
     return status.describe() if status is not None else "was still running when watching stopped"
 
 
-def _progress_dict(progress: Any) -> dict[str, Any]:
+def _progress_dict(progress: ProgressState) -> dict[str, Any]:
     return {"probe": progress.probe, "done": progress.done, "total": progress.total,
             "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NotFound, StoreError
-from .events import Event, EventKind, Phase
+from .events import Event, EventKind, Failure, Phase, failure_kind
 
 # Each entry migrates the schema from version i to i+1.  Never edit a shipped entry: append.
 _MIGRATIONS: tuple[str, ...] = (
@@ -113,7 +113,7 @@ class AttemptRow:
     progress: dict[str, Any] | None
     verdict: str | None
     reason: str | None
-    failure: dict[str, Any] | None
+    failure: Failure | None
     fingerprint: str | None
     action: str | None
 
@@ -267,7 +267,7 @@ class Store:
                     "VALUES(?,?,?,?,?,?,?,?,?)",
                     (event.job, event.attempt, event.ts, event.kind.value, event.probe,
                      event.phase.value if event.phase else None, event.offset, event.message,
-                     json.dumps(event.data, default=str)),
+                     json.dumps(_event_data(event), default=str)),
                 )
                 event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
             if stored and (offset is not None or attempt_fields):
@@ -282,6 +282,8 @@ class Store:
         sets, values = [], []
         for key, value in fields.items():
             column = {"progress": "progress_json", "failure": "failure_json"}.get(key, key)
+            if isinstance(value, Failure):
+                value = value.to_json()
             if column.endswith("_json") and value is not None:
                 value = json.dumps(value)
             sets.append(f"{column}=?")
@@ -339,14 +341,42 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         pgid=row["pgid"], start_time=row["start_time"], started=row["started"], ended=row["ended"],
         state=row["state"], exit_code=row["exit_code"], exit_signal=row["exit_signal"],
         log_offset=row["log_offset"], phase=row["phase"], progress=load(row["progress_json"]),
-        verdict=row["verdict"], reason=row["reason"], failure=load(row["failure_json"]),
+        verdict=row["verdict"], reason=row["reason"], failure=_failure(load(row["failure_json"])),
         fingerprint=row["fingerprint"], action=row["action"],
     )
 
 
+def _failure(data: dict[str, Any] | None) -> Failure | None:
+    return None if data is None else Failure.from_json(data)
+
+
+# A failure event's Failure is stored among its data, under these keys (the shape stores have
+# always had: the kind under "failure", the line as the event's message).
+_FAILURE_KEYS = ("failure", "fingerprint", "traceback", "level")
+
+
+def _event_data(event: Event) -> dict[str, Any]:
+    failure = event.failure
+    if failure is None:
+        return event.data
+    stored = {**event.data, "failure": failure.kind.value, "fingerprint": failure.fingerprint,
+              "traceback": failure.traceback}
+    if failure.level is not None:
+        stored["level"] = failure.level
+    return stored
+
+
 def _event(row: sqlite3.Row) -> Event:
+    kind = EventKind(row["kind"])
+    data = json.loads(row["data_json"])
+    failure = None
+    if kind is EventKind.FAILURE:
+        found = {key: data.pop(key) for key in _FAILURE_KEYS if key in data}
+        failure = Failure(kind=failure_kind(found.get("failure")), line=row["message"],
+                          fingerprint=found.get("fingerprint"), traceback=found.get("traceback"),
+                          level=found.get("level"))
     return Event(
-        job=row["job"], attempt=row["attempt"], kind=EventKind(row["kind"]), message=row["message"],
+        job=row["job"], attempt=row["attempt"], kind=kind, message=row["message"],
         ts=row["ts"], probe=row["probe"], phase=Phase(row["phase"]) if row["phase"] else None,
-        offset=row["log_offset"], data=json.loads(row["data_json"]), id=row["id"],
+        offset=row["log_offset"], data=data, id=row["id"], failure=failure,
     )

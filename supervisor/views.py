@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
     progress = protocol.ProgressInfo(**row.progress) if row.progress else None
-    failure = protocol.FailureInfo(**row.failure) if row.failure else None
+    failure = protocol.FailureInfo.of(row.failure) if row.failure else None
     return protocol.AttemptInfo(
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
         exit_code=row.exit_code, exit_signal=row.exit_signal, log_path=row.log_path, phase=row.phase,
@@ -65,6 +65,7 @@ def event_info(event: Event) -> protocol.EventInfo:
         id=event.id or 0, job=event.job, attempt=event.attempt, ts=event.ts, kind=event.kind.value,
         probe=event.probe, phase=event.phase.value if event.phase else None, offset=event.offset,
         message=event.message, data=event.data,
+        failure=protocol.FailureInfo.of(event.failure) if event.failure else None,
     )
 
 

@@ -90,6 +90,11 @@ def test_crash_is_seen_at_exit_and_same_crash_twice_stops(fast_daemon: DaemonPro
     assert attempts[0].fingerprint == attempts[1].fingerprint
     assert "same failure twice" in (attempts[1].action or "")
     assert client.status("crash").jobs[0].state == "failed"
+    failures = [e for e in client.events("crash").events if e.kind == "failure" and e.attempt == 1]
+    # Each failure event arrives with its typed failure, not as keys among its data; the
+    # attempt keeps the latest one.
+    assert failures and all(e.failure is not None and "fingerprint" not in e.data for e in failures)
+    assert failures[-1].failure == attempts[0].failure
     exited = [e for e in client.events("crash").events if e.kind in ("exited", "verdict") and e.attempt == 1]
     # With every poll at an hour, the verdict follows the exit at once.
     assert exited[-1].ts - exited[0].ts < 2.0

@@ -182,17 +182,17 @@ def test_logger_exception_traceback_with_a_prefix_on_every_line() -> None:
              *traceback_lines(prefix, "KeyError: 'layers.0.mlp.experts.w2_weight'")]
     events = run("\n".join(lines) + "\n(APIServer pid=1) INFO 04-19 16:21:21 [launcher.py:1] shutting down\n")
     first, tb = failures(events)
-    assert first.probe == "vllm.worker_failed" and first.failure is FailureKind.OTHER
+    assert first.probe == "vllm.worker_failed" and first.failure.kind is FailureKind.OTHER
     assert tb.probe == "python.traceback"
-    assert tb.failure is FailureKind.KEY_ERROR
+    assert tb.failure is not None and tb.failure.kind is FailureKind.KEY_ERROR
     assert tb.line == "KeyError: 'layers.0.mlp.experts.w2_weight'"
-    assert tb.fields["proc"] == "Worker_TP0" and tb.fields["level"] == "ERROR"
-    assert tb.traceback is not None
-    assert tb.traceback.splitlines()[0] == "Traceback (most recent call last):"
-    assert tb.traceback.splitlines()[-1] == "KeyError: 'layers.0.mlp.experts.w2_weight'"
-    assert "ERROR 04-19" not in tb.traceback and len(tb.traceback.splitlines()) == 6
+    assert tb.fields["proc"] == "Worker_TP0" and tb.failure.level == "ERROR"
+    assert tb.failure.traceback is not None
+    assert tb.failure.traceback.splitlines()[0] == "Traceback (most recent call last):"
+    assert tb.failure.traceback.splitlines()[-1] == "KeyError: 'layers.0.mlp.experts.w2_weight'"
+    assert "ERROR 04-19" not in tb.failure.traceback and len(tb.failure.traceback.splitlines()) == 6
     assert tb.offset == len(lines[0]) + 1  # where "Traceback" starts
-    assert tb.fingerprint
+    assert tb.failure.fingerprint
 
 
 def test_traceback_with_torch_rank_prefix_and_message_continuation() -> None:
@@ -200,10 +200,10 @@ def test_traceback_with_torch_rank_prefix_and_message_continuation() -> None:
     lines += ["[rank0]: CUDA kernel errors might be asynchronously reported at some other API call.",
               "[rank0]: For debugging consider passing CUDA_LAUNCH_BLOCKING=1"]
     (tb,) = failures(run("\n".join(lines) + "\n"))
-    assert tb.failure is FailureKind.CUDA_OOM
+    assert tb.failure is not None and tb.failure.kind is FailureKind.CUDA_OOM
     assert tb.line == "RuntimeError: CUDA error: out of memory"
     assert tb.fields["rank"] == 0
-    assert tb.traceback is not None and tb.traceback.endswith("CUDA_LAUNCH_BLOCKING=1")
+    assert tb.failure.traceback is not None and tb.failure.traceback.endswith("CUDA_LAUNCH_BLOCKING=1")
 
 
 def test_interleaved_ranks_do_not_merge() -> None:
@@ -211,9 +211,9 @@ def test_interleaved_ranks_do_not_merge() -> None:
     b = traceback_lines("[rank1]: ", "ValueError: beta is wrong", frames=3)
     mixed = [line for pair in zip(a, b, strict=True) for line in pair]
     tbs = failures(run("\n".join(mixed) + "\n"))
-    assert [(e.fields["rank"], e.failure) for e in tbs] == [(0, FailureKind.KEY_ERROR), (1, FailureKind.VALUE_ERROR)]
+    assert [(e.fields["rank"], e.failure and e.failure.kind) for e in tbs] == [(0, FailureKind.KEY_ERROR), (1, FailureKind.VALUE_ERROR)]
     for event, own in zip(tbs, (a, b), strict=True):
-        assert event.traceback == "\n".join(line.split(": ", 1)[1] for line in own)
+        assert event.failure is not None and event.failure.traceback == "\n".join(line.split(": ", 1)[1] for line in own)
 
 
 def test_interleaved_vllm_workers_do_not_merge() -> None:
@@ -222,7 +222,7 @@ def test_interleaved_vllm_workers_do_not_merge() -> None:
                         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     mixed = [line for pair in zip(a, b, strict=True) for line in pair]
     tbs = failures(run("\n".join(mixed) + "\n"))
-    assert [(e.fields["proc"], e.failure) for e in tbs] == [
+    assert [(e.fields["proc"], e.failure and e.failure.kind) for e in tbs] == [
         ("Worker_TP0", FailureKind.ASSERTION), ("Worker_TP1", FailureKind.CUDA_OOM)]
 
 
@@ -231,8 +231,8 @@ def test_interleaved_line_from_another_stream_does_not_end_a_traceback() -> None
     lines = traceback_lines(prefix, "ValueError: no memory for the KV cache", frames=3)
     lines.insert(3, "(EngineCore_DP0 pid=494) Process EngineCore_DP0:")
     (tb,) = failures(run("\n".join(lines) + "\n"))
-    assert tb.failure is FailureKind.VALUE_ERROR
-    assert len(tb.traceback.splitlines()) == 8  # type: ignore[union-attr]
+    assert tb.failure is not None and tb.failure.kind is FailureKind.VALUE_ERROR
+    assert len(tb.failure.traceback.splitlines()) == 8  # type: ignore[union-attr]
 
 
 def test_chained_traceback_reports_the_informative_exception() -> None:
@@ -240,7 +240,7 @@ def test_chained_traceback_reports_the_informative_exception() -> None:
              "During handling of the above exception, another exception occurred:", "",
              *traceback_lines("", "RuntimeError: Expected size [8192, 16] but got [8192, 4608]")]
     (tb,) = failures(run("\n".join(chain) + "\n"))
-    assert tb.failure is FailureKind.RUNTIME_ERROR
+    assert tb.failure is not None and tb.failure.kind is FailureKind.RUNTIME_ERROR
     assert tb.line.startswith("RuntimeError: Expected size")
     assert tb.fields["chained"] == 2
 
@@ -250,7 +250,7 @@ def test_chained_traceback_prefers_the_root_cause_oom() -> None:
              "The above exception was the direct cause of the following exception:",
              *traceback_lines("", "RuntimeError: Worker failed with error 'see above'")]
     (tb,) = failures(run("\n".join(chain) + "\n"))
-    assert tb.failure is FailureKind.CUDA_OOM and tb.line.startswith("torch.OutOfMemoryError")
+    assert tb.failure is not None and tb.failure.kind is FailureKind.CUDA_OOM and tb.line.startswith("torch.OutOfMemoryError")
 
 
 def test_chained_traceback_skips_a_final_see_root_cause_line() -> None:
@@ -258,7 +258,7 @@ def test_chained_traceback_skips_a_final_see_root_cause_line() -> None:
              "The above exception was the direct cause of the following exception:",
              *traceback_lines("", "RuntimeError: Engine core initialization failed. See root cause above.")]
     (tb,) = failures(run("\n".join(chain) + "\n"))
-    assert tb.failure is FailureKind.KEY_ERROR
+    assert tb.failure is not None and tb.failure.kind is FailureKind.KEY_ERROR
 
 
 @pytest.mark.parametrize(("exc_line", "kind"), [
@@ -285,7 +285,7 @@ def test_chained_traceback_skips_a_final_see_root_cause_line() -> None:
 ])
 def test_traceback_kinds(exc_line: str, kind: FailureKind) -> None:
     (tb,) = failures(run("\n".join(traceback_lines("", exc_line)) + "\n"))
-    assert tb.failure is kind
+    assert tb.failure is not None and tb.failure.kind is kind
     assert tb.line == exc_line
 
 
@@ -294,7 +294,7 @@ def test_headless_traceback_from_an_excerpt() -> None:
     lines = [f'{prefix}  File "/x/utils.py", line 229, in load_weights', f"{prefix}    param = params[name]",
              f"{prefix}KeyError: 'layers.0.weight_scale'"]
     (tb,) = failures(run("\n".join(lines) + "\n"))
-    assert tb.failure is FailureKind.KEY_ERROR and tb.offset == 0
+    assert tb.failure is not None and tb.failure.kind is FailureKind.KEY_ERROR and tb.offset == 0
 
 
 def test_truncated_traceback_is_reported_at_flush() -> None:
@@ -307,7 +307,7 @@ def test_truncated_traceback_is_reported_at_flush() -> None:
     engine = ProbeEngine(PACKS)
     assert engine.feed_many(records) == []  # still open: the exception line may come
     (tb,) = engine.flush()
-    assert tb.failure is FailureKind.NCCL  # from the text before "Traceback"
+    assert tb.failure is not None and tb.failure.kind is FailureKind.NCCL  # from the text before "Traceback"
     assert "Exception in worker" in tb.line
 
 
@@ -318,7 +318,7 @@ def test_warning_traceback_before_ready_is_not_a_crash() -> None:
     ready = "(APIServer pid=678) INFO:     Application startup complete."
     events = run("\n".join(warm) + "\n" + ready + "\n")
     (tb,) = failures(events)
-    assert tb.fields["level"] == "WARNING"
+    assert tb.failure is not None and tb.failure.level == "WARNING"
     report = build_report(events)
     assert (report.outcome, report.failure) == (Outcome.READY, None)
     # Without readiness afterwards, it is the failure.
@@ -332,8 +332,8 @@ def test_line_failures_carry_the_log_level() -> None:
     (event,) = run("[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
                    "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, "
                    "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
-    assert event.failure is FailureKind.DISTRIBUTED_TIMEOUT
-    assert event.fields["level"] == "ERROR" and event.fields["rank"] == 0
+    assert event.failure is not None and event.failure.kind is FailureKind.DISTRIBUTED_TIMEOUT
+    assert event.failure.level == "ERROR" and event.fields["rank"] == 0
     assert (event.fields["op"], event.fields["timeout_ms"]) == ("BROADCAST", 600000)
 
 
@@ -413,7 +413,7 @@ def test_resume_offset_points_at_an_open_traceback() -> None:
     assert engine.feed_many(records[3:]) == []  # the exception line may continue
     assert engine.resume_offset == records[1].offset
     (tb,) = engine.flush()
-    assert tb.failure is FailureKind.KEY_ERROR
+    assert tb.failure is not None and tb.failure.kind is FailureKind.KEY_ERROR
     assert engine.resume_offset == len(data)
 
 
@@ -448,7 +448,7 @@ def test_an_endless_traceback_look_alike_is_given_up() -> None:
     engine = ProbeEngine(PACKS)
     events = engine.feed_many(records)
     assert [e.probe for e in events] == ["python.traceback", "vllm.weights_loaded"]
-    assert len(events[0].traceback.splitlines()) == 2000  # type: ignore[union-attr]
+    assert len(events[0].failure.traceback.splitlines()) == 2000  # type: ignore[union-attr]
 
 
 def test_extract_job_log_end_to_end() -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from supervisor.errors import NotFound, StoreError
-from supervisor.events import Event, EventKind, Phase
+from supervisor.events import Event, EventKind, Failure, FailureKind, Phase
 from supervisor.store import SCHEMA_VERSION, AttemptRow, Store
 
 
@@ -71,9 +72,61 @@ def test_state_survives_reopen(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     store.upsert_job("j", {"name": "j"}, "running")
     store.add_attempt(attempt())
-    store.update_attempt("j", 1, pid=123, failure={"kind": "oom"})
+    oom = Failure(FailureKind.CUDA_OOM, "torch.OutOfMemoryError: CUDA out of memory.", "fp", "Traceback ...", "ERROR")
+    store.update_attempt("j", 1, pid=123, failure=oom)
     store.close()
     again = Store(tmp_path / "s.db")
     row = again.live_attempts()[0]
-    assert row.pid == 123 and row.failure == {"kind": "oom"}
+    assert row.pid == 123 and row.failure == oom
     assert again.next_attempt_number("j") == 2
+
+
+# ---- failures ---------------------------------------------------------------------------
+
+FAILURE = Failure(FailureKind.KEY_ERROR, "KeyError: 'lm_head.weight'", "ab12", "Traceback ...\nKeyError: 'lm_head.weight'",
+                  "ERROR")
+
+
+def failure_event(failure: Failure) -> Event:
+    return Event(job="j", attempt=1, kind=EventKind.FAILURE, message=failure.line, probe="python.traceback",
+                 offset=7, data={"rank": 1}, failure=failure)
+
+
+def test_a_failure_event_reads_back_as_the_same_typed_failure(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.upsert_job("j", {}, "running")
+    store.add_attempt(attempt())
+    store.record_events([failure_event(FAILURE)])
+    (event,) = store.events("j")
+    assert event.failure == FAILURE
+    assert event.data == {"rank": 1}  # the failure's parts are not left among the data
+    # On disk it keeps the shape stores have always had: older readers still find the kind.
+    (data_json,) = sqlite3.connect(tmp_path / "s.db").execute("SELECT data_json FROM events").fetchone()
+    assert json.loads(data_json) == {"rank": 1, "failure": "key_error", "fingerprint": "ab12",
+                                     "traceback": FAILURE.traceback, "level": "ERROR"}
+
+
+def test_event_and_attempt_rows_in_the_old_shape_still_read(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.upsert_job("j", {}, "running")
+    store.add_attempt(attempt())
+    # As written before failures were typed: the probe's fields and the failure's parts in one
+    # dict, no level where the header had none; the attempt's failure without a level.
+    old_data = {"exc_type": "RuntimeError", "failure": "runtime_error", "fingerprint": "852dcdba",
+                "traceback": "Traceback (most recent call last):\nRuntimeError: bad batch"}
+    old_failure = {"kind": "runtime_error", "line": "RuntimeError: bad batch", "fingerprint": "852dcdba",
+                   "traceback": "Traceback (most recent call last):\nRuntimeError: bad batch"}
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.execute("INSERT INTO events(job, attempt, ts, kind, probe, phase, log_offset, message, data_json) "
+               "VALUES('j', 1, 1.0, 'failure', 'python.traceback', NULL, 290, 'RuntimeError: bad batch', ?)",
+               (json.dumps(old_data),))
+    db.execute("INSERT INTO events(job, attempt, ts, kind, probe, phase, log_offset, message, data_json) "
+               "VALUES('j', 1, 2.0, 'failure', 'x.gone', NULL, 300, 'Gone', ?)",
+               (json.dumps({"failure": "kind_no_longer_known", "fingerprint": None, "traceback": None}),))
+    db.execute("UPDATE attempts SET failure_json=?, fingerprint='852dcdba'", (json.dumps(old_failure),))
+    db.commit()
+    expected = Failure(FailureKind.RUNTIME_ERROR, "RuntimeError: bad batch", "852dcdba", old_data["traceback"], None)
+    first, gone = store.events("j")
+    assert first.failure == expected and first.data == {"exc_type": "RuntimeError"}
+    assert gone.failure == Failure(FailureKind.OTHER, "Gone")
+    assert store.attempt("j", 1).failure == expected

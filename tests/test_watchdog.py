@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.events import Event, EventKind, FailureKind, Phase, Verdict
+from supervisor.events import Event, EventKind, Failure, FailureKind, Phase, Verdict
 from supervisor.probes import replay_file
 from supervisor.spec import HealthSpec
 from supervisor.watchdog import Judgement, Watchdog, format_duration
@@ -41,10 +41,11 @@ def heartbeat() -> Event:
     return Event(job="j", attempt=1, kind=EventKind.INFO, message="waiting", data={"heartbeat": True})
 
 
-def failure(kind: str = "runtime_error", line: str = "RuntimeError: boom", fp: str = "fp1") -> Event:
+def failure(kind: str = "runtime_error", line: str = "RuntimeError: boom", fp: str = "fp1",
+            level: str | None = None) -> Event:
     tb = "Traceback (most recent call last):\n" + "".join(f'  File "x.py", line {i}, in f\n' for i in range(30)) + line
     return Event(job="j", attempt=1, kind=EventKind.FAILURE, message=line, probe="python.traceback",
-                 data={"failure": kind, "line": line, "fingerprint": fp, "traceback": tb})
+                 failure=Failure(FailureKind(kind), line, fp, tb, level))
 
 
 def make(**health: Any) -> tuple[Watchdog, Clock]:
@@ -354,7 +355,7 @@ def test_the_windowed_median_matches_statistics_median() -> None:
     import statistics
     from collections import deque
 
-    from supervisor.watchdog import _median, _push
+    from supervisor.watchdog._progress import _median, _push
 
     rng = random.Random(7)
     window: deque[float] = deque(maxlen=16)
@@ -437,12 +438,10 @@ def test_a_ready_server_that_logged_a_failure_and_idles_is_not_hung() -> None:
 
 def test_a_traceback_logged_at_warning_does_not_arm_the_hang_rule() -> None:
     w, _ = make(hang_after_failure_s=30)
-    warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`")
-    warned.data["level"] = "WARNING"
+    warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`", level="WARNING")
     w.observe(warned)
     assert w.check(1e6).verdict == Verdict.HEALTHY
-    errored = failure(line="RuntimeError: boom")
-    errored.data["level"] = "ERROR"
+    errored = failure(line="RuntimeError: boom", level="ERROR")
     w.observe(errored)
     assert w.check(1e6).verdict == Verdict.CRASHED
 
@@ -456,15 +455,34 @@ def test_an_oom_then_hang_is_oom_and_the_rule_can_be_turned_off() -> None:
     assert off.check(1e9).verdict == Verdict.HEALTHY and off.next_check_at() is None
 
 
+def test_state_is_one_consistent_look() -> None:
+    w, clock = make(stall_floor_s=10, hang_after_failure_s=None, waiting_s=None)
+    empty = w.state()
+    assert (empty.phase, empty.progress, empty.failure, empty.failures_seen) == (None, None, None, 0)
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    advance(w, clock, 1, 2.0)
+    advance(w, clock, 2, 4.0)
+    w.observe(failure(line="ValueError: first", fp="a"))
+    w.observe(failure(kind="key_error", line="KeyError: latest", fp="b", level="ERROR"))
+    state = w.state()
+    assert state.phase is Phase.WEIGHT_LOADING and state.phase_entered_at == 0.0
+    assert state.progress == w.progress and state.progress is not None and state.progress.done == 2
+    # The latest failure, as the attempt stores it; the judgement still blames the first.
+    assert state.failure == Failure(FailureKind.KEY_ERROR, "KeyError: latest", "b", state.failure.traceback, "ERROR")
+    assert state.failures_seen == 2 and state.last_output_at == 4.0
+    assert state.next_check_at == w.next_check_at() == 14.0  # the stall floor after the last advance
+    assert w.exited(1, None, killed_by_us=False).evidence["fingerprint"] == "a"
+    assert w.state().next_check_at is None
+
+
 def _corpus_events(path: Path) -> list[Event]:
     report = replay_file(path)
     events = []
     for e in report.events:
-        data: dict[str, Any] = dict(e.fields)
-        if e.failure is not None:
-            data.update(failure=e.failure.value, fingerprint=e.fingerprint, traceback=e.traceback, line=e.line)
+        level = e.fields.get("level")  # the report's JSON keeps a failure's level among its fields
+        found = None if e.failure is None else Failure(e.failure, e.line, e.fingerprint, e.traceback, level)
         events.append(Event(job="j", attempt=1, kind=EventKind(e.kind.value), message=e.line, probe=e.probe,
-                            phase=e.phase, offset=e.offset, data=data))
+                            phase=e.phase, offset=e.offset, data=dict(e.fields), failure=found))
     return events
 
 

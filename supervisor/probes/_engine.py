@@ -24,7 +24,7 @@ prefix line whose fields the next line will need) is a point from which feeding 
 again to a fresh engine gives exactly the events not yet returned: none lost, none
 doubled.  A daemon stores it with each batch of events it commits.
 
-Log levels: failure events carry ``fields["level"]`` when the log header says it.  A
+Log levels: a failure carries its ``level`` when the log header says it.  A
 failure logged at DEBUG/INFO/WARNING is one the program handled; the offline replay
 (``_replay``) ignores it when the log goes on to reach ``engine_ready`` or later (vLLM
 logs a full WARNING traceback during a healthy ``vllm serve`` start with
@@ -39,7 +39,7 @@ from typing import Any
 
 import re2
 
-from ..events import FailureKind, ProbeEvent, ProbeKind, Record
+from ..events import Failure, FailureKind, ProbeEvent, ProbeKind, Record
 from ._fingerprint import fingerprint
 from ._literals import required_literals
 from ._pack import Pack, Probe, re2_options
@@ -413,19 +413,13 @@ class ProbeEngine:
 
     def _failure_event(self, probe: Probe, record: Record, line: str, fields: dict[str, Any]) -> ProbeEvent:
         header = self._split.header(line)
-        if header.level is not None:
-            fields["level"] = header.level
-        failure = probe.failure or self._classify(header.message)
-        return ProbeEvent(
-            kind=probe.kind,
-            probe=probe.name,
-            offset=record.offset,
+        failure = Failure(
+            kind=probe.failure or self._classify(header.message),
             line=line,
-            phase=probe.phase,
-            failure=failure,
-            fields=fields,
             fingerprint=fingerprint(probe.name, header.message),
+            level=header.level,
         )
+        return ProbeEvent(probe.kind, probe.name, record.offset, line, probe.phase, failure, fields)
 
     def _lent_fields(self, records: Sequence[Record], i: int) -> dict[str, Any]:
         # Only the record just before can lend; its strip is usually at hand already.

@@ -25,13 +25,20 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import ProbePackError, SuperviseError
-from ..events import PHASE_ORDER, FailureKind, Outcome, Phase, ProbeEvent, ProbeKind
+from ..events import (
+    PHASE_ORDER,
+    Failure,
+    FailureKind,
+    Outcome,
+    Phase,
+    ProbeEvent,
+    ProbeKind,
+)
 from ..records import split_records
 from ._engine import ProbeEngine
 from ._pack import load_packs, search_dirs
 
 _CHUNK = 4 << 20
-_HANDLED_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
 _TRACEBACK_TAIL = 15
 _CRASHED = frozenset({Outcome.CRASHED, Outcome.OOM})
 _EX_NOINPUT = 66  # sysexits: an input file did not exist or was not readable
@@ -62,16 +69,22 @@ class EventModel(BaseModel):
 
     @classmethod
     def of(cls, event: ProbeEvent) -> EventModel:
+        # The documented JSON is flat: a failure's kind, traceback and fingerprint beside the
+        # event's fields, its log level among them.
+        failure = event.failure
+        fields = event.fields
+        if failure is not None and failure.level is not None:
+            fields = {**fields, "level": failure.level}
         return cls(
             kind=event.kind,
             probe=event.probe,
             offset=event.offset,
             line=event.line,
             phase=event.phase,
-            failure=event.failure,
-            fields=event.fields,
-            traceback=event.traceback,
-            fingerprint=event.fingerprint,
+            failure=None if failure is None else failure.kind,
+            fields=fields,
+            traceback=None if failure is None else failure.traceback,
+            fingerprint=None if failure is None else failure.fingerprint,
         )
 
 
@@ -169,7 +182,7 @@ def build_report(events: Iterable[ProbeEvent]) -> ReplayReport:
         outcome=_outcome(events, last_phase, failure),
         last_phase=last_phase,
         failure=None if failure is None else FailureSummary(
-            kind=failure.failure or FailureKind.OTHER, line=failure.line, fingerprint=failure.fingerprint
+            kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint
         ),
         progress=_progress(events),
         events=[EventModel.of(e) for e in events],
@@ -181,21 +194,19 @@ def _last_phase(events: list[ProbeEvent]) -> Phase | None:
     return max(phases, key=lambda p: p.rank) if phases else None
 
 
-def choose_failure(events: list[ProbeEvent]) -> ProbeEvent | None:
+def choose_failure(events: list[ProbeEvent]) -> Failure | None:
     """The failure that explains the log (see the module docstring for the rule)."""
-    failures = [e for e in events if e.kind is ProbeKind.FAILURE]
     ready_at = _latest_offset_from(events, Phase.ENGINE_READY)
-    failures = [e for e in failures if not _handled(e, ready_at)]
+    failures = [e.failure for e in events if e.failure is not None and not _handled(e.failure, e.offset, ready_at)]
     if not failures:
         return None
-    specific = [e for e in failures if e.failure not in (None, FailureKind.OTHER)]
+    specific = [f for f in failures if f.kind is not FailureKind.OTHER]
     return (specific or failures)[0]
 
 
-def _handled(event: ProbeEvent, ready_at: int | None) -> bool:
+def _handled(failure: Failure, offset: int, ready_at: int | None) -> bool:
     """A failure logged below ERROR that the log got past (ready or serving afterwards)."""
-    level = event.fields.get("level")
-    return level in _HANDLED_LEVELS and ready_at is not None and ready_at > event.offset
+    return failure.survivable and ready_at is not None and ready_at > offset
 
 
 def _latest_offset_from(events: list[ProbeEvent], phase: Phase) -> int | None:
@@ -204,9 +215,9 @@ def _latest_offset_from(events: list[ProbeEvent], phase: Phase) -> int | None:
     return max(offsets) if offsets else None
 
 
-def _outcome(events: list[ProbeEvent], last_phase: Phase | None, failure: ProbeEvent | None) -> Outcome:
+def _outcome(events: list[ProbeEvent], last_phase: Phase | None, failure: Failure | None) -> Outcome:
     if failure is not None:
-        return Outcome.OOM if failure.failure is FailureKind.CUDA_OOM else Outcome.CRASHED
+        return Outcome.OOM if failure.kind is FailureKind.CUDA_OOM else Outcome.CRASHED
     if last_phase is Phase.DONE:
         return Outcome.DONE
     if any(e.phase is Phase.ENGINE_READY or e.fields.get("serving") is True for e in events):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import FailureKind, ProbeEvent, ProbeKind
+from ..events import Failure, FailureKind, ProbeEvent, ProbeKind
 from ._fingerprint import fingerprint
 
 TB_START = "Traceback (most recent call last):"
@@ -231,8 +231,6 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
 def capture_event(cap: Capture, probe: str, classify: Classify) -> ProbeEvent:
     """The failure event of a finished capture."""
     fields: dict[str, Any] = dict(cap.fields)
-    if cap.level is not None:
-        fields["level"] = cap.level
     chosen = choose_segment(cap.segments, classify)
     if chosen is not None:
         seg, kind = chosen
@@ -254,8 +252,12 @@ def capture_event(cap: Capture, probe: str, classify: Classify) -> ProbeEvent:
         probe=probe,
         offset=cap.offset,
         line=line,
-        failure=kind,
+        failure=Failure(
+            kind=kind,
+            line=line,
+            fingerprint=fingerprint(exc_type or "Exception", message, frame),
+            traceback="\n".join(cap.lines),
+            level=cap.level,
+        ),
         fields=fields,
-        traceback="\n".join(cap.lines),
-        fingerprint=fingerprint(exc_type or "Exception", message, frame),
     )

@@ -1,0 +1,25 @@
+"""Per-attempt health judgement.
+
+A ``Watchdog`` folds one attempt's probe events (phases, progress bars, failures,
+heartbeats) and the arrival of any output into a small state, and judges it against
+the job's ``HealthSpec`` with an injectable clock:
+
+- ``check()`` while the process runs: healthy, stalled (stuck progress or a phase past
+  its deadline), silent (no output at all for too long) or crashed/oom (a failure was
+  logged and the process has hung since: the surviving ranks of a dead one);
+- ``exited()`` once it has ended: done, crashed or oom.
+
+Nothing here sleeps or polls: ``next_check_at()`` says when the verdict could next
+change with no new event, so the daemon sleeps exactly until then (or until the next
+event, after which it asks again).  ``state()`` is all of it in one frozen value.
+
+Modules: ``_facts`` (events folded into what has been seen), ``_progress`` (a bar's
+position and rate), ``_rules`` (the rules and their bounds), ``_exit`` (the judgement at
+exit), ``_judge`` (the ``Watchdog`` that ties them together).
+"""
+
+from ._judge import Watchdog, WatchdogState
+from ._progress import ProgressState
+from ._rules import Judgement, format_duration
+
+__all__ = ["Judgement", "ProgressState", "Watchdog", "WatchdogState", "format_duration"]

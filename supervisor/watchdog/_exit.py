@@ -1,0 +1,91 @@
+"""The judgement at exit: done, crashed or oom, from how the process ended and what it logged."""
+
+from __future__ import annotations
+
+import signal as signal_module
+from typing import Any
+
+from ..events import Verdict
+from ._facts import Facts
+from ._rules import Judgement, failure_evidence
+
+_SIGKILL = int(signal_module.SIGKILL)
+
+
+def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_by_us: bool,
+               last_unhealthy: Judgement | None) -> Judgement:
+    """``last_unhealthy``: what ``check()`` last found wrong while it ran, if anything."""
+    signal = _exit_signal(returncode, signal)
+    evidence = _exit_evidence(facts, returncode, signal)
+    failure = facts.primary_failure
+    oom = facts.oom
+    how = _describe_exit(returncode, signal)
+    if killed_by_us and last_unhealthy is not None and oom is None:
+        # We stopped it because of what check() found: that is the verdict that counts,
+        # however the process then ended.
+        return Judgement(last_unhealthy.verdict, last_unhealthy.reason, {**last_unhealthy.evidence, **evidence})
+    if returncode == 0 and signal is None:
+        if failure is None:
+            return Judgement(Verdict.DONE, "exited 0", evidence)
+        if facts.advanced_since_failure:
+            # It logged an error, then made progress again and finished: a recovery.
+            return Judgement(Verdict.DONE, f"exited 0; recovered after logging: {failure.line}", evidence)
+        # Exit 0 straight after a failure is a shutdown, not success: `vllm serve` exits 0
+        # after "Worker proc VllmWorker-1 died unexpectedly" and EngineDeadError (seen on 2 H200s).
+        return Judgement(Verdict.CRASHED, f"exited 0 right after a failure: {failure.line}", evidence)
+    if oom is not None:
+        return Judgement(Verdict.OOM, f"CUDA out of memory ({how}): {oom.line}", evidence)
+    if signal == _SIGKILL and not killed_by_us:
+        reason = "killed by SIGKILL not sent by the supervisor (kernel OOM killer?)"
+        return Judgement(Verdict.OOM, reason, evidence)
+    if failure is not None:
+        return Judgement(Verdict.CRASHED, f"{how}: {failure.line}", evidence)
+    if killed_by_us:
+        return Judgement(Verdict.CRASHED, f"stopped by the supervisor ({how})", evidence)
+    return Judgement(Verdict.CRASHED, f"{how}, no error line recognised in the log", evidence)
+
+
+def _exit_evidence(facts: Facts, returncode: int | None, signal: int | None) -> dict[str, Any]:
+    evidence: dict[str, Any] = {
+        "returncode": returncode,
+        "signal": signal,
+        "signal_name": _signal_name(signal),
+        "phase": facts.phase_name,
+    }
+    progress = facts.progress
+    if progress is not None:
+        evidence["progress"] = {"probe": progress.probe, "done": progress.done, "total": progress.total}
+    failure = facts.oom or facts.primary_failure
+    if failure is not None:
+        evidence.update(failure_evidence(failure, facts.failure_count))
+    return evidence
+
+
+def _exit_signal(returncode: int | None, signal: int | None) -> int | None:
+    # A shell reports death by signal N as status 128+N, and subprocess as -N.
+    if signal is not None:
+        return signal
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    if 128 < returncode <= 128 + 64:
+        return returncode - 128
+    return None
+
+
+def _signal_name(signal: int | None) -> str | None:
+    if signal is None:
+        return None
+    try:
+        return signal_module.Signals(signal).name
+    except ValueError:
+        return f"signal {signal}"
+
+
+def _describe_exit(returncode: int | None, signal: int | None) -> str:
+    if signal is not None:
+        return f"killed by {_signal_name(signal)}"
+    if returncode is None:
+        return "exited with unknown status"
+    return f"exited {returncode}"

@@ -1,0 +1,137 @@
+"""The judge: feeds events to the facts, asks the rules, and remembers its final word."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..events import Event, Failure, Phase, Verdict
+from ..spec import HealthSpec
+from ._exit import judge_exit
+from ._facts import Facts
+from ._progress import ProgressState
+from ._rules import Condition, Judgement, conditions, healthy
+
+
+@dataclass(frozen=True)
+class WatchdogState:
+    """One look at an attempt as the watchdog sees it: what the runner stores after a batch of
+    events, and when the verdict could next change with no new event."""
+
+    phase: Phase | None
+    phase_entered_at: float  # clock time (the attempt's start before any phase)
+    progress: ProgressState | None
+    failure: Failure | None  # the latest failure logged: the attempt's failure as stored
+    failures_seen: int
+    last_output_at: float  # clock time (the attempt's start before any output)
+    next_check_at: float | None  # clock time; None when no rule is pending
+
+
+class Watchdog:
+    """Judges one attempt; feed it events in arrival order."""
+
+    def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._health = health
+        self._clock = clock
+        self._facts = Facts(started_at=clock())
+        self._final: Judgement | None = None
+        self._last_unhealthy: Judgement | None = None
+
+    # ---- state -------------------------------------------------------------------
+
+    def state(self, now: float | None = None) -> WatchdogState:
+        facts = self._facts
+        return WatchdogState(
+            phase=facts.phase, phase_entered_at=facts.phase_entered_at, progress=facts.progress,
+            failure=facts.last_failure, failures_seen=facts.failure_count, last_output_at=facts.last_output_at,
+            next_check_at=self.next_check_at(now),
+        )
+
+    @property
+    def phase(self) -> Phase | None:
+        return self._facts.phase
+
+    @property
+    def progress(self) -> ProgressState | None:
+        """The progress bar that moved most recently (finished and earlier-phase bars included)."""
+        return self._facts.progress
+
+    @property
+    def phase_entered_at(self) -> float:
+        """Clock time the current phase began (the attempt's start before any phase)."""
+        return self._facts.phase_entered_at
+
+    @property
+    def last_output_at(self) -> float:
+        """Clock time of the latest output (the attempt's start before any)."""
+        return self._facts.last_output_at
+
+    @property
+    def failures(self) -> list[Failure]:
+        """The first failures logged, in order."""
+        return list(self._facts.failures)
+
+    # ---- input -------------------------------------------------------------------
+
+    def output_seen(self, now: float | None = None, *, heartbeats_only: bool = False) -> None:
+        """Records arrived: the process is not silent.  ``heartbeats_only``: they were all
+        "still waiting" lines, which show it alive but not doing anything."""
+        self._facts.output_seen(self._now(now), heartbeats_only=heartbeats_only)
+
+    def observe(self, event: Event, now: float | None = None) -> None:
+        """A probe event: a phase, a progress step, a failure (``event.failure``), a heartbeat."""
+        self._facts.observe(event, self._now(now))
+
+    # ---- judgement while running ---------------------------------------------------
+
+    def check(self, now: float | None = None) -> Judgement:
+        if self._final is not None:
+            return self._final
+        at = self._now(now)
+        violated = [c for c in self._conditions() if at >= c.deadline]
+        if not violated:
+            self._last_unhealthy = None
+            return healthy(self._facts, at)
+        # The rule broken first wins, so the verdict does not flip as more rules break.
+        first = min(violated, key=lambda c: (c.deadline, c.verdict != Verdict.STALLED))
+        reason, evidence = first.describe(at)
+        others = [c.describe(at)[0] for c in violated if c is not first]
+        if others:
+            evidence = {**evidence, "also": others}
+        judgement = Judgement(first.verdict, reason, evidence)
+        self._last_unhealthy = judgement
+        return judgement
+
+    def next_check_at(self, now: float | None = None) -> float | None:
+        """The earliest clock time at which ``check()`` could change with no new event."""
+        pending = self._pending(now)
+        return min(c.deadline for c in pending) if pending else None
+
+    def upcoming(self, now: float | None = None) -> tuple[float, Verdict, str] | None:
+        """The rule that comes due first if nothing changes: its clock deadline, the verdict it
+        would give and the reason it would give then.  None when no rule is pending."""
+        pending = self._pending(now)
+        if not pending:
+            return None
+        first = min(pending, key=lambda c: c.deadline)
+        return first.deadline, first.verdict, first.describe(first.deadline)[0]
+
+    def _pending(self, now: float | None) -> list[Condition]:
+        if self._final is not None:
+            return []
+        at = self._now(now)
+        return [c for c in self._conditions() if c.deadline > at]
+
+    def _conditions(self) -> list[Condition]:
+        return conditions(self._health, self._facts)
+
+    # ---- judgement at exit ------------------------------------------------------------
+
+    def exited(self, returncode: int | None, signal: int | None, killed_by_us: bool) -> Judgement:
+        """Judge how the process ended; ``check()`` returns this from now on."""
+        self._final = judge_exit(self._facts, returncode, signal, killed_by_us, self._last_unhealthy)
+        return self._final
+
+    def _now(self, now: float | None) -> float:
+        return self._clock() if now is None else now

@@ -1,0 +1,218 @@
+"""The rules and their bounds: each is a deadline from which it is violated unless an event
+changes the facts, with the verdict it gives and how it explains itself.
+
+Rules are functions of the job's ``HealthSpec`` and the folded ``Facts``: stuck progress
+(k x the median interval, at least the phase's floor), a phase that never shows progress or
+outlives its deadline, silence, a hang after a failure, and start-up phases with only
+"still waiting" lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..events import Failure, FailureKind, Phase, Verdict
+from ..spec import HealthSpec
+from ._facts import Facts
+from ._progress import Track
+
+_TRACEBACK_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A rule that is violated from ``deadline`` on unless an event changes the state."""
+
+    deadline: float
+    verdict: Verdict
+    describe: Callable[[float], tuple[str, dict[str, Any]]]
+
+
+def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
+    """Every rule that applies to the facts as they stand."""
+    found = [_stall(health, facts, t) for t in facts.tracks.values() if t.watched]
+    for rule in (_first_progress, _deadline, _silence, _hang_after_failure, _waiting):
+        found.extend(rule(health, facts))
+    return found
+
+
+def healthy(facts: Facts, at: float) -> Judgement:
+    progress = facts.progress
+    where = f"phase {facts.phase_name}"
+    evidence: dict[str, Any] = {"phase": facts.phase_name, "last_output_s": round(at - facts.last_output_at, 3)}
+    if progress is not None:
+        total = progress.total if progress.total is not None else "?"
+        where += f", {label(progress.probe)} {progress.done}/{total}"
+        evidence.update(probe=progress.probe, done=progress.done, total=progress.total)
+    return Judgement(Verdict.HEALTHY, where, evidence)
+
+
+def failure_evidence(failure: Failure, failures_seen: int) -> dict[str, Any]:
+    """The failure a verdict is blamed on, as evidence."""
+    tail = "\n".join((failure.traceback or "").splitlines()[-_TRACEBACK_TAIL_LINES:])
+    return {"failure": failure.kind, "line": failure.line, "fingerprint": failure.fingerprint,
+            "traceback_tail": tail, "failures_seen": failures_seen}
+
+
+def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
+    bound, how = _stall_bound(health, facts.phase, track)
+    # The deadline is computed once, here, and compared with >= everywhere, so the
+    # daemon waking exactly at next_check_at() sees the violation (no float slack).
+    deadline = track.last_advance_at + bound
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        stalled = at - track.last_advance_at
+        median = track.median_interval()
+        where = f"{label(track.probe)} {track.done}/{track.total if track.total is not None else '?'}"
+        reason = f"{where}, no progress for {format_duration(stalled)} ({how})"
+        evidence: dict[str, Any] = {
+            "probe": track.probe,
+            "done": track.done,
+            "total": track.total,
+            "stalled_s": round(stalled, 3),
+            "median_interval_s": None if median is None else round(median, 3),
+            "bound_s": round(bound, 3),
+            "phase": facts.phase_name,
+        }
+        return reason, evidence
+
+    return Condition(deadline, Verdict.STALLED, describe)
+
+
+def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track) -> tuple[float, str]:
+    floor = health.stall_floor(phase)
+    median = track.median_interval()
+    if median is None:
+        first = health.first_progress_s.get(phase) if phase else None
+        if first is not None:
+            return first, f"bound {first:.1f}s: first advance expected within {format_duration(first)}"
+        return floor, f"bound {floor:.1f}s = stall floor, no interval measured yet"
+    k = health.stall_k
+    scaled = k * median
+    if scaled >= floor:
+        return scaled, f"bound {scaled:.1f}s = {k:g} x median {median:.1f} s/it"
+    return floor, f"bound {floor:.1f}s = stall floor; {k:g} x median {median:.2f} s/it is less"
+
+
+def _first_progress(health: HealthSpec, facts: Facts) -> list[Condition]:
+    # A phase expected to show progress that shows none at all (the bar never drew).
+    if facts.phase is None or facts.phase_has_progress:
+        return []
+    limit = health.first_progress_s.get(facts.phase)
+    if limit is None:
+        return []
+    entered = facts.phase_entered_at
+    phase = facts.phase_name
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        waited = at - entered
+        reason = (
+            f"phase {phase}: no progress shown for {format_duration(waited)} "
+            f"(first progress expected within {format_duration(limit)})"
+        )
+        return reason, {"phase": phase, "waited_s": round(waited, 3), "bound_s": limit}
+
+    return [Condition(entered + limit, Verdict.STALLED, describe)]
+
+
+def _deadline(health: HealthSpec, facts: Facts) -> list[Condition]:
+    if facts.phase is None or facts.phase not in health.phase_deadline_s:
+        return []
+    limit = health.phase_deadline_s[facts.phase]
+    entered = facts.phase_entered_at
+    phase = facts.phase_name
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        spent = at - entered
+        reason = (
+            f"phase {phase} exceeded its deadline of {format_duration(limit)} "
+            f"(in it for {format_duration(spent)})"
+        )
+        return reason, {"phase": phase, "in_phase_s": round(spent, 3), "deadline_s": limit}
+
+    return [Condition(entered + limit, Verdict.STALLED, describe)]
+
+
+def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
+    limit = health.silence_s
+    if limit is None or facts.phase not in health.silence_phases:
+        return []
+    last = facts.last_output_at
+    phase = facts.phase_name
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        quiet = at - last
+        reason = f"no output for {format_duration(quiet)} in phase {phase} (limit {format_duration(limit)})"
+        return reason, {"phase": phase, "silent_s": round(quiet, 3), "silence_s": limit}
+
+    return [Condition(last + limit, Verdict.SILENT, describe)]
+
+
+def _hang_after_failure(health: HealthSpec, facts: Facts) -> list[Condition]:
+    # A phase change or a progress step after the failure means the process recovered
+    # (vLLM logs a full traceback at WARNING during a healthy start, then becomes ready).
+    limit = health.hang_after_failure_s
+    failure = facts.unrecovered_failure
+    # A ready server that logged one failed request and then idles is not hung; when its
+    # engine dies, vLLM exits and the exit is judged.
+    if limit is None or failure is None or facts.phase is Phase.ENGINE_READY:
+        return []
+    last = facts.last_active_at  # "still waiting" lines after a failure are the hang itself
+    verdict = Verdict.OOM if failure.kind == FailureKind.CUDA_OOM else Verdict.CRASHED
+    phase = facts.phase_name
+    blamed = failure_evidence(failure, facts.failure_count)
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        quiet = at - last
+        reason = f"hung after a failure, no output for {format_duration(quiet)}: {failure.line}"
+        return reason, {"phase": phase, "silent_s": round(quiet, 3), "hang_after_failure_s": limit, **blamed}
+
+    return [Condition(last + limit, verdict, describe)]
+
+
+def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
+    # Before any phase is recognised nothing is known about the program: no rule.
+    limit = health.waiting_s
+    if limit is None or facts.phase not in health.waiting_phases:
+        return []
+    since = facts.last_active_at
+    heartbeat = facts.heartbeat if facts.heartbeat and facts.heartbeat[0] >= since else None
+    phase = facts.phase_name
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        waited = format_duration(at - since)
+        where = f"in start-up phase {phase} (limit {format_duration(limit)})"
+        if heartbeat is not None:
+            reason = f"only 'still waiting' lines for {waited} {where}: {heartbeat[1]}"
+        else:
+            reason = f"no output for {waited} {where}"
+        evidence = {"phase": phase, "waiting_s": round(at - since, 3), "limit_s": limit,
+                    "line": heartbeat[1] if heartbeat else None}
+        return reason, evidence
+
+    return [Condition(since + limit, Verdict.STALLED, describe)]
+
+
+def format_duration(seconds: float) -> str:
+    """45.0s, 3m10s, 2h05m: short enough for an alert title."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def label(probe: str) -> str:
+    # "vllm.shards" -> "shard": the probe id names what is being counted.
+    name = probe.rsplit(".", 1)[-1]
+    return name[:-1] if name.endswith("s") and len(name) > 1 else name
