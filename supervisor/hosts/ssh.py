@@ -50,7 +50,6 @@ import os
 import re
 import secrets
 import shlex
-import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
@@ -64,7 +63,9 @@ import structlog
 import tenacity
 
 from . import _remote
+from ..backoff import Backoff
 from ..errors import ConnectionLost, HostError, LaunchError, SuperviseError
+from ._errors import ssh_errors
 from ..events import Record
 from ..gpu import GpuSample
 from .base import (
@@ -97,6 +98,11 @@ _QUERY_KEYS = {"accept_new_host_key", "log_root"}
 # How a channel fails: a dropped connection, a refused session, a remote script that ended.
 _DROPS: tuple[type[BaseException], ...] = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError,
                                            asyncio.IncompleteReadError, EOFError)
+# Waits between tries: reconnecting (0.25 s doubling to 10 s, jittered), a refused session
+# (0.1 s doubling to 1 s: short ones end soon), a channel that dropped (0.1 s doubling to 2 s).
+_RECONNECT = Backoff(initial_s=0.25, max_s=10.0, jitter_s=0.25)
+_SESSION = Backoff(initial_s=0.1, max_s=1.0)
+_CHANNEL = Backoff(initial_s=0.1, max_s=2.0)
 
 
 # -- the host's address --------------------------------------------------------------------
@@ -222,7 +228,6 @@ class SshHost:
         self.connects = 0  # connections made, the first included
         self._watcher = _ExitWatcher(self)
         self._agents: dict[str, _Agent] = {}
-        self._wait = tenacity.wait_exponential(multiplier=0.25, max=10.0) + tenacity.wait_random(0.0, 0.25)
 
     def __repr__(self) -> str:
         return f"SshHost({self.name!r})"
@@ -387,31 +392,30 @@ class SshHost:
             self._conn_lock.release()
 
     async def _reconnect(self, deadline: float | None) -> asyncssh.SSHClientConnection:
-        failures = 0
         started = time.monotonic()
-        while True:
-            conn = self._conn
-            if conn is not None and not conn.is_closed():
-                return conn
-            try:
-                self._conn = await self._open()
-            except _Transient as exc:
-                failures += 1
-                state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-                state.attempt_number = failures
-                wait = float(self._wait(state))
-                if deadline is not None and time.monotonic() + wait > deadline:
-                    raise ConnectionLost(f"cannot reach {self.target.display}: {exc.cause} "
-                                         f"(retried for {time.monotonic() - started:.0f}s)") from exc.cause
-                log.warning("ssh connection failed, retrying", host=self.name, error=str(exc.cause),
-                            failures=failures, wait_s=round(wait, 2))
-                await asyncio.sleep(wait)
-                continue
-            self.connects += 1
-            if self._ever_connected:
-                log.info("ssh reconnected", host=self.name, after_failures=failures)
-            self._ever_connected = True
-            return self._conn
+        retrying = _RECONNECT.retrying(retry_on=ConnectionLost, within_s=None if deadline is None else deadline - started,
+                                       before_sleep=self._retrying_note)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    conn = self._conn
+                    if conn is not None and not conn.is_closed():
+                        return conn
+                    self._conn = await self._open()
+                    self.connects += 1
+                    if self._ever_connected:
+                        log.info("ssh reconnected", host=self.name, after_failures=attempt.retry_state.attempt_number - 1)
+                    self._ever_connected = True
+                    return self._conn
+        except tenacity.RetryError as exc:
+            cause = exc.last_attempt.exception()
+            raise ConnectionLost(f"{cause}; retried for {time.monotonic() - started:.0f}s") from cause
+        raise AssertionError("tenacity returns or raises")  # pragma: no cover
+
+    def _retrying_note(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning("ssh connection failed, retrying", host=self.name, error=str(error),
+                    failures=state.attempt_number, wait_s=round(state.upcoming_sleep, 2))
 
     async def _open(self) -> asyncssh.SSHClientConnection:
         target = self.target
@@ -438,18 +442,13 @@ class SshHost:
             options["known_hosts"] = existing or ([], [], [])
         if self._keys:
             options["client_keys"] = self._keys
-        try:
-            return await asyncssh.connect(target.host, **options)
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise HostError(self._host_key_message(client, record_in)) from exc
-        except asyncssh.PermissionDenied as exc:
-            raise HostError(self._login_message()) from exc
-        except socket.gaierror as exc:
-            raise HostError(f"cannot resolve the host name {target.host}: {exc.strerror or exc}") from exc
-        except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, asyncssh.ConfigParseError, ValueError) as exc:
-            raise HostError(f"SSH client setup for {target.display} failed: {exc}") from exc
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
-            raise _Transient(exc) from exc
+        with ssh_errors(target.display):
+            try:
+                return await asyncssh.connect(target.host, **options)
+            except asyncssh.HostKeyNotVerifiable as exc:
+                raise HostError(self._host_key_message(client, record_in)) from exc
+            except asyncssh.PermissionDenied as exc:
+                raise HostError(self._login_message()) from exc
 
     def _host_key_message(self, client: _Client, known_hosts: Path) -> str:
         host, port = (client.offered[0], client.offered[1]) if client.offered else (self.target.host, self.target.port or 22)
@@ -556,7 +555,7 @@ class SshHost:
 
     async def _wait_for_session(self, exc: BaseException, refusals: int, deadline: float | None) -> None:
         """sshd refused a session: short ones end soon and free theirs, so wait and try again."""
-        wait = min(1.0, 0.05 * 2 ** min(refusals, 5))
+        wait = _SESSION.wait(refusals)
         if deadline is not None and time.monotonic() + wait > deadline:
             raise self._channel_error(exc) from exc
         if refusals == 1:
@@ -595,12 +594,6 @@ class SshHost:
 
 class _Closed(Exception):
     """The follower was closed while it waited."""
-
-
-class _Transient(Exception):
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 def _gone(conn: asyncssh.SSHClientConnection, exc: BaseException) -> bool:
@@ -766,7 +759,7 @@ class _ExitWatcher:
             finally:
                 await _close_process(proc)
             if failures:
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
+                await asyncio.sleep(_CHANNEL.wait(failures))
 
     async def _serve(self, proc: asyncssh.SSHClientProcess[bytes], watched: set[str]) -> bool:
         """Read 'gone' lines until the wanted set outgrows the watched one (True) or the
@@ -934,7 +927,7 @@ class SshFollower:
                          offset=self._offset, error=str(exc) or type(exc).__name__)
                 if drops > 1 or dead_ends:
                     try:
-                        await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(drops + dead_ends, 6))))
+                        await self._guard(asyncio.sleep(_CHANNEL.wait(drops + dead_ends)))
                     except _Closed:
                         return
             finally:
@@ -969,7 +962,7 @@ class SshFollower:
                 failures += 1
                 self.restarts += 1
                 try:
-                    await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6))))
+                    await self._guard(asyncio.sleep(_CHANNEL.wait(failures)))
                 except _Closed:
                     return
             finally:
