@@ -317,10 +317,11 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
 
 def _start_failure(job: str, runner: JobRunner, reason: str) -> SuperviseError:
     """Why the runner ended before its first attempt ran, as the class of the error that ended it
-    (a host that cannot be reached: HostError, 69); no error: the job itself failed (1)."""
+    (a host that cannot be reached: ConnectionLost, 69).  No error: it refused to launch (GPUs
+    held by other processes, or a stop while it waited for them): the request is refused (69)."""
     cause = runner.error
     if cause is None:
-        return SuperviseError(f"could not start {job}: {reason}")
+        return RequestRejected(f"could not start {job}: {reason}", 503)
     return error_of(row_of(cause).kind, f"could not start {job}: {cause}", http_status(cause))
 
 
