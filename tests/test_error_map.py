@@ -16,12 +16,12 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 
 from supervisor.errors import (
+    TABLE,
     AlreadyRunning,
     ConnectionLost,
     NotFound,
     ProbePackError,
     SpecError,
-    TABLE,
     SuperviseError,
 )
 
@@ -177,7 +177,7 @@ def test_a_pack_gone_while_the_daemon_was_down_fails_its_job_not_the_daemon(
 
 def test_readme_documents_every_exit_code() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    line = re.search(r"Exit codes: (.*?)\n\n", readme, re.S)
+    line = re.search(r"Exit codes: (.*?)\n\n", readme, re.DOTALL)
     assert line is not None
     documented = {int(n) for n in re.findall(r"\b(\d+) ", line.group(1))}
     assert {row.cls.exit_code for row in TABLE} <= documented
