@@ -20,15 +20,28 @@ from pydantic import BaseModel, ValidationError
 
 from . import __version__, protocol
 from .config import describe_settings
-from .errors import NotFound, RequestRejected, SpecError, SuperviseError
+from .errors import (
+    AlreadyRunning,
+    HostError,
+    InternalError,
+    NotFound,
+    RequestRejected,
+    SpecError,
+    SuperviseError,
+    error_of,
+    http_status,
+    row_of,
+)
 from .hosts.base import Follower
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .probes import load_packs
 from .runner import JobRunner
-from .spec import load_spec
+from .spec import JobSpec, load_spec
 from .store import AttemptRow, EventQuery, Store
 from .views import attempt_info, event_info, gpu_devices, job_status
 
 if TYPE_CHECKING:
+    from .hosts.registry import Hosts
     from .service import Service
 
 log = structlog.get_logger("supervise.api")
@@ -48,11 +61,10 @@ class Api:
 
     async def start_job(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.StartRequest)
-        spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
-        spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+        spec = _validated_spec(body, self.service.hosts)
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
-            raise RequestRejected(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first", 409)
+            raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
         self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), "starting")
         runner = self.service.start_runner(spec)
         n = await _wait_for_attempt(self.service.store, spec.name, runner)
@@ -230,21 +242,30 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
         return await handler(request)
     except web.HTTPException:
         raise
-    except RequestRejected as exc:
-        return _error(str(exc), exc.status)
-    except NotFound as exc:
-        return _error(str(exc), 404)
-    except SpecError as exc:
-        return _error(str(exc), 422)
     except SuperviseError as exc:
-        return _error(str(exc), 400)
+        return _error(exc)
     except Exception as exc:  # a bug in one request must not take the daemon down
         log.exception("request failed", path=request.path)
-        return _error(f"internal error: {exc!r} (see the daemon log)", 500)
+        return _error(InternalError(f"internal error: {exc!r} (see the daemon log)"))
 
 
-def _error(message: str, status: int) -> web.Response:
-    return web.json_response(protocol.ErrorBody(error=message).model_dump(), status=status)
+def _error(exc: SuperviseError) -> web.Response:
+    """The one answer to an error: its kind and exit code from errors.TABLE, its message on one line."""
+    body = protocol.ErrorBody(error=" ".join(str(exc).splitlines()), kind=row_of(exc).kind, exit_code=exc.exit_code)
+    return web.json_response(body.model_dump(mode="json"), status=http_status(exc))
+
+
+def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
+    """Everything a runner needs, checked before anything is stored: the spec with its
+    overrides, its argv templates, its probe packs and its host's address."""
+    spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
+    spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+    load_packs(spec.probes, spec.probe_files)
+    try:
+        hosts.get(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
+    except HostError as exc:
+        raise SpecError(f"{spec.spec_path}: field 'host': {exc}") from exc
+    return spec
 
 
 def _json(model: BaseModel) -> web.Response:
@@ -289,9 +310,19 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
         if latest is not None and latest.n > previous and latest.state != "launching":
             return latest.n
         if not runner.running:
-            raise RequestRejected(f"could not start {job}: {store.job(job).reason}", 500)
+            raise _start_failure(job, runner, store.job(job).reason)
         await asyncio.sleep(0.02)
     raise RequestRejected(f"{job} did not launch within 60s (waiting for GPUs?): `supervise status {job}`", 504)
+
+
+def _start_failure(job: str, runner: JobRunner, reason: str) -> SuperviseError:
+    """Why the runner ended before its first attempt ran, as the class of the error that ended it
+    (a host that cannot be reached: ConnectionLost, 69).  No error: it refused to launch (GPUs
+    held by other processes, or a stop while it waited for them): the request is refused (69)."""
+    cause = runner.error
+    if cause is None:
+        return RequestRejected(f"could not start {job}: {reason}", 503)
+    return error_of(row_of(cause).kind, f"could not start {job}: {cause}", http_status(cause))
 
 
 def openapi_schema() -> dict[str, Any]:

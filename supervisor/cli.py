@@ -2,7 +2,9 @@
 when none runs), except `probe`, which reads a log offline, and `daemon --foreground`.
 
 Exit codes: 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or probe pack;
-66 unknown job; 69 daemon or host unavailable; 74 store I/O; 78 configuration.
+66 unknown job; 69 daemon or host unavailable; 70 internal error in the daemon; 74 store I/O;
+75 the job is already running; 78 configuration.  An error the daemon finds exits with the
+same code as if the CLI had found it (errors.TABLE).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SuperviseError as exc:
-        print(f"supervise: {exc}", file=sys.stderr)
+        print(f"supervise: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("supervise: interrupted (the job keeps running under the daemon)", file=sys.stderr)

@@ -1,12 +1,12 @@
 """The CLI's side of the control API: HTTP over the daemon's Unix socket, typed by protocol.py.
 
 Starts the daemon in the background when none answers.  Transport errors are translated
-into `DaemonError`s here, where they enter.
+into `DaemonError`s here, where they enter; an error the daemon answers is raised as the
+class its `ErrorBody.kind` names in errors.TABLE, so it exits as if the CLI had found it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from . import protocol
 from .config import Paths, load_settings
-from .errors import DaemonError, DaemonNotRunning, NotFound, RequestRejected, SpecError
+from .errors import DaemonError, DaemonNotRunning, RequestRejected, error_of
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -137,17 +137,14 @@ def _params(**values: Any) -> dict[str, Any]:
 
 
 def _raise_for_error(response: httpx.Response) -> None:
+    """Raise the error the daemon named: the class errors.TABLE pairs with the body's kind."""
     if response.status_code < 400:
         return
     try:
-        message = protocol.ErrorBody.model_validate(json.loads(response.content)).error
-    except (ValueError, json.JSONDecodeError):
-        message = response.text[:300]
-    if response.status_code == 404:
-        raise NotFound(message)
-    if response.status_code == 422:
-        raise SpecError(message)
-    raise RequestRejected(message, response.status_code)
+        body = protocol.ErrorBody.model_validate_json(response.content)
+    except ValueError:  # not the daemon's ErrorBody (aiohttp's own 404/405 for an unknown route)
+        raise RequestRejected(response.text[:300] or f"HTTP {response.status_code}", response.status_code) from None
+    raise error_of(body.kind, body.error, response.status_code)
 
 
 def spawn_daemon(paths: Paths) -> None:

@@ -1,4 +1,4 @@
-"""The supervisor's exception tree.
+"""The supervisor's exception tree, and the one table that carries it across the API.
 
 Every error the supervisor raises on purpose derives from ``SuperviseError``; the CLI
 catches only that base class and prints its one-line message.  Low-level errors
@@ -15,11 +15,21 @@ where they enter, with ``raise X from exc`` so the cause stays in tracebacks.
     │   └── ConnectionLost     a remote host's connection dropped (retried by the caller)
     ├── DaemonError            talking to the daemon failed
     │   ├── DaemonNotRunning   no daemon answers on the socket
-    │   └── RequestRejected    the daemon answered with an error (carries its status code)
-    └── NotFound               an unknown job or attempt
+    │   ├── RequestRejected    the daemon refused the request itself (carries its status code)
+    │   └── InternalError      a bug in the daemon (its log has the traceback)
+    ├── NotFound               an unknown job or attempt
+    └── AlreadyRunning         `start` of a job that is running (or waiting to relaunch)
+
+The border: the daemon answers an error with its ``ErrorKind`` (and exit code) in the
+``ErrorBody``; the client raises the class ``TABLE`` pairs with that kind.  So an error the
+daemon finds reaches the CLI as the same class and exit code as if the CLI had found it
+(httpx's exception mapping, read both ways).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
 
 
 class SuperviseError(Exception):
@@ -70,5 +80,78 @@ class RequestRejected(DaemonError):
         self.status = status
 
 
+class InternalError(DaemonError):
+    exit_code = 70  # EX_SOFTWARE
+
+
 class NotFound(SuperviseError):
     exit_code = 66  # EX_NOINPUT
+
+
+class AlreadyRunning(SuperviseError):
+    exit_code = 75  # EX_TEMPFAIL: it can be started again once it has ended or been stopped
+
+
+class ErrorKind(StrEnum):
+    """What went wrong, as the API names it (``ErrorBody.kind``)."""
+
+    FAILED = "failed"
+    CONFIG = "config"
+    SPEC = "spec"
+    PROBE_PACK = "probe_pack"
+    STORE = "store"
+    HOST = "host"
+    LAUNCH = "launch"
+    CONNECTION_LOST = "connection_lost"
+    DAEMON = "daemon"
+    DAEMON_NOT_RUNNING = "daemon_not_running"
+    REJECTED = "rejected"
+    INTERNAL = "internal"
+    NOT_FOUND = "not_found"
+    ALREADY_RUNNING = "already_running"
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    kind: ErrorKind
+    cls: type[SuperviseError]
+    status: int  # the HTTP status the daemon answers with
+
+
+TABLE: tuple[ErrorRow, ...] = (
+    ErrorRow(ErrorKind.FAILED, SuperviseError, 500),
+    ErrorRow(ErrorKind.CONFIG, ConfigError, 500),
+    ErrorRow(ErrorKind.SPEC, SpecError, 422),
+    ErrorRow(ErrorKind.PROBE_PACK, ProbePackError, 422),
+    ErrorRow(ErrorKind.STORE, StoreError, 507),
+    ErrorRow(ErrorKind.HOST, HostError, 502),
+    ErrorRow(ErrorKind.LAUNCH, LaunchError, 502),
+    ErrorRow(ErrorKind.CONNECTION_LOST, ConnectionLost, 504),
+    ErrorRow(ErrorKind.DAEMON, DaemonError, 503),
+    ErrorRow(ErrorKind.DAEMON_NOT_RUNNING, DaemonNotRunning, 503),
+    ErrorRow(ErrorKind.REJECTED, RequestRejected, 400),
+    ErrorRow(ErrorKind.INTERNAL, InternalError, 500),
+    ErrorRow(ErrorKind.NOT_FOUND, NotFound, 404),
+    ErrorRow(ErrorKind.ALREADY_RUNNING, AlreadyRunning, 409),
+)
+_BY_KIND = {row.kind: row for row in TABLE}
+_BY_CLASS = {row.cls: row for row in TABLE}
+
+
+def row_of(exc: SuperviseError) -> ErrorRow:
+    """The table's row for ``exc``: its own class's, else its nearest listed base's."""
+    for cls in type(exc).__mro__:
+        row = _BY_CLASS.get(cls)
+        if row is not None:
+            return row
+    raise AssertionError("SuperviseError is in the table")  # pragma: no cover
+
+
+def http_status(exc: SuperviseError) -> int:
+    return exc.status if isinstance(exc, RequestRejected) else row_of(exc).status
+
+
+def error_of(kind: ErrorKind, message: str, status: int) -> SuperviseError:
+    """The exception the table pairs with ``kind``, carrying the daemon's message."""
+    cls = _BY_KIND[kind].cls
+    return RequestRejected(message, status) if cls is RequestRejected else cls(message)

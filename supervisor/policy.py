@@ -1,7 +1,7 @@
 """What to do about a verdict: relaunch after a backoff wait, give up, or nothing.
 
-tenacity computes the waits (exponential growth, cap, jitter) from a ``RetryCallState``;
-the daemon owns the control loop, so no tenacity ``Retrying`` object ever runs here.
+The waits come from `backoff.Backoff` (tenacity's strategies); the daemon owns the control
+loop, so no tenacity ``Retrying`` ever sleeps here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-import tenacity
-
+from .backoff import Backoff
 from .events import Verdict
 from .spec import RestartSpec
 
@@ -25,28 +24,12 @@ class Decision:
     reason: str
 
 
-class _SeededWaitRandom(tenacity.wait_random):
-    """tenacity's uniform jitter drawn from our own generator, so a seeded policy repeats."""
-
-    def __init__(self, low: float, high: float, rng: random.Random) -> None:
-        super().__init__(min=low, max=high)
-        self._rng = rng
-
-    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
-        return self.wait_random_min + self._rng.random() * (self.wait_random_max - self.wait_random_min)
-
-
 class RestartPolicy:
     def __init__(self, restart: RestartSpec, *, rng: random.Random | None = None) -> None:
         self._restart = restart
-        exponential = tenacity.wait_exponential(
-            multiplier=restart.backoff_initial_s,
-            exp_base=restart.backoff_multiplier,
-            min=restart.backoff_initial_s,
-            max=max(restart.backoff_max_s, restart.backoff_initial_s),
-        )
-        jitter = _SeededWaitRandom(0.0, restart.backoff_jitter_s, rng or random.Random())
-        self._wait = exponential + jitter
+        self._backoff = Backoff(initial_s=restart.backoff_initial_s, max_s=restart.backoff_max_s,
+                                multiplier=restart.backoff_multiplier, jitter_s=restart.backoff_jitter_s,
+                                rng=rng or random.Random())
 
     def wait_after(self, attempt: int) -> float:
         """Seconds to wait before relaunching after attempt number ``attempt`` (1-based) failed.
@@ -54,9 +37,7 @@ class RestartPolicy:
         The exponential part is capped at ``backoff_max_s``; jitter (at most
         ``backoff_jitter_s``) comes on top so relaunches never fall below the floor.
         """
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = max(1, attempt)
-        return float(self._wait(state))
+        return self._backoff.wait(attempt)
 
     def decide(
         self, verdict: Verdict, attempt: int, fingerprint: str | None, previous_fingerprint: str | None

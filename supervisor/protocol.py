@@ -12,12 +12,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .events import Failure, FailureKind
+from .errors import ErrorKind
 
 API_VERSION = 1
 
 
 class ErrorBody(BaseModel):
-    error: str
+    error: str = Field(description="one line for humans: what went wrong and what to do")
+    kind: ErrorKind = Field(description="the error's class, as errors.TABLE names it; the CLI raises that class")
+    exit_code: int = Field(description="the CLI's exit status for this error (README: exit codes)")
 
 
 class StartRequest(BaseModel):

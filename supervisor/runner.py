@@ -90,6 +90,7 @@ class JobRunner:
         self.next_relaunch_at: float | None = None
         self._stop_requested = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.error: SuperviseError | None = None  # what ended the loop, if an error did (`start` reports it)
         self._engine_packs = load_packs(spec.probes, spec.probe_files)
 
     # -- public ------------------------------------------------------------------------
@@ -184,6 +185,7 @@ class JobRunner:
             await self._record_when_possible(live_n=self._current_attempt_number(), reason=str(exc))
         except SuperviseError as exc:
             log.error("job failed", job=self.spec.name, error=str(exc))
+            self.error = exc
             self._set_job("failed", str(exc))
         except Exception as exc:  # the daemon must outlive any one job's bug
             log.exception("job runner crashed", job=self.spec.name)

@@ -126,7 +126,10 @@ class Service:
     async def recover(self) -> None:
         """Re-adopt, finish or mark lost every attempt the store thinks is running."""
         for row in self.store.live_attempts():
-            note = await self._recover_one(row)
+            try:
+                note = await self._recover_one(row)
+            except SuperviseError as exc:  # e.g. its probe pack is gone: start-up goes on, the job says why
+                note = f"{row.job}#{row.n}: not re-adopted: {exc}"
             self.recovery_notes.append(note)
             log.info("recovery", job=row.job, attempt=row.n, outcome=note)
         if not self.recovery_notes:
@@ -159,7 +162,12 @@ class Service:
         return f"{row.job}#{row.n}: {'re-adopted pid ' + str(row.pid) if alive else 'ended while the daemon was down; finishing'}"
 
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner:
-        runner = JobRunner(spec, self.context(spec.host))
+        try:
+            runner = JobRunner(spec, self.context(spec.host))
+        except SuperviseError as exc:
+            # No runner will ever move this job on: its state must say so, not stay `starting`.
+            self.store.set_job_state(spec.name, "failed", f"cannot supervise it: {exc}")
+            raise
         self.runners[spec.name] = runner
         runner.start(resume)
         return runner

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import getpass
 import os
-import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,8 +21,10 @@ import asyncssh
 import structlog
 import tenacity
 
+from ..backoff import Backoff
 from ..errors import ConnectionLost, HostError
 from . import _remote
+from ._errors import ssh_errors
 from .ssh_agent import _SHELL, _Agent
 from .ssh_target import (
     _TRUE,
@@ -42,6 +43,11 @@ log = structlog.get_logger("supervise.ssh")
 # How a channel fails: a dropped connection, a refused session, a remote script that ended.
 _DROPS: tuple[type[BaseException], ...] = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, OSError,
                                            asyncio.IncompleteReadError, EOFError)
+# Waits between tries: reconnecting (0.25 s doubling to 10 s, jittered), a refused session
+# (0.1 s doubling to 1 s: short ones end soon), a channel that dropped (0.1 s doubling to 2 s).
+_RECONNECT = Backoff(initial_s=0.25, max_s=10.0, jitter_s=0.25)
+_SESSION = Backoff(initial_s=0.1, max_s=1.0)
+_CHANNEL = Backoff(initial_s=0.1, max_s=2.0)
 
 
 class SshConnection:
@@ -65,7 +71,6 @@ class SshConnection:
         self._ever_connected = False
         self.connects = 0  # connections made, the first included
         self._agents: dict[str, _Agent] = {}
-        self._wait = tenacity.wait_exponential(multiplier=0.25, max=10.0) + tenacity.wait_random(0.0, 0.25)
 
     async def close(self) -> None:
         self._closed = True
@@ -106,31 +111,30 @@ class SshConnection:
             self._conn_lock.release()
 
     async def _reconnect(self, deadline: float | None) -> asyncssh.SSHClientConnection:
-        failures = 0
         started = time.monotonic()
-        while True:
-            conn = self._conn
-            if conn is not None and not conn.is_closed():
-                return conn
-            try:
-                self._conn = await self._open()
-            except _Transient as exc:
-                failures += 1
-                state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-                state.attempt_number = failures
-                wait = float(self._wait(state))
-                if deadline is not None and time.monotonic() + wait > deadline:
-                    raise ConnectionLost(f"cannot reach {self.target.display}: {exc.cause} "
-                                         f"(retried for {time.monotonic() - started:.0f}s)") from exc.cause
-                log.warning("ssh connection failed, retrying", host=self.name, error=str(exc.cause),
-                            failures=failures, wait_s=round(wait, 2))
-                await asyncio.sleep(wait)
-                continue
-            self.connects += 1
-            if self._ever_connected:
-                log.info("ssh reconnected", host=self.name, after_failures=failures)
-            self._ever_connected = True
-            return self._conn
+        retrying = _RECONNECT.retrying(retry_on=ConnectionLost, within_s=None if deadline is None else deadline - started,
+                                       before_sleep=self._retrying_note)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    conn = self._conn
+                    if conn is not None and not conn.is_closed():
+                        return conn
+                    self._conn = await self._open()
+                    self.connects += 1
+                    if self._ever_connected:
+                        log.info("ssh reconnected", host=self.name, after_failures=attempt.retry_state.attempt_number - 1)
+                    self._ever_connected = True
+                    return self._conn
+        except tenacity.RetryError as exc:
+            cause = exc.last_attempt.exception()
+            raise ConnectionLost(f"{cause}; retried for {time.monotonic() - started:.0f}s") from cause
+        raise AssertionError("tenacity returns or raises")  # pragma: no cover
+
+    def _retrying_note(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning("ssh connection failed, retrying", host=self.name, error=str(error),
+                    failures=state.attempt_number, wait_s=round(state.upcoming_sleep, 2))
 
     async def _open(self) -> asyncssh.SSHClientConnection:
         target = self.target
@@ -157,18 +161,13 @@ class SshConnection:
             options["known_hosts"] = existing or ([], [], [])
         if self._keys:
             options["client_keys"] = self._keys
-        try:
-            return await asyncssh.connect(target.host, **options)
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise HostError(self._host_key_message(client, record_in)) from exc
-        except asyncssh.PermissionDenied as exc:
-            raise HostError(self._login_message()) from exc
-        except socket.gaierror as exc:
-            raise HostError(f"cannot resolve the host name {target.host}: {exc.strerror or exc}") from exc
-        except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, asyncssh.ConfigParseError, ValueError) as exc:
-            raise HostError(f"SSH client setup for {target.display} failed: {exc}") from exc
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
-            raise _Transient(exc) from exc
+        with ssh_errors(target.display):
+            try:
+                return await asyncssh.connect(target.host, **options)
+            except asyncssh.HostKeyNotVerifiable as exc:
+                raise HostError(self._host_key_message(client, record_in)) from exc
+            except asyncssh.PermissionDenied as exc:
+                raise HostError(self._login_message()) from exc
 
     def _host_key_message(self, client: _Client, known_hosts: Path) -> str:
         host, port = (client.offered[0], client.offered[1]) if client.offered else (self.target.host, self.target.port or 22)
@@ -275,7 +274,7 @@ class SshConnection:
 
     async def _wait_for_session(self, exc: BaseException, refusals: int, deadline: float | None) -> None:
         """sshd refused a session: short ones end soon and free theirs, so wait and try again."""
-        wait = min(1.0, 0.05 * 2 ** min(refusals, 5))
+        wait = _SESSION.wait(refusals)
         if deadline is not None and time.monotonic() + wait > deadline:
             raise self._channel_error(exc) from exc
         if refusals == 1:
@@ -311,12 +310,6 @@ class SshConnection:
         if conn is not None and _gone(conn, exc):
             self._dropped(conn, exc)
 
-
-
-class _Transient(Exception):
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 def _gone(conn: asyncssh.SSHClientConnection, exc: BaseException) -> bool:

@@ -11,7 +11,7 @@ import asyncssh
 from ..errors import SuperviseError
 from . import _remote
 from .ssh_agent import _close_process
-from .ssh_connection import _DROPS, SshConnection
+from .ssh_connection import _CHANNEL, _DROPS, SshConnection
 
 
 class _ExitWatcher:
@@ -68,7 +68,7 @@ class _ExitWatcher:
             finally:
                 await _close_process(proc)
             if failures:
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
+                await asyncio.sleep(_CHANNEL.wait(failures))
 
     async def _serve(self, proc: asyncssh.SSHClientProcess[bytes], watched: set[str]) -> bool:
         """Read 'gone' lines until the wanted set outgrows the watched one (True) or the

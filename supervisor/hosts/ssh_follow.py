@@ -16,7 +16,7 @@ from ..events import Record
 from ..records import RecordBuffer
 from . import _remote
 from .ssh_agent import _close_process
-from .ssh_connection import _DROPS, SshConnection
+from .ssh_connection import _CHANNEL, _DROPS, SshConnection
 
 log = structlog.get_logger("supervise.ssh")
 T = TypeVar("T")
@@ -151,7 +151,7 @@ class SshFollower:
                          offset=self._buffer.offset, error=str(exc) or type(exc).__name__)
                 if drops > 1 or dead_ends:
                     try:
-                        await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(drops + dead_ends, 6))))
+                        await self._guard(asyncio.sleep(_CHANNEL.wait(drops + dead_ends)))
                     except _Closed:
                         return
             finally:
@@ -186,7 +186,7 @@ class SshFollower:
                 failures += 1
                 self.restarts += 1
                 try:
-                    await self._guard(asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6))))
+                    await self._guard(asyncio.sleep(_CHANNEL.wait(failures)))
                 except _Closed:
                     return
             finally:

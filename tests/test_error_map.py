@@ -1,0 +1,183 @@
+"""The error map, end to end through a real daemon: for each class of bad input it can meet,
+the CLI exits with the documented code (README: exit codes) and one line, the client raises
+the same class the daemon found, and no job is left in a state nobody can leave."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state, supervise
+
+from supervisor.errors import (
+    TABLE,
+    AlreadyRunning,
+    ConnectionLost,
+    NotFound,
+    ProbePackError,
+    SpecError,
+    SuperviseError,
+)
+
+BROKEN_PACK = """\
+name = "broken"
+[[probes]]
+id = "bad"
+kind = "info"
+regex = '(unclosed'
+"""
+
+# Waits for a gate file, so it is surely running when started a second time.
+GATED_JOB = """\
+import os, sys, time
+print("waiting", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+"""
+
+
+@dataclass(frozen=True)
+class BadStart:
+    job: str
+    spec: str  # spec lines besides name and command; {home} is the test's state directory
+    error: type[SuperviseError]
+    exit_code: int
+    message: str  # a regex the one line must match
+
+
+BAD_STARTS = [
+    BadStart("unknown-pack", 'probes = ["no-such-pack"]', ProbePackError, 65,
+             r"unknown probe pack 'no-such-pack' \(searched "),
+    BadStart("broken-pack", 'probe_files = ["{home}/broken.toml"]', ProbePackError, 65,
+             r"broken\.toml: .*'bad'"),
+    BadStart("missing-probe-file", 'probe_files = ["{home}/nowhere.toml"]', ProbePackError, 65,
+             r"nowhere\.toml: cannot read probe pack: No such file or directory"),
+    BadStart("bad-field", "stop_grace_s = -1", SpecError, 65,
+             r"bad-field\.toml: field 'stop_grace_s': .*greater than or equal to 0"),
+    BadStart("unreachable", 'host = "ssh://nobody@127.0.0.1:1"\npython = "/usr/bin/python3"\nworkdir = "/tmp"',
+             ConnectionLost, 69, r"could not start unreachable: connection refused \(nobody@127\.0\.0\.1:1\)"),
+]
+
+
+@pytest.fixture
+def daemon_env(daemon_env: dict[str, str], home: Path) -> dict[str, str]:
+    # An unreachable host is given up on after 1 s instead of a minute; user packs live in home/packs.
+    return {**daemon_env, "SUPERVISE_SSH_RETRY_S": "1", "SUPERVISE_PROBE_PATH": str(home / "packs")}
+
+
+def _one_line(stderr: str) -> str:
+    """The CLI's whole complaint: exactly one line, 'supervise: ...', and no traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("supervise: "), stderr
+    return lines[0].removeprefix("supervise: ")
+
+
+def _jobs(env: dict[str, str]) -> dict[str, str]:
+    status = json.loads(supervise(env, "status", "--json").stdout)
+    return {job["name"]: job["state"] for job in status["jobs"]}
+
+
+def _write_spec(home: Path, case: BadStart) -> Path:
+    (home / "broken.toml").write_text(BROKEN_PACK)
+    spec = home / f"{case.job}.toml"
+    spec.write_text(f'name = "{case.job}"\ncommand = ["{{python}}", "-c", "print(1)"]\n'
+                    + case.spec.replace("{home}", str(home)) + "\n")
+    return spec
+
+
+@pytest.mark.parametrize("case", BAD_STARTS, ids=[c.job for c in BAD_STARTS])
+def test_bad_start_exits_with_its_code_and_leaves_no_job_stuck(daemon: DaemonProcess, daemon_env: dict[str, str],
+                                                              home: Path, case: BadStart) -> None:
+    spec = _write_spec(home, case)
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    line = _one_line(result.stderr)
+    assert result.returncode == case.exit_code, (result.returncode, line)
+    assert re.search(case.message, line), line
+    # The daemon's own check (the CLI checks a spec's fields before sending it): the same class.
+    with pytest.raises(case.error) as raised:
+        daemon.client().start(str(spec), {})
+    assert type(raised.value) is case.error and raised.value.exit_code == case.exit_code
+    assert re.search(case.message, str(raised.value))
+    jobs = _jobs(daemon_env)
+    assert "starting" not in jobs.values(), jobs
+    if case.error is ConnectionLost:
+        assert jobs[case.job] == "failed"  # it got as far as its runner: the state says how it ended
+    else:
+        assert case.job not in jobs  # refused before anything was stored
+    assert daemon.proc is not None and daemon.proc.poll() is None
+
+
+def test_error_body_carries_kind_and_exit_code(daemon: DaemonProcess, home: Path) -> None:
+    spec = _write_spec(home, BAD_STARTS[0])
+    transport = httpx.HTTPTransport(uds=str(daemon.paths.socket))
+    with httpx.Client(transport=transport, base_url="http://supervise") as http:
+        response = http.post("/v1/jobs", json={"spec_path": str(spec)})
+    body = response.json()
+    assert (response.status_code, body["kind"], body["exit_code"]) == (422, "probe_pack", 65)
+    assert body["error"].startswith("unknown probe pack 'no-such-pack'")
+
+
+def test_unknown_job_is_66_everywhere(daemon: DaemonProcess, daemon_env: dict[str, str]) -> None:
+    for command in ("status", "stop", "logs", "events", "attempts", "report"):
+        result = supervise(daemon_env, command, "no-such-job", check=False)
+        line = _one_line(result.stderr)
+        assert result.returncode == 66, (command, result.returncode, line)
+        assert line == "no job named 'no-such-job'; `supervise jobs` lists the known ones", command
+
+
+def test_unknown_job_is_not_found_through_the_client(daemon: DaemonProcess) -> None:
+    client = daemon.client()
+    for call in (lambda: client.stop("no-such-job", None), lambda: client.attempts("no-such-job"),
+                 lambda: client.events("no-such-job"), lambda: list(client.follow_log("no-such-job", attempt=None, follow=False))):
+        with pytest.raises(NotFound):
+            call()
+
+
+def test_starting_a_running_job_is_75(daemon: DaemonProcess, daemon_env: dict[str, str], make_job, home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("gated", GATED_JOB, params=f', "{gate}"')
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "gated") == "running")
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    line = _one_line(result.stderr)
+    assert result.returncode == 75, (result.returncode, line)
+    assert line == "job 'gated' is already running; `supervise stop gated` first"
+    with pytest.raises(AlreadyRunning):
+        client.start(str(spec), {})
+    assert _jobs(daemon_env) == {"gated": "running"}
+    assert len(client.attempts("gated").attempts) == 1  # nothing launched twice
+    gate.touch()
+    wait_until(lambda: job_state(client, "gated") == "done")
+
+
+def test_a_pack_gone_while_the_daemon_was_down_fails_its_job_not_the_daemon(
+        daemon: DaemonProcess, daemon_env: dict[str, str], make_job, home: Path) -> None:
+    packs = home / "packs"
+    packs.mkdir()
+    (packs / "mine.toml").write_text('name = "mine"\n[[probes]]\nid = "hello"\nkind = "info"\nregex = "hello"\n')
+    gate = home / "gate"
+    spec = make_job("gated", GATED_JOB, params=f', "{gate}"', probes='["python", "mine"]')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: job_state(client, "gated") == "running")
+    daemon.kill(signal.SIGKILL)
+    (packs / "mine.toml").unlink()
+    daemon.start()  # recovery cannot build the job's runner: start-up goes on
+    status = daemon.client().status("gated").jobs[0]
+    assert status.state == "failed" and "unknown probe pack 'mine'" in status.reason, status
+
+
+def test_readme_documents_every_exit_code() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = re.search(r"Exit codes: (.*?)\n\n", readme, re.DOTALL)
+    assert line is not None
+    documented = {int(n) for n in re.findall(r"\b(\d+) ", line.group(1))}
+    assert {row.cls.exit_code for row in TABLE} <= documented
