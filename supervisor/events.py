@@ -96,6 +96,37 @@ class Verdict(StrEnum):
     DONE = "done"
 
 
+class JobState(StrEnum):
+    """Where a job stands, as `status` shows it and the store keeps it."""
+
+    STARTING = "starting"  # registered by `start`; its runner has not launched yet
+    WAITING = "waiting"  # for GPUs other processes hold
+    RUNNING = "running"
+    BACKOFF = "backoff"  # an attempt ended; the next one launches after the backoff wait
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more happens to the job until the next `start`."""
+        return self in (JobState.DONE, JobState.FAILED, JobState.STOPPED)
+
+
+class AttemptState(StrEnum):
+    """Where one attempt (one launch of the job's command) stands."""
+
+    LAUNCHING = "launching"  # stored before launch: a daemon killed here leaves it visible
+    RUNNING = "running"
+    ENDED = "ended"
+    LOST = "lost"  # the daemon could not tell how it ended
+    STOPPED = "stopped"  # by the user
+
+    @property
+    def live(self) -> bool:
+        return self in (AttemptState.LAUNCHING, AttemptState.RUNNING)
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One record read from a log.
