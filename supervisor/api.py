@@ -168,7 +168,7 @@ class Api:
 
     async def _finish_when_ended(self, row: AttemptRow, follower: Any, follow: bool) -> None:
         if follow:
-            while self.service.store.attempt(row.job, row.n).state.live:
+            while self.service.store.attempt(row.job, row.n).state.active:
                 await asyncio.sleep(0.25)
         follower.finish()
 

@@ -107,11 +107,6 @@ class JobState(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
 
-    @property
-    def finished(self) -> bool:
-        """Nothing more happens to the job until the next `start`."""
-        return self in (JobState.DONE, JobState.FAILED, JobState.STOPPED)
-
 
 class AttemptState(StrEnum):
     """Where one attempt (one launch of the job's command) stands."""
@@ -123,7 +118,8 @@ class AttemptState(StrEnum):
     STOPPED = "stopped"  # by the user
 
     @property
-    def live(self) -> bool:
+    def active(self) -> bool:
+        """Its process is (believed) alive: the daemon watches it, and re-adopts it after a restart."""
         return self in (AttemptState.LAUNCHING, AttemptState.RUNNING)
 
 

@@ -275,7 +275,7 @@ class Store:
         return _attempt_row(row) if row else None
 
     def live_attempts(self) -> list[AttemptRow]:
-        live = [state.value for state in AttemptState if state.live]
+        live = [state.value for state in AttemptState if state.active]
         rows = self._db.execute(f"{_ATTEMPTS} WHERE a.state IN ({','.join('?' * len(live))}) ORDER BY a.job, a.n", live)
         return [_attempt_row(r) for r in rows]
 
