@@ -1,4 +1,4 @@
-"""Small text formatters shared by the terminal views (`cli`, `watch`)."""
+"""Small text formatters shared by the terminal views (`cli`, `watch`) and the report."""
 
 from __future__ import annotations
 
@@ -32,3 +32,9 @@ def duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def attempt(run_attempt: int, max_attempts: int, n: int) -> str:
+    """'2/3': the run's second attempt of three allowed; ' (#7)' adds the job's attempt number
+    when earlier runs make the two differ."""
+    return f"{run_attempt}/{max_attempts}" + (f" (#{n})" if run_attempt != n else "")

@@ -33,6 +33,7 @@ from .errors import (
     row_of,
 )
 from .hosts.base import Follower
+from .events import AttemptState, JobState
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .probes import load_packs
 from .runner import JobRunner
@@ -65,7 +66,7 @@ class Api:
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
-        self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), "starting")
+        self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
         runner = self.service.start_runner(spec)
         n = await _wait_for_attempt(self.service.store, spec.name, runner)
         row = self.service.store.attempt(spec.name, n)
@@ -93,7 +94,7 @@ class Api:
     async def status(self, request: web.Request) -> web.StreamResponse:
         only = request.query.get("job")
         rows = [self.service.store.job(only)] if only else self.service.store.jobs()
-        jobs = [job_status(row, self.service.store, self.service.runners.get(row.name)) for row in rows]
+        jobs = [job_status(row, self.service.store, self.service.snapshot(row.name)) for row in rows]
         sample = self.service.hosts.local.gpu.latest
         return _json(protocol.StatusResponse(
             jobs=jobs, daemon_pid=os.getpid(), daemon_version=__version__,
@@ -102,7 +103,7 @@ class Api:
 
     async def jobs(self, request: web.Request) -> web.StreamResponse:
         rows = self.service.store.jobs()
-        return _json(protocol.JobsResponse(jobs=[job_status(r, self.service.store, self.service.runners.get(r.name)) for r in rows]))
+        return _json(protocol.JobsResponse(jobs=[job_status(r, self.service.store, self.service.snapshot(r.name)) for r in rows]))
 
     async def attempts(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
@@ -179,7 +180,7 @@ class Api:
 
     async def _finish_when_ended(self, row: AttemptRow, follower: Follower, follow: bool) -> None:
         if follow:
-            while self.service.store.attempt(row.job, row.n).state in ("launching", "running"):
+            while self.service.store.attempt(row.job, row.n).state.active:
                 await asyncio.sleep(0.25)
         follower.finish()
 
@@ -307,7 +308,7 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         latest = store.latest_attempt(job)
-        if latest is not None and latest.n > previous and latest.state != "launching":
+        if latest is not None and latest.n > previous and latest.state is not AttemptState.LAUNCHING:
             return latest.n
         if not runner.running:
             raise _start_failure(job, runner, store.job(job).reason)

@@ -20,9 +20,8 @@ from . import protocol
 from .client import Client
 from .config import default_paths
 from .errors import SuperviseError
+from .events import EventKind, JobState, Verdict
 from .spec import find_spec, parse_overrides
-
-_TERMINAL_STATES = {"done", "failed", "stopped"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +233,7 @@ def cmd_attempts(args: argparse.Namespace) -> int:
         progress = f"{_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}" if a.progress and a.progress.total else "-"
         print(f"{a.n:>3}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
-        if a.reason and a.verdict not in (None, "done"):
+        if a.reason and a.verdict not in (None, Verdict.DONE):
             print(f"     {a.reason}")
     return 0
 
@@ -249,8 +248,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print(protocol.JobsResponse(jobs=response.jobs).model_dump_json(indent=2))
         return 0
     for job in response.jobs:
-        n = job.attempt.n if job.attempt else 0
-        print(f"{job.name:<20} {job.state:<10} attempt {n}/{job.max_attempts}  {job.reason}")
+        a = job.attempt
+        attempt = _fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}"
+        print(f"{job.name:<20} {job.state:<10} attempt {attempt}  {job.reason}")
     return 0
 
 
@@ -297,7 +297,7 @@ def _follow_job(client: Client, job: str, attempt: int) -> int:
     printer.close()
     status = client.status(job).jobs[0]
     print(f"supervise: {job} {status.state}: {status.reason}")
-    return 0 if status.state == "done" else 1
+    return 0 if status.state is JobState.DONE else 1
 
 
 def _print_events(client: Client, job: str, attempt: int | None, follow: bool, as_json: bool) -> int:
@@ -321,14 +321,14 @@ class _EventPrinter:
         self.last_progress: dict[str, Any] = {}
 
     def show(self, event: protocol.EventInfo) -> None:
-        if event.kind == "progress":
+        if event.kind is EventKind.PROGRESS:
             self._progress(event)
             return
         self._end_progress()
         detail = event.message
-        if event.kind == "phase" and event.phase:
+        if event.kind is EventKind.PHASE and event.phase:
             detail = f"{event.phase}: {event.message}"
-        elif event.kind == "failure":
+        elif event.kind is EventKind.FAILURE:
             detail = f"{event.failure.kind if event.failure else 'failure'}: {event.message}"
         print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
 
@@ -360,8 +360,8 @@ def _status_block(job: protocol.JobStatus) -> str:
     a = job.attempt
     lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
     if a is not None:
-        lines.append(f"  attempt {a.n}/{job.max_attempts}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
-        lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or 'healthy'}")
+        lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
+        lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or Verdict.HEALTHY}")
         if job.next_verdict is not None:
             nv = job.next_verdict
             lines.append(f"  {nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}")

@@ -136,6 +136,33 @@ def failure_kind(value: Any) -> FailureKind:
         return FailureKind.OTHER
 
 
+class JobState(StrEnum):
+    """Where a job stands, as `status` shows it and the store keeps it."""
+
+    STARTING = "starting"  # registered by `start`; its runner has not launched yet
+    WAITING = "waiting"  # for GPUs other processes hold
+    RUNNING = "running"
+    BACKOFF = "backoff"  # an attempt ended; the next one launches after the backoff wait
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class AttemptState(StrEnum):
+    """Where one attempt (one launch of the job's command) stands."""
+
+    LAUNCHING = "launching"  # stored before launch: a daemon killed here leaves it visible
+    RUNNING = "running"
+    ENDED = "ended"
+    LOST = "lost"  # the daemon could not tell how it ended
+    STOPPED = "stopped"  # by the user
+
+    @property
+    def active(self) -> bool:
+        """Its process is (believed) alive: the daemon watches it, and re-adopts it after a restart."""
+        return self in (AttemptState.LAUNCHING, AttemptState.RUNNING)
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One record read from a log.

@@ -8,8 +8,9 @@ labels `job`, `gpu`, `host`, `kind`.
 Two sources:
 - counters fed by the event bus (failures by kind, verdicts, launches) and by the runner
   (records read from logs: `rate(supervise_probe_records_total[1m])` is lines per second);
-- gauges computed at scrape time from what the daemon holds (store, live attempts, the
+- gauges computed at scrape time from what the daemon holds (store, runner snapshots, the
   latest GPU sample), so a scrape always shows the present and survives daemon restarts.
+  The daemon hands these over through a `MetricsSource`: metrics never import the daemon.
 
 Per-job GPU memory is attributed through the attempt's processes: every pid that carries
 the attempt's tag (its process tree, workers re-parented to init included) and that NVML
@@ -23,7 +24,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -32,30 +34,54 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .events import Event, EventKind, FailureKind, Phase
-from .hosts.base import ProcessHandle
+from .events import Event, EventKind, FailureKind, JobState, Phase
+from .gpu import GpuSample
+from .hosts.base import Host, ProcessHandle
+from .snapshot import BarProgress, RunnerSnapshot
 from .store import AttemptRow, JobRow
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 log = structlog.get_logger("supervise.metrics")
 
 # The classic text format, which every Prometheus version parses (the names here need no escaping).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MIB = 1024 * 1024
-JOB_STATES = ("starting", "waiting", "running", "backoff", "done", "failed", "stopped")
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _ATTRIBUTION_TTL_S = 2.0  # per-job GPU memory is recomputed at most this often
 _ATTRIBUTION_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobReading:
+    """One job as a scrape sees it."""
+
+    job: JobRow
+    latest: AttemptRow | None  # its latest attempt
+    runner: RunnerSnapshot | None  # its runner now; None when no runner watches it
+
+
+@dataclass(frozen=True, slots=True)
+class HostReading:
+    """One host as a scrape sees it."""
+
+    name: str
+    gpu: GpuSample | None  # its latest GPU sample; None before the first
+    host: Host  # asked which processes belong to an attempt
+
+
+class MetricsSource(Protocol):
+    """What the metrics read from the daemon at scrape time."""
+
+    def job_readings(self) -> list[JobReading]: ...
+
+    def host_readings(self) -> list[HostReading]: ...
 
 
 class Metrics:
     """The daemon's metrics registry; subscribe `on_events` to the bus, pass `records_seen`
     to the runners, run `measure_loop_lag` as a task, serve `render()`."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, source: MetricsSource) -> None:
+        self.source = source
         self.started = time.time()
         self.registry = CollectorRegistry(auto_describe=False)
         self.failures = Counter("supervise_job_failures", "Failures the probes recognised in a job's log, by kind",
@@ -117,32 +143,32 @@ class Metrics:
 
     async def _attribute_gpu_memory(self) -> dict[tuple[str, str, int], int]:
         result: dict[tuple[str, str, int], int] = {}
-        for host_name, slot in self.daemon.hosts.items():
-            sample = slot.gpu.latest
+        jobs = self.source.job_readings()
+        for reading in self.source.host_readings():
+            sample = reading.gpu
             if sample is None or not sample.available or not sample.processes:
                 continue
-            for job in self.daemon.store.jobs():
-                if job.spec.get("host", "local") != host_name:
+            for job in jobs:
+                if job.job.spec.get("host", "local") != reading.name:
                     continue
-                pids = await self._job_pids(job, slot.host)
+                pids = await _job_pids(job, reading.host)
                 for proc in sample.processes:
                     if proc.pid in pids and proc.used_mib:
-                        key = (job.name, host_name, proc.gpu_index)
+                        key = (job.job.name, reading.name, proc.gpu_index)
                         result[key] = result.get(key, 0) + proc.used_mib * MIB
         return result
 
-    async def _job_pids(self, job: JobRow, host: Any) -> set[int]:
-        row = self.daemon.store.latest_attempt(job.name)
-        if row is None or row.pid is None:
-            return set()
-        handle = ProcessHandle(pid=row.pid, start_time=row.start_time, pgid=row.pgid or row.pid, tag=row.tag,
-                               log_path=row.log_path, status_path=row.status_path)
-        pids = set(await host.attempt_pids(handle))
-        runner = self.daemon.runners.get(job.name)
-        live = runner.live if runner is not None else None
-        if live is not None and live.row.n == row.n:
-            pids |= live.known_pids
-        return pids
+
+async def _job_pids(job: JobReading, host: Host) -> set[int]:
+    row = job.latest
+    if row is None or row.pid is None:
+        return set()
+    handle = ProcessHandle(pid=row.pid, start_time=row.start_time, pgid=row.pgid or row.pid, tag=row.tag,
+                           log_path=row.log_path, status_path=row.status_path)
+    pids = set(await host.attempt_pids(handle))
+    if job.runner is not None and job.runner.attempt == row.n:
+        pids |= job.runner.known_pids
+    return pids
 
 
 class _StateCollector(Collector):
@@ -152,17 +178,17 @@ class _StateCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
-        daemon = self.metrics.daemon
+        source = self.metrics.source
         info = InfoMetricFamily("supervise_daemon", "The daemon serving these metrics")
         info.add_metric([], {"version": __version__})
         yield info
         started = GaugeMetricFamily("supervise_daemon_start_time_seconds", "When the daemon started (Unix time)")
         started.add_metric([], self.metrics.started)
         yield started
-        yield from self._jobs(daemon)
-        yield from self._gpus(daemon)
+        yield from self._jobs(source.job_readings())
+        yield from self._gpus(source.host_readings())
 
-    def _jobs(self, daemon: Daemon) -> Iterator[Metric]:
+    def _jobs(self, jobs: list[JobReading]) -> Iterator[Metric]:
         f = _Families()
         attempts = f.gauge("supervise_job_attempts", "Attempts of the job so far (the latest attempt's number)", ["job"])
         max_attempts = f.gauge("supervise_job_max_attempts", "Attempts allowed per run by the job's restart policy", ["job"])
@@ -186,51 +212,47 @@ class _StateCollector(Collector):
         job_gpu = f.gauge("supervise_job_gpu_memory_used_bytes",
                           "GPU memory held by the processes of the job's latest attempt, per device", ["job", "host", "gpu"])
         now = time.time()
-        for job in daemon.store.jobs():
-            row = daemon.store.latest_attempt(job.name)
+        for reading in jobs:
+            job, row = reading.job, reading.latest
             attempts.add_metric([job.name], row.n if row else 0)
             max_attempts.add_metric([job.name], job.spec.get("restart", {}).get("max_attempts", 1))
-            for name in (*JOB_STATES, *((job.state,) if job.state not in JOB_STATES else ())):
-                state.add_metric([job.name, name], 1.0 if job.state == name else 0.0)
+            for name in JobState:
+                state.add_metric([job.name, name.value], 1.0 if job.state is name else 0.0)
             if row is None:
                 continue
             attempt_start.add_metric([job.name], row.started)
-            runner = daemon.runners.get(job.name)
-            live = runner.live if runner is not None and runner.live is not None and runner.live.row.n == row.n else None
-            current_phase = live.watchdog.phase.value if live is not None and live.watchdog.phase else row.phase
+            # The runner's view counts only while it watches the latest attempt.
+            live = reading.runner if reading.runner is not None and reading.runner.attempt == row.n else None
+            current_phase = live.phase if live is not None and live.phase else row.phase
             for p in Phase:
-                phase.add_metric([job.name, p.value], 1.0 if current_phase == p.value else 0.0)
+                phase.add_metric([job.name, p.value], 1.0 if current_phase is p else 0.0)
             progress = _progress(row, live)
             if progress is not None:
-                labels = [job.name, str(progress["probe"])]
-                done.add_metric(labels, float(progress["done"]))
-                if progress.get("total") is not None:
-                    expected.add_metric(labels, float(progress["total"]))
-                if progress.get("rate_s_per_it") is not None:
-                    per_item.add_metric(labels, float(progress["rate_s_per_it"]))
-                if progress.get("eta_s") is not None:
-                    eta.add_metric(labels, float(progress["eta_s"]))
+                labels = [job.name, progress.probe]
+                done.add_metric(labels, float(progress.done))
+                if progress.total is not None:
+                    expected.add_metric(labels, float(progress.total))
+                if progress.rate_s_per_it is not None:
+                    per_item.add_metric(labels, float(progress.rate_s_per_it))
+                if progress.eta_s is not None:
+                    eta.add_metric(labels, float(progress.eta_s))
             if live is not None:
-                clock_now = runner.ctx.clock() if runner is not None else time.monotonic()
-                moved = live.watchdog.phase_entered_at
-                current = live.watchdog.progress
-                if current is not None:
-                    moved = max(moved, current.last_advance_at)
-                stall.add_metric([job.name], max(0.0, clock_now - moved))
+                if live.still_for_s is not None:
+                    stall.add_metric([job.name], live.still_for_s)
                 if live.last_output is not None:
                     output_age.add_metric([job.name], max(0.0, now - live.last_output))
         for (job_name, host, gpu), used in sorted(self.metrics._job_gpu.items()):
             job_gpu.add_metric([job_name, host, str(gpu)], float(used))
         yield from f
 
-    def _gpus(self, daemon: Daemon) -> Iterator[Metric]:
+    def _gpus(self, hosts: list[HostReading]) -> Iterator[Metric]:
         f = _Families()
         up = f.gauge("supervise_gpu_sampling_up", "1 when the host's GPUs could be read at the last sample", ["host"])
         used = f.gauge("supervise_gpu_memory_used_bytes", "GPU memory in use on the device (all processes)", ["host", "gpu"])
         total = f.gauge("supervise_gpu_memory_total_bytes", "GPU memory of the device", ["host", "gpu"])
         util = f.gauge("supervise_gpu_utilization_ratio", "GPU utilisation at the last sample (0 to 1)", ["host", "gpu"])
-        for host_name, slot in daemon.hosts.items():
-            sample = slot.gpu.latest
+        for reading in hosts:
+            sample, host_name = reading.gpu, reading.name
             if sample is None:
                 continue
             up.add_metric([host_name], 1.0 if sample.available else 0.0)
@@ -258,13 +280,11 @@ class _Families:
         return iter(self._families)
 
 
-def _progress(row: AttemptRow, live: Any) -> dict[str, Any] | None:
-    if live is not None:
-        current = live.watchdog.progress
-        if current is not None:
-            return {"probe": current.probe, "done": current.done, "total": current.total,
-                    "rate_s_per_it": current.rate, "eta_s": current.eta_s}
-    return row.progress
+def _progress(row: AttemptRow, live: RunnerSnapshot | None) -> BarProgress | None:
+    """The runner's reading of the active bar, else the latest one stored."""
+    if live is not None and live.progress is not None:
+        return live.progress
+    return BarProgress(**row.progress) if row.progress else None
 
 
 async def serve_tcp(metrics: Metrics, host: str, port: int) -> Any:

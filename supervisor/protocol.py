@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .events import Failure, FailureKind
 from .errors import ErrorKind
+from .events import AttemptState, EventKind, Failure, FailureKind, JobState, Phase, Verdict
 
 API_VERSION = 1
 
@@ -56,7 +56,7 @@ class FailureInfo(BaseModel):
 class AttemptInfo(BaseModel):
     job: str
     n: int
-    state: str
+    state: AttemptState
     host: str
     pid: int | None
     started: float
@@ -64,14 +64,16 @@ class AttemptInfo(BaseModel):
     exit_code: int | None
     exit_signal: int | None
     log_path: str
-    phase: str | None
+    phase: Phase | None
     progress: ProgressInfo | None
-    verdict: str | None
+    verdict: Verdict | None
     reason: str | None
     failure: FailureInfo | None
     fingerprint: str | None
     action: str | None
     argv: list[str]
+    run: int = Field(default=1, description="the run it belongs to: +1 at each `supervise start`; relaunches stay in their run")
+    run_attempt: int = Field(default=1, description="its place in its run (1 for the run's first attempt), against max_attempts")
 
 
 class GpuDeviceInfo(BaseModel):
@@ -84,14 +86,14 @@ class GpuDeviceInfo(BaseModel):
 
 
 class NextVerdict(BaseModel):
-    verdict: str
+    verdict: Verdict
     in_s: float
     reason: str  # as it would read then
 
 
 class JobStatus(BaseModel):
     name: str
-    state: str
+    state: JobState
     reason: str
     host: str
     max_attempts: int
@@ -99,7 +101,6 @@ class JobStatus(BaseModel):
     last_output_age_s: float | None = None
     next_relaunch_in_s: float | None = None
     next_verdict: NextVerdict | None = Field(default=None, description="the watchdog rule that comes due first if nothing changes")
-    run_attempt: int | None = Field(default=None, description="the latest attempt's place in its run (since the last `start`), against max_attempts")
 
 
 class StatusResponse(BaseModel):
@@ -135,9 +136,9 @@ class EventInfo(BaseModel):
     job: str
     attempt: int
     ts: float
-    kind: str
+    kind: EventKind
     probe: str | None
-    phase: str | None
+    phase: Phase | None
     offset: int | None
     message: str
     data: dict[str, Any]

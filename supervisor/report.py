@@ -32,9 +32,10 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from . import _format as _fmt  # noqa: E402
 from . import protocol  # noqa: E402
 from .errors import ConfigError  # noqa: E402
-from .events import Phase  # noqa: E402
+from .events import EventKind, Phase, Verdict  # noqa: E402
 
 _PAGE = 10_000  # events per API call
 _MAX_EVENTS = 200_000
@@ -55,10 +56,11 @@ PHASE_COLOURS: dict[str, str] = {
     Phase.DONE.value: "#2ca02c",
 }
 _ATTEMPT_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-_VERDICT_MARKERS = {  # verdict -> (marker, colour)
-    "crashed": ("X", "#d62728"), "oom": ("X", "#7f0000"), "stalled": ("s", "#6a3d9a"),
-    "silent": ("s", "#9e6ac8"), "leaked": ("P", "#e377c2"), "done": ("*", "#2ca02c"),
+_VERDICT_MARKERS: dict[str, tuple[str, str]] = {  # verdict -> (marker, colour)
+    Verdict.CRASHED: ("X", "#d62728"), Verdict.OOM: ("X", "#7f0000"), Verdict.STALLED: ("s", "#6a3d9a"),
+    Verdict.SILENT: ("s", "#9e6ac8"), Verdict.LEAKED: ("P", "#e377c2"), Verdict.DONE: ("*", "#2ca02c"),
 }
+_RELAUNCH_COLOUR = "#2ca02c"
 
 
 @dataclass
@@ -70,6 +72,11 @@ class History:
     events: list[protocol.EventInfo]
     gpu: protocol.JobGpuResponse | None
     now: float
+    max_attempts: int = 1  # per run, as the job's spec allows now
+
+    def relaunched(self) -> list[protocol.AttemptInfo]:
+        """The attempts the next attempt of their run was launched after."""
+        return [a for a, b in zip(self.attempts, self.attempts[1:]) if b.run == a.run and a.ended is not None]
 
 
 def fetch_history(client: Any, job: str) -> History:
@@ -83,7 +90,8 @@ def fetch_history(client: Any, job: str) -> History:
             break
         after = page[-1].id
     gpu = client.job_gpu(job)
-    return History(job, attempts, events, gpu, time.time())
+    max_attempts = client.status(job).jobs[0].max_attempts
+    return History(job, attempts, events, gpu, time.time(), max_attempts)
 
 
 def report_command(client: Any, job: str, out: str | None) -> int:
@@ -146,12 +154,14 @@ def _draw_attempts(axis: Any, history: History) -> None:
                       edgecolor="white", linewidth=0.5)
             if phase not in seen_phases:
                 seen_phases.append(phase)
-        label = a.verdict or a.state
+        label: str = a.verdict or a.state
         if a.exit_code is not None:
             label += f" (exit {a.exit_code})" if a.exit_signal is None else f" (signal {a.exit_signal})"
         axis.annotate(label, (_d(end), a.n), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
         for event in by_attempt.get(a.n, []):
             _event_marker(axis, event, a.n)
+    for a in history.relaunched():
+        axis.plot(_d(a.ended or history.now), a.n + 0.38, marker=">", color=_RELAUNCH_COLOUR, markersize=8, linestyle="")
     axis.set_yticks([a.n for a in history.attempts], [f"#{a.n}" for a in history.attempts])
     axis.set_ylim(0.4, max((a.n for a in history.attempts), default=1) + 0.6)
     axis.invert_yaxis()
@@ -162,7 +172,7 @@ def _draw_attempts(axis: Any, history: History) -> None:
         Line2D([], [], marker="X", color="#d62728", linestyle="", label="verdict: crashed/oom"),
         Line2D([], [], marker="s", color="#6a3d9a", linestyle="", label="verdict: stalled/silent"),
         Line2D([], [], marker="v", color="black", linestyle="", label="tree killed"),
-        Line2D([], [], marker=">", color="#2ca02c", linestyle="", label="relaunch decided"),
+        Line2D([], [], marker=">", color=_RELAUNCH_COLOUR, linestyle="", label="relaunched"),
     ]
     axis.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     axis.set_title("attempts and phases; markers where a failure was seen and where the watchdog acted",
@@ -171,17 +181,15 @@ def _draw_attempts(axis: Any, history: History) -> None:
 
 def _event_marker(axis: Any, event: protocol.EventInfo, lane: int) -> None:
     x = _d(event.ts)
-    if event.kind == "failure":
+    if event.kind is EventKind.FAILURE:
         axis.plot(x, lane - 0.22, marker="o", color="#d62728", markersize=5, linestyle="")
-    elif event.kind == "verdict":
+    elif event.kind is EventKind.VERDICT:
         verdict = str(event.data.get("verdict", ""))
         marker, colour = _VERDICT_MARKERS.get(verdict, ("D", "black"))
         axis.plot(x, lane, marker=marker, color=colour, markersize=10, markeredgecolor="black", linestyle="")
-    elif event.kind == "action":
+    elif event.kind is EventKind.ACTION:
         if event.message.startswith("killed the process tree"):
             axis.plot(x, lane - 0.38, marker="v", color="black", markersize=7, linestyle="")
-        elif event.message.startswith("relaunch"):
-            axis.plot(x, lane + 0.38, marker=">", color="#2ca02c", markersize=8, linestyle="")
         elif event.message.startswith("give up"):
             axis.plot(x, lane + 0.38, marker="X", color="black", markersize=8, linestyle="")
 
@@ -192,8 +200,8 @@ def phase_spans(attempt: protocol.AttemptInfo, events: list[protocol.EventInfo],
     spans: list[tuple[str, float, float]] = []
     current, since = "(none)", attempt.started
     for event in events:
-        phase = event.phase or (event.data.get("phase") if event.kind == "progress" else None)
-        if event.kind not in ("phase", "progress") or phase not in order:
+        phase = event.phase or (event.data.get("phase") if event.kind is EventKind.PROGRESS else None)
+        if event.kind not in (EventKind.PHASE, EventKind.PROGRESS) or phase not in order:
             continue
         if current != "(none)" and order.index(phase) <= order.index(current):
             continue
@@ -208,7 +216,7 @@ def phase_spans(attempt: protocol.AttemptInfo, events: list[protocol.EventInfo],
 def _draw_progress(axis: Any, history: History) -> None:
     curves: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     for event in history.events:
-        if event.kind != "progress":
+        if event.kind is not EventKind.PROGRESS:
             continue
         done, total = event.data.get("done"), event.data.get("total")
         if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
@@ -255,15 +263,13 @@ def _draw_gpu(axis: Any, history: History) -> None:
 
 
 def _mark_actions(history: History, axes: tuple[Any, ...]) -> None:
-    for event in history.events:
-        colour = None
-        if event.kind == "verdict" and event.data.get("verdict") not in (None, "done"):
-            colour = _VERDICT_MARKERS.get(str(event.data.get("verdict")), ("", "#555555"))[1]
-        elif event.kind == "action" and event.message.startswith("relaunch"):
-            colour = "#2ca02c"
-        if colour is not None:
-            for axis in axes:
-                axis.axvline(_d(event.ts), color=colour, linestyle=":", linewidth=1.2)
+    marks = [(event.ts, _VERDICT_MARKERS.get(str(event.data.get("verdict")), ("", "#555555"))[1])
+             for event in history.events
+             if event.kind is EventKind.VERDICT and event.data.get("verdict") not in (None, Verdict.DONE)]
+    marks += [(a.ended or history.now, _RELAUNCH_COLOUR) for a in history.relaunched()]
+    for ts, colour in marks:
+        for axis in axes:
+            axis.axvline(_d(ts), color=colour, linestyle=":", linewidth=1.2)
 
 
 # -- the HTML page -------------------------------------------------------------------------
@@ -273,11 +279,11 @@ def render_html(history: History, png: bytes) -> str:
     for a in history.attempts:
         progress = f"{_num(a.progress.done)}/{_num(a.progress.total)}" if a.progress else "-"
         exit_text = "-" if a.exit_code is None else (f"signal {a.exit_signal}" if a.exit_signal else str(a.exit_code))
-        cells = [f"#{a.n}", _stamp(a.started), _duration((a.ended or history.now) - a.started), a.phase or "-", progress,
+        cells = [f"#{a.n}", _fmt.attempt(a.run_attempt, history.max_attempts, a.n), _stamp(a.started), _duration((a.ended or history.now) - a.started), a.phase or "-", progress,
                  a.verdict or a.state, exit_text, (a.fingerprint or "-")[:12], a.action or "-",
                  (a.failure.line if a.failure else a.reason) or "-"]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    header = "".join(f"<th>{h}</th>" for h in ("attempt", "started", "duration", "phase reached", "progress", "verdict",
+    header = "".join(f"<th>{h}</th>" for h in ("attempt", "in its run", "started", "duration", "phase reached", "progress", "verdict",
                                                "exit", "fingerprint", "action", "failure / reason"))
     image = base64.b64encode(png).decode()
     title = html.escape(_title(history))

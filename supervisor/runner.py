@@ -21,11 +21,12 @@ import structlog
 from .alerts import Alert, Alerter
 from .bus import EventBus
 from .errors import StoreError, SuperviseError
-from .events import Event, EventKind, Failure, ProbeEvent, ProbeKind, Record, Verdict
+from .events import AttemptState, Event, EventKind, Failure, JobState, ProbeEvent, ProbeKind, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
 from .hosts.base import ExitStatus, Follower, Host, KillReport, LaunchRequest, ProcessHandle
 from .policy import RestartPolicy
 from .probes import ProbeEngine, load_packs
+from .snapshot import RunnerSnapshot, watching
 from .spec import JobSpec
 from .store import AttemptRow, Store
 from .watchdog import Judgement, ProgressState, Watchdog
@@ -129,9 +130,11 @@ class JobRunner:
     # -- the loop ----------------------------------------------------------------------
 
     async def _run(self, resume: AttemptRow | None) -> None:
-        # A re-adopted attempt continues the run it belonged to; a fresh `start` gets a fresh budget.
+        # A re-adopted attempt continues the run it belonged to; a fresh `start` opens a new run
+        # with a fresh budget.
         previous_fp = self._previous_fingerprint(resume) if resume else None
-        run_attempts = self._attempts_in_run(resume)
+        run = resume.run if resume else self.ctx.store.next_run_number(self.spec.name)
+        run_attempts = resume.run_attempt - 1 if resume else 0
         try:
             while True:
                 run_attempts += 1
@@ -141,40 +144,40 @@ class JobRunner:
                 else:
                     if not await self._prelaunch_gpu_check():
                         return
-                    live = await self._launch()
+                    live = await self._launch(run)
                 self.live = live
                 judgement = await self._watch(live)
                 self.live = None
                 fingerprint = live.failure.fingerprint if live.failure else None
                 if self._stop_requested.is_set():
                     # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
-                    self.ctx.store.update_attempt(self.spec.name, live.row.n, state="stopped", ended=time.time(),
-                                                  action="stopped by user", verdict=None,
+                    self.ctx.store.update_attempt(self.spec.name, live.row.n, state=AttemptState.STOPPED,
+                                                  ended=time.time(), action="stopped by user", verdict=None,
                                                   reason=f"stopped by user; the command {_describe(live.exit_status)}")
                     self._action(live, "stopped by user", {})
-                    self._set_job("stopped", "stopped by user")
+                    self._set_job(JobState.STOPPED, "stopped by user")
                     return
                 if judgement.verdict is Verdict.DONE:
                     await self._end_attempt(live, judgement, "none: job done")
-                    self._set_job("done", judgement.reason)
+                    self._set_job(JobState.DONE, judgement.reason)
                     return
                 decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
                 await self._cleanup(live, judgement)
                 released = await self._wait_gpu_release(live)
                 if not released:
                     await self._end_attempt(live, judgement, "give up: GPU memory leaked")
-                    self._set_job("failed", "GPU memory still held after cleanup: not relaunching")
+                    self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
                     return
                 action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
                 await self._end_attempt(live, judgement, action)
                 await self._alert(live, judgement, action)
                 if decision.action != "relaunch":
-                    self._set_job("failed", decision.reason)
+                    self._set_job(JobState.FAILED, decision.reason)
                     return
                 previous_fp = fingerprint
-                self._set_job("backoff", f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
+                self._set_job(JobState.BACKOFF, f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
                 if await self._sleep_unless_stopped(decision.wait_s):
-                    self._set_job("stopped", "stopped by user during backoff")
+                    self._set_job(JobState.STOPPED, "stopped by user during backoff")
                     return
         except asyncio.CancelledError:
             raise
@@ -186,10 +189,10 @@ class JobRunner:
         except SuperviseError as exc:
             log.error("job failed", job=self.spec.name, error=str(exc))
             self.error = exc
-            self._set_job("failed", str(exc))
+            self._set_job(JobState.FAILED, str(exc))
         except Exception as exc:  # the daemon must outlive any one job's bug
             log.exception("job runner crashed", job=self.spec.name)
-            self._set_job("failed", f"internal error: {exc!r}")
+            self._set_job(JobState.FAILED, f"internal error: {exc!r}")
 
     def _current_attempt_number(self) -> int | None:
         latest = None
@@ -202,9 +205,9 @@ class JobRunner:
         while True:
             try:
                 if live_n is not None:
-                    self.ctx.store.update_attempt(self.spec.name, live_n, state="ended", ended=time.time(),
-                                                  action="supervision stopped: store not writable")
-                self._set_job("failed", message)
+                    self.ctx.store.update_attempt(self.spec.name, live_n, state=AttemptState.ENDED,
+                                                  ended=time.time(), action="supervision stopped: store not writable")
+                self._set_job(JobState.FAILED, message)
                 return
             except StoreError:
                 await asyncio.sleep(retry_s)
@@ -213,20 +216,6 @@ class JobRunner:
         with contextlib.suppress(SuperviseError):
             return self.ctx.store.attempt(self.spec.name, resume.n - 1).fingerprint
         return None
-
-    def _attempts_in_run(self, resume: AttemptRow | None) -> int:
-        """How many attempts of the current run came before `resume` (0 for a fresh start).
-
-        A run is the attempts since the last `supervise start`: those launched by relaunch
-        carry the action 'relaunch ...' on their predecessor."""
-        if resume is None:
-            return 0
-        count = 0
-        for row in reversed(self.ctx.store.attempts(self.spec.name)[: resume.n - 1]):
-            if not (row.action or "").startswith("relaunch"):
-                break
-            count += 1
-        return count
 
     async def _sleep_unless_stopped(self, seconds: float) -> bool:
         self.next_relaunch_at = time.time() + seconds
@@ -238,12 +227,12 @@ class JobRunner:
         finally:
             self.next_relaunch_at = None
 
-    def _set_job(self, state: str, reason: str) -> None:
+    def _set_job(self, state: JobState, reason: str) -> None:
         self.ctx.store.set_job_state(self.spec.name, state, reason)
 
     # -- launch / adopt ----------------------------------------------------------------
 
-    async def _launch(self) -> _Live:
+    async def _launch(self, run: int) -> _Live:
         store, spec = self.ctx.store, self.spec
         n = store.next_attempt_number(spec.name)
         log_path, status_path = await self.ctx.host.log_paths(spec.name, n)
@@ -253,23 +242,24 @@ class JobRunner:
         row = AttemptRow(
             job=spec.name, n=n, tag=tag, host=self.ctx.host.name, argv=argv, workdir=workdir,
             log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
-            started=time.time(), ended=None, state="launching", exit_code=None, exit_signal=None,
+            started=time.time(), ended=None, state=AttemptState.LAUNCHING, exit_code=None, exit_signal=None,
             log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
-            fingerprint=None, action=None,
+            fingerprint=None, action=None, run=run,
         )
         store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
-        self._set_job("running", f"attempt {n}")
+        self._set_job(JobState.RUNNING, f"attempt {n}")
         self._baseline = self._gpu_baseline()
         request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
                                 status_path=status_path, tag=tag)
         try:
             handle = await self.ctx.host.launch(request)
         except SuperviseError as exc:
-            store.update_attempt(spec.name, n, state="ended", ended=time.time(), verdict=Verdict.CRASHED.value,
+            store.update_attempt(spec.name, n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
                                  reason=str(exc), action="give up: launch failed")
             raise
-        row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, "running"
-        store.update_attempt(spec.name, n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state="running")
+        row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
+        store.update_attempt(spec.name, n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time,
+                             state=AttemptState.RUNNING)
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: pid {handle.pid}",
                                    {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name})])
         return _Live(row=row, handle=handle, watchdog=Watchdog(spec.health, clock=self.ctx.clock))
@@ -282,7 +272,7 @@ class JobRunner:
         # Replay what was already stored so phase, progress and failure are known again.
         for event in self.ctx.store.events(self.spec.name, attempt=row.n):
             self._note(live, event)
-        self._set_job("running", f"attempt {row.n} (re-adopted)")
+        self._set_job(JobState.RUNNING, f"attempt {row.n} (re-adopted)")
         return live
 
     def _gpu_baseline(self) -> dict[int, int]:
@@ -306,11 +296,11 @@ class JobRunner:
                 return True
             who = ", ".join(f"pid {p.pid} {_cmdline(p.pid)} {p.used_mib or '?'} MiB on GPU {p.gpu_index}" for p in foreign)
             if gpu.foreign_memory == "refuse" or time.monotonic() >= deadline:
-                self._set_job("failed", f"GPUs hold memory of other processes: {who}; free them or set gpu.foreign_memory='ignore'")
+                self._set_job(JobState.FAILED, f"GPUs hold memory of other processes: {who}; free them or set gpu.foreign_memory='ignore'")
                 return False
-            self._set_job("waiting", f"waiting for GPUs held by other processes: {who}")
+            self._set_job(JobState.WAITING, f"waiting for GPUs held by other processes: {who}")
             if await self._sleep_unless_stopped(5.0):
-                self._set_job("stopped", "stopped by user while waiting for GPUs")
+                self._set_job(JobState.STOPPED, "stopped by user while waiting for GPUs")
                 return False
 
     # -- watching ----------------------------------------------------------------------
@@ -349,18 +339,13 @@ class JobRunner:
                         await task
             await follower.aclose()
 
-    def next_verdict(self) -> tuple[float, str, str] | None:
-        """(seconds from now, verdict, reason) of the rule the running attempt meets first if
-        nothing changes; None when nothing is pending."""
+    def snapshot(self) -> RunnerSnapshot:
+        """What the runner shows readers (status, metrics) now: a frozen copy, never live state."""
         live = self.live
         if live is None:
-            return None
-        now = self.ctx.clock()
-        upcoming = live.watchdog.upcoming(now)
-        if upcoming is None:
-            return None
-        deadline, verdict, reason = upcoming
-        return deadline - now, verdict.value, reason
+            return RunnerSnapshot(job=self.spec.name, attempt=None, next_relaunch_at=self.next_relaunch_at)
+        return watching(self.spec.name, live.row.n, live.watchdog, self.ctx.clock(), last_output=live.last_output,
+                        known_pids=frozenset(live.known_pids))
 
     def _time_to_next_check(self, live: _Live) -> float | None:
         at = live.watchdog.next_check_at()
@@ -533,7 +518,7 @@ class JobRunner:
         return result.released
 
     async def _end_attempt(self, live: _Live, judgement: Judgement, action: str) -> None:
-        self.ctx.store.update_attempt(self.spec.name, live.row.n, state="ended", ended=time.time(), action=action,
+        self.ctx.store.update_attempt(self.spec.name, live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
                                       verdict=judgement.verdict.value, reason=judgement.reason)
         self._action(live, action, {})
 

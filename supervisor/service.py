@@ -26,16 +26,20 @@ from .api import build_app
 from .bus import EventBus
 from .config import DaemonSettings, LoadedSettings, Paths
 from .errors import DaemonError, SuperviseError
-from .events import Event
+from .events import AttemptState, Event, EventKind, JobState
 from .hosts.base import Host, ProcessHandle
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
-from .metrics import Metrics, serve_tcp
+from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .runner import GpuView, JobRunner, RunnerContext
+from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow, Store
 
 log = structlog.get_logger("supervise.daemon")
+
+_LOGGED_KINDS = {EventKind.FAILURE, EventKind.VERDICT, EventKind.ACTION, EventKind.EXITED, EventKind.LAUNCHED,
+                 EventKind.ALERT}
 
 
 class Service:
@@ -57,7 +61,7 @@ class Service:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.bus.subscribe(self._log_event)
-        self.metrics = Metrics(self)
+        self.metrics = Metrics(self)  # reads job_readings() and host_readings()
         self.bus.subscribe(self.metrics.on_events)
         self._metrics_runner: web.AppRunner | None = None
 
@@ -139,7 +143,7 @@ class Service:
         try:
             spec = JobSpec.model_validate(self.store.job(row.job).spec)
         except (ValidationError, SuperviseError) as exc:
-            self.store.update_attempt(row.job, row.n, state="lost", reason=f"spec unreadable on recovery: {exc}")
+            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, reason=f"spec unreadable on recovery: {exc}")
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path)
@@ -151,10 +155,10 @@ class Service:
         host = self.hosts.get(spec.host).host
         alive = row.pid is not None and await host.is_alive(handle)
         status = None if alive else await host.exit_status(handle)
-        if row.pid is None or (not alive and status is None and row.state == "launching"):
-            self.store.update_attempt(row.job, row.n, state="lost", ended=time.time(),
+        if row.pid is None or (not alive and status is None and row.state is AttemptState.LAUNCHING):
+            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, ended=time.time(),
                                       reason="the daemon stopped while launching it")
-            self.store.set_job_state(row.job, "failed", "attempt lost during launch; start the job again")
+            self.store.set_job_state(row.job, JobState.FAILED, "attempt lost during launch; start the job again")
             return f"{row.job}#{row.n}: lost during launch"
         # Alive, or ended while we were away: either way the runner drains the log from the
         # saved offset and judges it; a dead wrapper is noticed at once by wait_exit.
@@ -166,13 +170,26 @@ class Service:
             runner = JobRunner(spec, self.context(spec.host))
         except SuperviseError as exc:
             # No runner will ever move this job on: its state must say so, not stay `starting`.
-            self.store.set_job_state(spec.name, "failed", f"cannot supervise it: {exc}")
+            self.store.set_job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")
             raise
         self.runners[spec.name] = runner
         runner.start(resume)
         return runner
 
+    # -- what readers see ---------------------------------------------------------------
+
+    def snapshot(self, job: str) -> RunnerSnapshot | None:
+        """The job's runner as it stands now; None when no runner was started for it."""
+        runner = self.runners.get(job)
+        return runner.snapshot() if runner is not None else None
+
+    def job_readings(self) -> list[JobReading]:
+        return [JobReading(job, self.store.latest_attempt(job.name), self.snapshot(job.name)) for job in self.store.jobs()]
+
+    def host_readings(self) -> list[HostReading]:
+        return [HostReading(name, slot.gpu.latest, slot.host) for name, slot in self.hosts.items()]
+
     def _log_event(self, events: list[Event]) -> None:
         for event in events:
-            if event.kind.value in ("failure", "verdict", "action", "exited", "launched", "alert"):
+            if event.kind in _LOGGED_KINDS:
                 log.info("event", job=event.job, attempt=event.attempt, kind=event.kind.value, message=event.message[:300])

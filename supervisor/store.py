@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NotFound, StoreError
-from .events import Event, EventKind, Failure, Phase, failure_kind
+from .events import AttemptState, Event, EventKind, Failure, JobState, Phase, Verdict, failure_kind
 
 # Each entry migrates the schema from version i to i+1.  Never edit a shipped entry: append.
 _MIGRATIONS: tuple[str, ...] = (
@@ -85,9 +85,27 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (host, gpu, ts)
     );
     """,
+    # The run an attempt belongs to (+1 at each `supervise start`; relaunches stay in their run).
+    # Attempts stored before get the run the old rule gave them, once: a run went on while the
+    # previous attempt's action was 'relaunch ...'.
+    """
+    ALTER TABLE attempts ADD COLUMN run INTEGER NOT NULL DEFAULT 1;
+    UPDATE attempts SET run = (
+        SELECT runs.run FROM (
+            SELECT job, n, SUM(CASE WHEN substr(previous, 1, 8) = 'relaunch' THEN 0 ELSE 1 END)
+                OVER (PARTITION BY job ORDER BY n) AS run
+            FROM (SELECT job, n, LAG(action) OVER (PARTITION BY job ORDER BY n) AS previous FROM attempts)
+        ) AS runs
+        WHERE runs.job = attempts.job AND runs.n = attempts.n
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+# Attempts with their place in their run (1 for a run's first attempt), counted, never stored.
+_ATTEMPTS = ("SELECT a.*, (SELECT COUNT(*) FROM attempts p WHERE p.job = a.job AND p.run = a.run AND p.n <= a.n)"
+             " AS run_attempt FROM attempts a")
 
 
 @dataclass
@@ -105,17 +123,19 @@ class AttemptRow:
     start_time: float | None
     started: float
     ended: float | None
-    state: str  # launching | running | ended | lost
+    state: AttemptState
     exit_code: int | None
     exit_signal: int | None
     log_offset: int
-    phase: str | None
+    phase: Phase | None
     progress: dict[str, Any] | None
-    verdict: str | None
+    verdict: Verdict | None
     reason: str | None
     failure: Failure | None
     fingerprint: str | None
     action: str | None
+    run: int = 1  # +1 at each `supervise start`; relaunches stay in their run
+    run_attempt: int = 1  # its place in its run (read from the store, never written)
 
 
 @dataclass(frozen=True)
@@ -139,7 +159,7 @@ class EventQuery:
 class JobRow:
     name: str
     spec: dict[str, Any]
-    state: str
+    state: JobState
     reason: str
     created: float
     updated: float
@@ -193,7 +213,7 @@ class Store:
 
     # -- jobs -------------------------------------------------------------------------
 
-    def upsert_job(self, name: str, spec: dict[str, Any], state: str, reason: str = "") -> None:
+    def upsert_job(self, name: str, spec: dict[str, Any], state: JobState, reason: str = "") -> None:
         now = time.time()
         with self._tx() as db:
             db.execute(
@@ -203,7 +223,7 @@ class Store:
                 (name, json.dumps(spec), state, reason, now, now),
             )
 
-    def set_job_state(self, name: str, state: str, reason: str = "") -> None:
+    def set_job_state(self, name: str, state: JobState, reason: str = "") -> None:
         with self._tx() as db:
             db.execute("UPDATE jobs SET state=?, reason=?, updated=? WHERE name=?", (state, reason, time.time(), name))
 
@@ -222,13 +242,18 @@ class Store:
         row = self._db.execute("SELECT MAX(n) FROM attempts WHERE job=?", (job,)).fetchone()
         return (row[0] or 0) + 1
 
+    def next_run_number(self, job: str) -> int:
+        row = self._db.execute("SELECT MAX(run) FROM attempts WHERE job=?", (job,)).fetchone()
+        return (row[0] or 0) + 1
+
     def add_attempt(self, row: AttemptRow) -> None:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, pid, pgid, "
-                "start_time, started, state, log_offset) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "start_time, started, state, log_offset, run) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.job, row.n, row.tag, row.host, json.dumps(row.argv), row.workdir, row.log_path,
-                 row.status_path, row.pid, row.pgid, row.start_time, row.started, row.state, row.log_offset),
+                 row.status_path, row.pid, row.pgid, row.start_time, row.started, row.state, row.log_offset,
+                 row.run),
             )
 
     def update_attempt(self, job: str, n: int, **fields: Any) -> None:
@@ -237,20 +262,21 @@ class Store:
                 self._update_in_tx(db, job, n, fields)
 
     def attempt(self, job: str, n: int) -> AttemptRow:
-        row = self._db.execute("SELECT * FROM attempts WHERE job=? AND n=?", (job, n)).fetchone()
+        row = self._db.execute(f"{_ATTEMPTS} WHERE a.job=? AND a.n=?", (job, n)).fetchone()
         if row is None:
             raise NotFound(f"job '{job}' has no attempt {n}; `supervise attempts {job}` lists them")
         return _attempt_row(row)
 
     def attempts(self, job: str) -> list[AttemptRow]:
-        return [_attempt_row(r) for r in self._db.execute("SELECT * FROM attempts WHERE job=? ORDER BY n", (job,))]
+        return [_attempt_row(r) for r in self._db.execute(f"{_ATTEMPTS} WHERE a.job=? ORDER BY a.n", (job,))]
 
     def latest_attempt(self, job: str) -> AttemptRow | None:
-        row = self._db.execute("SELECT * FROM attempts WHERE job=? ORDER BY n DESC LIMIT 1", (job,)).fetchone()
+        row = self._db.execute(f"{_ATTEMPTS} WHERE a.job=? ORDER BY a.n DESC LIMIT 1", (job,)).fetchone()
         return _attempt_row(row) if row else None
 
     def live_attempts(self) -> list[AttemptRow]:
-        rows = self._db.execute("SELECT * FROM attempts WHERE state IN ('launching', 'running') ORDER BY job, n")
+        live = [state.value for state in AttemptState if state.active]
+        rows = self._db.execute(f"{_ATTEMPTS} WHERE a.state IN ({','.join('?' * len(live))}) ORDER BY a.job, a.n", live)
         return [_attempt_row(r) for r in rows]
 
     # -- events -----------------------------------------------------------------------
@@ -328,7 +354,8 @@ class Store:
 
 
 def _job_row(row: sqlite3.Row) -> JobRow:
-    return JobRow(row["name"], json.loads(row["spec_json"]), row["state"], row["reason"], row["created"], row["updated"])
+    return JobRow(row["name"], json.loads(row["spec_json"]), JobState(row["state"]), row["reason"], row["created"],
+                  row["updated"])
 
 
 def _attempt_row(row: sqlite3.Row) -> AttemptRow:
@@ -339,10 +366,11 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         job=row["job"], n=row["n"], tag=row["tag"], host=row["host"], argv=json.loads(row["argv_json"]),
         workdir=row["workdir"], log_path=row["log_path"], status_path=row["status_path"], pid=row["pid"],
         pgid=row["pgid"], start_time=row["start_time"], started=row["started"], ended=row["ended"],
-        state=row["state"], exit_code=row["exit_code"], exit_signal=row["exit_signal"],
-        log_offset=row["log_offset"], phase=row["phase"], progress=load(row["progress_json"]),
-        verdict=row["verdict"], reason=row["reason"], failure=_failure(load(row["failure_json"])),
-        fingerprint=row["fingerprint"], action=row["action"],
+        state=AttemptState(row["state"]), exit_code=row["exit_code"], exit_signal=row["exit_signal"],
+        log_offset=row["log_offset"], phase=Phase(row["phase"]) if row["phase"] else None,
+        progress=load(row["progress_json"]), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
+        reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
+        action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
     )
 
 

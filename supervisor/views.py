@@ -1,17 +1,15 @@
-"""Saved state → protocol models: what `status`, `attempts` and `events` show."""
+"""Saved state and runner snapshots → protocol models: what `status`, `attempts` and `events` show."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import protocol
 from .events import Event
 from .gpu import GpuSample
+from .snapshot import RunnerSnapshot
 from .store import AttemptRow, JobRow, Store
-
-if TYPE_CHECKING:
-    from .runner import JobRunner
 
 
 def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
@@ -21,50 +19,36 @@ def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
         exit_code=row.exit_code, exit_signal=row.exit_signal, log_path=row.log_path, phase=row.phase,
         progress=progress, verdict=row.verdict, reason=row.reason, failure=failure, fingerprint=row.fingerprint,
-        action=row.action, argv=row.argv,
+        action=row.action, argv=row.argv, run=row.run, run_attempt=row.run_attempt,
     )
 
 
-def job_status(row: JobRow, store: Store, runner: JobRunner | None) -> protocol.JobStatus:
+def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> protocol.JobStatus:
+    """``snapshot``: the job's runner as it stands now (None when no runner watches the job)."""
     latest = store.latest_attempt(row.name)
     last_output_age = None
     next_relaunch = None
     next_verdict = None
-    if runner is not None:
-        if (upcoming := runner.next_verdict()) is not None:
-            in_s, verdict, reason = upcoming
-            next_verdict = protocol.NextVerdict(verdict=verdict, in_s=in_s, reason=reason)
-        if runner.live is not None and runner.live.last_output is not None:
-            last_output_age = time.time() - runner.live.last_output
-        if runner.next_relaunch_at is not None:
-            next_relaunch = max(0.0, runner.next_relaunch_at - time.time())
+    if snapshot is not None:
+        if (upcoming := snapshot.next_verdict) is not None:
+            next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason)
+        if snapshot.last_output is not None:
+            last_output_age = time.time() - snapshot.last_output
+        if snapshot.next_relaunch_at is not None:
+            next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
     spec: dict[str, Any] = row.spec
     return protocol.JobStatus(
         name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
         last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
-        run_attempt=_run_attempt(store, row.name) if latest else None,
     )
-
-
-def _run_attempt(store: Store, job: str) -> int:
-    """How many attempts the current run has made: a run is the attempts since the last
-    `start` (each relaunch marks its predecessor's action 'relaunch ...')."""
-    attempts = store.attempts(job)
-    count = 1
-    for row in reversed(attempts[:-1]):
-        if not (row.action or "").startswith("relaunch"):
-            break
-        count += 1
-    return count
 
 
 def event_info(event: Event) -> protocol.EventInfo:
     return protocol.EventInfo(
-        id=event.id or 0, job=event.job, attempt=event.attempt, ts=event.ts, kind=event.kind.value,
-        probe=event.probe, phase=event.phase.value if event.phase else None, offset=event.offset,
-        message=event.message, data=event.data,
+        id=event.id or 0, job=event.job, attempt=event.attempt, ts=event.ts, kind=event.kind,
+        probe=event.probe, phase=event.phase, offset=event.offset, message=event.message, data=event.data,
         failure=protocol.FailureInfo.of(event.failure) if event.failure else None,
     )
 

@@ -23,12 +23,15 @@ from rich.text import Text
 from . import _format as _fmt
 from . import protocol
 from .errors import DaemonError
+from .events import AttemptState, JobState, Verdict
 
-_STATE_STYLE = {"running": "bold green", "done": "green", "failed": "bold red", "backoff": "yellow",
-                "waiting": "yellow", "starting": "cyan", "stopped": "dim"}
+_STATE_STYLE = {JobState.RUNNING: "bold green", JobState.DONE: "green", JobState.FAILED: "bold red",
+                JobState.BACKOFF: "yellow", JobState.WAITING: "yellow", JobState.STARTING: "cyan",
+                JobState.STOPPED: "dim"}
 _COUNTDOWN_S = 30.0  # a next verdict closer than this is shown beside the job
-_VERDICT_STYLE = {"healthy": "green", "done": "green", "stalled": "bold yellow", "silent": "bold yellow",
-                  "crashed": "bold red", "oom": "bold red", "leaked": "bold magenta"}
+_VERDICT_STYLE: dict[str, str] = {Verdict.HEALTHY: "green", Verdict.DONE: "green", Verdict.STALLED: "bold yellow",
+                  Verdict.SILENT: "bold yellow", Verdict.CRASHED: "bold red", Verdict.OOM: "bold red",
+                  Verdict.LEAKED: "bold magenta"}
 
 StatusSource = Callable[[], protocol.StatusResponse]
 
@@ -114,7 +117,7 @@ def _job_cells(job: protocol.JobStatus) -> list[RenderableType]:
                               complete_style="green" if p.done >= p.total else "cyan", finished_style="green")
         done = f"{_fmt.num(p.done)}/{_fmt.num(p.total)}" if p.total else _fmt.num(p.done)
         rate = _rate(p.rate_s_per_it)
-        eta = _fmt.duration(p.eta_s) if p.eta_s is not None and job.state == "running" else "-"
+        eta = _fmt.duration(p.eta_s) if p.eta_s is not None and job.state is JobState.RUNNING else "-"
     verdict = _verdict(job)
     health = Text(verdict, style=_VERDICT_STYLE.get(verdict, ""))
     output = f"{_fmt.duration(job.last_output_age_s)} ago" if job.last_output_age_s is not None else "-"
@@ -128,11 +131,11 @@ def _job_note(job: protocol.JobStatus) -> str:
     nv = job.next_verdict
     # A job with a failure on screen and still "healthy" is waiting out the hang rule: say so.
     # A stall countdown is shown only when it is close, or every bar would carry one.
-    if nv is not None and (nv.verdict in ("crashed", "oom") or nv.in_s <= _COUNTDOWN_S):
+    if nv is not None and (nv.verdict in (Verdict.CRASHED, Verdict.OOM) or nv.in_s <= _COUNTDOWN_S):
         return f"{nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}"[:160]
-    if a is not None and a.failure is not None and job.state != "done":
+    if a is not None and a.failure is not None and job.state is not JobState.DONE:
         return f"{a.failure.kind}: {a.failure.line}"[:160]
-    if job.state in ("failed", "waiting", "backoff", "stopped") and job.reason:
+    if job.state in (JobState.FAILED, JobState.WAITING, JobState.BACKOFF, JobState.STOPPED) and job.reason:
         return job.reason[:160]
     return ""
 
@@ -170,7 +173,7 @@ def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> li
                 parts.append(f"progress {_fmt.num(p.done)}/{_fmt.num(p.total)}{pct}")
                 if p.rate_s_per_it:
                     parts.append(_rate(p.rate_s_per_it))
-                if p.eta_s is not None and job.state == "running":
+                if p.eta_s is not None and job.state is JobState.RUNNING:
                     parts.append(f"eta {_fmt.duration(p.eta_s)}")
         parts.append(f"health {_verdict(job)}")
         if job.last_output_age_s is not None:
@@ -191,13 +194,8 @@ def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> li
 # -- formatting ----------------------------------------------------------------------------
 
 def _attempt_text(job: protocol.JobStatus) -> str:
-    """'2/3': the run's second attempt of three allowed; '(#7)' adds the job's attempt number
-    when earlier runs make the two differ."""
     a = job.attempt
-    if a is None:
-        return "-"
-    run = job.run_attempt or a.n
-    return f"{run}/{job.max_attempts}" + (f" (#{a.n})" if run != a.n else "")
+    return "-" if a is None else _fmt.attempt(a.run_attempt, job.max_attempts, a.n)
 
 
 def _verdict(job: protocol.JobStatus) -> str:
@@ -206,7 +204,7 @@ def _verdict(job: protocol.JobStatus) -> str:
         return "-"
     if a.verdict:
         return a.verdict
-    return "healthy" if a.state == "running" else a.state
+    return Verdict.HEALTHY if a.state is AttemptState.RUNNING else a.state
 
 
 def _rate(seconds_per_item: float | None) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,6 +22,8 @@ from e2e_jobs import (
     progress_done,
     supervise,
 )
+
+from supervisor.watch import plain_lines
 
 
 def test_start_status_logs_and_done(daemon: DaemonProcess, make_job, daemon_env) -> None:
@@ -201,3 +205,77 @@ def test_openapi_schema_lists_routes_and_socket_is_private(daemon: DaemonProcess
     assert "StartRequest" in schema["components"]["schemas"]
     mode = os.stat(daemon.paths.socket).st_mode & 0o777
     assert mode == 0o600
+    state_like = list(_state_like_fields(schema))
+    # The fields a client branches on: each lists its values, so none is a free string.
+    assert {"JobStatus.state", "AttemptInfo.state", "AttemptInfo.verdict", "AttemptInfo.phase", "NextVerdict.verdict",
+            "EventInfo.kind", "EventInfo.phase"} <= {name for name, _ in state_like}
+    assert [name for name, values in state_like if not values] == []
+    assert dict(state_like)["JobStatus.state"] == ["starting", "waiting", "running", "backoff", "done", "failed", "stopped"]
+
+
+_STATE_LIKE = ("state", "verdict", "phase", "kind")
+
+
+def _state_like_fields(schema: dict) -> Iterator[tuple[str, list[str]]]:
+    """(Model.field, the values its schema allows) for every state-like field of every model."""
+    models = schema["components"]["schemas"]
+
+    def values(node: dict) -> list[str]:
+        if "$ref" in node:
+            return values(models[node["$ref"].rsplit("/", 1)[1]])
+        found = list(node.get("enum", []))
+        for option in node.get("anyOf", []) + node.get("allOf", []):
+            found += values(option)
+        return found
+
+    for model, body in models.items():
+        for field, node in body.get("properties", {}).items():
+            if field in _STATE_LIKE or field.endswith("_state"):
+                yield f"{model}.{field}", values(node)
+
+
+# argv: the attempt number, a gate file.  Attempts 1 to 3 crash at once; attempt 4 crashes once the
+# gate exists.
+_CRASH_UNTIL_GATE_JOB = """\
+import os, sys, time
+n, gate = int(sys.argv[1]), sys.argv[2]
+print(f"attempt {n}", flush=True)
+while n == 4 and not os.path.exists(gate):
+    time.sleep(0.01)
+raise RuntimeError(f"failure number {n}")
+"""
+
+
+def test_attempts_count_within_their_run_everywhere(daemon: DaemonProcess, make_job, daemon_env, home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("runs", _CRASH_UNTIL_GATE_JOB, params=f', "{{attempt}}", "{gate}"',
+                    extra="[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.1\nbackoff_jitter_s = 0\n"
+                          "stop_on_repeat = false\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: job_state(client, "runs") == "failed")  # run 1: attempts 1 and 2
+    client.start(str(spec), {})  # run 2: attempt 3 crashes, attempt 4 is relaunched and holds
+    wait_until(lambda: (a := client.status("runs").jobs[0].attempt) is not None and a.n == 4 and a.state == "running")
+    attempts = client.attempts("runs").attempts
+    assert [(a.n, a.run, a.run_attempt) for a in attempts] == [(1, 1, 1), (2, 1, 2), (3, 2, 1), (4, 2, 2)]
+
+    def shown_everywhere() -> None:
+        assert "  attempt 2/2 (#4)  pid " in supervise(daemon_env, "status", "runs").stdout
+        assert "running    attempt 2/2 (#4)  " in supervise(daemon_env, "jobs").stdout
+        assert "  runs  running  attempt 2/2 (#4)  " in plain_lines(client.status())[0]  # `status -w`, piped
+        page = home / "runs.html"
+        supervise(daemon_env, "report", "runs", "--out", str(page))
+        cells = re.findall(r"<tr><td>#\d+</td><td>([^<]*)</td>", page.read_text())
+        assert cells == ["1/2", "2/2", "1/2 (#3)", "2/2 (#4)"]
+
+    shown_everywhere()
+    # A restarted daemon re-adopts attempt 4 in its run: the same count, and no third attempt in it.
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: "re-adopted" in daemon.log_text())
+    shown_everywhere()
+    gate.write_text("")
+    wait_until(lambda: job_state(client, "runs") == "failed")
+    assert [a.n for a in client.attempts("runs").attempts] == [1, 2, 3, 4]
+    assert "attempt 2/2 (#4)" in supervise(daemon_env, "jobs").stdout

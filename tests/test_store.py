@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from supervisor.errors import NotFound, StoreError
-from supervisor.events import Event, EventKind, Failure, FailureKind, Phase
+from supervisor.events import AttemptState, Event, EventKind, Failure, FailureKind, JobState, Phase
 from supervisor.store import SCHEMA_VERSION, AttemptRow, Store
 
 
@@ -130,3 +131,59 @@ def test_event_and_attempt_rows_in_the_old_shape_still_read(tmp_path: Path) -> N
     assert first.failure == expected and first.data == {"exc_type": "RuntimeError"}
     assert gone.failure == Failure(FailureKind.OTHER, "Gone")
     assert store.attempt("j", 1).failure == expected
+
+
+# The schema as version 1 shipped it (the tables the run migration touches), written out here so
+# that the migration is tested against what real old stores hold.
+_V1_TABLES = """
+CREATE TABLE jobs (name TEXT PRIMARY KEY, spec_json TEXT NOT NULL, state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '', created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE attempts (
+    job TEXT NOT NULL REFERENCES jobs(name), n INTEGER NOT NULL, tag TEXT NOT NULL UNIQUE, host TEXT NOT NULL,
+    argv_json TEXT NOT NULL, workdir TEXT NOT NULL, log_path TEXT NOT NULL, status_path TEXT NOT NULL,
+    pid INTEGER, pgid INTEGER, start_time REAL, started REAL NOT NULL, ended REAL, state TEXT NOT NULL,
+    exit_code INTEGER, exit_signal INTEGER, log_offset INTEGER NOT NULL DEFAULT 0, phase TEXT,
+    progress_json TEXT, verdict TEXT, reason TEXT, failure_json TEXT, fingerprint TEXT, action TEXT,
+    PRIMARY KEY (job, n));
+PRAGMA user_version=1;
+"""
+
+
+def test_migration_derives_each_old_attempts_run_once(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.executescript(_V1_TABLES)
+    db.executemany("INSERT INTO jobs VALUES(?, '{}', ?, '', 0, 0)", [("a", "running"), ("b", "failed")])
+    # Job a: a run of two (1 relaunched), a run that gave up, one stopped by the user, then a
+    # relaunch whose attempt is still running.  Job b: one run of three.
+    actions = {("a", 1): "relaunch in 1.0s", ("a", 2): "give up: attempt 2/2 failed", ("a", 3): "stopped by user",
+               ("a", 4): "relaunch in 2.0s", ("a", 5): None,
+               ("b", 1): "relaunch in 1.0s", ("b", 2): "relaunch in 2.0s", ("b", 3): "give up: attempt 3/3 failed"}
+    for (job, n), action in actions.items():
+        state = "running" if action is None else "ended"
+        db.execute("INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, started, state, "
+                   "action) VALUES(?, ?, ?, 'local', '[]', '/', '/l', '/s', 0, ?, ?)", (job, n, f"{job}{n}", state, action))
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "s.db")
+    assert [(r.run, r.run_attempt) for r in store.attempts("a")] == [(1, 1), (1, 2), (2, 1), (3, 1), (3, 2)]
+    assert [(r.run, r.run_attempt) for r in store.attempts("b")] == [(1, 1), (1, 2), (1, 3)]
+    assert store.next_run_number("a") == 4 and store.next_run_number("nope") == 1
+    resumed = store.live_attempts()
+    assert [(r.job, r.n, r.run, r.run_attempt) for r in resumed] == [("a", 5, 3, 2)]
+    assert resumed[0].state is AttemptState.RUNNING and store.job("b").state is JobState.FAILED
+    # Derived once: a later action of any kind changes no run.
+    store.update_attempt("a", 3, action="relaunch in 1.0s")
+    store.close()
+    again = Store(tmp_path / "s.db")
+    assert [r.run for r in again.attempts("a")] == [1, 1, 2, 3, 3]
+
+
+def test_run_numbers_are_stored_as_given(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.upsert_job("j", {"name": "j"}, JobState.RUNNING)
+    for n, run in ((1, 1), (2, 1), (3, 2)):
+        store.add_attempt(replace(attempt(n=n), run=run))
+    assert [(r.run, r.run_attempt) for r in store.attempts("j")] == [(1, 1), (1, 2), (2, 1)]
+    latest = store.latest_attempt("j")
+    assert latest is not None and (latest.run, latest.run_attempt) == (2, 1)
+    assert store.attempt("j", 2).run_attempt == 2 and store.next_run_number("j") == 3

@@ -1,0 +1,64 @@
+"""What a job runner shows the rest of the daemon: one frozen value per read.
+
+Readers (`status`, the metrics) get a `RunnerSnapshot` from `JobRunner.snapshot()` and never
+reach into the runner's live handles or its watchdog: what they may rely on is exactly what
+is named here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .events import Phase, Verdict
+
+if TYPE_CHECKING:
+    from .watchdog import Watchdog
+
+
+@dataclass(frozen=True, slots=True)
+class BarProgress:
+    """The attempt's active progress bar.  ``rate_s_per_it`` is the median seconds per item."""
+
+    probe: str
+    done: float
+    total: float | None
+    rate_s_per_it: float | None
+    eta_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class UpcomingVerdict:
+    """The watchdog rule that comes due first if nothing changes."""
+
+    in_s: float
+    verdict: Verdict
+    reason: str  # as it would read then
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSnapshot:
+    job: str
+    attempt: int | None  # the attempt being watched; None between attempts (backoff, waiting for GPUs)
+    phase: Phase | None = None
+    progress: BarProgress | None = None
+    last_output: float | None = None  # wall-clock time the attempt last wrote to its log
+    still_for_s: float | None = None  # seconds since it last moved forward (a bar advanced, a phase began)
+    next_verdict: UpcomingVerdict | None = None
+    next_relaunch_at: float | None = None  # wall-clock time of the next launch, during a backoff wait
+    known_pids: frozenset[int] = frozenset()  # every pid the attempt was seen with (its tree, reparented workers)
+
+
+def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_output: float | None,
+             known_pids: frozenset[int]) -> RunnerSnapshot:
+    """The snapshot of a runner watching `attempt`; ``now`` is the watchdog's clock."""
+    bar = watchdog.progress
+    moved = watchdog.phase_entered_at if bar is None else max(watchdog.phase_entered_at, bar.last_advance_at)
+    upcoming = watchdog.upcoming(now)
+    return RunnerSnapshot(
+        job=job, attempt=attempt, phase=watchdog.phase,
+        progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s),
+        last_output=last_output, still_for_s=max(0.0, now - moved),
+        next_verdict=None if upcoming is None else UpcomingVerdict(upcoming[0] - now, upcoming[1], upcoming[2]),
+        known_pids=known_pids,
+    )
