@@ -329,7 +329,8 @@ def _start_failure(job: str, runner: JobRunner, reason: str) -> SuperviseError:
 def openapi_schema() -> dict[str, Any]:
     """An OpenAPI 3.1 document generated from the route table and the protocol models."""
     paths: dict[str, Any] = {}
-    schemas: dict[str, Any] = {"ErrorBody": protocol.ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")}
+    error_schema = protocol.ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas: dict[str, Any] = {**error_schema.pop("$defs", {}), "ErrorBody": error_schema}
     for method, path, handler_name, request_model, response_model in ROUTES:
         operation: dict[str, Any] = {"operationId": handler_name, "responses": {
             "default": {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}}}
