@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from aiohttp import web
@@ -42,12 +42,32 @@ from .store import AttemptRow, EventQuery, Store
 from .views import attempt_info, event_info, gpu_devices, job_status
 
 if TYPE_CHECKING:
+    from .bus import EventBus
+    from .config import LoadedSettings, Paths
     from .hosts.registry import Hosts
-    from .service import Service
+    from .metrics import Metrics
+    from .snapshot import RunnerSnapshot
 
 log = structlog.get_logger("supervise.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Service(Protocol):
+    """What the handlers need of the running daemon (service.Service provides it): the API
+    depends on this shape, not on the lifecycle module that serves it."""
+
+    paths: Paths
+    loaded: LoadedSettings
+    store: Store
+    bus: EventBus
+    hosts: Hosts
+    metrics: Metrics
+    runners: dict[str, JobRunner]
+
+    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner: ...
+
+    def snapshot(self, job: str) -> RunnerSnapshot | None: ...
 
 
 class Api:
@@ -55,7 +75,6 @@ class Api:
 
     def __init__(self, service: Service) -> None:
         self.service = service
-
 
     async def ping(self, request: web.Request) -> web.StreamResponse:
         return _json(protocol.PingResponse(pid=os.getpid(), version=__version__, state_dir=str(self.service.paths.state_dir)))
