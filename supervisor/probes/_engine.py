@@ -10,7 +10,7 @@ How a record is read:
 3. Otherwise the probes run.  **The first probe that matches wins**: packs in ascending
    ``priority``, probes in file order; one record gives at most one probe event.
 
-Speed: every probe's regex yields required literals (``_syntax``).  A batch of records
+Speed: every probe's regex yields required literals (``_literals``); captured fields are converted by ``_fields``.  A batch of records
 is joined and scanned once by one RE2 alternation of all those literals; only lines
 with a hit are looked at in Python, through an ``re2.Set`` of all probes (which tells
 exactly which probes match), then the winning probe's own regex for its groups.  While
@@ -34,12 +34,13 @@ logs a full WARNING traceback during a healthy ``vllm serve`` start with
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import re2
 
 from ..events import Failure, FailureKind, ProbeEvent, ProbeKind, Record
+from ._fields import CONVERTERS, Converter
 from ._fingerprint import fingerprint
 from ._literals import required_literals
 from ._pack import Pack, Probe, re2_options
@@ -50,62 +51,7 @@ from ._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
 _UNANCHORED = re2._Anchor.UNANCHORED
 # Literals that may start a traceback; the prefilter must let such lines through.
 _TRACEBACK_LITERALS: tuple[Literal, ...] = ((TB_START[:-1], False), ('File "', False))
-Converter = Callable[[str], Any]
 _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
-
-
-# ---- field conversion -----------------------------------------------------------------
-
-
-def _to_int(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return int(value.replace(",", "").replace("_", ""))
-
-
-def _to_float(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        return float(value.replace(",", ""))
-
-
-def _to_bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on", "y")
-
-
-def _to_duration(value: str) -> float | None:
-    """tqdm's ``MM:SS`` / ``H:MM:SS`` / ``D:HH:MM:SS``, or ``12.5s``, in seconds."""
-    if len(value) == 5 and value[2] == ":":  # the usual MM:SS, quickly
-        return int(value[:2]) * 60 + int(value[3:]) + 0.0
-    text = value.strip().rstrip("s")
-    if not text or "?" in text:
-        return None
-    total = 0.0
-    for part in text.split(":"):
-        total = total * 60 + float(part)
-    return total
-
-
-def _to_rate(value: str) -> float | None:
-    """tqdm's ``3.95it/s`` or ``1.16s/it`` (any unit) as items per second."""
-    text = value.strip()
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ/ ")
-    amount = float(number)
-    if text[len(number) :].lstrip().startswith("s/"):
-        return 1.0 / amount if amount else None
-    return amount
-
-
-_CONVERTERS: dict[str, Converter] = {
-    "int": _to_int,
-    "float": _to_float,
-    "str": str,
-    "bool": _to_bool,
-    "duration": _to_duration,
-    "rate": _to_rate,
-}
 
 
 # ---- compiled probes ------------------------------------------------------------------
@@ -121,7 +67,7 @@ class _CompiledProbe:
         self.constants = probe.constants
         # (group index, field name, converter); None means the text as it is (hot path).
         self.layout: list[tuple[int, str, Converter | None]] = [
-            (idx, name, None if probe.fields.get(name, "str") == "str" else _CONVERTERS[probe.fields[name]])
+            (idx, name, None if probe.fields.get(name, "str") == "str" else CONVERTERS[probe.fields[name]])
             for name, idx in sorted(compiled.groupindex.items())
         ]
 
