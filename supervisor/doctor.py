@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .hosts import _remote
+from .hosts import _remote, _remote_parse
 from .errors import ConnectionLost, SuperviseError
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ async def _remote_checks(url: str) -> list[Check]:
             _, out, _ = await host.run_script(_remote.DOCTOR, root, host.nvidia_smi)
         except SuperviseError as exc:
             return checks + [Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
-        checks += _shell_checks(_remote.parse_keys(out), where, remote=True)
+        checks += _shell_checks(_remote_parse.parse_keys(out), where, remote=True)
     finally:
         await host.close()
     return checks
@@ -111,7 +111,7 @@ def _local_checks() -> list[Check]:
                               capture_output=True, timeout=60, check=False)
     except OSError as exc:
         return [Check("MISSING", "/bin/sh", f"cannot run /bin/sh: {exc}")]
-    values = _remote.parse_keys(_remote.after_mark(proc.stdout) or b"")
+    values = _remote_parse.parse_keys(_remote.after_mark(proc.stdout) or b"")
     checks = _shell_checks(values, "this machine", remote=False)
     sampler = NvmlSampler()
     sample = sampler.sample()

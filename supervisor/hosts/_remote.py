@@ -1,4 +1,4 @@
-"""The shell scripts the SSH host runs on a remote box, and the parsers for what they print.
+"""The shell scripts the SSH host runs on a remote box (``_remote_parse`` reads what they print).
 
 Every operation is one POSIX ``sh`` script sent on a channel's stdin to ``/bin/sh -s`` (a
 resident one for short operations, which runs each script in a subshell), so the user's
@@ -23,13 +23,8 @@ may move by a second between reads, and comparing exactly is then safe.
 
 from __future__ import annotations
 
-import csv
 import shlex
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-from ..gpu import GpuDevice, GpuProcess
-from .base import KillReport
 
 MARK = b"@@supervise@@"
 
@@ -357,103 +352,3 @@ echo "root_existing=$d"
 echo "root_writable=$( [ -w "$d" ] && echo yes || echo no )"
 echo "df=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')"
 """
-
-
-# -- parsers ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Launched:
-    pid: int
-    start: str  # '-' when the wrapper had already ended
-    pgid: int
-
-
-def parse_launch(out: bytes) -> Launched | int | None:
-    """'launched PID START PGID' -> Launched; 'ended CODE' -> the exit code; else None."""
-    for line in out.decode(errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[0] == "launched" and parts[1].isdigit() and parts[3].isdigit():
-            return Launched(int(parts[1]), parts[2], int(parts[3]))
-        if len(parts) >= 1 and parts[0] == "ended":
-            code = parts[1] if len(parts) > 1 else ""
-            return int(code) if code.lstrip("-").isdigit() else -1
-    return None
-
-
-def parse_pids(out: bytes) -> set[int]:
-    return {int(word) for word in out.split() if word.isdigit()}
-
-
-def parse_kill(out: bytes) -> KillReport:
-    names: dict[int, str] = {}
-    learned_before_grace: list[int] = []
-    alive_after_grace: set[int] = set()
-    grace_over = False
-    report = KillReport()
-    for raw in out.decode(errors="replace").splitlines():
-        kind, _, rest = raw.partition(" ")
-        pid_text, _, name = rest.partition(" ")
-        if not pid_text.isdigit():
-            continue
-        pid = int(pid_text)
-        if kind == "N":
-            names.setdefault(pid, name.strip()[:120] or "?")
-            if not grace_over:
-                learned_before_grace.append(pid)
-        elif kind == "A":
-            grace_over = True
-            alive_after_grace.add(pid)
-        elif kind == "K":
-            grace_over = True
-            report.killed.append((pid, names.get(pid, "?")))
-        elif kind == "S":
-            report.survivors.append((pid, names.get(pid, "?")))
-        elif kind == "R":
-            report.reparented.append(pid)
-    report.terminated = [(pid, names[pid]) for pid in learned_before_grace if pid not in alive_after_grace]
-    return report
-
-
-def _number(text: str) -> int | None:
-    text = text.strip()
-    try:
-        return int(float(text))
-    except ValueError:
-        return None  # "[N/A]", "[Not Supported]", ...
-
-
-def parse_gpus(lines: Iterable[str]) -> list[GpuDevice]:
-    devices = []
-    for row in csv.reader(lines, skipinitialspace=True):
-        if len(row) < 6:
-            continue
-        index = _number(row[0])
-        if index is None:
-            continue
-        devices.append(GpuDevice(index=index, uuid=row[1].strip(), name=row[2].strip(),
-                                 used_mib=_number(row[3]) or 0, total_mib=_number(row[4]) or 0,
-                                 util_pct=_number(row[5])))
-    return devices
-
-
-def parse_apps(lines: Iterable[str], devices: list[GpuDevice]) -> list[GpuProcess]:
-    by_uuid = {d.uuid: d.index for d in devices}
-    found = []
-    for row in csv.reader(lines, skipinitialspace=True):
-        if len(row) < 3:
-            continue
-        pid = _number(row[0])
-        index = by_uuid.get(row[1].strip())
-        if pid is None or index is None:
-            continue
-        found.append(GpuProcess(pid=pid, gpu_index=index, used_mib=_number(row[2])))
-    return found
-
-
-def parse_keys(out: bytes) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in out.decode(errors="replace").splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.isidentifier():
-            values[key] = value.strip()
-    return values

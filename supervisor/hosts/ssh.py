@@ -54,7 +54,7 @@ import structlog
 
 from ..errors import HostError, LaunchError, SuperviseError
 from ..gpu import GpuSample
-from . import _remote
+from . import _remote, _remote_parse
 from .base import (
     TAG_VAR,
     WRAPPER_SH,
@@ -114,7 +114,7 @@ class SshHost(SshConnection):
                  request.log_path, request.status_path, request.workdir, *request.argv]
         body = _remote.LAUNCH.replace("@LAUNCH@", " ".join(shlex.quote(w) for w in words))
         rc, out, err = await self._exec(body, request.log_path, request.status_path, request.tag)
-        result = _remote.parse_launch(out)
+        result = _remote_parse.parse_launch(out)
         if isinstance(result, int):
             raise LaunchError(f"the connection to {self.target.display} dropped while launching {request.argv[0]}; "
                               f"it has already ended (exit status {result}): see {request.log_path} there")
@@ -144,13 +144,13 @@ class SshHost(SshConnection):
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         _, out, _ = await self._exec(_remote.ATTEMPT_PIDS, *self._attempt_args(handle))
-        return _remote.parse_pids(out)
+        return _remote_parse.parse_pids(out)
 
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
         grace_cs = str(max(0, round(grace_s * 100)))
         _, out, _ = await self._exec(_remote.KILL_TREE, *self._attempt_args(handle), grace_cs,
                                      timeout=grace_s + 60, lane=None)
-        return _remote.parse_kill(out)
+        return _remote_parse.parse_kill(out)
 
     def follow(self, path: str, offset: int) -> SshFollower:
         return SshFollower(self, path, offset)
@@ -180,8 +180,8 @@ class SshHost(SshConnection):
             detail = " ".join(ln for ln in lines if ln not in ("gpus", "apps"))[:300] or err.decode(errors="replace")
             return GpuSample(ts, False, f"nvidia-smi failed on {self.target.display}: {detail.strip()}", (), ())
         at_gpus, at_apps = lines.index("gpus"), lines.index("apps")
-        devices = _remote.parse_gpus(lines[at_gpus + 1 : at_apps])
-        processes = _remote.parse_apps(lines[at_apps + 1 :], devices)
+        devices = _remote_parse.parse_gpus(lines[at_gpus + 1 : at_apps])
+        processes = _remote_parse.parse_apps(lines[at_apps + 1 :], devices)
         return GpuSample(ts, True, "", tuple(devices), tuple(processes))
 
     # -- remote facts -------------------------------------------------------------------------
