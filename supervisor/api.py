@@ -47,7 +47,8 @@ class Api:
 
     async def start_job(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.StartRequest)
-        spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
+        # In a thread: the spec may sit on a slow or hung file system, and the loop serves every job.
+        spec = (await asyncio.to_thread(load_spec, Path(body.spec_path))).with_overrides(body.overrides)
         spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
