@@ -274,7 +274,7 @@ def _template_fields(template: str) -> list[str]:
         if name is None:
             continue
         if not name.isidentifier():
-            raise ValueError(f"bad template {shown(template)}: {shown(name)} is not a parameter name")
+            raise ValueError(f"bad template {shown(template)}: {shown(name, 40)} is not a parameter name")
         if spec or conversion is not None:
             # `{v:>99999999}` built a 100 MB argument; only plain substitution is offered.
             raise ValueError(f"bad template {shown(template)}: write {{{name}}} alone, without '!' or ':' "
@@ -316,7 +316,7 @@ def _describe_validation(path: Path | str, exc: ValidationError) -> str:
     got = first.get("input")
     echoed = first["type"] == "value_error"  # our own validators quote the value already
     got_text = f"; got {shown(got)}" if got is not None and not isinstance(got, dict) and not echoed else ""
-    return f"{path}: field '{where}': {one_line(first['msg'])}{got_text}{more}"
+    return f"{path}: " + one_line(f"field '{where}': {first['msg']}{got_text}{more}", 300)
 
 
 def spec_search_path() -> list[Path]:

@@ -302,7 +302,7 @@ def _rule(pack: str, source: str, what: str, rule_id: str, regex: str) -> Rule:
 
 def _classify_rule(pack: str, source: str, index: int, d: ClassifyDef) -> Rule:
     def fail(problem: str) -> ProbePackError:
-        return ProbePackError(f"{source}: classify rule {index + 1} ({one_line(d.failure, 40)}): {_one_line(problem)}")
+        return ProbePackError(f"{source}: classify rule {index + 1} ({one_line(d.failure, 24)}): {_one_line(problem)}")
 
     kind = _enum(FailureKind, d.failure, "failure", fail)
     compile_checked(d.regex, fail)
@@ -313,7 +313,7 @@ def _enum(enum: Any, value: str | None, what: str, fail: Any) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise fail(f"unknown {what} {shown(value)} (one of: {_choices(enum)})") from None
+        raise fail(f"unknown {what} {shown(value, 60)} (one of: {_choices(enum)})") from None
 
 
 def _choices(enum: Any) -> str:
