@@ -12,8 +12,7 @@ import re2
 
 from supervisor.errors import ProbePackError
 from supervisor.events import Phase, ProbeKind, Record
-from supervisor.probes import ProbeEngine, load_packs, probe_command
-from supervisor.probes import _limits
+from supervisor.probes import ProbeEngine, _limits, load_packs, probe_command
 from supervisor.probes._pack import BUILTIN_DIR, PROBE_PATH_ENV, re2_options
 from supervisor.probes._syntax import required_literals
 
