@@ -81,7 +81,7 @@ class Api:
 
     async def start_job(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.StartRequest)
-        spec = _validated_spec(body, self.service.hosts)
+        spec = await _validated_spec(body, self.service.hosts)
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
@@ -275,16 +275,22 @@ def _error(exc: SuperviseError) -> web.Response:
     return web.json_response(body.model_dump(mode="json"), status=http_status(exc))
 
 
-def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
+async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     """Everything a runner needs, checked before anything is stored: the spec with its
     overrides, its argv templates, its probe packs and its host's address."""
-    spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
-    spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
-    load_packs(spec.probes, spec.probe_files)
+    # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
+    spec = await asyncio.to_thread(_load_checked, body)
     try:
         hosts.get(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
     except HostError as exc:
         raise SpecError(f"{spec.spec_path}: field 'host': {exc}") from exc
+    return spec
+
+
+def _load_checked(body: protocol.StartRequest) -> JobSpec:
+    spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
+    spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+    load_packs(spec.probes, spec.probe_files)
     return spec
 
 

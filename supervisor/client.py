@@ -150,8 +150,9 @@ def _raise_for_error(response: httpx.Response) -> None:
 def spawn_daemon(paths: Paths) -> None:
     """Start the daemon detached: its own session, output to its log file."""
     load_settings(paths)  # a malformed config is reported here, in one line, not in the daemon's log
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(paths.daemon_log, "ab") as log_file:
+    paths.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # 0600: the daemon's log names jobs and their failures; only this user may read it.
+    with open(os.open(paths.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab") as log_file:
         # Through a shell that exits at once, so the daemon is nobody's child here: it outlives this CLI.
         subprocess.run(
             ["/bin/sh", "-c", '"$@" &', "sh", sys.executable, "-m", "supervisor.daemon"],

@@ -19,6 +19,7 @@ import structlog
 
 from .config import DaemonSettings, LoadedSettings, Paths, default_paths, load_settings
 from .errors import SuperviseError
+from .filemodes import restrict_umask
 from .service import Service
 
 # The name tests and tools know the service by.
@@ -38,6 +39,7 @@ def configure_logging() -> None:
 
 
 def run_daemon(paths: Paths | None = None) -> int:
+    restrict_umask()  # before any file is created: the store, the socket, the pid file
     configure_logging()
     paths = paths or default_paths()
     loaded = load_settings(paths)

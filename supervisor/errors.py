@@ -155,3 +155,20 @@ def error_of(kind: ErrorKind, message: str, status: int) -> SuperviseError:
     """The exception the table pairs with ``kind``, carrying the daemon's message."""
     cls = _BY_KIND[kind].cls
     return RequestRejected(message, status) if cls is RequestRejected else cls(message)
+
+
+# Error messages echo what the user wrote so they can find it, but an input may be megabytes
+# long or hold newlines: an echoed value is cut to this many characters, and a message is one line.
+ECHO_LIMIT = 120
+
+
+def shown(value: object, limit: int = ECHO_LIMIT) -> str:
+    """A user-supplied value as an error message quotes it: repr (control characters escaped), cut."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(text: str, limit: int = 2 * ECHO_LIMIT) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space, cut to ``limit``."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

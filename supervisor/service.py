@@ -27,6 +27,7 @@ from .bus import EventBus
 from .config import DaemonSettings, LoadedSettings, Paths
 from .errors import DaemonError, SuperviseError
 from .events import AttemptState, Event, EventKind, JobState
+from .filemodes import secure_state_dir
 from .hosts.base import Host, ProcessHandle
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
@@ -50,7 +51,7 @@ class Service:
         self.paths = paths
         self.settings = settings
         self.loaded = loaded or LoadedSettings(settings, {}, paths.state_dir / "config.toml", False)
-        paths.state_dir.mkdir(parents=True, exist_ok=True)
+        secure_state_dir(paths)  # 0700 and 0600: specs hold tokens, logs hold anything
         self.store = Store(paths.db)
         self.bus = EventBus()
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml)

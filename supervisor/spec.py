@@ -6,7 +6,9 @@ value is never split and never seen by a shell, so `--set out='; rm -rf /'` is j
 odd directory name.  Built-in names: `{python}` (the job's interpreter), `{spec_dir}`
 (the directory of the spec file), `{state_dir}` (this machine's supervise state directory,
 $SUPERVISE_HOME: where the built-in jobs write by default, since their spec_dir may be a
-read-only site-packages), `{job}` and `{attempt}`.
+read-only site-packages), `{job}` and `{attempt}`.  Only plain `{name}` is
+substituted: a format spec or conversion (`{v:>99999999}`, `{v!r}`) is refused, and `{{`
+and `}}` stand for literal braces.
 """
 
 from __future__ import annotations
@@ -15,19 +17,27 @@ import os
 import re
 import string
 import sys
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .config import default_paths
-from .errors import SpecError
+from .errors import SpecError, one_line, shown
 from .events import Phase, Verdict
 from .resources import jobs_dir
+from .textfile import read_toml
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A job name becomes a directory name (its logs): fullmatch, so a trailing newline is refused too.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
 _BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt")
+
+# Durations are finite and bounded: `stop_grace_s = inf` once made `stop` wait forever.  A year
+# is far beyond any real phase deadline or backoff, and small enough for every clock computation.
+MAX_SECONDS = 366 * 24 * 3600.0
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -38,10 +48,10 @@ class RestartSpec(_Strict):
     """When and how fast to relaunch (backoff waits are computed with tenacity)."""
 
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 3
-    backoff_initial_s: Annotated[float, Field(ge=0)] = 10.0
-    backoff_max_s: Annotated[float, Field(ge=0)] = 600.0
-    backoff_multiplier: Annotated[float, Field(ge=1)] = 2.0
-    backoff_jitter_s: Annotated[float, Field(ge=0)] = 5.0
+    backoff_initial_s: Seconds = 10.0
+    backoff_max_s: Seconds = 600.0
+    backoff_multiplier: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 2.0
+    backoff_jitter_s: Seconds = 5.0
     on: list[Verdict] = Field(
         default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.STALLED, Verdict.SILENT]
     )
@@ -51,28 +61,28 @@ class RestartSpec(_Strict):
 class HealthSpec(_Strict):
     """What counts as unhealthy.  Times are seconds."""
 
-    stall_k: Annotated[float, Field(gt=0)] = 3.0
-    stall_floor_s: Annotated[float, Field(gt=0)] = 60.0
-    stall_floor_by_phase: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    stall_k: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 3.0
+    stall_floor_s: PositiveSeconds = 60.0
+    stall_floor_by_phase: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     # Before the first progress interval is known, a progress probe must advance within this.
-    first_progress_s: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
-    silence_s: Annotated[float, Field(gt=0)] | None = None
+    first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
+    silence_s: PositiveSeconds | None = None
     silence_phases: list[Phase] = Field(
         default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
     )
-    phase_deadline_s: dict[Phase, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    phase_deadline_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     # A failure logged, then nothing moved and nothing printed for this long, with the process
     # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
     # by default before it gives up).  None turns the rule off.
     # Not applied once a server is ready: it logs a failed request and then idles, quietly.  Long
     # enough that a job writing a checkpoint after a background thread's traceback (a metrics
     # uploader's network error) is not cut short, half NCCL's default timeout.
-    hang_after_failure_s: Annotated[float, Field(gt=0)] | None = 300.0
+    hang_after_failure_s: PositiveSeconds | None = 300.0
     # No output but "still waiting" lines (vLLM's "No available shared memory broadcast block
     # found in 60 seconds"), or none at all, for this long in a start-up phase: stalled.  Seen on
     # 2 H200s: a TP rank frozen while loading left the log silent for good once rank 0 had
     # loaded, and there is no bar left to stall.  A ready server may idle quietly, hence the phases.
-    waiting_s: Annotated[float, Field(gt=0)] | None = 1800.0
+    waiting_s: PositiveSeconds | None = 1800.0
     waiting_phases: list[Phase] = Field(
         default_factory=lambda: [p for p in Phase if p.rank < Phase.ENGINE_READY.rank]
     )
@@ -87,10 +97,10 @@ class GpuSpec(_Strict):
     """Which GPUs the job uses and how to treat their memory around relaunches."""
 
     devices: list[Annotated[int, Field(ge=0)]] | Literal["all"] = "all"
-    release_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    release_timeout_s: PositiveSeconds = 120.0
     release_tolerance_mib: Annotated[int, Field(ge=0)] = 512
     foreign_memory: Literal["wait", "refuse", "ignore"] = "wait"
-    foreign_wait_s: Annotated[float, Field(ge=0)] = 300.0
+    foreign_wait_s: Seconds = 300.0
 
 
 class JobSpec(_Strict):
@@ -105,7 +115,7 @@ class JobSpec(_Strict):
     probes: list[str] = Field(default_factory=lambda: ["python"])
     probe_files: list[str] = Field(default_factory=list)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
-    stop_grace_s: Annotated[float, Field(ge=0)] = 10.0
+    stop_grace_s: Seconds = 10.0
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
@@ -114,15 +124,47 @@ class JobSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError("letters, digits, '.', '_' and '-' only, starting with a letter or digit")
+        if not _NAME_RE.fullmatch(value):
+            raise ValueError("1 to 64 letters, digits, '.', '_' and '-', starting with a letter or digit")
+        return value
+
+    @field_validator("probes")
+    @classmethod
+    def _valid_pack_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _PACK_NAME_RE.fullmatch(name):
+                raise ValueError(f"probe pack name {shown(name)}: letters, digits, '_' and '-' only "
+                                 "(a pack file goes in probe_files)")
         return value
 
     @field_validator("command")
     @classmethod
     def _valid_templates(cls, value: list[str]) -> list[str]:
         for item in value:
-            _template_fields(item)
+            _template_fields(_no_nul(item))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        # execve cannot pass these: they used to fail at launch, with the attempt left `launching`.
+        for key, item in value.items():
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"environment variable name {shown(key)}: must be non-empty, without '=' or NUL")
+            _template_fields(_no_nul(item))
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _valid_params(cls, value: dict[str, str]) -> dict[str, str]:
+        for item in value.values():
+            _no_nul(item)
+        return value
+
+    @field_validator("python", "workdir")
+    @classmethod
+    def _valid_path_template(cls, value: str) -> str:
+        _template_fields(_no_nul(value))
         return value
 
     @model_validator(mode="after")
@@ -150,11 +192,14 @@ class JobSpec(_Strict):
             elif key in params or _is_referenced(self, key):
                 params[key] = value
             else:
-                known = ", ".join(sorted(params)) or "none"
+                known = one_line(", ".join(sorted(params)) or "none")
                 raise SpecError(
-                    f"{self.spec_path or self.name}: --set {key}: no such parameter (known: {known})"
+                    f"{self.spec_path or self.name}: --set {shown(key)}: no such parameter (known: {known})"
                 )
-        return self.model_copy(update={"params": params, **top})
+        try:  # validated again: an override may not bring in what the file could not (a NUL, a format spec)
+            return JobSpec.model_validate({**self.model_dump(), "params": params, **top})
+        except ValidationError as exc:
+            raise SpecError(_describe_validation(self.spec_path or self.name, exc)) from exc
 
     def interpreter(self) -> str:
         return self.python or sys.executable
@@ -184,40 +229,61 @@ class JobSpec(_Strict):
             "job": self.name,
             "attempt": str(attempt),
         }
-        values.update({k: self._expand_param(v, values) for k, v in self.params.items()})
-        missing = [name for name in _template_fields(template) if name not in values]
+        values.update({k: _expand_param(v, values) for k, v in self.params.items()})
+        try:
+            missing = [name for name in _template_fields(template) if name not in values]
+        except ValueError as exc:
+            raise SpecError(f"{self.spec_path or self.name}: {exc}") from None
         if missing:
             raise SpecError(
                 f"{self.spec_path or self.name}: command uses {{{missing[0]}}} but no parameter "
                 f"'{missing[0]}' is defined; add it under [params] or pass --set {missing[0]}=VALUE"
             )
-        return template.format_map(values)
-
-    @staticmethod
-    def _expand_param(value: str, builtins: dict[str, str]) -> str:
-        # Parameters may use the built-ins (e.g. "{spec_dir}/data"), not each other.
-        try:
-            return value.format_map(_OnlyBuiltins(builtins))
-        except (ValueError, IndexError):
-            return value
+        return "".join(text + (values[name] if name is not None else "")
+                       for text, name, _, _ in string.Formatter().parse(template))
 
 
-class _OnlyBuiltins(dict[str, str]):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+def _expand_param(value: str, builtins: dict[str, str]) -> str:
+    """A parameter's value with the built-ins in it (e.g. "{spec_dir}/data"); parameters do not
+    refer to each other, so any other field, and a value that is no template at all, stays as written."""
+    try:
+        parsed = list(string.Formatter().parse(value))
+    except ValueError:
+        return value
+    out = []
+    for text, name, spec, conversion in parsed:
+        out.append(text)
+        if name is None:
+            continue
+        if name in builtins and not spec and conversion is None:
+            out.append(builtins[name])
+        else:
+            out.append("{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}")
+    return "".join(out)
+
+
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise ValueError(f"{shown(value)} contains a NUL character, which no argument, path or variable can hold")
+    return value
 
 
 def _template_fields(template: str) -> list[str]:
+    """The parameter names ``template`` uses; ValueError unless every field is a plain ``{name}``."""
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise ValueError(f"bad template {template!r}: {exc} (write a literal brace as {{{{ or }}}})") from exc
+        raise ValueError(f"bad template {shown(template)}: {exc} (write a literal brace as {{{{ or }}}})") from None
     names = []
-    for _, name, _, _ in parsed:
+    for _, name, spec, conversion in parsed:
         if name is None:
             continue
         if not name.isidentifier():
-            raise ValueError(f"bad template {template!r}: {{{name}}} is not a parameter name")
+            raise ValueError(f"bad template {shown(template)}: {shown(name, 40)} is not a parameter name")
+        if spec or conversion is not None:
+            # `{v:>99999999}` built a 100 MB argument; only plain substitution is offered.
+            raise ValueError(f"bad template {shown(template)}: write {{{name}}} alone, without '!' or ':' "
+                             "(write a literal brace as {{ or }})")
         names.append(name)
     return names
 
@@ -239,14 +305,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 def load_spec(path: Path) -> JobSpec:
     """Read and validate one spec file; every problem is one SpecError line naming file and field."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read job spec: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: job spec is not UTF-8 text") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    raw = read_toml(path, "job spec", SpecError)
     raw.setdefault("name", path.stem)
     raw["spec_path"] = str(path.resolve())
     try:
@@ -255,13 +314,14 @@ def load_spec(path: Path) -> JobSpec:
         raise SpecError(_describe_validation(path, exc)) from exc
 
 
-def _describe_validation(path: Path, exc: ValidationError) -> str:
+def _describe_validation(path: Path | str, exc: ValidationError) -> str:
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    where = one_line(".".join(str(p) for p in first["loc"]) or "(top level)", 80)
     more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
     got = first.get("input")
-    got_text = f"; got {got!r}" if got is not None and not isinstance(got, dict) else ""
-    return f"{path}: field '{where}': {first['msg']}{got_text}{more}"
+    echoed = first["type"] == "value_error"  # our own validators quote the value already
+    got_text = f"; got {shown(got)}" if got is not None and not isinstance(got, dict) and not echoed else ""
+    return f"{path}: " + one_line(f"field '{where}': {first['msg']}{got_text}{more}", 300)
 
 
 def spec_search_path() -> list[Path]:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import re2
 
 from supervisor.errors import ProbePackError
 from supervisor.events import Phase, ProbeKind, Record
-from supervisor.probes import ProbeEngine, load_packs
-from supervisor.probes._pack import BUILTIN_DIR, PROBE_PATH_ENV
+from supervisor.probes import ProbeEngine, _limits, load_packs, probe_command
 from supervisor.probes._literals import required_literals
+from supervisor.probes._pack import BUILTIN_DIR, PROBE_PATH_ENV, re2_options
 
 GOOD_PROBE = """
 [[probes]]
@@ -135,3 +138,110 @@ def test_unreadable_pack_file(tmp_path: Path) -> None:
     with pytest.raises(ProbePackError, match="cannot read probe pack") as info:
         load_packs([], [missing])
     assert str(missing) in str(info.value) and "\n" not in str(info.value)
+
+
+def probe_entry(regex: str, probe_id: str = "x") -> str:
+    return f"[[probes]]\nid = '{probe_id}'\nkind = 'info'\nregex = '''{regex}'''\n"
+
+
+@pytest.mark.parametrize(("regex", "expected"), [
+    # Each of these is valid RE2 and matched at about 60 s per MB of log on the daemon's loop.
+    ("a" * 100_000, "regex is 100000 characters long (limit 4096)"),
+    ("".join(f"(?P<g{i}>a)" for i in range(5000)), "characters long"),
+    ("".join(f"(?P<g{i}>a)" for i in range(40)), "40 named groups (limit 32)"),
+    ("(.*){1,1000}$", "RE2 instructions"),
+    ("(.*){1,200}$", "too costly to match (RE2 fanout bucket"),
+    ("x.{0,999}y.{0,999}z", "RE2 instructions (limit 10000)"),
+    ("b" * 1500, "a literal of 1500 characters (limit 1000)"),
+    # 400 groups deep overflowed the literal extractor's recursion after launch.
+    ("(" * 400 + "a" + ")" * 400, "nests groups 400 deep (limit 16)"),
+    ("(?:" * 17 + "a" + ")" * 17, "nests groups 17 deep"),
+])
+def test_costly_patterns_are_refused_naming_file_and_probe(tmp_path: Path, regex: str, expected: str) -> None:
+    message = pack_error(tmp_path, probe_entry(regex, "costly"))
+    assert "probe 'costly': " in message and expected in message and len(message.replace(str(tmp_path), "")) <= 300
+
+
+def test_costly_prefixes_and_whole_packs_are_refused(tmp_path: Path) -> None:
+    assert "prefix 'p': regex nests groups" in pack_error(tmp_path, "[[prefixes]]\nid = 'p'\nregex = '" + "(" * 20 + "a" + ")" * 20 + "'\n")
+    many = "".join(probe_entry(f"line {i}", f"p{i}") for i in range(301))
+    assert "301 entries" in pack_error(tmp_path, many)
+    heavy = "".join(probe_entry(f"x{i}.{{0,900}}y", f"p{i}") for i in range(12))  # ~8,000 instructions each
+    assert "RE2 instructions in all" in pack_error(tmp_path, heavy)
+
+
+def test_the_deepest_pattern_allowed_still_runs_through_the_engine(tmp_path: Path) -> None:
+    regex = "(?:" * 15 + "(?P<done>\\d+) done" + ")" * 15
+    path = write_pack(tmp_path, f"[[probes]]\nid = 'deep'\nkind = 'progress'\nregex = '{regex}'\n")
+    (pack,) = load_packs([], [path])
+    (event,) = ProbeEngine([pack]).feed(Record("12 done", 0, 8))
+    assert event.probe == "mine.deep"
+
+
+def test_builtin_packs_stay_well_inside_the_limits() -> None:
+    # The limits must never bite a real pack: every built-in one uses at most half of each.
+    for pack in load_packs():
+        rules = [*pack.probes, *pack.prefixes, *pack.headers, *pack.classify]
+        assert len(rules) * 2 <= _limits.MAX_ENTRIES, pack.name
+        total = 0
+        for rule in rules:
+            compiled = re2.compile(rule.regex, re2_options())
+            total += compiled.programsize
+            assert len(rule.regex) * 2 <= _limits.MAX_PATTERN_CHARS, rule
+            assert len(compiled.groupindex) * 2 <= _limits.MAX_NAMED_GROUPS, rule
+            assert compiled.programsize * 2 <= _limits.MAX_PROGRAM_SIZE, rule
+            assert _limits._top_bucket(compiled.programfanout) * 2 <= _limits.MAX_FANOUT_BUCKET, rule
+            assert _limits.pattern_problem(rule.regex) is None
+            assert _limits.pattern_problem("(" * 8 + rule.regex + ")" * 8) is None  # nesting: twice the deepest
+        assert total * 2 <= _limits.MAX_PACK_PROGRAM_SIZE, pack.name
+
+
+def test_re2_writes_nothing_of_its_own(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # RE2's C++ log lines (and a b'...' repr in the message) used to come before the error.
+    message = pack_error(tmp_path, probe_entry("foo(?=bar)") )
+    message += pack_error(tmp_path, probe_entry("(unclosed"))
+    assert "b'" not in message and "missing )" in message
+    captured = capfd.readouterr()
+    assert "re2.cc" not in captured.err and "absl" not in captured.err, captured.err
+
+
+def test_special_and_huge_pack_files_are_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(_pack_load_error, fifo)
+        try:
+            message = future.result(timeout=10)
+        except TimeoutError:
+            with open(fifo, "w"):  # unblock the reader so the test can end
+                pass
+            raise AssertionError("reading a FIFO pack blocked") from None
+    assert "not a regular file (a FIFO)" in message
+    assert "character device" in _pack_load_error(Path("/dev/zero"))
+    big = write_pack(tmp_path, GOOD_PROBE + "#" * (2 << 20), name="big")
+    assert "larger than" in _pack_load_error(big)
+    nested = write_pack(tmp_path, "x = " + "[" * 600 + "]" * 600 + "\n", name="nested")
+    assert "nested too deeply" in _pack_load_error(nested)
+
+
+def test_echoed_ids_and_keys_are_cut(tmp_path: Path) -> None:
+    message = pack_error(tmp_path, f"[[probes]]\nid = 'x'\nkind = 'info'\nregex = 'a'\n{'k' * 50_000} = 1\n")
+    assert "unknown key" in message and len(message) < 400
+    message = pack_error(tmp_path, f"[[probes]]\nid = 'x'\nkind = '{'z' * 50_000}'\nregex = 'a'\n")
+    assert "unknown kind" in message and len(message) < 500
+
+
+def test_probe_command_refuses_a_costly_pack_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("hello\n" * 10)
+    costly = write_pack(tmp_path, probe_entry("(.*){1,1000}$", "slow"))
+    assert probe_command(str(log), [], [str(costly)], False) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(costly) in err and "probe 'slow'" in err and "RE2 instructions" in err
+
+
+def _pack_load_error(path: Path) -> str:
+    with pytest.raises(ProbePackError) as info:
+        load_packs([], [path])
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    return str(info.value)

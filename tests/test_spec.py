@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,117 @@ def test_find_spec_by_name_uses_search_path(tmp_path: Path, monkeypatch: pytest.
     assert find_spec("mine").name == "mine"
     with pytest.raises(SpecError, match="no job spec"):
         find_spec("absent-job")
+
+
+def spec_error(path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "\n" not in message and len(message.replace(str(path), "")) <= 300, message
+    return message
+
+
+@pytest.mark.parametrize("text, field", [
+    ('command = ["x"]\nstop_grace_s = inf', "stop_grace_s"),  # made `stop` wait forever
+    ('command = ["x"]\nstop_grace_s = nan', "stop_grace_s"),
+    ('command = ["x"]\nstop_grace_s = 1e300', "stop_grace_s"),
+    ('command = ["x"]\n[restart]\nbackoff_max_s = inf', "restart.backoff_max_s"),
+    ('command = ["x"]\n[restart]\nbackoff_multiplier = nan', "restart.backoff_multiplier"),
+    ('command = ["x"]\n[health]\nsilence_s = nan', "health.silence_s"),
+    ('command = ["x"]\n[health]\nstall_k = inf', "health.stall_k"),
+    ('command = ["x"]\n[health.phase_deadline_s]\nrunning = inf', "health.phase_deadline_s.running"),
+    ('command = ["x"]\n[gpu]\nforeign_wait_s = inf', "gpu.foreign_wait_s"),
+])
+def test_durations_are_finite_and_bounded(tmp_path: Path, text: str, field: str) -> None:
+    message = spec_error(write(tmp_path, text))
+    assert f"field '{field}'" in message
+
+
+def test_name_is_checked_whole_and_pack_names_are_path_safe(tmp_path: Path) -> None:
+    assert "field 'name'" in spec_error(write(tmp_path, 'name = "x\\n"\ncommand = ["x"]'))
+    assert "field 'name'" in spec_error(write(tmp_path, 'name = "' + "a" * 65 + '"\ncommand = ["x"]'))
+    message = spec_error(write(tmp_path, 'command = ["x"]\nprobes = ["../../etc/evil"]'))
+    assert "field 'probes'" in message and "probe_files" in message
+
+
+@pytest.mark.parametrize("template", ["{v:>99999999}", "{v:%}", "{v!r}", "{v!s:>3}", "-{python:x}"])
+def test_templates_allow_plain_names_only(tmp_path: Path, template: str) -> None:
+    # `{v:>99999999}` built a 100 MB argv item; `{v:%}` raised a traceback at launch.
+    message = spec_error(write(tmp_path, f'command = ["{template}"]\n[params]\nv = "1"'))
+    assert "field 'command'" in message and "without '!' or ':'" in message
+
+
+def test_brace_escapes_and_format_specs_elsewhere(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, 'command = ["{{x}}", "a{{b}}{v}"]\n[params]\nv = "{python:>9}{spec_dir}"'))
+    # A parameter's value is data: only a plain built-in is filled in, nothing else is formatted.
+    assert spec.argv(1) == ["{x}", f"a{{b}}{{python:>9}}{tmp_path.resolve()}"]
+    for where in ('workdir = "{v:>9999999}"', '[env]\nA = "{v:%}"'):
+        assert "without '!' or ':'" in spec_error(write(tmp_path, f'command = ["x"]\n{where}', name="w.toml"))
+    base = load_spec(write(tmp_path, 'command = ["x"]\nworkdir = "{v}"\n[params]\nv = "."', name="o.toml"))
+    with pytest.raises(SpecError, match="without '!' or ':'"):
+        base.with_overrides({"workdir": "{v:>99999999}"})
+
+
+@pytest.mark.parametrize("text, field", [
+    ('command = ["x"]\n[env]\n"A=B" = "1"', "env"),
+    ('command = ["x"]\n[env]\n"A\\u0000" = "1"', "env"),
+    ('command = ["x"]\n[env]\n"" = "1"', "env"),
+    ('command = ["x"]\n[env]\nA = "1\\u0000"', "env"),
+    ('command = ["x\\u0000y"]', "command"),
+    ('command = ["x"]\n[params]\nv = "\\u0000"', "params"),
+    ('command = ["x"]\npython = "/usr/bin/py\\u0000"', "python"),
+])
+def test_values_execve_cannot_pass_are_refused_before_launch(tmp_path: Path, text: str, field: str) -> None:
+    # These raised ValueError inside launch and left the attempt `launching`.
+    assert f"field '{field}" in spec_error(write(tmp_path, text))
+
+
+def test_set_values_are_validated_like_the_file(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, 'command = ["run", "{out}"]\n[params]\nout = "a"'))
+    with pytest.raises(SpecError, match="NUL") as info:
+        spec.with_overrides({"out": "a\0b"})
+    assert "\n" not in str(info.value)
+    with pytest.raises(SpecError, match="no such parameter") as info:
+        spec.with_overrides({"k" * 100_000: "1"})
+    assert len(str(info.value)) < 400
+
+
+def test_nested_toml_is_one_line(tmp_path: Path) -> None:
+    for deep in ("[" * 500 + "]" * 500, "{a = " * 500 + "1" + "}" * 500):
+        message = spec_error(write(tmp_path, f'command = ["x"]\nparams = {deep}'))
+        assert "nested too deeply" in message
+
+
+def test_echoed_values_are_cut_to_one_short_line(tmp_path: Path) -> None:
+    huge = "x\\n" * 3_000_000  # an 8 MB field of many lines gave an 8 MB error
+    message = spec_error(write(tmp_path, f'command = "{huge[: 300_000]}"'))
+    assert "field 'command'" in message and "…" in message
+    message = spec_error(write(tmp_path, f'command = ["x"]\n[env]\n"{"K=" * 10_000}" = "1"', name="k.toml"))
+    assert "…" in message
+
+
+def test_special_files_are_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # opening it for reading used to wait for a writer: forever
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(_error_of, fifo)
+        try:
+            message = future.result(timeout=10)
+        except TimeoutError:
+            with open(fifo, "w"):  # a writer appears: the blocked reader gets EOF and the test can end
+                pass
+            raise AssertionError("reading a FIFO spec blocked") from None
+    assert "not a regular file (a FIFO)" in message and str(fifo) in message
+    assert "character device" in _error_of(Path("/dev/zero"))  # read until MemoryError
+    assert "directory" in _error_of(tmp_path)
+    big = tmp_path / "big.toml"
+    big.write_text('command = ["x"]\n' + "#" * (2 << 20))
+    assert "larger than" in _error_of(big)
+    assert "NUL" in _error_of(Path("a\0b.toml"))
+
+
+def _error_of(path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert "\n" not in str(info.value)
+    return str(info.value)

@@ -20,10 +20,12 @@ from ..gpu import GpuSample
 # does, writes the exit status next to the log when the command ends (tmp + rename, so a
 # reader never sees half a number), and prints the wrapper's pid.  `setsid` does not fork
 # here: a background subshell of a non-interactive shell is not a group leader, so the
-# printed pid is the session leader's and equals its process group id.
+# printed pid is the session leader's and equals its process group id.  The log (and its
+# directory) is created under umask 077, readable by its user only; the command keeps the
+# umask the wrapper was given.
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
-mkdir -p "$(dirname "$log")" || exit 111
+( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
 cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
 ( trap '' HUP
   exec setsid sh -c '"$@"; rc=$?; printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"' "$status" "$@"

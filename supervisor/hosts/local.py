@@ -20,6 +20,7 @@ import psutil
 import structlog
 
 from ..errors import LaunchError
+from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
@@ -46,7 +47,7 @@ class LocalHost:
 
     async def launch(self, request: LaunchRequest) -> ProcessHandle:
         env = {**os.environ, **request.env, TAG_VAR: request.tag}
-        Path(request.log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(request.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(request.status_path)  # a stale status must never be read as this attempt's
         try:
@@ -55,6 +56,7 @@ class LocalHost:
                 request.log_path, request.status_path, request.workdir, *request.argv,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                umask=job_umask(),  # the daemon's own is 077; the job gets the one it was started with
             )
             out, err = await proc.communicate()
         except OSError as exc:

@@ -32,13 +32,12 @@ Every regex is compiled with RE2, which matches in linear time: a pattern RE2 ca
 compile (backreferences, lookaround) is refused.  Prefix and header regexes are matched
 at the start of the line; probe regexes anywhere in the line left after the prefixes.
 Any problem is a ``ProbePackError`` whose message is one line naming the file, the entry
-and what is wrong.
+and what is wrong.  A pack that would cost too much to match is refused too (``_limits``).
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +46,11 @@ from typing import Any
 import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ProbePackError
+from ..errors import ProbePackError, one_line, shown
 from ..events import FailureKind, Phase, ProbeKind
 from ..resources import probes_dir
+from ..textfile import read_toml
+from . import _limits
 
 PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
 BUILTIN_DIR = probes_dir()
@@ -63,8 +64,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+_ID = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+
+
 class ProbeDef(_Strict):
-    id: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+    id: str = Field(pattern=_ID)
     regex: str
     kind: str
     phase: str | None = None
@@ -75,7 +79,7 @@ class ProbeDef(_Strict):
 
 
 class PrefixDef(_Strict):
-    id: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+    id: str = Field(pattern=_ID)
     regex: str
     description: str = ""
 
@@ -87,7 +91,7 @@ class ClassifyDef(_Strict):
 
 
 class PackDef(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+    name: str = Field(pattern=_ID)
     description: str = ""
     priority: int = 50
     tracebacks: bool = False
@@ -201,13 +205,7 @@ def _check_unique(packs: list[Pack]) -> None:
 
 def load_pack_file(path: Path) -> Pack:
     """Read and validate one pack file."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ProbePackError(f"{path}: cannot read probe pack: {exc.strerror or exc}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ProbePackError(f"{path}: not valid TOML: {_one_line(str(exc))}") from exc
-    return parse_pack(raw, str(path))
+    return parse_pack(read_toml(path, "probe pack", ProbePackError), str(path))
 
 
 def parse_pack(raw: dict[str, Any], source: str) -> Pack:
@@ -216,6 +214,7 @@ def parse_pack(raw: dict[str, Any], source: str) -> Pack:
         spec = PackDef.model_validate(raw)
     except ValidationError as exc:
         raise ProbePackError(f"{source}: {_describe_validation(exc, raw)}") from exc
+    _check_size(spec, source)
     return Pack(
         name=spec.name,
         source=source,
@@ -227,6 +226,34 @@ def parse_pack(raw: dict[str, Any], source: str) -> Pack:
         classify=tuple(_classify_rule(spec.name, source, i, r) for i, r in enumerate(spec.classify)),
         probes=_probes(spec, source),
     )
+
+
+def _check_size(spec: PackDef, source: str) -> None:
+    entries = len(spec.probes) + len(spec.prefixes) + len(spec.headers) + len(spec.classify)
+    if entries > _limits.MAX_ENTRIES:
+        raise ProbePackError(f"{source}: {entries} entries (probes, prefixes, headers, classify rules); "
+                             f"the limit is {_limits.MAX_ENTRIES}: split the pack")
+    total = 0
+    for what, entry_id, regex in _regexes(spec):
+        if len(regex) <= _limits.MAX_PATTERN_CHARS:  # longer ones are refused, by name, with the entry
+            total += _program_size(regex)
+        if total > _limits.MAX_PACK_PROGRAM_SIZE:
+            raise ProbePackError(f"{source}: {what} {entry_id}: the pack's regexes compile to more than "
+                                 f"{_limits.MAX_PACK_PROGRAM_SIZE} RE2 instructions in all: split the pack")
+
+
+def _regexes(spec: PackDef) -> list[tuple[str, str, str]]:
+    return [*(("prefix", shown(r.id), r.regex) for r in spec.prefixes),
+            *(("header", shown(r.id), r.regex) for r in spec.headers),
+            *(("classify rule", str(i + 1), r.regex) for i, r in enumerate(spec.classify)),
+            *(("probe", shown(r.id), r.regex) for r in spec.probes)]
+
+
+def _program_size(regex: str) -> int:
+    try:
+        return int(re2.compile(regex, re2_options()).programsize)
+    except re2.error:
+        return 0  # reported with its entry
 
 
 def _probes(spec: PackDef, source: str) -> tuple[Probe, ...]:
@@ -258,9 +285,9 @@ def _probe(pack: str, source: str, d: ProbeDef) -> Probe:
     groups = tuple(sorted(compiled.groupindex, key=lambda g: compiled.groupindex[g]))
     for name, ftype in d.fields.items():
         if ftype not in FIELD_TYPES:
-            raise fail(f"field '{name}' has unknown type '{ftype}' (one of: {', '.join(FIELD_TYPES)})")
+            raise fail(f"field {shown(name)} has unknown type {shown(ftype)} (one of: {', '.join(FIELD_TYPES)})")
         if name not in groups:
-            raise fail(f"field '{name}' is not a named group of the regex (groups: {', '.join(groups) or 'none'})")
+            raise fail(f"field {shown(name)} is not a named group of the regex (groups: {', '.join(groups) or 'none'})")
     if kind is ProbeKind.PROGRESS and "done" not in groups:
         raise fail("a progress probe's regex needs a named group 'done' (and usually 'total')")
     return Probe(pack, d.id, d.regex, kind, phase, failure, dict(d.fields), dict(d.constants), groups)
@@ -276,7 +303,7 @@ def _rule(pack: str, source: str, what: str, rule_id: str, regex: str) -> Rule:
 
 def _classify_rule(pack: str, source: str, index: int, d: ClassifyDef) -> Rule:
     def fail(problem: str) -> ProbePackError:
-        return ProbePackError(f"{source}: classify rule {index + 1} ({d.failure}): {_one_line(problem)}")
+        return ProbePackError(f"{source}: classify rule {index + 1} ({one_line(d.failure, 24)}): {_one_line(problem)}")
 
     kind = _enum(FailureKind, d.failure, "failure", fail)
     compile_checked(d.regex, fail)
@@ -287,7 +314,7 @@ def _enum(enum: Any, value: str | None, what: str, fail: Any) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise fail(f"unknown {what} '{value}' (one of: {_choices(enum)})") from None
+        raise fail(f"unknown {what} {shown(value, 60)} (one of: {_choices(enum)})") from None
 
 
 def _choices(enum: Any) -> str:
@@ -301,15 +328,25 @@ def re2_options(*, capture: bool = True) -> re2.Options:
     options = re2.Options()
     options.max_mem = _RE2_MAX_MEM
     options.never_capture = not capture
+    options.log_errors = False  # RE2's C++ log lines on stderr would precede our one-line error
     return options
 
 
 def compile_checked(pattern: str, fail: Any) -> Any:
-    """Compile ``pattern`` with RE2 or raise ``fail(problem)`` saying why RE2 refused it."""
+    """Compile ``pattern`` with RE2 or raise ``fail(problem)`` saying why RE2 refused it or why
+    it would cost too much to match."""
+    if len(pattern) > _limits.MAX_PATTERN_CHARS:  # checked first: RE2 would spend its time on it
+        raise fail(f"regex is {len(pattern)} characters long (limit {_limits.MAX_PATTERN_CHARS})")
     try:
-        return re2.compile(pattern, re2_options())
+        compiled = re2.compile(pattern, re2_options())
     except re2.error as exc:
-        raise fail(_why_not_re2(pattern, str(exc))) from None
+        detail = exc.args[0] if exc.args else exc
+        text = detail.decode("utf-8", "replace") if isinstance(detail, bytes) else str(detail)
+        raise fail(_why_not_re2(pattern, text)) from None
+    problem = _limits.pattern_problem(pattern) or _limits.program_problem(compiled)
+    if problem is not None:
+        raise fail(problem)
+    return compiled
 
 
 def _why_not_re2(pattern: str, error: str) -> str:
@@ -317,7 +354,7 @@ def _why_not_re2(pattern: str, error: str) -> str:
         return "uses lookaround, which RE2 does not support (probes must match in linear time)"
     if "(?P=" in pattern or any(f"\\{d}" in pattern for d in "123456789"):
         return "uses a backreference, which RE2 does not support (probes must match in linear time)"
-    return f"regex does not compile with RE2: {error}"
+    return f"regex does not compile with RE2: {one_line(error, 200)}"
 
 
 # ---- error messages -------------------------------------------------------------------
@@ -332,9 +369,9 @@ def _describe_validation(exc: ValidationError, raw: dict[str, Any]) -> str:
         entry = raw.get(section, [])[index] if isinstance(raw.get(section), list) else {}
         entry_id = entry.get("id") if isinstance(entry, dict) else None
         label = {"probes": "probe", "prefixes": "prefix", "headers": "header", "classify": "classify rule"}[section]
-        where = f"{label} '{entry_id}': " if entry_id else f"{label} {index + 1}: "
+        where = f"{label} {shown(entry_id)}: " if entry_id else f"{label} {index + 1}: "
         loc = loc[2:]
-    key = ".".join(str(part) for part in loc)
+    key = one_line(".".join(str(part) for part in loc), 80)
     message = error["msg"]
     if error["type"] == "extra_forbidden":
         message = "unknown key"
@@ -344,4 +381,4 @@ def _describe_validation(exc: ValidationError, raw: dict[str, Any]) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return one_line(text)

@@ -1,0 +1,127 @@
+"""The house rules that keep the package readable, checked: no import cycle, no grab-bag module,
+no caller reaching into a runner's internals."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "supervisor"
+MAX_MODULE_LINES = 450
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _runtime_imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules `module` imports when it is imported (TYPE_CHECKING blocks and
+    imports inside functions are not import-time edges, so they cannot form a cycle)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else []:
+            if isinstance(sub, ast.ImportFrom):
+                target = _resolve(module, path.name == "__init__.py", sub)
+                for alias in sub.names:
+                    candidate = f"{target}.{alias.name}"
+                    found.add(candidate if candidate in known else target)
+            elif isinstance(sub, ast.Import):
+                found.update(alias.name for alias in sub.names)
+    return {m for m in found if m in known and m != module}
+
+
+def _any_imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """Every package module named by an import anywhere in the file, TYPE_CHECKING included."""
+    found: set[str] = set()
+    for sub in ast.walk(ast.parse(path.read_text())):
+        if isinstance(sub, ast.ImportFrom):
+            target = _resolve(module, path.name == "__init__.py", sub)
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in sub.names)
+    return found & known
+
+
+def test_no_import_cycle() -> None:
+    modules = _modules()
+    known = set(modules)
+    graph = {m: _any_imports(p, m, known) - {m} for m, p in modules.items()}
+    # A package's __init__ re-exporting its own modules is not a cycle with them.
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not (m.startswith(t + ".") and t in modules and modules[t].name == "__init__.py")}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles (TYPE_CHECKING imports count: they are a design cycle too):\n" + "\n".join(
+        " -> ".join(c) for c in cycles)
+
+
+def test_runtime_import_graph_is_acyclic_too() -> None:
+    modules = _modules()
+    known = set(modules)
+    graph = {m: _runtime_imports(m, p, known) for m, p in modules.items()}
+    seen: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for t in graph[m]:
+            assert seen.get(t) != 1, "runtime import cycle: " + " -> ".join(path + [m, t])
+            if t not in seen:
+                visit(t, path + [m])
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m, [])
+
+
+def test_no_module_is_a_grab_bag() -> None:
+    too_long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+                if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not too_long, f"split by concept: modules over {MAX_MODULE_LINES} lines: {too_long}"
+
+
+def test_nothing_outside_the_runner_reaches_into_its_live_state() -> None:
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in ("runner.py",) or path.parent.name == "runner":
+            continue
+        text = path.read_text()
+        if ".live.watchdog" in text or "runner.live" in text:
+            offenders.append(str(path.relative_to(PACKAGE.parent)))
+    assert not offenders, f"read JobRunner.snapshot() instead: {offenders}"
