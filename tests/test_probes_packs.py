@@ -235,7 +235,7 @@ def test_probe_command_refuses_a_costly_pack_file(tmp_path: Path, capsys: pytest
     log = tmp_path / "job.log"
     log.write_text("hello\n" * 10)
     costly = write_pack(tmp_path, probe_entry("(.*){1,1000}$", "slow"))
-    assert probe_command(str(log), [], [str(costly)], False) == 2
+    assert probe_command(str(log), [], [str(costly)], False) == 65
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(costly) in err and "probe 'slow'" in err and "RE2 instructions" in err
 
