@@ -11,8 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import DaemonProcess, wait_until
+from e2e_jobs import supervise
 
 from supervisor.client import Client
+from supervisor.events import Event, EventKind
+from supervisor.store import Store
 
 
 @pytest.fixture
@@ -111,3 +114,18 @@ def test_gpus_for_unknown_hosts_hold_no_host_slots(daemon: DaemonProcess) -> Non
     # No slot was made: no sampler started for any of them (a sampler says when it cannot sample).
     time.sleep(0.5)  # a sampler, had one been started, logs at once; nothing to poll for when none is
     assert "box" not in daemon.log_text()
+
+
+def test_events_json_lists_every_stored_event_past_one_page(daemon: DaemonProcess, daemon_env: dict[str, str]) -> None:
+    store = Store(daemon.paths.db)
+    store.upsert_job("many", {"name": "many", "command": ["true"]}, "done")
+    total = 10_000 + 1234  # one page is 10,000
+    store.record_events(Event(job="many", attempt=1, kind=EventKind.INFO, message=f"line {i}") for i in range(total))
+    store.close()
+    result = supervise(daemon_env, "events", "many", "--json")
+    assert result.returncode == 0, result.stderr
+    messages = [json.loads(line)["message"] for line in result.stdout.splitlines()]
+    assert messages == [f"line {i}" for i in range(total)]
+    # A follower's backlog too holds all of them before it waits for new ones.
+    followed = daemon.client().follow_events("many", until_done=True)
+    assert sum(1 for _ in followed) == total
