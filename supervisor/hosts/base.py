@@ -101,6 +101,12 @@ class Follower(Protocol):
         """Byte offset just past the last record yielded: where a restarted follower resumes."""
         ...
 
+    @property
+    def generation(self) -> int:
+        """How many times the log restarted from 0 (truncated, rotated), counted on from the
+        generation it was resumed at: with ``offset``, where a restarted follower resumes."""
+        ...
+
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail after the last record ('' if none): a progress bar's latest
         redraw, which tqdm leaves unterminated until the next one.  For display and progress only."""
@@ -142,7 +148,7 @@ class Host(Protocol):
         """Every live process of the attempt: its process group, its tree, and every tagged process."""
         ...
 
-    def follow(self, path: str, offset: int) -> Follower: ...
+    def follow(self, path: str, offset: int, generation: int = 0) -> Follower: ...
 
     async def sample_gpus(self) -> GpuSample:
         """GPU memory per device and process now; never raises (``available=False`` and the

@@ -121,8 +121,8 @@ class LocalHost:
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
         return await asyncio.to_thread(_kill_tree, handle, grace_s)
 
-    def follow(self, path: str, offset: int) -> LogFollower:
-        return LogFollower(Path(path), offset, poll_interval=self.poll_interval_s)
+    def follow(self, path: str, offset: int, generation: int = 0) -> LogFollower:
+        return LogFollower(Path(path), offset, generation, poll_interval=self.poll_interval_s)
 
     async def sample_gpus(self) -> GpuSample:
         return await asyncio.to_thread(self._gpus.sample)
