@@ -20,12 +20,16 @@ from ..gpu import GpuSample
 # does, writes the exit status next to the log when the command ends (tmp + rename, so a
 # reader never sees half a number), and prints the wrapper's pid.  `setsid` does not fork
 # here: a background subshell of a non-interactive shell is not a group leader, so the
-# printed pid is the session leader's and equals its process group id.
+# printed pid is the session leader's and equals its process group id.  Given a cgroup
+# (SUPERVISE_CGROUP, local attempts where cgroup v2 is writable), the subshell moves itself
+# into it first ("0": the writing process), so the command and all it starts are born inside.
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
 mkdir -p "$(dirname "$log")" || exit 111
 cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
 ( trap '' HUP
+  [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
+    echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
   exec setsid sh -c '"$@"; rc=$?; printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"' "$status" "$@"
 ) </dev/null >>"$log" 2>&1 &
 echo $!
