@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .config import Paths
-from .hosts import _remote
 from .errors import ConnectionLost, SuperviseError
+from .hosts import _remote
 
 if TYPE_CHECKING:
     from .hosts.ssh import SshHost

@@ -25,9 +25,9 @@ def _tqdm_log(path: Path) -> None:
     """tqdm's file output: every redraw starts with \\r and none ends; then a crash."""
     total = REDRAWS
     with open(path, "wb") as f:
-        for start in range(0, total, 10_000):
-            f.write("".join(f"\rTraining:  {100 * i // total}%|#####     | {i}/{total} [01:02<03:04, 5.00it/s]"
-                            for i in range(start + 1, start + 10_001)).encode())
+        f.writelines("".join(f"\rTraining:  {100 * i // total}%|#####     | {i}/{total} [01:02<03:04, 5.00it/s]"
+                             for i in range(start + 1, start + 10_001)).encode()
+                     for start in range(0, total, 10_000))
         f.write(b"\nTraceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
                 b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
 

@@ -21,10 +21,10 @@ import structlog
 
 from ..errors import LaunchError
 from ..gpu import GpuSample, NvmlSampler
-from . import cgroup
-from .cgroup import CGROUP_VAR, Containment
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
+from . import cgroup
+from .cgroup import CGROUP_VAR, Containment
 
 log = structlog.get_logger("supervise.launch")
 

@@ -206,7 +206,7 @@ class _RedrawCoalescer:
     def feed(self, records: Iterable[Record]) -> list[Record]:
         out: list[Record] = []
         for record in records:
-            key = _BAR_KEY.match(record.text).group() if record.redraw else None
+            key = _bar_key(record.text) if record.redraw else None
             if key is not None and key == self._key:
                 self._held = record
                 continue
@@ -218,6 +218,11 @@ class _RedrawCoalescer:
     def flush(self) -> list[Record]:
         held, self._held = self._held, None
         return [] if held is None else [held]
+
+
+def _bar_key(text: str) -> str:
+    found = _BAR_KEY.match(text)
+    return found.group() if found else ""
 
 
 class _Summary:
@@ -308,7 +313,8 @@ class _FailureCandidates:
     def choose(self) -> Failure | None:
         failures = [f for _, _, f in sorted(self._fatal + self._survivable, key=lambda c: c[0])]
         specific = [f for f in failures if f.kind is not FailureKind.OTHER]
-        return (specific or failures or [None])[0]
+        chosen = specific or failures
+        return chosen[0] if chosen else None
 
 
 def _outcome(last_phase: Phase | None, failure: Failure | None, ready: bool) -> Outcome:
