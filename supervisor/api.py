@@ -52,6 +52,10 @@ log = structlog.get_logger("supervise.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# How long a client may take to send a request body (headers: the server's own idle timer).
+REQUEST_TIMEOUT = web.AppKey("request_timeout_s", float)
+EVENTS_PAGE = 10_000  # the most events one answer holds: a reader pages on with `after`
+
 
 class Service(Protocol):
     """What the handlers need of the running daemon (service.Service provides it): the API
@@ -111,7 +115,7 @@ class Api:
         return _json(protocol.StopResponse(job=name, message=message, processes=processes))
 
     async def status(self, request: web.Request) -> web.StreamResponse:
-        only = request.query.get("job")
+        only = _checked_name(request.query.get("job", ""), "query parameter job") or None
         rows = [self.service.store.job(only)] if only else self.service.store.jobs()
         jobs = [job_status(row, self.service.store, self.service.snapshot(row.name)) for row in rows]
         sample = self.service.hosts.local.gpu.latest
@@ -125,12 +129,12 @@ class Api:
         return _json(protocol.JobsResponse(jobs=[job_status(r, self.service.store, self.service.snapshot(r.name)) for r in rows]))
 
     async def attempts(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
+        name = _path_name(request)
         self.service.store.job(name)
         return _json(protocol.AttemptsResponse(attempts=[attempt_info(a) for a in self.service.store.attempts(name)]))
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
+        name = _path_name(request)
         self.service.store.job(name)
         query = EventQuery(
             job=name, attempt=_int_query(request, "attempt"), min_attempt=_int_query(request, "min_attempt"),
@@ -138,18 +142,22 @@ class Api:
             kinds=[k for k in request.query.get("kinds", "").split(",") if k] or None,
         )
         if request.query.get("follow") != "1":
-            return _json(protocol.EventsResponse(events=[event_info(e) for e in self.service.store.query_events(query)]))
+            limit = _int_query(request, "limit", 1, EVENTS_PAGE) or EVENTS_PAGE
+            return _json(protocol.EventsResponse(events=[event_info(e) for e in self.service.store.query_events(query, limit)]))
         return await self._stream_events(request, query, until_done=request.query.get("until_done") == "1")
 
     async def _stream_events(self, request: web.Request, query: EventQuery, until_done: bool) -> web.StreamResponse:
         sub = self.service.bus.stream()  # subscribe before reading the backlog: nothing falls in between
         response = await _ndjson(request)
         try:
-            backlog = self.service.store.query_events(query)
-            for event in backlog:
-                await _write_line(response, event_info(event))
-            if backlog:
-                query = replace(query, after_id=backlog[-1].id or query.after_id)
+            while True:  # the whole backlog, a page at a time
+                backlog = self.service.store.query_events(query, EVENTS_PAGE)
+                for event in backlog:
+                    await _write_line(response, event_info(event))
+                if backlog:
+                    query = replace(query, after_id=backlog[-1].id or query.after_id)
+                if len(backlog) < EVENTS_PAGE:
+                    break
             while True:
                 try:
                     batch = await asyncio.wait_for(sub.queue.get(), timeout=0.5)
@@ -170,15 +178,16 @@ class Api:
         return response
 
     async def logs(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        self.service.store.job(name)
+        name = _path_name(request)
         n = _int_query(request, "attempt")
+        offset = _int_query(request, "offset") or 0  # checked before the stream starts: a bad one is a 400
+        self.service.store.job(name)
         row = self.service.store.attempt(name, n) if n else self.service.store.latest_attempt(name)
         if row is None:
             raise NotFound(f"job '{name}' has no attempts yet")
         follow = request.query.get("follow") == "1"
         response = await _ndjson(request)
-        follower = self.service.hosts.get(row.host).host.follow(row.log_path, _int_query(request, "offset") or 0)
+        follower = self.service.hosts.get(row.host).host.follow(row.log_path, offset)
         ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
         try:
             async for batch in follower.records():
@@ -204,12 +213,17 @@ class Api:
         follower.finish()
 
     async def gpus(self, request: web.Request) -> web.StreamResponse:
-        monitor = self.service.hosts.get(request.query.get("host", "local")).gpu
+        name = request.query.get("host", "local")
+        slot = self.service.hosts.find(name)
+        if slot is None:  # never make a slot for a request: each would hold a connection and a sampler
+            in_use = ", ".join(n for n, _ in self.service.hosts.items())
+            raise RequestRejected(f"no job runs on host {_cut(name)}: GPUs are sampled on hosts in use only ({in_use})", 400)
+        monitor = slot.gpu
         sample = monitor.latest or await monitor.sample()
         return _json(protocol.GpusResponse(available=sample.available, note=sample.reason, devices=gpu_devices(sample)))
 
     async def job_gpu(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
+        name = _path_name(request)
         job = self.service.store.job(name)
         attempts = self.service.store.attempts(name)
         host = job.spec.get("host", "local")
@@ -249,6 +263,7 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
 def build_app(service: Service) -> web.Application:
     handlers = Api(service)
     app = web.Application(middlewares=[_errors_middleware])
+    app[REQUEST_TIMEOUT] = service.settings.request_timeout_s
     for method, path, handler_name, _, _ in ROUTES:
         app.router.add_route(method, path, getattr(handlers, handler_name))
     app.router.add_get("/openapi.json", handlers.openapi)
@@ -278,10 +293,11 @@ def _error(exc: SuperviseError) -> web.Response:
 async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     """Everything a runner needs, checked before anything is stored: the spec with its
     overrides, its argv templates, its probe packs and its host's address."""
+    _checked_name(body.spec_path, "spec_path")
     # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
     spec = await asyncio.to_thread(_load_checked, body)
     try:
-        hosts.get(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
+        hosts.check(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
     except HostError as exc:
         raise SpecError(f"{spec.spec_path}: field 'host': {exc}") from exc
     return spec
@@ -299,21 +315,47 @@ def _json(model: BaseModel) -> web.Response:
 
 
 async def _body(request: web.Request, model: type[Any]) -> Any:
+    timeout = request.app[REQUEST_TIMEOUT]
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), timeout)
         return model.model_validate_json(raw or b"{}")
+    except TimeoutError as exc:
+        raise RequestRejected(f"the request body did not arrive within {timeout:g}s", 408) from exc
     except ValidationError as exc:
-        raise RequestRejected(f"bad request body: {exc.errors()[0]['msg']}", 400) from exc
+        raise RequestRejected(f"bad request body: {_cut(str(exc.errors()[0]['msg']))}", 400) from exc
 
 
-def _int_query(request: web.Request, key: str) -> int | None:
+_MAX_QUERY_INT = 2**63 - 1  # SQLite's INTEGER: a larger number would fail in the store, not here
+
+
+def _int_query(request: web.Request, key: str, low: int = 0, high: int = _MAX_QUERY_INT) -> int | None:
     value = request.query.get(key)
     if value in (None, ""):
         return None
     try:
-        return int(value)
-    except ValueError as exc:
-        raise RequestRejected(f"query parameter {key} must be an integer", 400) from exc
+        number: int | None = int(value)
+    except ValueError:  # also a string of more digits than int() converts
+        number = None
+    if number is None or not low <= number <= high:
+        raise RequestRejected(f"query parameter {key} must be an integer from {low} to {high}", 400)
+    return number
+
+
+def _path_name(request: web.Request) -> str:
+    return _checked_name(request.match_info["name"], "job name")
+
+
+def _checked_name(value: str, what: str) -> str:
+    """A name or path from a request, refused (400) when it holds a control character: a NUL
+    reaches the OS or SQLite as an error, a newline splits log and error lines."""
+    if any(ord(c) < 32 or c == "\x7f" for c in value):
+        raise RequestRejected(f"{what} must not contain control characters (NUL, newline): {_cut(value)!r}", 400)
+    return value
+
+
+def _cut(text: str, limit: int = 120) -> str:
+    """An echoed value, at most ``limit`` characters: an error line stays one short line."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 async def _ndjson(request: web.Request) -> web.StreamResponse:

@@ -301,7 +301,7 @@ def _follow_job(client: Client, job: str, attempt: int) -> int:
 
 
 def _print_events(client: Client, job: str, attempt: int | None, follow: bool, as_json: bool) -> int:
-    events = client.follow_events(job, attempt=attempt) if follow else iter(client.events(job, attempt).events)
+    events = client.follow_events(job, attempt=attempt) if follow else client.all_events(job, attempt)
     printer = _EventPrinter()
     for event in events:
         if as_json:

@@ -83,6 +83,19 @@ class Client:
         return self._call("GET", f"/v1/jobs/{job}/events", protocol.EventsResponse,
                           params=_params(attempt=attempt, kinds=",".join(kinds or []) or None, after=after))
 
+    def all_events(self, job: str, attempt: int | None = None, kinds: list[str] | None = None,
+                   page: int | None = None) -> Iterator[protocol.EventInfo]:
+        """Every stored event in id order, however many: one page after another."""
+        after = None
+        while True:
+            events = self._call("GET", f"/v1/jobs/{job}/events", protocol.EventsResponse,
+                                params=_params(attempt=attempt, kinds=",".join(kinds or []) or None, after=after,
+                                               limit=page)).events
+            yield from events
+            if not events:
+                return
+            after = events[-1].id
+
     def gpus(self) -> protocol.GpusResponse:
         return self._call("GET", "/v1/gpus", protocol.GpusResponse)
 

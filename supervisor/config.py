@@ -86,6 +86,8 @@ class DaemonSettings(BaseModel):
     metrics_addr: str | None = Field(None, description="host:port for Prometheus metrics over TCP, loopback only (e.g. 127.0.0.1:9464); "
                                                     "off when unset; /metrics on the control socket is always on")
     loop_lag_interval_s: float = Field(0.5, gt=0, description="how often the daemon measures its event loop's lag (the sleep's overshoot)")
+    request_timeout_s: float = Field(10.0, gt=0, le=3600, description="seconds a client may take to send a request's "
+                                     "headers, and again its body; a slower one is disconnected")
 
     @field_validator("alert_urls", mode="before")
     @classmethod

@@ -13,14 +13,17 @@ what to do.  The exit status is 1 when a required check is MISSING, else 0.
 from __future__ import annotations
 
 import asyncio
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .config import Paths
 from .hosts import _remote, _remote_parse
 from .errors import ConnectionLost, SuperviseError
+from .hosts import _remote
 
 if TYPE_CHECKING:
     from .hosts.ssh import SshHost
@@ -121,6 +124,35 @@ def _local_checks() -> list[Check]:
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
+    return checks + [_containment_check()] + _mode_checks(default_paths())
+
+
+def _containment_check() -> Check:
+    from .hosts.cgroup import ContainmentKind, detect
+
+    found = detect()
+    status = "ok" if found.kind is ContainmentKind.CGROUP else "warn"
+    return Check(status, "containment", f"{found.kind.value} ({found.reason})", required=False)
+
+
+def _mode_checks(paths: Paths) -> list[Check]:
+    """The state directory and what it holds (specs' env, every job's log) are this user's only."""
+    checks = []
+    for name, path in (("state dir", paths.state_dir), ("store", paths.db), ("daemon log", paths.daemon_log),
+                       ("job logs", paths.logs)):
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            checks.append(Check("ok", name, f"{path}: not made yet", required=False))
+            continue
+        except OSError as exc:
+            checks.append(Check("warn", name, f"{path}: cannot stat: {exc.strerror}", required=False))
+            continue
+        if mode & 0o077:
+            checks.append(Check("warn", name, f"{path} is mode {mode:04o}: other users can read it; "
+                                              f"`chmod go-rwx {path}`", required=False))
+        else:
+            checks.append(Check("ok", name, f"{path} is mode {mode:04o}", required=False))
     return checks
 
 

@@ -168,7 +168,9 @@ class Record:
     """One record read from a log.
 
     ``offset`` is the byte offset where the record starts and ``end`` the offset just past
-    its terminator, so following can resume at ``end``.  ``redraw`` is true when the record
+    its terminator, so following can resume at ``end``.  ``generation`` counts the times the
+    log restarted from 0 under its follower (truncated, rotated): an offset is a place in the
+    log only together with it.  ``redraw`` is true when the record
     was ended by a carriage return (a tqdm redraw) rather than a newline; ``cut`` is true
     when an over-long line was split to bound memory.
     """
@@ -178,6 +180,7 @@ class Record:
     end: int
     redraw: bool = False
     cut: bool = False
+    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -205,6 +208,7 @@ class Event:
     probe: str | None = None
     phase: Phase | None = None
     offset: int | None = None  # for probe events: where in the attempt's log it came from
+    generation: int = 0  # ... in which generation of the log (see Record)
     data: dict[str, Any] = field(default_factory=dict)
     id: int | None = None  # assigned by the store
     failure: Failure | None = None  # failure events only

@@ -12,6 +12,7 @@ can resume at any record's end.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from .events import Record
 
@@ -37,13 +38,15 @@ class RecordBuffer:
     complete; the unterminated tail is held until its terminator arrives (or ``flush`` at the
     end emits it).  ``offset`` is the log position just past the last record returned: where
     a restarted reader resumes with nothing lost or doubled.  ``end`` is where the next byte
-    fed belongs.
+    fed belongs.  ``generation`` counts the restarts from 0 (``restart``); every record
+    returned carries it.
     """
 
-    def __init__(self, offset: int = 0) -> None:
-        if offset < 0:
-            raise ValueError("offset must be >= 0")
+    def __init__(self, offset: int = 0, generation: int = 0) -> None:
+        if offset < 0 or generation < 0:
+            raise ValueError("offset and generation must be >= 0")
         self._offset = offset
+        self.generation = generation
         self._pending = bytearray()
         self._peak = 0
 
@@ -85,14 +88,26 @@ class RecordBuffer:
         batch, used = split_records(whole, self._offset, final=False)
         self._pending = bytearray(whole[used:])
         self._offset += used
-        return batch
+        return self._stamped(batch)
 
     def flush(self) -> list[Record]:
         """The end of the stream: the held partial line (if any) as its final record."""
         batch, used = split_records(bytes(self._pending), self._offset, final=True)
         self._pending = bytearray()
         self._offset += used
-        return batch
+        return self._stamped(batch)
+
+    def restart(self) -> None:
+        """The log started again from 0 (truncated, or replaced by a new file), after a ``flush``:
+        its offsets repeat, so what follows is a new generation."""
+        self.reset(0)
+        self.generation += 1
+
+    def _stamped(self, batch: list[Record]) -> list[Record]:
+        # Generation 0 is the splitter's default: copies are made only after a restart (rare).
+        if not self.generation:
+            return batch
+        return [replace(r, generation=self.generation) for r in batch]
 
     def reset(self, offset: int) -> None:
         """Drop the held bytes and continue at ``offset`` (``self.offset`` to read them again

@@ -307,7 +307,7 @@ class JobRunner:
 
     async def _watch(self, live: _Live) -> Judgement:
         engine = ProbeEngine(self._engine_packs, start_offset=live.row.log_offset)
-        follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset)
+        follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset, live.row.log_generation)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self.ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
         reader_reported = False
@@ -369,6 +369,7 @@ class JobRunner:
             else:
                 if self.ctx.records_seen is not None:
                     self.ctx.records_seen(self.spec.name, len(batch))
+                live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
                 unsaved.extend(self._observe(live, engine.feed_many(batch), records=len(batch)))
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
@@ -410,6 +411,7 @@ class JobRunner:
             now = live.watchdog.last_output_at
         events = [self._from_probe(live.row.n, pe) for pe in probe_events]
         for event in events:
+            event.generation = live.row.log_generation
             self._note(live, event, now)
         return events
 
@@ -421,7 +423,8 @@ class JobRunner:
         if not events and not force:
             return False
         state = live.watchdog.state()  # one look per batch: what to store, and when to look again
-        fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None}
+        fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
+                                  "log_generation": live.row.log_generation}
         if state.progress is not None:
             fields["progress"] = _progress_dict(state.progress)
         if state.failure is not None:

@@ -87,7 +87,12 @@ class Service:
         self._lock()
         await self.hosts.local.gpu.sample()
         await self.recover()
-        runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        # A client that never finishes its request is disconnected after request_timeout_s:
+        # aiohttp's idle timer runs from the connection's start until a whole request is parsed,
+        # and lingering over an unread body is cut to the same bound.
+        timeout = self.settings.request_timeout_s
+        runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False,
+                               keepalive_timeout=timeout, lingering_time=timeout)
         await runner.setup()
         with contextlib.suppress(FileNotFoundError):
             self.paths.socket.unlink()  # a previous daemon's socket; we hold the pid-file lock

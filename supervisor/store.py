@@ -99,6 +99,15 @@ _MIGRATIONS: tuple[str, ...] = (
         WHERE runs.job = attempts.job AND runs.n = attempts.n
     );
     """,
+    # Offsets restart at 0 when a log is truncated or rotated: a probe event is identified by
+    # the log's generation too (Record.generation), and the resume offset is stored with its own.
+    """
+    ALTER TABLE events ADD COLUMN log_generation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE attempts ADD COLUMN log_generation INTEGER NOT NULL DEFAULT 0;
+    DROP INDEX events_probe_once;
+    CREATE UNIQUE INDEX events_probe_once_per_generation
+        ON events(job, attempt, kind, probe, log_generation, log_offset) WHERE log_offset IS NOT NULL;
+    """,
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -136,6 +145,7 @@ class AttemptRow:
     action: str | None
     run: int = 1  # +1 at each `supervise start`; relaunches stay in their run
     run_attempt: int = 1  # its place in its run (read from the store, never written)
+    log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
 
 
 @dataclass(frozen=True)
@@ -289,10 +299,10 @@ class Store:
         with self._tx() as db:
             for event in stored:
                 cur = db.execute(
-                    "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, message, data_json) "
-                    "VALUES(?,?,?,?,?,?,?,?,?)",
+                    "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "
+                    "message, data_json) VALUES(?,?,?,?,?,?,?,?,?,?)",
                     (event.job, event.attempt, event.ts, event.kind.value, event.probe,
-                     event.phase.value if event.phase else None, event.offset, event.message,
+                     event.phase.value if event.phase else None, event.offset, event.generation, event.message,
                      json.dumps(_event_data(event), default=str)),
                 )
                 event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
@@ -371,6 +381,7 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         progress=load(row["progress_json"]), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
+        log_generation=row["log_generation"],
     )
 
 
@@ -406,5 +417,5 @@ def _event(row: sqlite3.Row) -> Event:
     return Event(
         job=row["job"], attempt=row["attempt"], kind=kind, message=row["message"],
         ts=row["ts"], probe=row["probe"], phase=Phase(row["phase"]) if row["phase"] else None,
-        offset=row["log_offset"], data=data, id=row["id"], failure=failure,
+        offset=row["log_offset"], generation=row["log_generation"], data=data, id=row["id"], failure=failure,
     )

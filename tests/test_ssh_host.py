@@ -551,7 +551,7 @@ def test_follow_resumes_at_a_stored_offset_and_treats_one_past_the_end_as_a_new_
             await host.close()
 
     records, truncations = run(go)
-    assert [(r.text, r.offset) for r in records] == [("new file", 0)]
+    assert [(r.text, r.offset, r.generation) for r in records] == [("new file", 0, 1)]  # another file: a new generation
     assert truncations == 1
 
 

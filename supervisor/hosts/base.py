@@ -22,12 +22,16 @@ from ..gpu import GpuSample
 # here: a background subshell of a non-interactive shell is not a group leader, so the
 # printed pid is the session leader's and equals its process group id.  The log (and its
 # directory) is created under umask 077, readable by its user only; the command keeps the
-# umask the wrapper was given.
+# umask the wrapper was given.  Given a cgroup (SUPERVISE_CGROUP, local attempts where
+# cgroup v2 is writable), the subshell moves itself into it first ("0": the writing
+# process), so the command and all it starts are born inside.
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
 ( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
 cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
 ( trap '' HUP
+  [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
+    echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
   exec setsid sh -c '"$@"; rc=$?; printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"' "$status" "$@"
 ) </dev/null >>"$log" 2>&1 &
 echo $!
@@ -103,6 +107,12 @@ class Follower(Protocol):
         """Byte offset just past the last record yielded: where a restarted follower resumes."""
         ...
 
+    @property
+    def generation(self) -> int:
+        """How many times the log restarted from 0 (truncated, rotated), counted on from the
+        generation it was resumed at: with ``offset``, where a restarted follower resumes."""
+        ...
+
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail after the last record ('' if none): a progress bar's latest
         redraw, which tqdm leaves unterminated until the next one.  For display and progress only."""
@@ -144,7 +154,7 @@ class Host(Protocol):
         """Every live process of the attempt: its process group, its tree, and every tagged process."""
         ...
 
-    def follow(self, path: str, offset: int) -> Follower: ...
+    def follow(self, path: str, offset: int, generation: int = 0) -> Follower: ...
 
     async def sample_gpus(self) -> GpuSample:
         """GPU memory per device and process now; never raises (``available=False`` and the

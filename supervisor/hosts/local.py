@@ -24,6 +24,8 @@ from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
+from . import cgroup
+from .cgroup import CGROUP_VAR, Containment
 
 log = structlog.get_logger("supervise.launch")
 
@@ -33,9 +35,12 @@ _START_TIME_TOLERANCE_S = 0.05  # create_time comes from clock ticks; same proce
 class LocalHost:
     name = "local"
 
-    def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5, nvml: Any | None = None) -> None:
-        """``nvml``: the ``pynvml`` module or a stand-in with its functions (None: pynvml)."""
+    def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5, nvml: Any | None = None,
+                 containment: Containment | None = None) -> None:
+        """``nvml``: the ``pynvml`` module or a stand-in with its functions (None: pynvml).
+        ``containment``: how attempts are contained (None: what this machine offers, see cgroup.py)."""
         self.log_root = log_root
+        self.containment = containment if containment is not None else cgroup.detect()
         self.poll_interval_s = poll_interval_s
         self._gpus = NvmlSampler(nvml=nvml)
 
@@ -47,6 +52,10 @@ class LocalHost:
 
     async def launch(self, request: LaunchRequest) -> ProcessHandle:
         env = {**os.environ, **request.env, TAG_VAR: request.tag}
+        env.pop(CGROUP_VAR, None)
+        group = self._make_cgroup(request.tag)
+        if group is not None:
+            env[CGROUP_VAR] = str(group)
         Path(request.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(request.status_path)  # a stale status must never be read as this attempt's
@@ -72,8 +81,21 @@ class LocalHost:
             log_path=request.log_path, status_path=request.status_path,
         )
 
+    def _make_cgroup(self, tag: str) -> Path | None:
+        group = self.containment.cgroup_of(tag)
+        if group is None:
+            return None
+        try:
+            cgroup.create(group)
+        except OSError as exc:  # e.g. the hierarchy was remounted read-only since start-up
+            log.warning("cannot make the attempt's cgroup; contained by tag and group only", cgroup=str(group),
+                        error=exc.strerror)
+            return None
+        return group
+
     async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
         await self._wait_gone(handle)
+        cgroup.remove(self.containment.cgroup_of(handle.tag))  # only once empty: an escaped process keeps it
         status = await self.exit_status(handle)
         return status if status is not None else ExitStatus(returncode=None, signal=None)
 
@@ -118,13 +140,13 @@ class LocalHost:
         return ExitStatus.from_wrapper_code(int(text)) if text.lstrip("-").isdigit() else None
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
-        return {p.pid for p in _attempt_processes(handle)}
+        return {p.pid for p in _attempt_processes(handle, self.containment.cgroup_of(handle.tag))}
 
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
-        return await asyncio.to_thread(_kill_tree, handle, grace_s)
+        return await asyncio.to_thread(_kill_tree, handle, grace_s, self.containment.cgroup_of(handle.tag))
 
-    def follow(self, path: str, offset: int) -> LogFollower:
-        return LogFollower(Path(path), offset, poll_interval=self.poll_interval_s)
+    def follow(self, path: str, offset: int, generation: int = 0) -> LogFollower:
+        return LogFollower(Path(path), offset, generation, poll_interval=self.poll_interval_s)
 
     async def sample_gpus(self) -> GpuSample:
         return await asyncio.to_thread(self._gpus.sample)
@@ -167,11 +189,14 @@ def _alive(handle: ProcessHandle) -> bool:
     return abs(created - handle.start_time) < _START_TIME_TOLERANCE_S
 
 
-def _attempt_processes(handle: ProcessHandle) -> list[psutil.Process]:
-    """Every live process of the attempt: the wrapper's group and tree, and every process
-    carrying the attempt's tag, which finds workers that escaped the group and were
-    re-parented to init."""
+def _attempt_processes(handle: ProcessHandle, group: Path | None = None) -> list[psutil.Process]:
+    """Every live process of the attempt: the wrapper's group and tree, every process carrying
+    the attempt's tag, which finds workers that escaped the group and were re-parented to init,
+    and every process in the attempt's cgroup, which nothing escapes."""
     found: dict[int, psutil.Process] = {}
+    for pid in cgroup.members(group):
+        with contextlib.suppress(psutil.Error):
+            found[pid] = psutil.Process(pid)
     # Only a wrapper identified by pid *and* start time anchors a tree or a group: a bare or
     # reused pid (pid 1 above all) must never make init's tree look like the attempt's.
     anchored = handle.pid > 1 and handle.start_time is not None and _alive(handle)
@@ -211,9 +236,9 @@ def _has_tag(proc: psutil.Process, tag: str) -> bool:
         return False
 
 
-def _kill_tree(handle: ProcessHandle, grace_s: float) -> KillReport:
+def _kill_tree(handle: ProcessHandle, grace_s: float, group: Path | None = None) -> KillReport:
     report = KillReport()
-    targets = _attempt_processes(handle)
+    targets = _attempt_processes(handle, group)
     names = {p.pid: _name(p) for p in targets}
     report.reparented = _reparented(handle, targets)
     _signal_all(handle, targets, signal.SIGTERM)
@@ -222,18 +247,21 @@ def _kill_tree(handle: ProcessHandle, grace_s: float) -> KillReport:
     while alive and time.monotonic() < deadline:
         _, alive = psutil.wait_procs(alive, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
         # A dying parent may spawn or orphan more tagged processes: they get SIGTERM too.
-        newcomers = [p for p in _attempt_processes(handle) if p.pid not in names]
+        newcomers = [p for p in _attempt_processes(handle, group) if p.pid not in names]
         _signal_all(handle, newcomers, signal.SIGTERM)
         alive = _merge(alive, newcomers, names)
     report.terminated = [(pid, names[pid]) for pid in names if pid not in {p.pid for p in alive}]
     for _ in range(3):  # a few rounds: KILL, then catch anything that appeared meanwhile
         if not alive:
             break
+        cgroup.kill(group)  # the whole cgroup at once: a process forking right now cannot slip out
         _signal_all(handle, alive, signal.SIGKILL)
         report.killed.extend((p.pid, names.get(p.pid, "?")) for p in alive)
         _, alive = psutil.wait_procs(alive, timeout=2.0)
-        alive = _merge(alive, _attempt_processes(handle), names)
+        alive = _merge(alive, _attempt_processes(handle, group), names)
     report.survivors = [(p.pid, names.get(p.pid, "?")) for p in alive]
+    if not alive:
+        cgroup.remove(group)
     return report
 
 

@@ -62,6 +62,7 @@ class LogFollower:
         self,
         path: Path,
         offset: int = 0,
+        generation: int = 0,
         *,
         poll_interval: float = 1.0,
         chunk_size: int = 1 << 20,
@@ -78,7 +79,7 @@ class LogFollower:
         self.chunk_size = chunk_size
         self.truncations = 0
         self.rotations = 0
-        self._buffer = RecordBuffer(offset)  # what was read but not yet yielded, and where
+        self._buffer = RecordBuffer(offset, generation)  # what was read but not yet yielded, and where
         self._fd = -1
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._want_inotify = use_inotify
@@ -112,6 +113,11 @@ class LogFollower:
     def offset(self) -> int:
         """Byte offset just past the last record yielded: where a restarted follower resumes."""
         return self._buffer.offset
+
+    @property
+    def generation(self) -> int:
+        """How many times the log restarted from 0, counted on from the generation resumed at."""
+        return self._buffer.generation
 
     @property
     def buffered(self) -> int:
@@ -345,7 +351,7 @@ class LogFollower:
             truncations=self.truncations,
         )
         batch = self._buffer.flush()  # the held-back bytes were real output before the truncation
-        self._buffer.reset(0)
+        self._buffer.restart()
         return batch
 
     def _switch_if_rotated(self) -> list[Record] | None:
@@ -357,7 +363,7 @@ class LogFollower:
         log.info("log rotated, following the new file", path=str(self.path), old_end=self._buffer.offset)
         batch = self._buffer.flush()
         self._close_file()
-        self._buffer.reset(0)
+        self._buffer.restart()
         return batch
 
     def _stat_ident(self) -> tuple[int, int] | None:

@@ -105,6 +105,16 @@ class Hosts:
             slot.task = asyncio.create_task(slot.gpu.run(), name=f"gpu:{name}")
         return slot
 
+    def find(self, name: str) -> HostSlot | None:
+        """The slot of a host in use, or None: never makes one (a request cannot grow the registry)."""
+        return self._slots.get(name)
+
+    def check(self, name: str) -> None:
+        """Parse a host's address (`SpecError`/`HostError` when bad) without keeping a slot: a spec
+        that is refused later must leave no connection or sampler behind."""
+        if name not in self._slots:
+            connect(name)  # builds the host object only; it holds nothing until first used
+
     def _slot(self, name: str, host: Host) -> HostSlot:
         return HostSlot(host, GpuMonitor(name, self.store, self.settings, host))
 

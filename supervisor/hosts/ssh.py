@@ -152,8 +152,8 @@ class SshHost(SshConnection):
                                      timeout=grace_s + 60, lane=None)
         return _remote_parse.parse_kill(out)
 
-    def follow(self, path: str, offset: int) -> SshFollower:
-        return SshFollower(self, path, offset)
+    def follow(self, path: str, offset: int, generation: int = 0) -> SshFollower:
+        return SshFollower(self, path, offset, generation)
 
     async def close(self) -> None:
         self._closed = True

@@ -41,7 +41,8 @@ class SshFollower:
     instant may be attributed to the old file; the supervisor's own logs are append-only.
     """
 
-    def __init__(self, host: SshConnection, path: str, offset: int = 0, *, chunk_size: int = 1 << 20) -> None:
+    def __init__(self, host: SshConnection, path: str, offset: int = 0, generation: int = 0, *,
+                 chunk_size: int = 1 << 20) -> None:
         if offset < 0 or chunk_size <= 0:
             raise ValueError("offset must be >= 0 and chunk_size > 0")
         self._host = host
@@ -49,7 +50,7 @@ class SshFollower:
         self.chunk_size = chunk_size
         self.truncations = 0
         self.restarts = 0  # channels started again after a drop
-        self._buffer = RecordBuffer(offset)  # what was received but not yet yielded, and where
+        self._buffer = RecordBuffer(offset, generation)  # what was received but not yet yielded, and where
         self._finishing = False
         self._closed = False
         self._waiting = False
@@ -69,6 +70,11 @@ class SshFollower:
     @property
     def buffered(self) -> int:
         return self._buffer.buffered
+
+    @property
+    def generation(self) -> int:
+        """How many times the log restarted from 0, counted on from the generation resumed at."""
+        return self._buffer.generation
 
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail received after the last record (see ``LogFollower.partial_text``)."""
@@ -222,6 +228,7 @@ class SshFollower:
             self.truncations += 1
             log.warning("stored offset past the end of the remote log: following from the start",
                         host=self._host.name, path=self.path, offset=self._buffer.offset)
+            self._buffer.restart()  # the file is not the one the offset was in: a new generation
             self._buffer.reset(start)
         self._notices = asyncio.create_task(self._watch_notices(proc))
         return proc
@@ -275,7 +282,7 @@ class SshFollower:
         log.warning("remote log truncated or replaced: following from the start", host=self._host.name,
                     path=self.path, offset=self._buffer.end)
         tail = self._buffer.flush()
-        self._buffer.reset(0)
+        self._buffer.restart()
         return tail
 
 

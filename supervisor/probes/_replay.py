@@ -13,16 +13,23 @@ chunks) and fed through a ``ProbeEngine``.  From the events:
   ``done`` if the ``done`` phase was reached; ``ready`` if the engine became ready (an
   ``engine_ready`` event, or lines of a server answering requests); else ``incomplete``.
 - ``progress``: the last state of every progress probe, in order of first appearance.
+
+Memory stays bounded whatever the log (a day of tqdm redraws is millions of records): the
+file is streamed, a run of redraws of one bar is read as its first and its last redraw, a
+run of progress events of one probe is listed as its first and last, the summary is kept
+as it goes (never from a list of every event), and at most ``_MAX_EVENTS`` events are listed
+(``events_omitted`` then says how many more there were).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..errors import ProbePackError, SuperviseError
 from ..events import (
@@ -33,12 +40,15 @@ from ..events import (
     Phase,
     ProbeEvent,
     ProbeKind,
+    Record,
 )
 from ..records import split_records
 from ._engine import ProbeEngine
 from ._pack import load_packs, search_dirs
 
 _CHUNK = 4 << 20
+_MAX_EVENTS = 100_000  # listed in a report; the summary counts every event
+_BAR_KEY = re.compile(r"[^\d]*")  # a bar's redraws share the text before their first digit
 _TRACEBACK_TAIL = 15
 _CRASHED = frozenset({Outcome.CRASHED, Outcome.OOM})
 _EX_NOINPUT = 66  # sysexits: an input file did not exist or was not readable
@@ -94,9 +104,12 @@ class ReplayReport(BaseModel):
     failure: FailureSummary | None
     progress: list[ProgressSummary]
     events: list[EventModel]
+    events_omitted: int = 0  # events beyond _MAX_EVENTS, counted but not listed
+    counts: dict[str, int] = Field(default_factory=dict, exclude=True)  # every event, by kind
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
+        # The documented shape; events_omitted only appears when the list was cut.
+        return self.model_dump_json(indent=2, exclude=None if self.events_omitted else {"events_omitted"})
 
     def render_text(self) -> str:
         """The report for humans: outcome, phase timeline, progress, failure."""
@@ -107,11 +120,9 @@ class ReplayReport(BaseModel):
             width = max(len(p.probe) for p in self.progress)
             lines += [f"  {p.probe:<{width}}  {_num(p.done)}/{_num(p.total)}" for p in self.progress]
         lines += self._failure_text()
-        counts: dict[str, int] = {}
-        for event in self.events:
-            counts[event.kind.value] = counts.get(event.kind.value, 0) + 1
+        counts = self.counts or _counts(self.events)
         summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-        lines.append(f"events: {len(self.events)}" + (f" ({summary})" if summary else ""))
+        lines.append(f"events: {sum(counts.values())}" + (f" ({summary})" if summary else ""))
         return "\n".join(lines)
 
     def _timeline(self) -> list[str]:
@@ -156,7 +167,8 @@ def replay_file(
         searched = ", ".join(str(d) for d in search_dirs())
         raise ProbePackError(f"no probe pack found (searched {searched}); reinstall supervise or pass --pack-file")
     engine = ProbeEngine(packs)
-    events: list[ProbeEvent] = []
+    summary = _Summary()
+    bars = _RedrawCoalescer()
     offset = 0
     pending = b""
     with open(path, "rb") as handle:
@@ -164,75 +176,160 @@ def replay_file(
             chunk = handle.read(_CHUNK)
             data = pending + chunk
             records, used = split_records(data, offset, final=not chunk)
-            events += engine.feed_many(records)
+            summary.add(engine.feed_many(bars.feed(records)))
+            del records
             pending = data[used:]
             offset += used
             if not chunk:
                 break
-    events += engine.flush()
-    return build_report(events)
+    summary.add(engine.feed_many(bars.flush()))
+    summary.add(engine.flush())
+    return summary.report()
 
 
 def build_report(events: Iterable[ProbeEvent]) -> ReplayReport:
     """The report for a finished log's events (in offset order)."""
-    events = list(events)
-    last_phase = _last_phase(events)
-    failure = choose_failure(events)
-    return ReplayReport(
-        outcome=_outcome(events, last_phase, failure),
-        last_phase=last_phase,
-        failure=None if failure is None else FailureSummary(
-            kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint
-        ),
-        progress=_progress(events),
-        events=[EventModel.of(e) for e in events],
-    )
+    summary = _Summary()
+    summary.add(events)
+    return summary.report()
 
 
-def _last_phase(events: list[ProbeEvent]) -> Phase | None:
-    phases = [e.phase for e in events if e.phase is not None]
-    return max(phases, key=lambda p: p.rank) if phases else None
+class _RedrawCoalescer:
+    """Of a run of redraws of one bar (records ended by a carriage return, alike up to their
+    first digit), passes on the first and the last: the redraws between say nothing the last
+    does not, and there may be millions of them."""
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._held: Record | None = None  # the latest redraw of the run, not passed on yet
+
+    def feed(self, records: Iterable[Record]) -> list[Record]:
+        out: list[Record] = []
+        for record in records:
+            key = _bar_key(record.text) if record.redraw else None
+            if key is not None and key == self._key:
+                self._held = record
+                continue
+            out += self.flush()
+            self._key = key
+            out.append(record)
+        return out
+
+    def flush(self) -> list[Record]:
+        held, self._held = self._held, None
+        return [] if held is None else [held]
 
 
-def choose_failure(events: list[ProbeEvent]) -> Failure | None:
-    """The failure that explains the log (see the module docstring for the rule)."""
-    ready_at = _latest_offset_from(events, Phase.ENGINE_READY)
-    failures = [e.failure for e in events if e.failure is not None and not _handled(e.failure, e.offset, ready_at)]
-    if not failures:
-        return None
-    specific = [f for f in failures if f.kind is not FailureKind.OTHER]
-    return (specific or failures)[0]
+def _bar_key(text: str) -> str:
+    found = _BAR_KEY.match(text)
+    return found.group() if found else ""
 
 
-def _handled(failure: Failure, offset: int, ready_at: int | None) -> bool:
-    """A failure logged below ERROR that the log got past (ready or serving afterwards)."""
-    return failure.survivable and ready_at is not None and ready_at > offset
+class _Summary:
+    """The report, kept as events come: bounded whatever their number."""
+
+    def __init__(self) -> None:
+        self.events: list[EventModel] = []
+        self.omitted = 0
+        self.counts: dict[str, int] = {}
+        self.last_phase: Phase | None = None
+        self.ready = False
+        self.progress: dict[str, ProgressSummary] = {}
+        self.failures = _FailureCandidates()
+        self._run_end: ProbeEvent | None = None  # the latest of a run of one probe's progress, unlisted
+
+    def add(self, events: Iterable[ProbeEvent]) -> None:
+        for event in events:
+            self.counts[event.kind.value] = self.counts.get(event.kind.value, 0) + 1
+            if event.phase is not None:
+                if self.last_phase is None or event.phase.rank > self.last_phase.rank:
+                    self.last_phase = event.phase
+                if event.phase.rank >= Phase.ENGINE_READY.rank:
+                    self.failures.ready_at(event.offset)
+            self.ready = self.ready or event.phase is Phase.ENGINE_READY or event.fields.get("serving") is True
+            if event.kind is ProbeKind.PROGRESS:
+                self.progress[event.probe] = ProgressSummary(
+                    probe=event.probe, done=event.fields.get("done"), total=event.fields.get("total"))
+            if event.failure is not None:
+                self.failures.add(event.failure, event.offset)
+            self._list(event)
+
+    def _list(self, event: ProbeEvent) -> None:
+        last = self.events[-1] if self.events else None
+        if (event.kind is ProbeKind.PROGRESS and last is not None and last.kind is ProbeKind.PROGRESS
+                and last.probe == event.probe):
+            self._run_end = event  # the middle of a run: only its last is listed
+            return
+        self._end_run()
+        self._append(event)
+
+    def _end_run(self) -> None:
+        if self._run_end is not None:
+            self._append(self._run_end)
+            self._run_end = None
+
+    def _append(self, event: ProbeEvent) -> None:
+        if len(self.events) < _MAX_EVENTS:
+            self.events.append(EventModel.of(event))
+        else:
+            self.omitted += 1
+
+    def report(self) -> ReplayReport:
+        self._end_run()
+        failure = self.failures.choose()
+        return ReplayReport(
+            outcome=_outcome(self.last_phase, failure, self.ready),
+            last_phase=self.last_phase,
+            failure=None if failure is None else FailureSummary(
+                kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint
+            ),
+            progress=list(self.progress.values()),
+            events=self.events,
+            events_omitted=self.omitted,
+            counts=self.counts,
+        )
 
 
-def _latest_offset_from(events: list[ProbeEvent], phase: Phase) -> int | None:
-    """The offset of the last event implying ``phase`` or a later one."""
-    offsets = [e.offset for e in events if e.phase is not None and e.phase.rank >= phase.rank]
-    return max(offsets) if offsets else None
+class _FailureCandidates:
+    """The failures that may explain the log (see the module docstring), at most four: the
+    first, and the first of a specific kind, of the fatal ones, and of the survivable ones
+    logged since the log last got ready (a later ready event handles those)."""
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._fatal: list[tuple[int, int, Failure]] = []  # (order, offset, failure)
+        self._survivable: list[tuple[int, int, Failure]] = []
+
+    def ready_at(self, offset: int) -> None:
+        self._survivable = [c for c in self._survivable if c[1] >= offset]
+
+    def add(self, failure: Failure, offset: int) -> None:
+        self._seq += 1
+        kept = self._survivable if failure.survivable else self._fatal
+        specific = failure.kind is not FailureKind.OTHER
+        if not kept or (specific and all(f.kind is FailureKind.OTHER for _, _, f in kept)):
+            kept.append((self._seq, offset, failure))
+
+    def choose(self) -> Failure | None:
+        failures = [f for _, _, f in sorted(self._fatal + self._survivable, key=lambda c: c[0])]
+        specific = [f for f in failures if f.kind is not FailureKind.OTHER]
+        chosen = specific or failures
+        return chosen[0] if chosen else None
 
 
-def _outcome(events: list[ProbeEvent], last_phase: Phase | None, failure: Failure | None) -> Outcome:
+def _outcome(last_phase: Phase | None, failure: Failure | None, ready: bool) -> Outcome:
     if failure is not None:
         return Outcome.OOM if failure.kind is FailureKind.CUDA_OOM else Outcome.CRASHED
     if last_phase is Phase.DONE:
         return Outcome.DONE
-    if any(e.phase is Phase.ENGINE_READY or e.fields.get("serving") is True for e in events):
-        return Outcome.READY
-    return Outcome.INCOMPLETE
+    return Outcome.READY if ready else Outcome.INCOMPLETE
 
 
-def _progress(events: list[ProbeEvent]) -> list[ProgressSummary]:
-    latest: dict[str, ProgressSummary] = {}
+def _counts(events: Iterable[EventModel]) -> dict[str, int]:
+    counts: dict[str, int] = {}
     for event in events:
-        if event.kind is ProbeKind.PROGRESS:
-            latest[event.probe] = ProgressSummary(
-                probe=event.probe, done=event.fields.get("done"), total=event.fields.get("total")
-            )
-    return list(latest.values())
+        counts[event.kind.value] = counts.get(event.kind.value, 0) + 1
+    return counts
 
 
 # ---- the CLI command ------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""Containment of local attempts: a cgroup v2 of their own where the machine allows it.
+
+A process that clears its environment (no ``SUPERVISE_ATTEMPT`` tag) and calls ``setsid``
+(another process group) escapes every other way of finding an attempt's processes; a cgroup
+it cannot leave, as systemd does for a unit.  Where a writable cgroup v2 hierarchy with
+``cgroup.kill`` (Linux >= 5.14) is mounted (as root, or in a delegated subtree), each local
+attempt runs in ``<own cgroup>/supervise/<tag>``: the launch wrapper moves itself there
+before it starts the command, so every descendant is born inside, and a stop ends them all
+by writing ``cgroup.kill``.  Elsewhere the tag and the process group remain the only means
+(``Containment.kind`` says which is in force; ``supervise doctor`` prints it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+CGROUP_VAR = "SUPERVISE_CGROUP"  # the attempt's cgroup, for the launch wrapper to enter
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class ContainmentKind(StrEnum):
+    CGROUP = "cgroup"  # every attempt in a cgroup of its own
+    TAG = "tag"  # the environment tag and the process group only
+
+
+@dataclass(frozen=True)
+class Containment:
+    kind: ContainmentKind
+    reason: str  # what was found, in words
+    root: Path | None = None  # where attempts' cgroups are made (kind CGROUP)
+
+    def cgroup_of(self, tag: str) -> Path | None:
+        """The cgroup of the attempt tagged ``tag`` (None without cgroup containment)."""
+        return None if self.root is None else self.root / _UNSAFE.sub("_", tag)
+
+
+def detect(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/self/cgroup")) -> Containment:
+    """Which containment this process can give its children, tried for real: a cgroup is made
+    and removed under its own, since permissions alone do not say (delegation, read-only mounts)."""
+    mount = _cgroup2_mount(mounts)
+    if mount is None:
+        return Containment(ContainmentKind.TAG, "no cgroup v2 hierarchy is mounted: processes are found by tag and group")
+    relative = _own_cgroup(own)
+    if relative is None:
+        return Containment(ContainmentKind.TAG, "this process has no cgroup v2 entry: processes are found by tag and group")
+    root = mount / relative.lstrip("/") / "supervise"
+    probe = root / f"probe-{os.getpid()}"
+    try:
+        root.mkdir(exist_ok=True)
+        probe.mkdir(exist_ok=True)
+        has_kill = (probe / "cgroup.kill").exists()
+        probe.rmdir()
+    except OSError as exc:
+        return Containment(ContainmentKind.TAG, f"cgroup v2 at {mount} is not writable here ({exc.strerror}): "
+                                                "processes are found by tag and group")
+    if not has_kill:
+        return Containment(ContainmentKind.TAG, "this kernel has no cgroup.kill (Linux < 5.14): processes are found "
+                                                "by tag and group")
+    return Containment(ContainmentKind.CGROUP, f"cgroup v2: every local attempt in its own cgroup under {root}", root)
+
+
+def _cgroup2_mount(mounts: Path) -> Path | None:
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return Path(fields[1].replace("\\040", " "))
+    return None
+
+
+def _own_cgroup(own: Path) -> str | None:
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    return next((line[3:] for line in lines if line.startswith("0::")), None)
+
+
+def create(path: Path) -> None:
+    path.mkdir(parents=False, exist_ok=True)
+
+
+def members(path: Path | None) -> set[int]:
+    """The pids in the cgroup now (none when it does not exist)."""
+    if path is None:
+        return set()
+    try:
+        return {int(pid) for pid in (path / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+def kill(path: Path | None) -> None:
+    """SIGKILL every process in the cgroup and its descendants, atomically (no fork escapes)."""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            (path / "cgroup.kill").write_text("1")
+
+
+def remove(path: Path | None) -> None:
+    """Remove the cgroup once empty (a live member keeps it, and it is tried again later)."""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.rmdir()
