@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from .config import Paths
 from .hosts import _remote, _remote_parse
 from .errors import ConnectionLost, SuperviseError
-from .hosts import _remote
 
 if TYPE_CHECKING:
     from .hosts.ssh import SshHost

@@ -133,7 +133,7 @@ def test_event_and_attempt_rows_in_the_old_shape_still_read(tmp_path: Path) -> N
     assert store.attempt("j", 1).failure == expected
 
 
-# The schema as version 1 shipped it (the tables the run migration touches), written out here so
+# The schema as version 1 shipped it (the tables the later migrations touch), written out here so
 # that the migration is tested against what real old stores hold.
 _V1_TABLES = """
 CREATE TABLE jobs (name TEXT PRIMARY KEY, spec_json TEXT NOT NULL, state TEXT NOT NULL,
@@ -145,6 +145,10 @@ CREATE TABLE attempts (
     exit_code INTEGER, exit_signal INTEGER, log_offset INTEGER NOT NULL DEFAULT 0, phase TEXT,
     progress_json TEXT, verdict TEXT, reason TEXT, failure_json TEXT, fingerprint TEXT, action TEXT,
     PRIMARY KEY (job, n));
+CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, attempt INTEGER NOT NULL,
+    ts REAL NOT NULL, kind TEXT NOT NULL, probe TEXT, phase TEXT, log_offset INTEGER, message TEXT NOT NULL,
+    data_json TEXT NOT NULL);
+CREATE UNIQUE INDEX events_probe_once ON events(job, attempt, kind, probe, log_offset) WHERE log_offset IS NOT NULL;
 PRAGMA user_version=1;
 """
 
