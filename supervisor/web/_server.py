@@ -144,13 +144,19 @@ class WebUi:
         token = saved.token if saved is not None else _config.new_token()  # open tabs keep working
         config = WebConfig(bind=request.bind, port=request.port, read_only=request.read_only, token=token)
         if config != self.config:
+            if self.config is not None and (self.config.bind, self.config.port) == (config.bind, config.port):
+                await self.close()  # the same address: free it for the new server
+            runner = await self._start(config)  # on failure the page already served stays up
             await self.close()
-            await self._serve(config)
+            self._runner, self.config = runner, config
         _config.save(self.service.paths, config)
         mode = " (read-only)" if config.read_only else ""
         return protocol.WebResponse(url=config.url, message=f"serving the web page{mode} at {config.url}")
 
     async def _serve(self, config: WebConfig) -> None:
+        self._runner, self.config = await self._start(config), config
+
+    async def _start(self, config: WebConfig) -> web.AppRunner:
         runner = web.AppRunner(build_web_app(self.service, config), access_log=None, handle_signals=False,
                                shutdown_timeout=0.5)  # open event streams must not hold up a stop
         await runner.setup()
@@ -160,8 +166,8 @@ class WebUi:
             await runner.cleanup()
             raise ConfigError(f"cannot serve the web page on {config.bind}:{config.port}: "
                               f"{exc.strerror or exc}; pick another --port") from exc
-        self._runner, self.config = runner, config
         log.info("web page served", address=f"{config.bind}:{config.port}", read_only=config.read_only)
+        return runner
 
     async def close(self) -> None:
         if self._runner is not None:

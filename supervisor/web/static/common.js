@@ -37,11 +37,13 @@ function elapsed() { return (performance.now() - live.receivedAt) / 1000; }
 function progressBar(p) {
   if (!p) return null;
   const pct = p.total ? Math.min(100, 100 * p.done / p.total) : 0;
-  const label = `${p.probe}: ${num(p.done)}${p.total ? "/" + num(p.total) : ""}` +
-    (p.total ? ` (${Math.floor(pct)}%)` : "") + ` · ${rate(p.rate_s_per_it)} · ETA ${dur(p.eta_s === null ? null : p.eta_s - elapsed())}`;
-  const bar = el("div", { class: "bar", "data-done": p.done, "data-total": p.total ?? "" },
-    el("div", { style: `width:${pct}%` }), el("span", { text: label }));
-  return bar;
+  const count = `${num(p.done)}${p.total ? "/" + num(p.total) + ` (${Math.floor(pct)}%)` : ""}`;
+  const eta = p.eta_s === null ? null : p.eta_s - elapsed();
+  return el("div", { class: "progress" },
+    el("div", { class: "bar", "data-done": p.done, "data-total": p.total ?? "" },
+      el("div", { style: `width:${pct}%` }), el("span", { text: count })),
+    el("div", { class: "row" }, el("span", { class: "probe", text: p.probe }),
+      el("span", { text: rate(p.rate_s_per_it) }), el("span", { text: "ETA " + dur(eta) })));
 }
 
 function health(job) {
@@ -75,6 +77,23 @@ function jobCard(job, readOnly) {
     el("div", { class: "msg" }));
 }
 
+// Redraw a card in place: only the parts that changed are replaced, so a button under the
+// pointer survives the once-a-second redraw, and an action's answer (.msg) stays.
+function patchCard(old, fresh) {
+  if (!old) return fresh;
+  if (old.children.length !== fresh.children.length) {
+    fresh.querySelector(".msg").replaceWith(old.querySelector(".msg"));
+    old.replaceWith(fresh);
+    return fresh;
+  }
+  for (const attr of ["data-state"]) old.setAttribute(attr, fresh.getAttribute(attr));
+  [...fresh.children].forEach((child, i) => {
+    const mine = old.children[i];
+    if (!child.classList.contains("msg") && mine.outerHTML !== child.outerHTML) mine.replaceWith(child);
+  });
+  return old;
+}
+
 async function act(job, verb, button) {
   button.disabled = true;
   const msg = button.closest(".card").querySelector(".msg");
@@ -87,7 +106,6 @@ async function act(job, verb, button) {
   } catch (e) {
     msg.textContent = String(e);
   }
-  msg.dataset.keep = "1";
 }
 
 // The live feed.  The browser's EventSource reconnects by itself after a drop (a daemon

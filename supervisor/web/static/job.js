@@ -31,7 +31,9 @@ function onEvent(e) {
   events.push(e);
   if (passes(e)) {
     const list = document.getElementById("events");
+    const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
     list.append(eventRow(e));
+    if (atEnd) list.scrollTop = list.scrollHeight;
     if (list.children.length > MAX_ROWS) list.firstElementChild.remove();
   }
   later("log", 1000, loadLog);
@@ -115,10 +117,9 @@ function renderFailure(attempts) {
 function renderJob() {
   const s = live.status;
   if (!s || !s.jobs.length) return;
-  const keep = document.querySelector("#card .msg[data-keep]");
-  const card = jobCard(s.jobs[0], s.read_only);
-  if (keep) { card.querySelector(".msg").textContent = keep.textContent; card.querySelector(".msg").dataset.keep = "1"; }
-  document.getElementById("card").replaceChildren(card);
+  const box = document.getElementById("card");
+  const card = patchCard(box.querySelector(".card"), jobCard(s.jobs[0], s.read_only));
+  if (card.parentNode !== box) box.replaceChildren(card);
 }
 
 function onStatus(s) {
