@@ -247,7 +247,8 @@ def test_stuck_load_then_relaunch_on_the_job_page(home: Path, daemon_env: dict[s
         wait_until(lambda: "attempt 2/2" in _text(browser, "#card"))
         assert browser.find_elements(By.CSS_SELECTOR, "#events li.verdict")
         shots = os.environ.get("SUPERVISE_WEB_SHOTS")
-        if shots:
+        if shots:  # the second load under way, its bar drawn, its stall countdown running
+            wait_until(lambda: _text(browser, "#card .bar") and "stalled in" in _text(browser, "#card"))
             browser.set_window_size(1200, 1500)
             browser.save_screenshot(str(Path(shots) / "web-job.png"))
             browser.get(web.base + "/")

@@ -19,7 +19,7 @@ function passes(e) {
 
 function eventRow(e) {
   const detail = e.kind === "phase" && e.phase ? `${e.phase}: ${e.message}` : e.message;
-  return el("li", { class: e.kind, "data-id": e.id }, `${clock(e.ts)} #${e.attempt} `, el("b", { text: e.kind }), " " + detail);
+  return el("li", { class: e.kind, "data-id": e.id, title: detail.length > 200 ? detail.slice(0, 2000) : null }, `${clock(e.ts)} #${e.attempt} `, el("b", { text: e.kind }), " " + detail);
 }
 
 function renderEvents() {
