@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .hosts.registry import Hosts
     from .metrics import Metrics
     from .snapshot import RunnerSnapshot
+    from .web import WebUi
 
 log = structlog.get_logger("supervise.api")
 
@@ -68,6 +69,7 @@ class Service(Protocol):
     hosts: Hosts
     metrics: Metrics
     runners: dict[str, JobRunner]
+    web: WebUi
 
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner: ...
 
@@ -240,6 +242,9 @@ class Api:
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=await self.service.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
+    async def web_page(self, request: web.Request) -> web.StreamResponse:
+        return _json(await self.service.web.configure(await _body(request, protocol.WebRequest)))
+
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(openapi_schema())
 
@@ -257,6 +262,7 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("GET", "/v1/gpus", "gpus", None, protocol.GpusResponse),
     ("GET", "/v1/jobs/{name}/gpu", "job_gpu", None, protocol.JobGpuResponse),
     ("GET", "/v1/config", "config", None, protocol.ConfigResponse),
+    ("POST", "/v1/web", "web_page", protocol.WebRequest, protocol.WebResponse),
 ]
 
 

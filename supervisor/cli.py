@@ -109,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     p = add("doctor", cmd_doctor, "check that a host can run supervised jobs (SSH, shell tools, nvidia-smi, disk)")
     p.add_argument("--host", default=None, metavar="ssh://[user@]host[:port]",
                    help="the remote host to check (default: this machine)")
+
+    p = add("web", cmd_web, "serve a live web page of the jobs on loopback TCP, behind a token (README: web page)")
+    p.add_argument("--port", type=int, default=8787)
+    p.add_argument("--bind", default="127.0.0.1", help="loopback unless --allow-remote")
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --bind")
+    p.add_argument("--read-only", action="store_true", help="no stop button")
+    p.add_argument("--off", action="store_true", help="stop serving the page and forget its token")
     return parser
 
 
@@ -286,6 +293,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor_command
 
     return doctor_command(args.host)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    request = protocol.WebRequest.model_construct(port=args.port, bind=args.bind, allow_remote=args.allow_remote,
+                                                  read_only=args.read_only, off=args.off)
+    print(_client().web(request).message)
+    return 0
 
 
 # -- rendering --------------------------------------------------------------------------

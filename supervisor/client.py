@@ -105,6 +105,9 @@ class Client:
     def config(self) -> protocol.ConfigResponse:
         return self._call("GET", "/v1/config", protocol.ConfigResponse)
 
+    def web(self, request: protocol.WebRequest) -> protocol.WebResponse:
+        return self._call("POST", "/v1/web", protocol.WebResponse, request)
+
     def follow_events(self, job: str, *, attempt: int | None = None, min_attempt: int | None = None, after: int = 0,
                       until_done: bool = False, kinds: list[str] | None = None) -> Iterator[protocol.EventInfo]:
         params = _params(follow="1", attempt=attempt, min_attempt=min_attempt, after=after,

@@ -208,3 +208,18 @@ class ConfigResponse(BaseModel):
     config_file: str
     config_file_exists: bool
     settings: list[SettingInfo]
+
+
+class WebRequest(BaseModel):
+    """`supervise web`: serve the web page over TCP (or stop serving it, with ``off``)."""
+
+    port: int = Field(default=8787, ge=1, le=65535)
+    bind: str = Field(default="127.0.0.1", description="a loopback address unless allow_remote")
+    allow_remote: bool = Field(default=False, description="allow a non-loopback bind (the token still guards it)")
+    read_only: bool = Field(default=False, description="no actions (stop) from the page")
+    off: bool = False
+
+
+class WebResponse(BaseModel):
+    url: str = Field(description="the page's address with its token; '' when off")
+    message: str

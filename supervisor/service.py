@@ -36,6 +36,7 @@ from .runner import GpuView, JobRunner, RunnerContext
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow, Store
+from .web import WebUi
 
 log = structlog.get_logger("supervise.daemon")
 
@@ -65,6 +66,7 @@ class Service:
         self.metrics = Metrics(self)  # reads job_readings() and host_readings()
         self.bus.subscribe(self.metrics.on_events)
         self._metrics_runner: web.AppRunner | None = None
+        self.web = WebUi(self)  # off until `supervise web`; then back at every start (state_dir/web.json)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -107,6 +109,7 @@ class Service:
                                                name="loop-lag"))
         if self.settings.metrics_bind is not None:
             self._metrics_runner = await serve_tcp(self.metrics, *self.settings.metrics_bind)
+        await self.web.resume()
         log.info("daemon listening", socket=str(self.paths.socket), pid=os.getpid(), version=__version__)
         try:
             await self._stopping.wait()
@@ -125,6 +128,7 @@ class Service:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
+        await self.web.close()
         await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             self.paths.socket.unlink()

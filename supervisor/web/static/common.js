@@ -1,0 +1,141 @@
+// Shared by the overview and the job page: formatting, the job card, the event stream, actions.
+"use strict";
+
+const ACTIVE = new Set(["starting", "waiting", "running", "backoff"]);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "text") node.textContent = v; else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+
+function dur(s) {
+  if (s === null || s === undefined || !isFinite(s)) return "–";
+  s = Math.max(0, Math.round(s));
+  if (s < 90) return s + "s";
+  if (s < 5400) return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
+  return Math.floor(s / 3600) + "h" + String(Math.floor(s / 60) % 60).padStart(2, "0") + "m";
+}
+
+function clock(ts) { return new Date(ts * 1000).toLocaleTimeString(); }
+
+function rate(sPerIt) {
+  if (!sPerIt) return "–";
+  return sPerIt < 1 ? (1 / sPerIt).toFixed(1) + " it/s" : sPerIt.toFixed(1) + " s/it";
+}
+
+function num(x) { return Number.isInteger(x) ? String(x) : x.toFixed(1); }
+
+// The page's clock: statuses carry the daemon's time; countdowns run on from when one arrived.
+const live = { status: null, receivedAt: 0 };
+function elapsed() { return (performance.now() - live.receivedAt) / 1000; }
+
+function progressBar(p) {
+  if (!p) return null;
+  const pct = p.total ? Math.min(100, 100 * p.done / p.total) : 0;
+  const count = `${num(p.done)}${p.total ? "/" + num(p.total) + ` (${Math.floor(pct)}%)` : ""}`;
+  const eta = p.eta_s === null ? null : p.eta_s - elapsed();
+  return el("div", { class: "progress" },
+    el("div", { class: "bar", "data-done": p.done, "data-total": p.total ?? "" },
+      el("div", { style: `width:${pct}%` }), el("span", { text: count })),
+    el("div", { class: "row" }, el("span", { class: "probe", text: p.probe }),
+      el("span", { text: rate(p.rate_s_per_it) }), el("span", { text: "ETA " + dur(eta) })));
+}
+
+function health(job) {
+  if (!ACTIVE.has(job.state)) return null;
+  const nv = job.next_verdict;
+  if (job.next_relaunch_in_s !== null && job.next_relaunch_in_s !== undefined)
+    return el("span", { class: "health warn", text: `relaunch in ${dur(job.next_relaunch_in_s - elapsed())}` });
+  if (!nv) return el("span", { class: "health", text: "healthy" });
+  const left = nv.in_s - elapsed();
+  return el("span", { class: "health " + (left < 30 ? "bad" : "warn"), title: nv.reason,
+    text: `→ ${nv.verdict} in ${dur(left)}` });
+}
+
+function jobCard(job, readOnly) {
+  const a = job.attempt;
+  const stop = !readOnly && ACTIVE.has(job.state)
+    ? el("button", { class: "stop", "data-job": job.name, text: "Stop" }) : null;
+  if (stop) stop.addEventListener("click", () => act(job.name, "stop", stop));
+  const facts = el("div", { class: "row" },
+    el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
+    el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
+    health(job),
+    job.last_output_age_s !== null && job.last_output_age_s !== undefined && ACTIVE.has(job.state)
+      ? el("span", { class: "age", text: `output ${dur(job.last_output_age_s + elapsed())} ago` }) : null,
+    job.host !== "local" ? el("span", { text: job.host }) : null);
+  return el("div", { class: "card job", "data-job": job.name, "data-state": job.state },
+    el("h3", {}, el("a", { href: "/job/" + encodeURIComponent(job.name), text: job.name }),
+      el("span", { class: "badge " + job.state, text: job.state }), stop),
+    facts, progressBar(a && a.progress),
+    job.reason ? el("div", { class: "reason", text: job.reason }) : null,
+    el("div", { class: "msg" }));
+}
+
+// Redraw a card in place: only the parts that changed are replaced, so a button under the
+// pointer survives the once-a-second redraw, and an action's answer (.msg) stays.
+function patchCard(old, fresh) {
+  if (!old) return fresh;
+  if (old.children.length !== fresh.children.length) {
+    fresh.querySelector(".msg").replaceWith(old.querySelector(".msg"));
+    old.replaceWith(fresh);
+    return fresh;
+  }
+  for (const attr of ["data-state"]) old.setAttribute(attr, fresh.getAttribute(attr));
+  [...fresh.children].forEach((child, i) => {
+    const mine = old.children[i];
+    if (!child.classList.contains("msg") && mine.outerHTML !== child.outerHTML) mine.replaceWith(child);
+  });
+  return old;
+}
+
+async function act(job, verb, button) {
+  button.disabled = true;
+  const msg = button.closest(".card").querySelector(".msg");
+  msg.textContent = verb + "…";
+  try {
+    const r = await fetch(`/api/jobs/${encodeURIComponent(job)}/${verb}`,
+      { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
+    const text = await r.text();
+    msg.textContent = r.ok ? JSON.parse(text).message : text;
+  } catch (e) {
+    msg.textContent = String(e);
+  }
+}
+
+// The live feed.  The browser's EventSource reconnects by itself after a drop (a daemon
+// restart) and sends the last event id it saw; the daemon replays from there.
+function connect(query, onEvent, onStatus) {
+  const conn = document.getElementById("conn");
+  const source = new EventSource("/api/stream" + query);
+  source.addEventListener("open", () => { conn.textContent = "live"; conn.className = "conn"; });
+  source.addEventListener("error", () => { conn.textContent = "reconnecting…"; conn.className = "conn down"; });
+  source.addEventListener("job-event", (m) => onEvent(JSON.parse(m.data)));
+  source.addEventListener("status", (m) => {
+    live.status = JSON.parse(m.data);
+    live.receivedAt = performance.now();
+    onStatus(live.status);
+  });
+  return source;
+}
+
+function gpuBlock(devices, note, pidJobs) {
+  if (!devices.length) return el("p", { class: "muted", text: note || "no GPUs" });
+  const box = el("div");
+  for (const d of devices) {
+    const pct = d.total_mib ? 100 * d.used_mib / d.total_mib : 0;
+    const procs = el("ul");
+    for (const p of d.processes)
+      procs.append(el("li", { text: `pid ${p.pid}: ${p.used_mib} MiB` + (pidJobs[p.pid] ? ` (${pidJobs[p.pid]})` : "") }));
+    box.append(el("div", { class: "gpu" }, el("b", { text: `GPU ${d.index} ${d.name}` }),
+      el("div", { class: "bar" }, el("div", { style: `width:${pct}%` }),
+        el("span", { text: `${d.used_mib} / ${d.total_mib} MiB` + (d.util_pct !== null ? ` · ${d.util_pct}% util` : "") })),
+      d.processes.length ? procs : null));
+  }
+  return box;
+}

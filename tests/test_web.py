@@ -1,0 +1,259 @@
+"""The web page in a real headless browser (Debian's chromium + chromium-driver, driven by selenium),
+served by a real daemon running real jobs.  CI installs chromium (.ci/run): these tests never skip.
+
+Screenshots for the README: `SUPERVISE_WEB_SHOTS=docs pytest tests/test_web.py -k stuck` saves the
+overview and the job page of the stuck-load-then-relaunch run there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service as DriverService
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from conftest import REPO, DaemonProcess, wait_until
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB
+from supervisor import protocol
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+STALL_TSV = REPO / "tests" / "data" / "pacing" / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
+REPLAY = REPO / "tests" / "jobs" / "replay.py"
+SLEEPER = "import time\nprint('working', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Web:
+    """The page as `supervise web` serves it for one daemon."""
+
+    def __init__(self, daemon: DaemonProcess, port: int, read_only: bool = False) -> None:
+        self.daemon = daemon
+        answer = daemon.client().web(protocol.WebRequest(port=port, read_only=read_only))
+        self.url = answer.url
+        self.base = f"http://127.0.0.1:{port}"
+        self.token = self.url.rsplit("token=", 1)[1]
+
+    def get(self, path: str, token: str | None = None, **kwargs: object) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(self.base + path, headers=headers, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def web(daemon: DaemonProcess) -> Web:
+    return Web(daemon, _free_port())
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    options = Options()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=DriverService("/usr/bin/chromedriver"), options=options)
+    yield driver
+    driver.quit()
+
+
+def _open(browser: WebDriver, web: Web, path: str = "/") -> None:
+    browser.get(f"{web.base}{path}?token={web.token}")
+    browser.execute_script("window.notReloaded = true")  # gone if the page ever reloads
+
+
+def _script(browser: WebDriver, js: str) -> object:
+    return browser.execute_script(js)
+
+
+def _text(browser: WebDriver, selector: str) -> str:
+    """An element's text now, read in the page (the page redraws: held references go stale)."""
+    return _script(browser, f"const e = document.querySelector({json.dumps(selector)}); return e ? e.innerText : ''")  # type: ignore[return-value]
+
+
+def _bar_done(browser: WebDriver, job: str) -> float | None:
+    return _script(browser, f"const b = document.querySelector('.card[data-job=\"{job}\"] .bar');"  # type: ignore[return-value]
+                            "return b ? Number(b.dataset.done) : null")
+
+
+def test_overview_bar_advances_without_reload(web: Web, browser: WebDriver, make_job: Callable[..., Path],
+                                              tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    spec = make_job("loader", PROGRESS_JOB, params=f', "20", "0.02", "{gate}"', extra="[health]\nstall_floor_s = 60\n")
+    web.daemon.client().start(str(spec), {})
+    _open(browser, web)
+    wait_until(lambda: _bar_done(browser, "loader") == 10)  # held at the gate, halfway
+    gate.touch()
+    wait_until(lambda: (_bar_done(browser, "loader") or 0) > 10)
+    assert _script(browser, "return window.notReloaded") is True
+    assert "attempt 1/" in _text(browser, '.card[data-job="loader"]')
+
+
+def test_crash_appears_with_its_traceback(web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
+    spec = make_job("crashy", CRASHING_JOB, extra="[restart]\nmax_attempts = 1\n")
+    web.daemon.client().start(str(spec), {})
+    _open(browser, web, "/job/crashy")
+    wait_until(lambda: "KeyError" in _text(browser, "#traceback"))
+    traceback = _text(browser, "#traceback")
+    assert "Traceback (most recent call last)" in traceback and "layers.0.weight_scale" in traceback
+    wait_until(lambda: _text(browser, ".card .badge") == "failed")
+    assert browser.find_elements(By.CSS_SELECTOR, "#events li.failure")
+
+
+def test_stop_from_the_page_stops_the_job(web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
+    spec = make_job("sleeper", SLEEPER)
+    client = web.daemon.client()
+    client.start(str(spec), {})
+    pid = client.attempts("sleeper").attempts[0].pid
+    assert pid is not None and psutil.pid_exists(pid)
+    _open(browser, web)
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '.card[data-job="sleeper"] button.stop'))
+    browser.find_element(By.CSS_SELECTOR, '.card[data-job="sleeper"] button.stop').click()
+    wait_until(lambda: client.status("sleeper").jobs[0].state == "stopped")
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    wait_until(lambda: "stopped sleeper" in _text(browser, '.card[data-job="sleeper"] .msg'))
+
+
+def test_no_token_is_refused_and_bad_values_get_one_line(web: Web, browser: WebDriver,
+                                                          make_job: Callable[..., Path]) -> None:
+    browser.get(web.base + "/")
+    assert "no valid token" in _text(browser, "body")
+    assert browser.find_elements(By.ID, "jobs") == []
+    spec = make_job("quick", PROGRESS_JOB, params=', "3", "0.01"')
+    web.daemon.client().start(str(spec), {})
+    refusals = [
+        (web.get("/"), 401), (web.get("/", token="wrong" * 5), 401), (web.get("/api/stream"), 401),
+        (web.get("/job/nosuchjob", token=web.token), 404),
+        (web.get("/api/jobs/nosuchjob/log", token=web.token), 404),
+        (web.get("/api/stream?job=nosuchjob", token=web.token), 404),
+        (web.get("/api/stream?after=abc", token=web.token), 400),
+        (web.get("/api/stream?after=-3", token=web.token), 400),
+        (web.get("/api/jobs/quick/log?lines=0", token=web.token), 400),
+        (web.get("/api/jobs/quick/log?attempt=x", token=web.token), 400),
+        (web.get("/static/../../etc/passwd", token=web.token), 404),
+        (httpx.post(web.base + "/api/jobs/quick/stop", cookies={f"supervise_{web.base.rsplit(':', 1)[1]}": web.token},
+                    headers={"Origin": "http://evil.example"}, timeout=10), 403),
+        (httpx.post(web.base + "/api/jobs/quick/stop", params={"token": web.token}, timeout=10), 403),
+        (httpx.post(web.base + "/api/jobs/quick/launch", headers={"Authorization": f"Bearer {web.token}"}, timeout=10), 404),
+    ]
+    for response, status in refusals:
+        assert response.status_code == status, (response.request.url, response.text)
+        assert response.text.count("\n") <= 1 and response.text.strip(), response.text
+    assert web.daemon.client().ping().pid == web.daemon.proc.pid  # type: ignore[union-attr]
+
+
+def test_read_only_page_refuses_actions(daemon: DaemonProcess, make_job: Callable[..., Path]) -> None:
+    web = Web(daemon, _free_port(), read_only=True)
+    spec = make_job("kept", SLEEPER)
+    daemon.client().start(str(spec), {})
+    response = httpx.post(web.base + "/api/jobs/kept/stop", headers={"Authorization": f"Bearer {web.token}"}, timeout=10)
+    assert response.status_code == 403 and "read-only" in response.text
+    assert daemon.client().status("kept").jobs[0].state == "running"
+
+
+def test_token_file_is_private_and_a_remote_bind_needs_the_flag(web: Web) -> None:
+    path = web.daemon.home / "web.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["token"] == web.token
+    from supervisor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        web.daemon.client().web(protocol.WebRequest(port=_free_port(), bind="0.0.0.0"))
+    with socket.socket() as holder:  # another program holds the port asked for
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        with pytest.raises(ConfigError, match="cannot serve"):
+            web.daemon.client().web(protocol.WebRequest(port=holder.getsockname()[1]))
+    assert web.get("/", token=web.token).status_code == 200  # the page served before still is
+    assert json.loads(path.read_text())["token"] == web.token
+
+
+def test_390px_wide_no_horizontal_scroll(web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
+    spec = make_job("a-job-with-a-rather-long-name-for-a-phone", PROGRESS_JOB, params=', "40", "0.05"')
+    web.daemon.client().start(str(spec), {})
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
+    _open(browser, web)
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, ".card .bar"))
+    assert _script(browser, "return window.innerWidth") == 390
+    widths = _script(browser, "const j = document.getElementById('jobs');"
+                              "return [document.documentElement.scrollWidth, j.scrollWidth, j.clientWidth]")
+    assert widths[0] <= 390 and widths[1] <= widths[2], widths  # type: ignore[index]
+
+
+def _page_event_ids(browser: WebDriver) -> list[int]:
+    return _script(browser, "return [...document.querySelectorAll('#events li')].map(li => Number(li.dataset.id))")  # type: ignore[return-value]
+
+
+def test_reconnect_after_a_daemon_restart_has_no_gap_and_no_duplicate(
+        web: Web, browser: WebDriver, make_job: Callable[..., Path], tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    spec = make_job("steady", PROGRESS_JOB, params=f', "30", "0.02", "{gate}"', extra="[health]\nstall_floor_s = 60\n")
+    client = web.daemon.client()
+    client.start(str(spec), {})
+    _open(browser, web, "/job/steady")
+    wait_until(lambda: any(e.kind == "progress" and e.data.get("done") == 15 for e in client.events("steady").events))
+    wait_until(lambda: len(_page_event_ids(browser)) == len(client.events("steady").events))
+    before = max(_page_event_ids(browser))
+    web.daemon.kill(signal.SIGTERM)
+    wait_until(lambda: "reconnecting" in _text(browser, "#conn"))
+    gate.touch()  # the job writes the rest of its log while no daemon reads it
+    web.daemon.start()  # recovery drains the log: new events, published to the page's stream
+    client = web.daemon.client()
+    wait_until(lambda: client.status("steady").jobs[0].state == "done", timeout=30)
+    stored = [e.id for e in client.events("steady").events]
+    wait_until(lambda: _page_event_ids(browser) == stored, timeout=15)
+    assert max(stored) > before  # some events reached the page only after the restart
+    assert _script(browser, "return window.notReloaded") is True
+    assert _text(browser, "#conn") == "live"
+
+
+def test_stuck_load_then_relaunch_on_the_job_page(home: Path, daemon_env: dict[str, str], browser: WebDriver,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon_env["SUPERVISE_POLL_INTERVAL_S"] = "3600"  # all prompt below is event-driven
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        web = Web(daemon, _free_port())
+        spec = home / "stuck.toml"
+        command = json.dumps([sys.executable, str(REPLAY), str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
+                              "--collapse-gaps-over", "0.5", "--freeze-after", "42"])
+        spec.write_text(f'name = "stuck-load"\ncommand = {command}\nprobes = ["python", "vllm", "tqdm", "transformers"]\n'
+                        "stop_grace_s = 1\n[health]\nstall_floor_s = 4.0\n[restart]\nmax_attempts = 2\nbackoff_initial_s = 1\n"
+                        "backoff_jitter_s = 0\n")
+        client = daemon.client()
+        client.start(str(spec), {})
+        _open(browser, web, "/job/stuck-load")
+        wait_until(lambda: len(client.attempts("stuck-load").attempts) == 2
+                   and client.attempts("stuck-load").attempts[1].progress is not None, timeout=60)
+        wait_until(lambda: "■" in _text(browser, "#timeline") and "▶" in _text(browser, "#timeline"))
+        wait_until(lambda: "attempt 2/2" in _text(browser, "#card"))
+        assert browser.find_elements(By.CSS_SELECTOR, "#events li.verdict")
+        shots = os.environ.get("SUPERVISE_WEB_SHOTS")
+        if shots:  # the second load under way, its bar drawn, its stall countdown running
+            wait_until(lambda: _text(browser, "#card .bar") and "stalled in" in _text(browser, "#card"))
+            browser.set_window_size(1200, 1500)
+            browser.save_screenshot(str(Path(shots) / "web-job.png"))
+            browser.get(web.base + "/")
+            wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, ".card .bar"))
+            browser.set_window_size(1200, 600)
+            browser.save_screenshot(str(Path(shots) / "web-overview.png"))
+    finally:
+        daemon.close()
