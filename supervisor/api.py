@@ -43,11 +43,10 @@ from .views import attempt_info, event_info, gpu_devices, job_status
 
 if TYPE_CHECKING:
     from .bus import EventBus
-    from .config import LoadedSettings, Paths
+    from .config import DaemonSettings, LoadedSettings, Paths
     from .hosts.registry import Hosts
     from .metrics import Metrics
     from .snapshot import RunnerSnapshot
-    from .web import WebUi
 
 log = structlog.get_logger("supervise.api")
 
@@ -58,18 +57,43 @@ REQUEST_TIMEOUT = web.AppKey("request_timeout_s", float)
 EVENTS_PAGE = 10_000  # the most events one answer holds: a reader pages on with `after`
 
 
+class WebControl(Protocol):
+    """The web page's switch (web.WebUi provides it)."""
+
+    async def configure(self, request: protocol.WebRequest) -> protocol.WebResponse: ...
+
+
 class Service(Protocol):
     """What the handlers need of the running daemon (service.Service provides it): the API
-    depends on this shape, not on the lifecycle module that serves it."""
+    depends on this shape, not on the lifecycle module that serves it.  Read-only
+    properties, so that the service may hold more specific types."""
 
-    paths: Paths
-    loaded: LoadedSettings
-    store: Store
-    bus: EventBus
-    hosts: Hosts
-    metrics: Metrics
-    runners: dict[str, JobRunner]
-    web: WebUi
+    @property
+    def paths(self) -> Paths: ...
+
+    @property
+    def settings(self) -> DaemonSettings: ...
+
+    @property
+    def loaded(self) -> LoadedSettings: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def hosts(self) -> Hosts: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def runners(self) -> dict[str, JobRunner]: ...
+
+    @property
+    def web(self) -> WebControl: ...
 
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner: ...
 

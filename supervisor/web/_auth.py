@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ..errors import SuperviseError, http_status
 from ._config import WebConfig
@@ -41,7 +42,7 @@ def _matches(given: str | None, token: str) -> bool:
     return given is not None and secrets.compare_digest(given.encode(), token.encode())
 
 
-def middleware(config: WebConfig) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def middleware(config: WebConfig) -> Middleware:
     name = cookie_name(config)
 
     @web.middleware

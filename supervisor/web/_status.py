@@ -13,7 +13,7 @@ from ..views import attempt_info, gpu_devices, job_status
 
 if TYPE_CHECKING:
     from ..hosts.base import Host
-    from ._server import WebService
+    from ..api import Service as WebService
 
 _TAIL_BYTES = 256 * 1024  # how far back from a local log's end the tail starts
 

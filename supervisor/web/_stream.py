@@ -26,7 +26,7 @@ from ._status import PageStatus
 if TYPE_CHECKING:
     from ..events import Event
     from ..store import Store
-    from ._server import WebService
+    from ..api import Service as WebService
 
 HEARTBEAT_S = 2.0  # a status at least this often: ages and countdowns stay true
 _MIN_STATUS_GAP_S = 0.3  # a busy log's batches share one status
