@@ -318,7 +318,8 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         latest = store.latest_attempt(job)
-        if latest is not None and latest.n > previous and latest.state != "launching":
+        # No pid: the launch failed (the attempt ended at once); the runner's error says why.
+        if latest is not None and latest.n > previous and latest.state != "launching" and latest.pid is not None:
             return latest.n
         if not runner.running:
             raise _start_failure(job, runner, store.job(job).reason)
