@@ -78,7 +78,7 @@ class _Worker:
             fn, loop, future = item
             try:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
-            except Exception as exc:  # handed to the caller
+            except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
                 outcome = (None, exc)
             try:
                 loop.call_soon_threadsafe(_settle, future, *outcome)
@@ -141,7 +141,7 @@ class Matcher:
             started = time.thread_time()
             try:
                 events = engine.feed_many(chunk)
-            except Exception as exc:
+            except Exception as exc:  # the culprit is disabled, or it is raised when none is left
                 if not self.packs:
                     raise
                 # The engine's state is suspect: rescue what it completed, match the chunk again.
@@ -165,7 +165,7 @@ class Matcher:
         if self._engine is not None:
             try:
                 out.events.extend(self._engine.flush())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
                 log.warning("probe engine flush failed", error=repr(exc))
         return out
 
@@ -175,7 +175,7 @@ class Matcher:
                 self._tail = ProbeEngine(self.packs, start_offset=record.offset)
             # flush() ends whatever the tail may have opened: each read starts clean.
             events = self._tail.feed_many([record]) + self._tail.flush()
-        except Exception as exc:  # the record, once complete, goes through feed(), which says why
+        except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
             log.warning("reading the log's unterminated tail failed", error=repr(exc))
             self._tail = None
             return []
@@ -185,7 +185,7 @@ class Matcher:
         while self._engine is None:
             try:
                 self._engine = ProbeEngine(self.packs, start_offset=offset)
-            except Exception as exc:
+            except Exception as exc:  # the culprit is disabled, or it is raised when none is left
                 if not self.packs:
                     raise
                 self._disable(self._unbuildable(), f"cannot be compiled for matching: {type(exc).__name__}: {exc}", out)
@@ -195,8 +195,8 @@ class Matcher:
         """Replace the engine by one without the disabled packs, from ``offset``."""
         try:
             out.events.extend(e for e in engine.flush() if e.offset < offset)
-        except Exception:
-            pass  # what it held is lost; the log goes on being read
+        except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
+            log.warning("the probe engine could not hand over what it held", error=repr(exc))
         self._engine = None
         self._tail = None
         self._built(out, offset)
@@ -221,7 +221,7 @@ class Matcher:
                 engine = ProbeEngine([pack], start_offset=sample[0].offset)
                 engine.feed_many(sample)
                 engine.flush()
-            except Exception:
+            except Exception:  # noqa: BLE001 - contained: see the module's doc
                 return pack
             costs.append((time.thread_time() - started, index))
         return self.packs[max(costs)[1]]
@@ -230,7 +230,7 @@ class Matcher:
         for pack in self.packs:
             try:
                 ProbeEngine([pack])
-            except Exception:
+            except Exception:  # noqa: BLE001 - contained: see the module's doc
                 return pack
         return None
 

@@ -20,11 +20,17 @@ import structlog
 
 from .alerts import Alert, Alerter
 from .bus import EventBus
-from .errors import StoreError, SuperviseError
+from .errors import LaunchError, StoreError, SuperviseError
 from .events import Event, EventKind, Failure, ProbeEvent, ProbeKind, Record, Verdict
-from .errors import LaunchError
 from .gpu import GpuSample, foreign_processes, wait_for_release
-from .hosts.base import ExitStatus, Follower, Host, KillReport, LaunchRequest, ProcessHandle
+from .hosts.base import (
+    ExitStatus,
+    Follower,
+    Host,
+    KillReport,
+    LaunchRequest,
+    ProcessHandle,
+)
 from .matching import Matcher, PackDisabled, TailReader
 from .pending_writes import PendingWrites
 from .policy import RestartPolicy
@@ -140,7 +146,7 @@ class JobRunner:
             await self._attempts(resume)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
             try:
                 await self._contain(exc)
             except Exception:  # the daemon must outlive any one job's bug
@@ -215,7 +221,7 @@ class JobRunner:
     async def _alive(self, live: _Live) -> bool:
         try:
             return await self.ctx.host.is_alive(live.handle)
-        except Exception:
+        except Exception:  # noqa: BLE001 - contained: a live process is never left unsupervised
             return True  # cannot tell: keep watching, `stop` can still kill it
 
     async def _watch_exit_only(self, live: _Live, exc: Exception) -> None:
@@ -307,7 +313,7 @@ class JobRunner:
             request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
                                     status_path=status_path, tag=tag)
             handle = await self.ctx.host.launch(request)
-        except Exception as exc:
+        except Exception as exc:  # re-raised as a SuperviseError
             # Whatever failed, the attempt ends here: a row left `launching` would be taken for
             # a launch the daemon died in, by the next daemon's recovery.
             error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
@@ -525,7 +531,7 @@ class JobRunner:
             live.failure = event.failure
         try:
             live.watchdog.observe(event, now)
-        except Exception as exc:  # one event the watchdog cannot take must not end the watch
+        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
             self._contained(live, f"the watchdog could not take an event of probe {event.probe}", exc)
 
     def _contained(self, live: _Live, what: str, exc: Exception) -> None:
@@ -545,7 +551,7 @@ class JobRunner:
         # A log that cannot be read to its end must not stop the attempt from being judged.
         try:
             await asyncio.wait_for(reader, timeout=30)
-        except Exception:  # timed out, or the reader failed (said when it did)
+        except Exception:  # noqa: BLE001, S110 - timed out, or the reader failed (said when it did)
             pass
         except asyncio.CancelledError:
             # The reader was cancelled: judge anyway.  This task being cancelled (the daemon
@@ -553,9 +559,9 @@ class JobRunner:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
-        try:  # a matcher stuck on a costly chunk must not hold up the verdict
+        try:
             flushed = self._matched(live, await asyncio.wait_for(engine.flush(), timeout=10))
-        except Exception:
+        except Exception:  # noqa: BLE001 - a matcher stuck on a costly chunk must not hold up the verdict
             flushed = []
         events, offset = self._observe(live, flushed), follower.offset
         self._writes.submit(lambda: self._save(live, events, offset, force=True))

@@ -4,15 +4,18 @@ attempt, a failed launch ends its attempt, and recovery never overwrites a newer
 
 from __future__ import annotations
 
+import re
+import shutil
 import signal
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
-
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
+from test_full_disk import small_home  # noqa: F401 - the 4 MiB tmpfs fixture
 
 from supervisor.config import Paths
 from supervisor.spec import load_spec
@@ -214,3 +217,58 @@ def test_stop_of_a_watched_job_goes_through_its_runner(daemon: DaemonProcess, ho
     assert job_state(client, "plain") == "stopped"
     wait_until(lambda: _gone(pid), timeout=10)
     assert client.attempts("plain").attempts[0].exit_signal == signal.SIGTERM
+
+
+def test_a_job_that_exits_on_a_full_disk_is_recorded_once_there_is_room(
+        small_home: Path,  # noqa: F811 - the fixture imported above
+        daemon_env: dict[str, str], monkeypatch) -> None:
+    """The store is full when the job exits 0: its exit, verdict and end are kept and stored
+    once space returns (before, supervision ended for good and the job read `failed`)."""
+    env = {**daemon_env, "SUPERVISE_HOME": str(small_home)}
+    monkeypatch.setenv("SUPERVISE_HOME", str(small_home))
+    gate = small_home / "gate"
+    script = (
+        "import os, time\n"
+        "for i in range(1, 21):\n"
+        "    print(f'Loading checkpoint shards: {i*5}%|#| {i}/40 [00:00<00:01, 5.0it/s]', flush=True)\n"
+        f"while not os.path.exists('{gate}'):\n"
+        "    time.sleep(0.01)\n")  # then exits 0 without writing: the disk is full
+    spec = _spec(small_home, "fullexit", script)
+    # The daemon's own log lives off the small disk: it must say when it meets the full store.
+    outside = Path(tempfile.mkdtemp(prefix="sv-log-", dir="/tmp")) / "daemon-test.log"
+    (small_home / "daemon-test.log").symlink_to(outside)
+    daemon = DaemonProcess(small_home, env)
+    daemon.start()
+    try:
+        client = daemon.client()
+        client.start(str(spec), {})
+        wait_until(lambda: len([e for e in client.events("fullexit").events if e.kind == "progress"]) >= 20)
+        pid = client.attempts("fullexit").attempts[0].pid
+        spare = small_home / "spare"
+        spare.write_bytes(b"\0" * 4096)  # freed later: room for the exit status, not for the store
+        filler = small_home / "filler"
+        with open(filler, "wb") as f:  # fill the disk to the last byte
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        gate.touch()  # an empty file needs an inode, not a block: a full tmpfs still takes it
+        # The command has exited; its wrapper waits for room to write the exit status.
+        wait_until(lambda: not psutil.Process(pid).children(), timeout=30)
+        spare.unlink()  # the status is written, the wrapper ends: the daemon sees the exit, the store is full
+        wait_until(lambda: _gone(pid), timeout=30)
+        # The runner met the full store (it says so in its log), then room returns.
+        wait_until(lambda: re.search(r"cannot store|store cannot be written", daemon.log_text()))
+        assert client.ping().pid == daemon.proc.pid
+        filler.unlink()
+        wait_until(lambda: job_state(client, "fullexit") != "running", timeout=30)
+        assert job_state(client, "fullexit") == "done", client.status("fullexit").jobs[0].reason
+        attempt = client.attempts("fullexit").attempts[0]
+        assert (attempt.state, attempt.exit_code, attempt.verdict) == ("ended", 0, "done"), attempt
+        kinds = [e.kind for e in client.events("fullexit").events]
+        assert kinds.count("exited") == 1 and kinds.count("verdict") == 1 and kinds.count("progress") == 20
+    finally:
+        daemon.close()
+        shutil.rmtree(outside.parent, ignore_errors=True)

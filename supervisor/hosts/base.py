@@ -21,12 +21,15 @@ from ..gpu import GpuSample
 # reader never sees half a number), and prints the wrapper's pid.  `setsid` does not fork
 # here: a background subshell of a non-interactive shell is not a group leader, so the
 # printed pid is the session leader's and equals its process group id.
+# A status that cannot be written (a full disk) is tried again each second for up to an hour:
+# the wrapper lives on meanwhile, so the daemon sees the attempt end once its true exit is known.
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
 mkdir -p "$(dirname "$log")" || exit 111
 cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
 ( trap '' HUP
-  exec setsid sh -c '"$@"; rc=$?; printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"' "$status" "$@"
+  exec setsid sh -c '"$@"; rc=$?; n=0; until printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"; do
+    n=$((n+1)); [ $n -gt 3600 ] && exit "$rc"; sleep 1; done' "$status" "$@"
 ) </dev/null >>"$log" 2>&1 &
 echo $!
 """
