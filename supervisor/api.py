@@ -32,13 +32,14 @@ from .errors import (
     http_status,
     row_of,
 )
-from .hosts.base import Follower
 from .events import AttemptState, JobState
+from .hosts.base import Follower, KillReport
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .probes import load_packs
 from .runner import JobRunner
 from .spec import JobSpec, load_spec
 from .store import AttemptRow, EventQuery, Store
+from .strays import merge_reports, stop_strays
 from .views import attempt_info, event_info, gpu_devices, job_status
 
 if TYPE_CHECKING:
@@ -125,11 +126,21 @@ class Api:
     async def stop_job(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         body = await _body(request, protocol.StopRequest)
-        self.service.store.job(name)
+        job = self.service.store.job(name)
         runner = self.service.runners.get(name)
-        if runner is None or not runner.running:
+        running = runner is not None and runner.running
+        report = await runner.stop(body.grace_s) if runner is not None and running else KillReport()
+        # Whatever the job's state says, every attempt still alive is stopped (strays.py).
+        spec = JobSpec.model_validate(job.spec)
+        strays = await stop_strays(self.service.store, self.service.hosts.get(spec.host).host, name,
+                                   None, spec.stop_grace_s if body.grace_s is None else body.grace_s)
+        self.service.bus.publish(strays.events)
+        if not running and not strays.attempts:
             return _json(protocol.StopResponse(job=name, message=f"{name} is not running"))
-        report = await runner.stop(body.grace_s)
+        if strays.attempts:
+            merge_reports(report, strays.report)
+            if not running:
+                self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
         orphans = set(report.reparented)
         processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
                      for p, n in report.terminated]
@@ -405,7 +416,8 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         latest = store.latest_attempt(job)
-        if latest is not None and latest.n > previous and latest.state is not AttemptState.LAUNCHING:
+        # No pid: the launch failed (the attempt ended at once); the runner's error says why.
+        if latest is not None and latest.n > previous and latest.state is not AttemptState.LAUNCHING and latest.pid is not None:
             return latest.n
         if not runner.running:
             raise _start_failure(job, runner, store.job(job).reason)

@@ -20,12 +20,21 @@ import structlog
 
 from .alerts import Alert, Alerter
 from .bus import EventBus
-from .errors import StoreError, SuperviseError
+from .errors import LaunchError, StoreError, SuperviseError
 from .events import AttemptState, Event, EventKind, Failure, JobState, ProbeEvent, ProbeKind, Record, Verdict
 from .gpu import GpuSample, foreign_processes, wait_for_release
-from .hosts.base import ExitStatus, Follower, Host, KillReport, LaunchRequest, ProcessHandle
+from .hosts.base import (
+    ExitStatus,
+    Follower,
+    Host,
+    KillReport,
+    LaunchRequest,
+    ProcessHandle,
+)
+from .matching import Matcher, PackDisabled, TailReader
+from .pending_writes import PendingWrites
 from .policy import RestartPolicy
-from .probes import ProbeEngine, load_packs
+from .probes import load_packs
 from .snapshot import RunnerSnapshot, watching
 from .spec import JobSpec
 from .store import AttemptRow, Store
@@ -80,6 +89,7 @@ class _Live:
     exit_status: ExitStatus | None = None
     check_at: float | None = None  # when the watch loop will next ask the watchdog
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    contained: set[str] = field(default_factory=set)  # faults already reported (once each)
 
 
 class JobRunner:
@@ -93,6 +103,8 @@ class JobRunner:
         self.task: asyncio.Task[None] | None = None
         self.error: SuperviseError | None = None  # what ended the loop, if an error did (`start` reports it)
         self._engine_packs = load_packs(spec.probes, spec.probe_files)
+        self._writes = PendingWrites(spec.name)
+        self._current: _Live | None = None  # the attempt launched or adopted last, until the next
 
     # -- public ------------------------------------------------------------------------
 
@@ -118,6 +130,7 @@ class JobRunner:
 
     async def detach(self) -> None:
         """The daemon is shutting down: stop watching, leave the job running for the next daemon."""
+        self._writes.close()  # what is not stored yet, the next daemon's recovery redoes
         if self.task is not None:
             # Cancel until it has ended: a cancellation that lands just as an awaited result
             # completes is swallowed (asyncio.wait_for before 3.12, suppress(CancelledError)).
@@ -130,87 +143,119 @@ class JobRunner:
     # -- the loop ----------------------------------------------------------------------
 
     async def _run(self, resume: AttemptRow | None) -> None:
+        try:
+            await self._attempts(resume)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
+            try:
+                await self._contain(exc)
+            except Exception:  # the daemon must outlive any one job's bug
+                log.exception("job runner crashed", job=self.spec.name)
+        await self._writes.drained()  # the run's end is stored before the runner counts as ended
+
+    async def _attempts(self, resume: AttemptRow | None) -> None:
         # A re-adopted attempt continues the run it belonged to; a fresh `start` opens a new run
         # with a fresh budget.
         previous_fp = self._previous_fingerprint(resume) if resume else None
         run = resume.run if resume else self.ctx.store.next_run_number(self.spec.name)
         run_attempts = resume.run_attempt - 1 if resume else 0
-        try:
-            while True:
-                run_attempts += 1
-                if resume is not None:
-                    live = self._adopt(resume)
-                    resume = None
-                else:
-                    if not await self._prelaunch_gpu_check():
-                        return
-                    live = await self._launch(run)
-                self.live = live
-                judgement = await self._watch(live)
-                self.live = None
-                fingerprint = live.failure.fingerprint if live.failure else None
-                if self._stop_requested.is_set():
-                    # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
-                    self.ctx.store.update_attempt(self.spec.name, live.row.n, state=AttemptState.STOPPED,
-                                                  ended=time.time(), action="stopped by user", verdict=None,
-                                                  reason=f"stopped by user; the command {_describe(live.exit_status)}")
-                    self._action(live, "stopped by user", {})
-                    self._set_job(JobState.STOPPED, "stopped by user")
+        while True:
+            run_attempts += 1
+            if resume is not None:
+                live = self._adopt(resume)
+                resume = None
+            else:
+                if not await self._prelaunch_gpu_check():
                     return
-                if judgement.verdict is Verdict.DONE:
-                    await self._end_attempt(live, judgement, "none: job done")
-                    self._set_job(JobState.DONE, judgement.reason)
-                    return
-                decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
-                await self._cleanup(live, judgement)
-                released = await self._wait_gpu_release(live)
-                if not released:
-                    await self._end_attempt(live, judgement, "give up: GPU memory leaked")
-                    self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
-                    return
-                action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
-                await self._end_attempt(live, judgement, action)
-                await self._alert(live, judgement, action)
-                if decision.action != "relaunch":
-                    self._set_job(JobState.FAILED, decision.reason)
-                    return
-                previous_fp = fingerprint
-                self._set_job(JobState.BACKOFF, f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
-                if await self._sleep_unless_stopped(decision.wait_s):
-                    self._set_job(JobState.STOPPED, "stopped by user during backoff")
-                    return
-        except asyncio.CancelledError:
-            raise
-        except StoreError as exc:
-            # Full disk (most likely): supervision of this run is over, but its end must still
-            # reach the store, so try again until there is room.
+                live = await self._launch(run)
+            self._current = self.live = live
+            judgement = await self._watch(live)
+            self.live = None
+            fingerprint = live.failure.fingerprint if live.failure else None
+            if self._stop_requested.is_set():
+                # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", verdict=None,
+                             reason=f"stopped by user; the command {_describe(live.exit_status)}")
+                self._action(live, "stopped by user", {})
+                self._set_job(JobState.STOPPED, "stopped by user")
+                return
+            if judgement.verdict is Verdict.DONE:
+                await self._end_attempt(live, judgement, "none: job done")
+                self._set_job(JobState.DONE, judgement.reason)
+                return
+            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
+            await self._cleanup(live, judgement)
+            released = await self._wait_gpu_release(live)
+            if not released:
+                await self._end_attempt(live, judgement, "give up: GPU memory leaked")
+                self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
+                return
+            action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
+            await self._end_attempt(live, judgement, action)
+            await self._alert(live, judgement, action)
+            if decision.action != "relaunch":
+                self._set_job(JobState.FAILED, decision.reason)
+                return
+            previous_fp = fingerprint
+            self._set_job(JobState.BACKOFF, f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
+            if await self._sleep_unless_stopped(decision.wait_s):
+                self._set_job(JobState.STOPPED, "stopped by user during backoff")
+                return
+
+    async def _contain(self, exc: Exception) -> None:
+        """What ended the loop.  A live process is never left unsupervised: it is watched to
+        its exit (and `stop` still reaches it) before the run ends."""
+        live = self._current
+        if live is not None and live.exit_status is None and await self._alive(live):
+            await self._watch_exit_only(live, exc)
+        elif isinstance(exc, StoreError):
+            # Nothing runs (the store refused a new attempt): the job's end is stored when there is room.
             log.error("job supervision stopped: the store cannot be written", job=self.spec.name, error=str(exc))
-            await self._record_when_possible(live_n=self._current_attempt_number(), reason=str(exc))
-        except SuperviseError as exc:
+            self._set_job(JobState.FAILED, f"the store could not be written ({exc}); free disk space")
+        elif isinstance(exc, SuperviseError):
             log.error("job failed", job=self.spec.name, error=str(exc))
             self.error = exc
             self._set_job(JobState.FAILED, str(exc))
-        except Exception as exc:  # the daemon must outlive any one job's bug
-            log.exception("job runner crashed", job=self.spec.name)
+        else:  # the daemon must outlive any one job's bug
+            log.error("job runner crashed", job=self.spec.name, error=repr(exc), exc_info=exc)
             self._set_job(JobState.FAILED, f"internal error: {exc!r}")
 
-    def _current_attempt_number(self) -> int | None:
-        latest = None
-        with contextlib.suppress(SuperviseError):
-            latest = self.ctx.store.latest_attempt(self.spec.name)
-        return latest.n if latest is not None else None
+    async def _alive(self, live: _Live) -> bool:
+        try:
+            return await self.ctx.host.is_alive(live.handle)
+        except Exception:  # noqa: BLE001 - contained: a live process is never left unsupervised
+            return True  # cannot tell: keep watching, `stop` can still kill it
 
-    async def _record_when_possible(self, live_n: int | None, reason: str, retry_s: float = 2.0) -> None:
-        message = f"the store could not be written ({reason}); free disk space"
-        while True:
-            try:
-                if live_n is not None:
-                    self.ctx.store.update_attempt(self.spec.name, live_n, state=AttemptState.ENDED,
-                                                  ended=time.time(), action="supervision stopped: store not writable")
-                self._set_job(JobState.FAILED, message)
-                return
-            except StoreError:
-                await asyncio.sleep(retry_s)
+    async def _watch_exit_only(self, live: _Live, exc: Exception) -> None:
+        """Supervision of this attempt failed (``exc``) while its process lives: watch its exit
+        only, then end the run (no relaunch: what failed would fail again)."""
+        log.error("attempt supervision failed; watching its exit only", job=self.spec.name, attempt=live.row.n,
+                  error=repr(exc), exc_info=exc)
+        reason = f"supervision failed ({type(exc).__name__}: {exc})"
+        self.live = live
+        self._action(live, f"{reason}; watching only the process's exit from now on", {"error": repr(exc)})
+        self._set_job(JobState.RUNNING, f"attempt {live.row.n}: {reason}; watching its exit only")
+        try:
+            status = await self.ctx.host.wait_exit(live.handle)
+        except SuperviseError as wait_error:
+            status = ExitStatus(returncode=None, signal=None)
+            reason += f"; its exit could not be awaited ({wait_error})"
+        self.live = None
+        live.exit_status = status
+        stopped = self._stop_requested.is_set()
+        self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
+                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=time.time(),
+                     action="stopped by user" if stopped else "none: supervision failed",
+                     reason=f"{reason}; the command {status.describe()}")
+        self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
+                                   {"returncode": status.returncode, "signal": status.signal})])
+        if stopped:
+            self._set_job(JobState.STOPPED, "stopped by user")
+        elif status.returncode == 0:
+            self._set_job(JobState.DONE, f"exited 0; {reason}")
+        else:
+            self._set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
 
     def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
         with contextlib.suppress(SuperviseError):
@@ -228,12 +273,16 @@ class JobRunner:
             self.next_relaunch_at = None
 
     def _set_job(self, state: JobState, reason: str) -> None:
-        self.ctx.store.set_job_state(self.spec.name, state, reason)
+        self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+
+    def _update(self, n: int, **fields: Any) -> None:
+        self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
 
     # -- launch / adopt ----------------------------------------------------------------
 
     async def _launch(self, run: int) -> _Live:
         store, spec = self.ctx.store, self.spec
+        await self._writes.drained()  # the previous attempt's end is stored before the next is numbered
         n = store.next_attempt_number(spec.name)
         log_path, status_path = await self.ctx.host.log_paths(spec.name, n)
         tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
@@ -249,17 +298,19 @@ class JobRunner:
         store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
         self._set_job(JobState.RUNNING, f"attempt {n}")
         self._baseline = self._gpu_baseline()
-        request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
-                                status_path=status_path, tag=tag)
         try:
+            request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
+                                    status_path=status_path, tag=tag)
             handle = await self.ctx.host.launch(request)
-        except SuperviseError as exc:
-            store.update_attempt(spec.name, n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
-                                 reason=str(exc), action="give up: launch failed")
-            raise
+        except Exception as exc:  # re-raised as a SuperviseError
+            # Whatever failed, the attempt ends here: a row left `launching` would be taken for
+            # a launch the daemon died in, by the next daemon's recovery.
+            error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
+            self._update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
+                         reason=str(error), action="give up: launch failed")
+            raise error from exc
         row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
-        store.update_attempt(spec.name, n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time,
-                             state=AttemptState.RUNNING)
+        self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING)
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: pid {handle.pid}",
                                    {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name})])
         return _Live(row=row, handle=handle, watchdog=Watchdog(spec.health, clock=self.ctx.clock))
@@ -269,6 +320,7 @@ class JobRunner:
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path)
         self._baseline = self._gpu_baseline()
         live = _Live(row=row, handle=handle, watchdog=Watchdog(self.spec.health, clock=self.ctx.clock))
+        self._current = live
         # Replay what was already stored so phase, progress and failure are known again.
         for event in self.ctx.store.events(self.spec.name, attempt=row.n):
             self._note(live, event)
@@ -306,7 +358,7 @@ class JobRunner:
     # -- watching ----------------------------------------------------------------------
 
     async def _watch(self, live: _Live) -> Judgement:
-        engine = ProbeEngine(self._engine_packs, start_offset=live.row.log_offset)
+        engine = Matcher(self._engine_packs, live.row.log_offset, live.row.tag)
         follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset, live.row.log_generation)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self.ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
@@ -337,6 +389,7 @@ class JobRunner:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
+            engine.close()
             await follower.aclose()
 
     def snapshot(self) -> RunnerSnapshot:
@@ -352,30 +405,39 @@ class JobRunner:
         live.check_at = at
         return None if at is None else max(0.0, at - self.ctx.clock())
 
-    async def _read(self, live: _Live, follower: Follower, engine: ProbeEngine) -> None:
-        last_save = 0.0
+    async def _read(self, live: _Live, follower: Follower, engine: Matcher) -> None:
         unsaved: list[Event] = []  # events a failed store write (full disk) could not take yet
+        try:
+            await self._read_batches(live, follower, engine, unsaved)
+        finally:
+            if unsaved:  # the store refused the last ones: they are stored when there is room
+                events, offset = list(unsaved), engine.resume_offset
+                self._writes.submit(lambda: self._save(live, events, offset, force=True))
+
+    async def _read_batches(self, live: _Live, follower: Follower, engine: Matcher, unsaved: list[Event]) -> None:
+        last_save = 0.0
         disk_warned = False
-        redraws = _RedrawReader(follower, self._engine_packs)
+        redraws = TailReader(follower, engine)
         async for batch in _batches_or_quiet(follower, lambda: self._quiet_wait(live, engine, redraws)):
             if batch is None:  # the log has been quiet: complete what it left open
                 quiet_for = self.ctx.clock() - live.watchdog.last_output_at
                 if engine.has_open_traceback and quiet_for >= _TRACEBACK_QUIET_S - _QUIET_SLACK_S:
-                    unsaved.extend(self._observe(live, engine.flush(), output=False))
+                    unsaved.extend(self._observe(live, self._matched(live, await engine.flush()), output=False))
                 if redraws.pending() and quiet_for >= _REDRAW_QUIET_S - _QUIET_SLACK_S:
-                    unsaved.extend(self._observe(live, redraws.read(), output=False))
+                    unsaved.extend(self._observe(live, await redraws.read(), output=False))
                 # Rules may have come due already (these events date from the last output): look now.
                 live.wake.set()
             else:
                 if self.ctx.records_seen is not None:
                     self.ctx.records_seen(self.spec.name, len(batch))
                 live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
-                unsaved.extend(self._observe(live, engine.feed_many(batch), records=len(batch)))
+                matched = self._matched(live, await engine.feed(batch))
+                unsaved.extend(self._observe(live, matched, records=len(batch)))
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
                 if self._save(live, unsaved, engine.resume_offset, force=force):
                     last_save = time.monotonic()
-                unsaved = []
+                unsaved.clear()
                 disk_warned = False
             except StoreError as exc:
                 # Keep following and judging; store what is pending with the next batch.
@@ -384,7 +446,18 @@ class JobRunner:
                     disk_warned = True
                 del unsaved[:-_MAX_UNSAVED_EVENTS]
 
-    def _quiet_wait(self, live: _Live, engine: ProbeEngine, redraws: _RedrawReader) -> float | None:
+    def _matched(self, live: _Live, matched: Any) -> list[ProbeEvent]:
+        """The events matched; each pack the matcher disabled (too slow, or raising) is reported."""
+        for disabled in matched.disabled:
+            self._pack_disabled(live, disabled)
+        return matched.events
+
+    def _pack_disabled(self, live: _Live, disabled: PackDisabled) -> None:
+        message = f"probe pack '{disabled.pack}' disabled for attempt {live.row.n}: {disabled.reason}"
+        self._publish([self._event(live.row.n, EventKind.ALERT, message,
+                                   {"pack": disabled.pack, "reason": disabled.reason})])
+
+    def _quiet_wait(self, live: _Live, engine: Matcher, redraws: TailReader) -> float | None:
         """How long the log may stay quiet before something it left open is completed: an open
         traceback, an unterminated progress redraw.  None: nothing is open."""
         waits = []
@@ -415,9 +488,6 @@ class JobRunner:
             self._note(live, event, now)
         return events
 
-    def _ingest(self, live: _Live, probe_events: list[ProbeEvent], offset: int, *, force: bool) -> bool:
-        return self._save(live, self._observe(live, probe_events), offset, force=force)
-
     def _save(self, live: _Live, events: list[Event], offset: int, *, force: bool) -> bool:
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""
         if not events and not force:
@@ -444,18 +514,31 @@ class JobRunner:
         return True
 
     def _note(self, live: _Live, event: Event, now: float | None = None) -> None:
-        live.watchdog.observe(event, now)
         if event.failure is not None:
             live.failure = event.failure
+        try:
+            live.watchdog.observe(event, now)
+        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
+            self._contained(live, f"the watchdog could not take an event of probe {event.probe}", exc)
 
-    async def _finish(self, live: _Live, follower: Follower, reader: asyncio.Task[None], engine: ProbeEngine,
+    def _contained(self, live: _Live, what: str, exc: Exception) -> None:
+        """A fault kept from ending supervision: logged, and stored as an event once per kind."""
+        key = f"{what}:{type(exc).__name__}"
+        if key in live.contained:
+            return
+        live.contained.add(key)
+        log.error("fault contained; supervision goes on", job=self.spec.name, what=what, error=repr(exc))
+        self._action(live, f"{what} ({type(exc).__name__}: {exc}); it was skipped, supervision goes on",
+                     {"error": repr(exc)})
+
+    async def _finish(self, live: _Live, follower: Follower, reader: asyncio.Task[None], engine: Matcher,
                       status: ExitStatus) -> Judgement:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
         # A log that cannot be read to its end must not stop the attempt from being judged.
         try:
             await asyncio.wait_for(reader, timeout=30)
-        except (TimeoutError, SuperviseError):
+        except Exception:  # noqa: BLE001, S110 - timed out, or the reader failed (said when it did)
             pass
         except asyncio.CancelledError:
             # The reader was cancelled: judge anyway.  This task being cancelled (the daemon
@@ -463,9 +546,14 @@ class JobRunner:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
-        self._ingest(live, engine.flush(), follower.offset, force=True)
+        try:
+            flushed = self._matched(live, await asyncio.wait_for(engine.flush(), timeout=10))
+        except Exception:  # noqa: BLE001 - a matcher stuck on a costly chunk must not hold up the verdict
+            flushed = []
+        events, offset = self._observe(live, flushed), follower.offset
+        self._writes.submit(lambda: self._save(live, events, offset, force=True))
         live.exit_status = status
-        self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode, exit_signal=status.signal)
+        self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    {"returncode": status.returncode, "signal": status.signal})])
         judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us)
@@ -474,7 +562,7 @@ class JobRunner:
         return judgement
 
     def _record_verdict(self, live: _Live, judgement: Judgement) -> None:
-        self.ctx.store.update_attempt(self.spec.name, live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
+        self._update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
         self._publish([self._event(live.row.n, EventKind.VERDICT, f"{judgement.verdict.value}: {judgement.reason}",
                                    {"verdict": judgement.verdict.value, **_jsonable(judgement.evidence)})])
 
@@ -490,8 +578,7 @@ class JobRunner:
             status = await self.ctx.host.exit_status(live.handle)
             if status is not None:
                 live.exit_status = status
-                self.ctx.store.update_attempt(self.spec.name, live.row.n, exit_code=status.returncode,
-                                              exit_signal=status.signal)
+                self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._action(live, f"killed the process tree: {report.summary()}",
                      {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors,
                       "reparented": report.reparented})
@@ -521,8 +608,8 @@ class JobRunner:
         return result.released
 
     async def _end_attempt(self, live: _Live, judgement: Judgement, action: str) -> None:
-        self.ctx.store.update_attempt(self.spec.name, live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
-                                      verdict=judgement.verdict.value, reason=judgement.reason)
+        self._update(live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
+                     verdict=judgement.verdict.value, reason=judgement.reason)
         self._action(live, action, {})
 
     async def _alert(self, live: _Live, judgement: Judgement, next_action: str) -> None:
@@ -551,39 +638,7 @@ class JobRunner:
                      probe=pe.probe, phase=pe.phase, offset=pe.offset, data=_jsonable(pe.fields), failure=pe.failure)
 
     def _publish(self, events: list[Event]) -> None:
-        stored = self.ctx.store.record_events(events)
-        self.ctx.bus.publish(stored)
-
-
-class _RedrawReader:
-    """Reads progress from the log's unterminated tail (a tqdm redraw awaiting the next one).
-
-    The tail goes through an engine of its own, so that the main engine's state (open
-    tracebacks, lent prefixes) never sees text that is not a record yet; only progress events
-    are kept.  Each is stored at the offset where the tail starts, the offset its record will
-    have: when the record is complete, its event is the same and the store keeps one."""
-
-    def __init__(self, follower: Follower, packs: Any) -> None:
-        self._follower = follower
-        self._packs = packs
-        self._engine: ProbeEngine | None = None  # built on first use: most logs never need it
-        self._read_at: tuple[int, str] | None = None
-
-    def pending(self) -> bool:
-        """An unterminated tail not read yet."""
-        text = self._follower.partial_text()
-        return bool(text.strip()) and (self._follower.offset, text) != self._read_at
-
-    def read(self) -> list[ProbeEvent]:
-        text = self._follower.partial_text()
-        offset = self._follower.offset
-        self._read_at = (offset, text)
-        if self._engine is None:
-            self._engine = ProbeEngine(self._packs, start_offset=offset)
-        record = Record(text=text, offset=offset, end=offset + len(text.encode()), redraw=True)
-        # flush() ends whatever the tail may have opened: each read starts clean.
-        events = self._engine.feed_many([record]) + self._engine.flush()
-        return [e for e in events if e.kind is ProbeKind.PROGRESS]
+        self._writes.submit(lambda: self.ctx.bus.publish(self.ctx.store.record_events(events)))
 
 
 async def _batches_or_quiet(

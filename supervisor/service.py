@@ -28,7 +28,7 @@ from .config import DaemonSettings, LoadedSettings, Paths
 from .errors import DaemonError, SuperviseError
 from .events import AttemptState, Event, EventKind, JobState
 from .filemodes import secure_state_dir
-from .hosts.base import Host, ProcessHandle
+from .hosts.base import ExitStatus, Host, ProcessHandle
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
@@ -157,7 +157,11 @@ class Service:
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+        latest = self.store.latest_attempt(row.job)
+        superseded = latest is not None and latest.n != row.n
         if spec.host != "local":
+            if superseded:
+                return f"{row.job}#{row.n}: superseded by a newer attempt on {spec.host}; left as it is"
             # A remote box may be unreachable right now: never hold up start-up for it.  The
             # runner re-adopts the attempt and its host reconnects with backoff.
             self.start_runner(spec, resume=row)
@@ -165,6 +169,9 @@ class Service:
         host = self.hosts.get(spec.host).host
         alive = row.pid is not None and await host.is_alive(handle)
         status = None if alive else await host.exit_status(handle)
+        if superseded:
+            # A newer attempt ran after it: its result and the job's state are the newer one's.
+            return self._recover_superseded(row, alive, status)
         if row.pid is None or (not alive and status is None and row.state is AttemptState.LAUNCHING):
             self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, ended=time.time(),
                                       reason="the daemon stopped while launching it")
@@ -174,6 +181,21 @@ class Service:
         # saved offset and judges it; a dead wrapper is noticed at once by wait_exit.
         self.start_runner(spec, resume=row)
         return f"{row.job}#{row.n}: {'re-adopted pid ' + str(row.pid) if alive else 'ended while the daemon was down; finishing'}"
+
+    def _recover_superseded(self, row: AttemptRow, alive: bool, status: ExitStatus | None) -> str:
+        """An attempt the store thinks running, older than the job's latest: it is finished as
+        far as it can be, the job is left as the newer attempt set it.  One still alive is left
+        alone, said here and by `status`; `supervise stop` reaches it."""
+        if alive:
+            return f"{row.job}#{row.n}: still alive but superseded by a newer attempt; `supervise stop {row.job}` ends it"
+        fields: dict[str, Any] = {"state": AttemptState.LOST, "ended": time.time()}
+        if status is not None:
+            fields.update(exit_code=status.returncode, exit_signal=status.signal, state=AttemptState.ENDED,
+                          reason=f"ended unsupervised: the command {status.describe()}")
+        else:
+            fields["reason"] = "lost: no process and no exit status (the daemon stopped while it launched)"
+        self.store.update_attempt(row.job, row.n, **fields)
+        return f"{row.job}#{row.n}: superseded by a newer attempt; marked {fields['state']}"
 
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner:
         try:

@@ -36,6 +36,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _command_alive(wrapper_pid: int) -> bool:
+    import psutil
+
+    try:
+        return _alive(wrapper_pid) and bool(psutil.Process(wrapper_pid).children())
+    except psutil.Error:
+        return False
+
+
 def test_daemon_survives_a_full_disk_and_keeps_what_it_stored(small_home: Path, daemon_env: dict[str, str],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**daemon_env, "SUPERVISE_HOME": str(small_home)}
@@ -69,8 +78,9 @@ def test_daemon_survives_a_full_disk_and_keeps_what_it_stored(small_home: Path, 
             except OSError:
                 pass
         gate.write_text("")  # the job goes on writing; neither its log nor the store has room
+        # The command ends; its wrapper waits for room to write the exit status.
         wait_until(lambda: client.attempts("fill").attempts[0].pid is not None
-                   and not _alive(client.attempts("fill").attempts[0].pid), timeout=60)
+                   and not _command_alive(client.attempts("fill").attempts[0].pid), timeout=60)
         assert client.ping().pid == daemon.proc.pid  # the same daemon, still answering while the disk is full
         filler.unlink()  # room again: the run's end reaches the store
         wait_until(lambda: job_state(client, "fill") in ("done", "failed"), timeout=60)

@@ -25,6 +25,8 @@ from ..gpu import GpuSample
 # umask the wrapper was given.  Given a cgroup (SUPERVISE_CGROUP, local attempts where
 # cgroup v2 is writable), the subshell moves itself into it first ("0": the writing
 # process), so the command and all it starts are born inside.
+# A status that cannot be written (a full disk) is tried again each second for up to an hour:
+# the wrapper lives on meanwhile, so the daemon sees the attempt end once its true exit is known.
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
 ( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
@@ -32,7 +34,8 @@ cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $wo
 ( trap '' HUP
   [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
     echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
-  exec setsid sh -c '"$@"; rc=$?; printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"' "$status" "$@"
+  exec setsid sh -c '"$@"; rc=$?; n=0; until printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"; do
+    n=$((n+1)); [ $n -gt 3600 ] && exit "$rc"; sleep 1; done' "$status" "$@"
 ) </dev/null >>"$log" 2>&1 &
 echo $!
 """
