@@ -75,7 +75,7 @@ class _Live:
     killed_by_us: bool = False
     last_output: float | None = None
     events_seen: int = 0
-    failure: Failure | None = None  # the latest failure logged
+    failure: Failure | None = None  # the root cause of the failures logged
     known_pids: set[int] = field(default_factory=set)
     exit_status: ExitStatus | None = None
     check_at: float | None = None  # when the watch loop will next ask the watchdog
@@ -443,7 +443,7 @@ class JobRunner:
     def _note(self, live: _Live, event: Event, now: float | None = None) -> None:
         live.watchdog.observe(event, now)
         if event.failure is not None:
-            live.failure = event.failure
+            live.failure = live.watchdog.failure  # the root cause, not the latest echo of it
 
     async def _finish(self, live: _Live, follower: Follower, reader: asyncio.Task[None], engine: ProbeEngine,
                       status: ExitStatus) -> Judgement:
@@ -623,7 +623,7 @@ def _describe(status: ExitStatus | None) -> str:
 
 
 def _progress_dict(progress: ProgressState) -> dict[str, Any]:
-    return {"probe": progress.probe, "done": progress.done, "total": progress.total,
+    return {"probe": progress.probe, "bar": progress.bar, "done": progress.done, "total": progress.total,
             "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
 
 

@@ -112,4 +112,5 @@ def test_replay_through_the_cli() -> None:
     assert data["last_phase"] == "weight_loading"
     assert set(data["failure"]) == {"kind", "line", "fingerprint"}
     assert data["failure"]["kind"] == "other"
-    assert {"probe": "vllm.shards", "done": 41, "total": 49} in data["progress"]
+    assert {"probe": "vllm.shards", "bar": "Loading safetensors checkpoint shards", "process": "",
+            "done": 41, "total": 49} in data["progress"]

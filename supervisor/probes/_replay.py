@@ -4,15 +4,16 @@ The log is read exactly as the live follower reads it (``records.split_records``
 chunks) and fed through a ``ProbeEngine``.  From the events:
 
 - ``last_phase``: the highest canonical phase any event implies (by phase order).
-- ``failure``: the failure that explains the log.  Failures logged at DEBUG, INFO or
+- ``failure``: the root cause (``_rootcause.root_cause``: the first error line of the
+  earliest failing process, consequences set aside).  Failures logged at DEBUG, INFO or
   WARNING level are handled errors when the log later reaches ``engine_ready`` or beyond
-  (vLLM logs a WARNING traceback during a healthy start), so those are set aside.  Of the
-  rest, the first whose kind is not ``other`` wins (a "WorkerProc failed to start" line
-  comes before the traceback that says why); if all are ``other``, the first.
+  (vLLM logs a WARNING traceback during a healthy start), so those are left out first.
 - ``outcome``: ``oom`` if that failure is a CUDA OOM, else ``crashed`` if there is one;
   ``done`` if the ``done`` phase was reached; ``ready`` if the engine became ready (an
   ``engine_ready`` event, or lines of a server answering requests); else ``incomplete``.
-- ``progress``: the last state of every progress probe, in order of first appearance.
+- ``progress``: the last state of every bar (``_identity.Bar``: probe, description,
+  process), in order of first appearance; a bar that starts over (its count goes back)
+  is a new bar (a speculative draft model's shards after the target model's).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from ..events import (
 )
 from ..records import split_records
 from ._engine import ProbeEngine
+from ._identity import BarBook
 from ._pack import load_packs, search_dirs
+from ._rootcause import root_cause
 
 _CHUNK = 4 << 20
 _TRACEBACK_TAIL = 15
@@ -52,6 +55,8 @@ class FailureSummary(BaseModel):
 
 class ProgressSummary(BaseModel):
     probe: str
+    bar: str  # the bar's description, else the probe, with the process drawing it
+    process: str  # "" when the lines carry no process prefix
     done: int | float | None
     total: int | float | None
 
@@ -104,8 +109,8 @@ class ReplayReport(BaseModel):
         lines += self._timeline()
         if self.progress:
             lines.append("progress:")
-            width = max(len(p.probe) for p in self.progress)
-            lines += [f"  {p.probe:<{width}}  {_num(p.done)}/{_num(p.total)}" for p in self.progress]
+            width = max(len(p.bar) for p in self.progress)
+            lines += [f"  {p.bar:<{width}}  {_num(p.done)}/{_num(p.total)}" for p in self.progress]
         lines += self._failure_text()
         counts: dict[str, int] = {}
         for event in self.events:
@@ -197,11 +202,8 @@ def _last_phase(events: list[ProbeEvent]) -> Phase | None:
 def choose_failure(events: list[ProbeEvent]) -> Failure | None:
     """The failure that explains the log (see the module docstring for the rule)."""
     ready_at = _latest_offset_from(events, Phase.ENGINE_READY)
-    failures = [e.failure for e in events if e.failure is not None and not _handled(e.failure, e.offset, ready_at)]
-    if not failures:
-        return None
-    specific = [f for f in failures if f.kind is not FailureKind.OTHER]
-    return (specific or failures)[0]
+    return root_cause([e.failure for e in events
+                       if e.failure is not None and not _handled(e.failure, e.offset, ready_at)])
 
 
 def _handled(failure: Failure, offset: int, ready_at: int | None) -> bool:
@@ -226,13 +228,17 @@ def _outcome(events: list[ProbeEvent], last_phase: Phase | None, failure: Failur
 
 
 def _progress(events: list[ProbeEvent]) -> list[ProgressSummary]:
-    latest: dict[str, ProgressSummary] = {}
+    book = BarBook()
+    bars: dict[int, ProgressSummary] = {}  # by bar id: in order of first appearance
     for event in events:
-        if event.kind is ProbeKind.PROGRESS:
-            latest[event.probe] = ProgressSummary(
-                probe=event.probe, done=event.fields.get("done"), total=event.fields.get("total")
-            )
-    return list(latest.values())
+        done = event.fields.get("done")
+        if event.kind is not ProbeKind.PROGRESS or not isinstance(done, (int, float)):
+            continue
+        total = event.fields.get("total")
+        run, _ = book.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
+        bars[run.id] = ProgressSummary(probe=event.probe, bar=run.bar.label, process=run.bar.process,
+                                       done=run.done, total=run.total)
+    return list(bars.values())
 
 
 # ---- the CLI command ------------------------------------------------------------------
