@@ -3,7 +3,8 @@
 A line's *process* is what its stripped prefixes say about the writer: vLLM's
 ``(Worker_TP1 pid=79)``, torchrun's ``[rank1]:``, SGLang's ``[... TP3]``, docker
 compose's service, journald's host and pid.  Lines with no such prefix share the
-process ``""`` (one program writing to one log).
+process ``""`` (one program writing to one log).  torchrun's ``--tee`` prefix
+(``[default0]:``) names a worker too.
 
 A *bar* is one progress bar: the probe that reads it, the bar's own description when the
 probe captures one (``desc``: a dataset's ``Generating train split`` is not the
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Prefix fields that name the writing process (the packs' prefix regexes use these names).
-PROCESS_FIELDS = ("service", "host", "proc", "rank", "pid")
+PROCESS_FIELDS = ("service", "host", "tee", "proc", "rank", "pid")
 
 
 def process_of(fields: Mapping[str, Any]) -> str:
