@@ -32,10 +32,10 @@ VLLM_STARTUP_FAILURE = [
     f"{CORE}Traceback (most recent call last):",
     f'{CORE}  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 83, in __init__',
     f"{CORE}    self._initialize_kv_caches(vllm_config)",
-    f"{CORE}ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache "
-    "is needed, which is larger than the available KV cache memory (2.34 GiB). Based on the available memory, the "
-    "estimated maximum model length is 19184. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
-    "when initializing the engine.",
+    (f"{CORE}ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache "
+     "is needed, which is larger than the available KV cache memory (2.34 GiB). Based on the available memory, the "
+     "estimated maximum model length is 19184. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+     "when initializing the engine."),
     f"{API}Traceback (most recent call last):",
     f'{API}  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/utils.py", line 759, in wait_for_engine_startup',
     f'{API}    raise RuntimeError("Engine core initialization failed. "',
@@ -113,8 +113,8 @@ def test_the_watchdog_stores_and_blames_the_root_cause() -> None:
 
 @pytest.mark.parametrize(("before", "kind"), [
     ("INFO 05-23 09:31:22 [loader.py:458] Loading weights took 38.52 seconds", FailureKind.CONFIG_ERROR),
-    ("INFO 08-10 12:00:01 [metrics.py:455] Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: "
-     "30.1 tokens/s, Running: 1 reqs", FailureKind.VALUE_ERROR),
+    (("INFO 08-10 12:00:01 [metrics.py:455] Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: "
+      "30.1 tokens/s, Running: 1 reqs"), FailureKind.VALUE_ERROR),
     ("", FailureKind.VALUE_ERROR),  # nothing says whether it had started: no guess
 ])
 def test_value_errors_raised_while_starting_up_are_config_errors(before: str, kind: FailureKind) -> None:

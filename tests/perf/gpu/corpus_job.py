@@ -47,7 +47,7 @@ def _train(model: torch.nn.Module, device: str, steps: int, rank: int, batch: in
 
 def ddp(args: argparse.Namespace) -> None:
     rank, world = _init(args.backend, 15 if args.mode == "collective-timeout" else 60)
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % max(1, torch.cuda.device_count())}" \
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(1, torch.cuda.device_count())}" \
         if args.backend == "nccl" else "cpu"
     if args.mode == "ddp-config-error" and rank == 1:
         raise ValueError(f"unsupported lr schedule 'cosine-warm' (world size {world})")
