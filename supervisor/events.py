@@ -49,6 +49,9 @@ class FailureKind(StrEnum):
     TYPE_ERROR = "type_error"
     ATTRIBUTE_ERROR = "attribute_error"
     NOT_IMPLEMENTED = "not_implemented"
+    # A ValueError/KeyError/AssertionError/NotImplementedError raised during start-up: wrong
+    # settings or code, not a broken box (so relaunching the same command will not help).
+    CONFIG_ERROR = "config_error"
     KILLED = "killed"
     OTHER = "other"
 
@@ -111,6 +114,9 @@ class Failure:
     fingerprint: str | None = None  # what two occurrences of one bug share (type + message + frame)
     traceback: str | None = None  # the whole multi-line capture, when there was one
     level: str | None = None  # the log level it was logged at (DEBUG … CRITICAL), when the header says
+    # Another failure's echo ("EngineCore failed to start.", torchrun's ChildFailedError): never
+    # the attempt's failure while a root cause was seen (see probes' root_cause).
+    consequence: bool = False
 
     @property
     def survivable(self) -> bool:
@@ -118,15 +124,18 @@ class Failure:
         return self.level in SURVIVABLE_LEVELS
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,
+        data = {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,
                 "traceback": self.traceback, "level": self.level}
+        # Only when set: the shape stored rows and API clients have always had otherwise.
+        return {**data, "consequence": True} if self.consequence else data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Failure:
         """Read back ``to_json()``'s shape; rows written before ``level`` existed lack it, and a
         kind this version does not know reads as ``other``."""
         return cls(kind=failure_kind(data.get("kind")), line=str(data.get("line") or ""),
-                   fingerprint=data.get("fingerprint"), traceback=data.get("traceback"), level=data.get("level"))
+                   fingerprint=data.get("fingerprint"), traceback=data.get("traceback"), level=data.get("level"),
+                   consequence=bool(data.get("consequence", False)))
 
 
 def failure_kind(value: Any) -> FailureKind:

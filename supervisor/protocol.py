@@ -34,6 +34,7 @@ class StopRequest(BaseModel):
 
 class ProgressInfo(BaseModel):
     probe: str
+    bar: str | None = None  # which of the probe's bars: its description, with the process drawing it
     done: float
     total: float | None = None
     rate_s_per_it: float | None = None

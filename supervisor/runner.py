@@ -84,7 +84,7 @@ class _Live:
     killed_by_us: bool = False
     last_output: float | None = None
     events_seen: int = 0
-    failure: Failure | None = None  # the latest failure logged
+    failure: Failure | None = None  # the root cause of the failures logged
     known_pids: set[int] = field(default_factory=set)
     exit_status: ExitStatus | None = None
     check_at: float | None = None  # when the watch loop will next ask the watchdog
@@ -514,12 +514,12 @@ class JobRunner:
         return True
 
     def _note(self, live: _Live, event: Event, now: float | None = None) -> None:
-        if event.failure is not None:
-            live.failure = event.failure
         try:
             live.watchdog.observe(event, now)
         except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
             self._contained(live, f"the watchdog could not take an event of probe {event.probe}", exc)
+        if event.failure is not None:
+            live.failure = live.watchdog.failure  # the root cause, not the latest echo of it
 
     def _contained(self, live: _Live, what: str, exc: Exception) -> None:
         """A fault kept from ending supervision: logged, and stored as an event once per kind."""
@@ -681,7 +681,7 @@ def _describe(status: ExitStatus | None) -> str:
 
 
 def _progress_dict(progress: ProgressState) -> dict[str, Any]:
-    return {"probe": progress.probe, "done": progress.done, "total": progress.total,
+    return {"probe": progress.probe, "bar": progress.bar, "done": progress.done, "total": progress.total,
             "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
 
 

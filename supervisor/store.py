@@ -391,7 +391,7 @@ def _failure(data: dict[str, Any] | None) -> Failure | None:
 
 # A failure event's Failure is stored among its data, under these keys (the shape stores have
 # always had: the kind under "failure", the line as the event's message).
-_FAILURE_KEYS = ("failure", "fingerprint", "traceback", "level")
+_FAILURE_KEYS = ("failure", "fingerprint", "traceback", "level", "consequence")
 
 
 def _event_data(event: Event) -> dict[str, Any]:
@@ -402,6 +402,8 @@ def _event_data(event: Event) -> dict[str, Any]:
               "traceback": failure.traceback}
     if failure.level is not None:
         stored["level"] = failure.level
+    if failure.consequence:
+        stored["consequence"] = True
     return stored
 
 
@@ -413,7 +415,7 @@ def _event(row: sqlite3.Row) -> Event:
         found = {key: data.pop(key) for key in _FAILURE_KEYS if key in data}
         failure = Failure(kind=failure_kind(found.get("failure")), line=row["message"],
                           fingerprint=found.get("fingerprint"), traceback=found.get("traceback"),
-                          level=found.get("level"))
+                          level=found.get("level"), consequence=bool(found.get("consequence", False)))
     return Event(
         job=row["job"], attempt=row["attempt"], kind=kind, message=row["message"],
         ts=row["ts"], probe=row["probe"], phase=Phase(row["phase"]) if row["phase"] else None,

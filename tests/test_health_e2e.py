@@ -77,7 +77,8 @@ def test_frozen_shard_load_is_flagged_within_the_bound_and_killed(fast_daemon: D
 
 
 def test_crash_is_seen_at_exit_and_same_crash_twice_stops(fast_daemon: DaemonProcess, home: Path) -> None:
-    log = CORPUS / "vllm-logs" / "19-enginecore-failed-after-kv-mem.log"
+    # A rank's ValueError, then torchrun's echoes of it (the agent's line, ChildFailedError).
+    log = CORPUS / "device-logs" / "run-torchrun-rank1-valueerror-startup.log"
     spec = replay_spec(home, "crash", [str(log), "--exit", "1"],
                        "[restart]\nmax_attempts = 5\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
     client = fast_daemon.client()
@@ -86,15 +87,15 @@ def test_crash_is_seen_at_exit_and_same_crash_twice_stops(fast_daemon: DaemonPro
     attempts = client.attempts("crash").attempts
     assert len(attempts) == 2  # the second identical failure stops the loop
     assert attempts[0].verdict == "crashed" and attempts[0].failure is not None
-    assert attempts[0].failure.traceback
+    assert attempts[0].failure.traceback and attempts[0].failure.line.startswith("ValueError: unsupported lr")
     assert attempts[0].fingerprint == attempts[1].fingerprint
     assert "same failure twice" in (attempts[1].action or "")
     assert client.status("crash").jobs[0].state == "failed"
     failures = [e for e in client.events("crash").events if e.kind == "failure" and e.attempt == 1]
     # Each failure event arrives with its typed failure, not as keys among its data; the
-    # attempt keeps the latest one.
+    # attempt keeps the root cause, not the latest echo of it.
     assert failures and all(e.failure is not None and "fingerprint" not in e.data for e in failures)
-    assert failures[-1].failure == attempts[0].failure
+    assert failures[0].failure == attempts[0].failure != failures[-1].failure
     exited = [e for e in client.events("crash").events if e.kind in ("exited", "verdict") and e.attempt == 1]
     # With every poll at an hour, the verdict follows the exit at once.
     assert exited[-1].ts - exited[0].ts < 2.0

@@ -50,55 +50,93 @@ def test_every_corpus_log_is_labelled() -> None:
     assert logs == {path for path, _ in CASES}
 
 
-@pytest.mark.parametrize(("path", "label"), CASES, ids=[p.name for p, _ in CASES])
-def test_outcome(path: Path, label: dict[str, Any], reports: dict[Path, ReplayReport]) -> None:
+def outcome_ok(label: dict[str, Any], report: ReplayReport) -> bool:
     aliases = POLICY["policy"]["outcome_aliases"]
     accepted = {aliases.get(o, o) for o in [label["outcome"], *label.get("outcome_accept", [])]}
     expected = _expected(label, "outcome", None)
     if expected is not None:
         accepted = {expected}
-    assert reports[path].outcome.value in accepted
+    return report.outcome.value in accepted
 
 
-@pytest.mark.parametrize(("path", "label"), CASES, ids=[p.name for p, _ in CASES])
-def test_last_phase(path: Path, label: dict[str, Any], reports: dict[Path, ReplayReport]) -> None:
+def phase_ok(label: dict[str, Any], report: ReplayReport) -> bool:
     phase = label.get("last_phase_reached", label.get("last_phase"))
     accepted = {None if p == "unknown" else p for p in [phase, *label.get("last_phase_accept", [])]}
     expected = _expected(label, "last_phase", None)
     if expected is not None:
         accepted = {expected}
-    got = reports[path].last_phase
-    assert (got.value if got else None) in accepted
+    got = report.last_phase
+    return (got.value if got else None) in accepted
+
+
+def kind_ok(label: dict[str, Any], report: ReplayReport) -> bool:
+    kind = _expected(label, "failure_kind", label["failure_kind"])
+    failure = report.failure
+    if kind == "none":
+        return failure is None
+    expected_kind = POLICY["policy"]["unknown_failure_kind"] if kind == "unknown" else kind
+    return failure is not None and failure.kind.value == expected_kind and bool(failure.fingerprint)
+
+
+def line_ok(label: dict[str, Any], report: ReplayReport) -> bool:
+    # The line the replay blames is the labelled error line (one may be a prefix-stripped
+    # or cut-short form of the other).
+    failure = report.failure
+    if label["failure_kind"] == "none":
+        return failure is None
+    if failure is None:
+        return False
+    ours, theirs = failure.line.strip(), label["error_line"].strip()
+    return ours in theirs or theirs in ours
+
+
+def shards_ok(label: dict[str, Any], report: ReplayReport) -> bool:
+    total = _expected(label, "shards_total", label["shards_total"])
+    done = _expected(label, "shards_done", label.get("shards_done_last_seen", label.get("shards_done_last")))
+    shards = [p for p in report.progress if p.probe in SHARD_PROBES]
+    if total == 0:
+        return shards == []
+    return bool(shards) and (shards[-1].done, shards[-1].total) == (done, total)
+
+
+FIELDS = {"outcome": outcome_ok, "last_phase": phase_ok, "failure_kind": kind_ok, "error_line": line_ok,
+          "shards": shards_ok}
+
+
+@pytest.mark.parametrize(("path", "label"), CASES, ids=[p.name for p, _ in CASES])
+def test_outcome(path: Path, label: dict[str, Any], reports: dict[Path, ReplayReport]) -> None:
+    assert outcome_ok(label, reports[path]), reports[path].outcome
+
+
+@pytest.mark.parametrize(("path", "label"), CASES, ids=[p.name for p, _ in CASES])
+def test_last_phase(path: Path, label: dict[str, Any], reports: dict[Path, ReplayReport]) -> None:
+    assert phase_ok(label, reports[path]), reports[path].last_phase
 
 
 @pytest.mark.parametrize(("path", "label"), CASES, ids=[p.name for p, _ in CASES])
 def test_failure(path: Path, label: dict[str, Any], reports: dict[Path, ReplayReport]) -> None:
-    kind = _expected(label, "failure_kind", label["failure_kind"])
-    failure = reports[path].failure
-    if kind == "none":
-        assert failure is None
-        return
-    assert failure is not None
-    expected_kind = POLICY["policy"]["unknown_failure_kind"] if kind == "unknown" else kind
-    assert failure.kind.value == expected_kind
-    assert failure.fingerprint
-    # The line the replay blames is the labelled error line (one may be a prefix-stripped
-    # or cut-short form of the other).
-    ours, theirs = failure.line.strip(), label["error_line"].strip()
-    assert ours in theirs or theirs in ours, (ours, theirs)
+    assert kind_ok(label, reports[path]), reports[path].failure
+    assert line_ok(label, reports[path]), (reports[path].failure, label["error_line"])
 
 
 @pytest.mark.parametrize(("path", "label"), [c for c in CASES if "shards_total" in c[1]],
                          ids=[p.name for p, lab in CASES if "shards_total" in lab])
 def test_shard_counts(path: Path, label: dict[str, Any], reports: dict[Path, ReplayReport]) -> None:
-    total = _expected(label, "shards_total", label["shards_total"])
-    done = _expected(label, "shards_done", label.get("shards_done_last_seen", label.get("shards_done_last")))
-    shards = [p for p in reports[path].progress if p.probe in SHARD_PROBES]
-    if total == 0:
-        assert shards == []
-        return
-    assert shards, "no shard progress seen"
-    assert (shards[-1].done, shards[-1].total) == (done, total)
+    assert shards_ok(label, reports[path]), reports[path].progress
+
+
+def test_score_per_field(reports: dict[Path, ReplayReport], capsys: pytest.CaptureFixture[str]) -> None:
+    """The corpus score per field, as tests/perf/RESULTS.md keeps it (run with -s to see it)."""
+    rows = []
+    for field, check in FIELDS.items():
+        cases = [(p, lab) for p, lab in CASES if field != "shards" or "shards_total" in lab]
+        right = sum(check(lab, reports[p]) for p, lab in cases)
+        rows.append((field, right, len(cases)))
+    with capsys.disabled():
+        print(f"\ncorpus score ({len(CASES)} logs)")
+        for field, right, n in rows:
+            print(f"  {field:<13} {right:>3}/{n:<3} {100 * right / n:5.1f}%")
+    assert all(right == n for _, right, n in rows), rows
 
 
 def test_replay_through_the_cli() -> None:
@@ -112,4 +150,5 @@ def test_replay_through_the_cli() -> None:
     assert data["last_phase"] == "weight_loading"
     assert set(data["failure"]) == {"kind", "line", "fingerprint"}
     assert data["failure"]["kind"] == "other"
-    assert {"probe": "vllm.shards", "done": 41, "total": 49} in data["progress"]
+    assert {"probe": "vllm.shards", "bar": "Loading safetensors checkpoint shards", "process": "",
+            "done": 41, "total": 49} in data["progress"]

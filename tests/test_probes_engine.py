@@ -294,7 +294,9 @@ def test_headless_traceback_from_an_excerpt() -> None:
     lines = [f'{prefix}  File "/x/utils.py", line 229, in load_weights', f"{prefix}    param = params[name]",
              f"{prefix}KeyError: 'layers.0.weight_scale'"]
     (tb,) = failures(run("\n".join(lines) + "\n"))
-    assert tb.failure is not None and tb.failure.kind is FailureKind.KEY_ERROR and tb.offset == 0
+    # The frame says it crashed loading weights: a KeyError there is a start-up error.
+    assert tb.failure is not None and tb.failure.kind is FailureKind.CONFIG_ERROR and tb.offset == 0
+    assert tb.phase is Phase.WEIGHT_LOADING
 
 
 def test_truncated_traceback_is_reported_at_flush() -> None:
@@ -413,7 +415,7 @@ def test_resume_offset_points_at_an_open_traceback() -> None:
     assert engine.feed_many(records[3:]) == []  # the exception line may continue
     assert engine.resume_offset == records[1].offset
     (tb,) = engine.flush()
-    assert tb.failure is not None and tb.failure.kind is FailureKind.KEY_ERROR
+    assert tb.failure is not None and tb.failure.kind is FailureKind.CONFIG_ERROR  # raised while starting up
     assert engine.resume_offset == len(data)
 
 

@@ -20,14 +20,16 @@ DONE = CORPUS / "full-logs" / "05-llamafactory-lora-train-done.log"
 def test_json_has_exactly_the_documented_shape() -> None:
     data = json.loads(replay_file(CRASH).to_json())
     assert set(data) == {"outcome", "last_phase", "failure", "progress", "events"}
-    assert (data["outcome"], data["last_phase"]) == ("crashed", "weights_loaded")
+    # The last phase line is "Model loading took"; the traceback's frames (profile_run) tell the rest.
+    assert (data["outcome"], data["last_phase"]) == ("crashed", "kv_cache_profile")
     assert data["failure"] == {
         "kind": "runtime_error",
         "line": "RuntimeError: Expected size for first two dimensions of batch2 tensor to be: [8192, 16] but got: "
                 "[8192, 4608].",
         "fingerprint": data["failure"]["fingerprint"],
     }
-    assert {"probe": "vllm.shards", "done": 4, "total": 4} in data["progress"]
+    assert {"probe": "vllm.shards", "bar": "Loading safetensors checkpoint shards", "process": "",
+            "done": 4, "total": 4} in data["progress"]
     event = data["events"][0]
     assert set(event) == {"kind", "probe", "offset", "line", "phase", "failure", "fields", "traceback", "fingerprint"}
     offsets = [e["offset"] for e in data["events"]]
@@ -36,9 +38,9 @@ def test_json_has_exactly_the_documented_shape() -> None:
 
 def test_text_report_for_humans() -> None:
     text = replay_file(CRASH).render_text()
-    assert text.startswith("outcome: crashed    last phase: weights_loaded")
+    assert text.startswith("outcome: crashed    last phase: kv_cache_profile")
     assert "phases:" in text and "weight_loading" in text
-    assert "vllm.shards  4/4" in text
+    assert "Loading safetensors checkpoint shards  4/4" in text
     assert "failure: runtime_error" in text
     assert "traceback (last 15 lines):" in text
     ready = replay_file(READY).render_text()

@@ -467,8 +467,9 @@ def test_state_is_one_consistent_look() -> None:
     state = w.state()
     assert state.phase is Phase.WEIGHT_LOADING and state.phase_entered_at == 0.0
     assert state.progress == w.progress and state.progress is not None and state.progress.done == 2
-    # The latest failure, as the attempt stores it; the judgement still blames the first.
-    assert state.failure == Failure(FailureKind.KEY_ERROR, "KeyError: latest", "b", state.failure.traceback, "ERROR")
+    # The root cause, as the attempt stores it and the judgement blames: the first error line.
+    assert state.failure is not None and (state.failure.line, state.failure.fingerprint) == ("ValueError: first", "a")
+    assert w.failure == state.failure
     assert state.failures_seen == 2 and state.last_output_at == 4.0
     assert state.next_check_at == w.next_check_at() == 14.0  # the stall floor after the last advance
     assert w.exited(1, None, killed_by_us=False).evidence["fingerprint"] == "a"

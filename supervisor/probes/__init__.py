@@ -6,11 +6,16 @@
 - ``replay_file(path, pack_names=None, pack_paths=())``: a finished log's ``ReplayReport``.
 - ``probe_command(...)``: the ``supervise probe`` command.
 - ``fingerprint(exc_type, message, innermost_frame)``: a failure's stable id.
+- ``root_cause(failures)``: the attempt's failure (the root cause) among failures in log order.
+- ``BarBook``, ``process_of``: which bar a progress line draws, which process wrote a line.
 """
 
 from ._engine import ProbeEngine
 from ._fingerprint import fingerprint
+from ._identity import BarBook, process_of
 from ._pack import Pack, load_packs
 from ._replay import ReplayReport, probe_command, replay_file
+from ._rootcause import root_cause
 
-__all__ = ["Pack", "ProbeEngine", "ReplayReport", "fingerprint", "load_packs", "probe_command", "replay_file"]
+__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "fingerprint", "load_packs", "probe_command",
+           "process_of", "replay_file", "root_cause"]

@@ -45,6 +45,7 @@ from ._fingerprint import fingerprint
 from ._literals import required_literals
 from ._pack import Pack, Probe, re2_options
 from ._prefix import ANSI_BYTES_RE, LineSplitter
+from ._rootcause import FailureReader
 from ._syntax import Literal
 from ._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
 
@@ -164,6 +165,7 @@ class ProbeEngine:
             [r for pack in self.packs for r in pack.prefixes], [r for pack in self.packs for r in pack.headers]
         )
         self._classify = _Classifier(self.packs)
+        self._failures = FailureReader(self.packs)
         self._set = self._probe_set()
         self._prefilter, self._always = self._build_prefilter()
         tb_pack = next((p.name for p in self.packs if p.tracebacks), None)
@@ -300,6 +302,7 @@ class ProbeEngine:
                 return
         if probe:
             events.extend(self._probe_line(record, line, fields))
+        self._failures.saw(events)
         self._hold(events, out)
 
     def _traceback_line(
@@ -319,7 +322,8 @@ class ProbeEngine:
 
     def _traceback_event(self, cap: Any) -> ProbeEvent:
         assert self._tb_probe is not None
-        return capture_event(cap, self._tb_probe, self._classify)
+        frames = [frame for segment in cap.segments for frame in segment.frames]
+        return self._failures.traceback_event(capture_event(cap, self._tb_probe, self._classify), frames)
 
     def _matches(self, data: bytes) -> list[int]:
         if self._set is None:
@@ -365,6 +369,7 @@ class ProbeEngine:
             fingerprint=fingerprint(probe.name, header.message),
             level=header.level,
         )
+        failure = self._failures.line_failure(failure, classified=probe.failure is None, consequence=probe.consequence)
         return ProbeEvent(probe.kind, probe.name, record.offset, line, probe.phase, failure, fields)
 
     def _lent_fields(self, records: Sequence[Record], i: int) -> dict[str, Any]:

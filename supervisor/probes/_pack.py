@@ -27,6 +27,26 @@ A pack is one TOML file::
     fields = { done = "int", total = "int" }     # int | float | str | bool | duration | rate
     set = { unit = "shards" }     # constant fields added to every event of this probe
     # failure = "cuda_oom"        # failure probes only: a FailureKind, or "auto" to classify
+    # consequence = true          # failure probes only: this line echoes a failure logged
+                                  # earlier (see "Root cause" below)
+
+    [[frames]]                    # a traceback frame that tells the phase a crash happened in
+    phase = "distributed_init"
+    regex = ', in (?:init_process_group|rendezvous)$'
+
+Root cause.  A failing program often logs one failure several times: the process that broke
+logs its exception, then its parent logs that the child died, a launcher logs that a rank
+failed.  The attempt's failure (what ``status``, the alert and the fingerprint show) is the
+*root cause*: the first error line of the earliest failing process.  Lines that only echo
+another failure are recognised by pattern: a failure probe with ``consequence = true``
+marks them, both as lines of their own and as a traceback's final exception line
+(vLLM's ``RuntimeError: Engine core initialization failed. See root cause above.``).  A
+consequence is the failure only when nothing else was logged (``_rootcause``).
+
+Start-up errors.  A ``ValueError``/``KeyError``/``AssertionError``/``NotImplementedError``
+(a failure classified as ``value_error``, ``key_error``, ``assertion`` or
+``not_implemented``) raised before ``engine_ready`` (by the phases seen so far, or by the
+traceback's ``[[frames]]``) is a ``config_error``: wrong settings or code, not the box.
 
 Every regex is compiled with RE2, which matches in linear time: a pattern RE2 cannot
 compile (backreferences, lookaround) is refused.  Prefix and header regexes are matched
@@ -73,6 +93,7 @@ class ProbeDef(_Strict):
     kind: str
     phase: str | None = None
     failure: str | None = None
+    consequence: bool = False
     fields: dict[str, str] = Field(default_factory=dict)
     constants: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="set")
     description: str = ""
@@ -90,6 +111,12 @@ class ClassifyDef(_Strict):
     description: str = ""
 
 
+class FrameDef(_Strict):
+    phase: str
+    regex: str
+    description: str = ""
+
+
 class PackDef(_Strict):
     name: str = Field(pattern=_ID)
     description: str = ""
@@ -98,6 +125,7 @@ class PackDef(_Strict):
     prefixes: list[PrefixDef] = Field(default_factory=list)
     headers: list[PrefixDef] = Field(default_factory=list)
     classify: list[ClassifyDef] = Field(default_factory=list)
+    frames: list[FrameDef] = Field(default_factory=list)
     probes: list[ProbeDef] = Field(default_factory=list)
 
 
@@ -114,6 +142,7 @@ class Probe:
     fields: dict[str, str]  # group -> type, for the typed groups
     constants: dict[str, Any]
     groups: tuple[str, ...]  # every named group of the regex
+    consequence: bool = False  # failure probes only: an echo of a failure logged earlier
 
     @property
     def name(self) -> str:
@@ -122,12 +151,13 @@ class Probe:
 
 @dataclass(frozen=True)
 class Rule:
-    """A prefix, a header or a classification rule of a pack."""
+    """A prefix, a header, a classification rule or a frame rule of a pack."""
 
     pack: str
     id: str
     regex: str
     failure: FailureKind | None = None
+    phase: Phase | None = None  # frame rules only
 
 
 @dataclass(frozen=True)
@@ -142,6 +172,7 @@ class Pack:
     prefixes: tuple[Rule, ...] = ()
     headers: tuple[Rule, ...] = ()
     classify: tuple[Rule, ...] = ()
+    frames: tuple[Rule, ...] = ()
     probes: tuple[Probe, ...] = field(default_factory=tuple)
 
 
@@ -224,6 +255,7 @@ def parse_pack(raw: dict[str, Any], source: str) -> Pack:
         prefixes=tuple(_rule(spec.name, source, "prefix", r.id, r.regex) for r in spec.prefixes),
         headers=tuple(_rule(spec.name, source, "header", r.id, r.regex) for r in spec.headers),
         classify=tuple(_classify_rule(spec.name, source, i, r) for i, r in enumerate(spec.classify)),
+        frames=tuple(_frame_rule(spec.name, source, i, r) for i, r in enumerate(spec.frames)),
         probes=_probes(spec, source),
     )
 
@@ -281,6 +313,8 @@ def _probe(pack: str, source: str, d: ProbeDef) -> Probe:
             failure = _enum(FailureKind, d.failure, "failure", fail)
     elif d.failure is not None:
         raise fail(f"'failure' is only for probes of kind 'failure' (this one is '{kind.value}')")
+    if d.consequence and kind is not ProbeKind.FAILURE:
+        raise fail(f"'consequence' is only for probes of kind 'failure' (this one is '{kind.value}')")
     compiled = compile_checked(d.regex, fail)
     groups = tuple(sorted(compiled.groupindex, key=lambda g: compiled.groupindex[g]))
     for name, ftype in d.fields.items():
@@ -290,7 +324,8 @@ def _probe(pack: str, source: str, d: ProbeDef) -> Probe:
             raise fail(f"field {shown(name)} is not a named group of the regex (groups: {', '.join(groups) or 'none'})")
     if kind is ProbeKind.PROGRESS and "done" not in groups:
         raise fail("a progress probe's regex needs a named group 'done' (and usually 'total')")
-    return Probe(pack, d.id, d.regex, kind, phase, failure, dict(d.fields), dict(d.constants), groups)
+    return Probe(pack, d.id, d.regex, kind, phase, failure, dict(d.fields), dict(d.constants), groups,
+                 d.consequence)
 
 
 def _rule(pack: str, source: str, what: str, rule_id: str, regex: str) -> Rule:
@@ -308,6 +343,15 @@ def _classify_rule(pack: str, source: str, index: int, d: ClassifyDef) -> Rule:
     kind = _enum(FailureKind, d.failure, "failure", fail)
     compile_checked(d.regex, fail)
     return Rule(pack, f"classify{index + 1}", d.regex, kind)
+
+
+def _frame_rule(pack: str, source: str, index: int, d: FrameDef) -> Rule:
+    def fail(problem: str) -> ProbePackError:
+        return ProbePackError(f"{source}: frame rule {index + 1} ({d.phase}): {_one_line(problem)}")
+
+    phase = _enum(Phase, d.phase, "phase", fail)
+    compile_checked(d.regex, fail)
+    return Rule(pack, f"frame{index + 1}", d.regex, phase=phase)
 
 
 def _enum(enum: Any, value: str | None, what: str, fail: Any) -> Any:
@@ -364,11 +408,12 @@ def _describe_validation(exc: ValidationError, raw: dict[str, Any]) -> str:
     error = exc.errors()[0]
     loc = list(error["loc"])
     where = ""
-    if len(loc) >= 2 and loc[0] in ("probes", "prefixes", "headers", "classify") and isinstance(loc[1], int):
+    if len(loc) >= 2 and loc[0] in ("probes", "prefixes", "headers", "classify", "frames") and isinstance(loc[1], int):
         section, index = loc[0], loc[1]
         entry = raw.get(section, [])[index] if isinstance(raw.get(section), list) else {}
         entry_id = entry.get("id") if isinstance(entry, dict) else None
-        label = {"probes": "probe", "prefixes": "prefix", "headers": "header", "classify": "classify rule"}[section]
+        label = {"probes": "probe", "prefixes": "prefix", "headers": "header", "classify": "classify rule",
+                 "frames": "frame rule"}[section]
         where = f"{label} {shown(entry_id)}: " if entry_id else f"{label} {index + 1}: "
         loc = loc[2:]
     key = one_line(".".join(str(part) for part in loc), 80)

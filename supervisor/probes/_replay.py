@@ -4,15 +4,16 @@ The log is read exactly as the live follower reads it (``records.split_records``
 chunks) and fed through a ``ProbeEngine``.  From the events:
 
 - ``last_phase``: the highest canonical phase any event implies (by phase order).
-- ``failure``: the failure that explains the log.  Failures logged at DEBUG, INFO or
+- ``failure``: the root cause (``_rootcause.root_cause``: the first error line of the
+  earliest failing process, consequences set aside).  Failures logged at DEBUG, INFO or
   WARNING level are handled errors when the log later reaches ``engine_ready`` or beyond
-  (vLLM logs a WARNING traceback during a healthy start), so those are set aside.  Of the
-  rest, the first whose kind is not ``other`` wins (a "WorkerProc failed to start" line
-  comes before the traceback that says why); if all are ``other``, the first.
+  (vLLM logs a WARNING traceback during a healthy start), so those are left out first.
 - ``outcome``: ``oom`` if that failure is a CUDA OOM, else ``crashed`` if there is one;
   ``done`` if the ``done`` phase was reached; ``ready`` if the engine became ready (an
   ``engine_ready`` event, or lines of a server answering requests); else ``incomplete``.
-- ``progress``: the last state of every progress probe, in order of first appearance.
+- ``progress``: the last state of every bar (``_identity.Bar``: probe, description,
+  process), in order of first appearance; a bar that starts over (its count goes back)
+  is a new bar (a speculative draft model's shards after the target model's).
 
 Memory stays bounded whatever the log (a day of tqdm redraws is millions of records): the
 file is streamed, a run of redraws of one bar is read as its first and its last redraw, a
@@ -44,10 +45,13 @@ from ..events import (
 )
 from ..records import split_records
 from ._engine import ProbeEngine
+from ._identity import BarBook
 from ._pack import load_packs, search_dirs
+from ._rootcause import root_cause
 
 _CHUNK = 4 << 20
 _MAX_EVENTS = 100_000  # listed in a report; the summary counts every event
+_MAX_CANDIDATES = 1_000  # failures kept for the root-cause choice, of each kind (fatal, survivable)
 _BAR_KEY = re.compile(r"[^\d]*")  # a bar's redraws share the text before their first digit
 _TRACEBACK_TAIL = 15
 _CRASHED = frozenset({Outcome.CRASHED, Outcome.OOM})
@@ -62,6 +66,8 @@ class FailureSummary(BaseModel):
 
 class ProgressSummary(BaseModel):
     probe: str
+    bar: str  # the bar's description, else the probe, with the process drawing it
+    process: str  # "" when the lines carry no process prefix
     done: int | float | None
     total: int | float | None
 
@@ -117,8 +123,8 @@ class ReplayReport(BaseModel):
         lines += self._timeline()
         if self.progress:
             lines.append("progress:")
-            width = max(len(p.probe) for p in self.progress)
-            lines += [f"  {p.probe:<{width}}  {_num(p.done)}/{_num(p.total)}" for p in self.progress]
+            width = max(len(p.bar) for p in self.progress)
+            lines += [f"  {p.bar:<{width}}  {_num(p.done)}/{_num(p.total)}" for p in self.progress]
         lines += self._failure_text()
         counts = self.counts or _counts(self.events)
         summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
@@ -234,7 +240,8 @@ class _Summary:
         self.counts: dict[str, int] = {}
         self.last_phase: Phase | None = None
         self.ready = False
-        self.progress: dict[str, ProgressSummary] = {}
+        self._bars = BarBook()
+        self.progress: dict[int, ProgressSummary] = {}  # by bar id: in order of first appearance
         self.failures = _FailureCandidates()
         self._run_end: ProbeEvent | None = None  # the latest of a run of one probe's progress, unlisted
 
@@ -248,11 +255,18 @@ class _Summary:
                     self.failures.ready_at(event.offset)
             self.ready = self.ready or event.phase is Phase.ENGINE_READY or event.fields.get("serving") is True
             if event.kind is ProbeKind.PROGRESS:
-                self.progress[event.probe] = ProgressSummary(
-                    probe=event.probe, done=event.fields.get("done"), total=event.fields.get("total"))
+                self._progress(event)
             if event.failure is not None:
                 self.failures.add(event.failure, event.offset)
             self._list(event)
+
+    def _progress(self, event: ProbeEvent) -> None:
+        done, total = event.fields.get("done"), event.fields.get("total")
+        if not isinstance(done, (int, float)):
+            return
+        run, _ = self._bars.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
+        self.progress[run.id] = ProgressSummary(probe=event.probe, bar=run.bar.label, process=run.bar.process,
+                                                done=run.done, total=run.total)
 
     def _list(self, event: ProbeEvent) -> None:
         last = self.events[-1] if self.events else None
@@ -291,9 +305,10 @@ class _Summary:
 
 
 class _FailureCandidates:
-    """The failures that may explain the log (see the module docstring), at most four: the
-    first, and the first of a specific kind, of the fatal ones, and of the survivable ones
-    logged since the log last got ready (a later ready event handles those)."""
+    """The failures that may explain the log, in log order, for ``root_cause`` to choose from:
+    the first ``_MAX_CANDIDATES`` fatal ones, and the survivable ones logged since the log last
+    got ready (a later ready event handles those).  The root cause is among the first failures
+    of a log, so keeping the first few bounds memory without changing the answer."""
 
     def __init__(self) -> None:
         self._seq = 0
@@ -306,15 +321,11 @@ class _FailureCandidates:
     def add(self, failure: Failure, offset: int) -> None:
         self._seq += 1
         kept = self._survivable if failure.survivable else self._fatal
-        specific = failure.kind is not FailureKind.OTHER
-        if not kept or (specific and all(f.kind is FailureKind.OTHER for _, _, f in kept)):
+        if len(kept) < _MAX_CANDIDATES:
             kept.append((self._seq, offset, failure))
 
     def choose(self) -> Failure | None:
-        failures = [f for _, _, f in sorted(self._fatal + self._survivable, key=lambda c: c[0])]
-        specific = [f for f in failures if f.kind is not FailureKind.OTHER]
-        chosen = specific or failures
-        return chosen[0] if chosen else None
+        return root_cause([f for _, _, f in sorted(self._fatal + self._survivable, key=lambda c: c[0])])
 
 
 def _outcome(last_phase: Phase | None, failure: Failure | None, ready: bool) -> Outcome:

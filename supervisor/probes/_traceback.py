@@ -213,7 +213,9 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
     """The exception of a chain that says most about the root cause.
 
     An infrastructure kind (CUDA OOM, NCCL, timeout, SIGKILL) anywhere in the chain wins,
-    the earliest first; otherwise the last exception, unless it only points elsewhere.
+    the earliest first; otherwise the last exception, unless it only points elsewhere or
+    merely wraps an earlier one (its message quotes that one's line: huggingface_hub's
+    ``StrictDataclassClassValidationError`` around the config's ``ValueError``).
     """
     ended = [s for s in segments if s.exc_line]
     if not ended:
@@ -222,9 +224,13 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
     for seg, kind in zip(ended, kinds, strict=True):
         if kind in _INFRA_KINDS:
             return seg, kind
-    for seg, kind in zip(reversed(ended), reversed(kinds), strict=True):
-        if not _UNINFORMATIVE.search(seg.exc_line or ""):
-            return seg, kind
+    for index in reversed(range(len(ended))):
+        seg = ended[index]
+        if _UNINFORMATIVE.search(seg.exc_line or ""):
+            continue
+        message = "\n".join(seg.continuation)
+        quoted = next((i for i in range(index) if (line := ended[i].exc_line) and line in message), None)
+        return (ended[index], kinds[index]) if quoted is None else (ended[quoted], kinds[quoted])
     return ended[-1], kinds[-1]
 
 

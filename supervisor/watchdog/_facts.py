@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, EventKind, Failure, FailureKind, Phase
+from ..probes import BarBook, root_cause
+from ..probes._identity import BarRun
 from ._progress import ProgressState, Track
 
 # A program that logs the same error in a loop must not grow the watchdog without bound.
@@ -28,15 +30,18 @@ class Facts:
     phase: Phase | None = None
     phase_entered_at: float = field(init=False)  # the attempt's start before any phase
     phase_has_progress: bool = False
-    tracks: dict[str, Track] = field(default_factory=dict)
-    latest_probe: str | None = None
+    # One stall track per bar (``BarBook``: a probe's bars told apart by description and
+    # process), by bar id; only the book's recent bars keep a track.
+    bars: BarBook = field(default_factory=BarBook)
+    tracks: dict[int, Track] = field(default_factory=dict)
+    latest_bar: int | None = None
     failures: list[Failure] = field(default_factory=list)  # the first ones, in order
     last_failure: Failure | None = None
     failure_count: int = 0
     advanced_since_failure: bool = True
-    # The first failure since the last advance not logged below ERROR: what a hang after it
-    # is blamed on.
-    unrecovered_failure: Failure | None = None
+    since_advance: int = 0  # failures kept before the last advance (phase change or progress step)
+    # The first failure since the last advance not logged below ERROR, should the list be full.
+    _first_unrecovered: Failure | None = None
     oom: Failure | None = None
 
     def __post_init__(self) -> None:
@@ -51,14 +56,21 @@ class Facts:
     @property
     def progress(self) -> ProgressState | None:
         """The progress bar that moved most recently (finished and earlier-phase bars included)."""
-        track = self.tracks.get(self.latest_probe or "")
+        track = self.tracks.get(self.latest_bar) if self.latest_bar is not None else None
         return None if track is None else track.state()
 
     @property
     def primary_failure(self) -> Failure | None:
-        # The first failure is usually the cause; later ones are other ranks or the
-        # parent reporting that a worker died.
-        return self.failures[0] if self.failures else None
+        """The root cause: later failures are other ranks, or parents and launchers reporting
+        that a worker died (``probes.root_cause``).  The attempt's failure as stored."""
+        return root_cause(self.failures)
+
+    @property
+    def unrecovered_failure(self) -> Failure | None:
+        """The root cause among failures since the last advance not logged below ERROR: what a
+        hang after them is blamed on."""
+        recent = [f for f in self.failures[self.since_advance:] if not f.survivable]
+        return root_cause(recent) if recent else self._first_unrecovered
 
     # ---- folding ---------------------------------------------------------------------
 
@@ -102,8 +114,8 @@ class Facts:
     def _failure(self, failure: Failure) -> None:
         # A traceback the program itself logged below ERROR is one it means to survive: it does
         # not make a quiet process look hung.
-        if self.unrecovered_failure is None and not failure.survivable:
-            self.unrecovered_failure = failure
+        if self._first_unrecovered is None and not failure.survivable:
+            self._first_unrecovered = failure
         self.advanced_since_failure = False
         self.failure_count += 1
         self.last_failure = failure
@@ -119,12 +131,17 @@ class Facts:
             return
         total = _as_int(event.data.get("total"))
         self.phase_has_progress = True
-        self.latest_probe = probe
-        track = self.tracks.get(probe)
-        if track is None or track.retired or done < track.done:
-            # First sight of this bar, or a new bar of the same probe (it went backwards).
-            self.tracks[probe] = Track(probe, done, total, at)
+        run, new = self.bars.place(probe, event.data, done, total)
+        self.latest_bar = run.id
+        track = self.tracks.get(run.id)
+        if track is None or track.retired:
+            # First sight of this bar (a new bar of the same probe: another process, another
+            # description, or counting from the start again), or one of an earlier phase.
+            self.tracks[run.id] = Track(probe, done, total, at, bar=run.bar.label)
+            if new:
+                self._new_bar(run)
             return
+        track.bar = run.bar.label  # a bar first drawn without its process prefix learns it
         if total is not None:
             track.total = total
         if done == track.done:
@@ -132,10 +149,21 @@ class Facts:
         track.advance(done, at)
         self._advanced()
 
+    def _new_bar(self, run: BarRun) -> None:
+        # A bar drawn again from its start ends its earlier run (CUDA graphs' second pass, an
+        # evaluation bar between training steps): that run may never print its last step.
+        for earlier in self.bars.earlier_runs(run):
+            if earlier in self.tracks:
+                self.tracks[earlier].retired = True
+        oldest = self.bars.recent[0].id
+        for gone in [i for i in self.tracks if i < oldest]:
+            del self.tracks[gone]
+
     def _advanced(self) -> None:
         # A phase change or a progress step after a failure means the process recovered.
         self.advanced_since_failure = True
-        self.unrecovered_failure = None
+        self.since_advance = len(self.failures)
+        self._first_unrecovered = None
 
 
 def _as_int(value: Any) -> int | None:

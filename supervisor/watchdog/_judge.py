@@ -22,7 +22,7 @@ class WatchdogState:
     phase: Phase | None
     phase_entered_at: float  # clock time (the attempt's start before any phase)
     progress: ProgressState | None
-    failure: Failure | None  # the latest failure logged: the attempt's failure as stored
+    failure: Failure | None  # the root cause of the failures logged: the attempt's failure as stored
     failures_seen: int
     last_output_at: float  # clock time (the attempt's start before any output)
     next_check_at: float | None  # clock time; None when no rule is pending
@@ -44,7 +44,7 @@ class Watchdog:
         facts = self._facts
         return WatchdogState(
             phase=facts.phase, phase_entered_at=facts.phase_entered_at, progress=facts.progress,
-            failure=facts.last_failure, failures_seen=facts.failure_count, last_output_at=facts.last_output_at,
+            failure=facts.primary_failure, failures_seen=facts.failure_count, last_output_at=facts.last_output_at,
             next_check_at=self.next_check_at(now),
         )
 
@@ -71,6 +71,11 @@ class Watchdog:
     def failures(self) -> list[Failure]:
         """The first failures logged, in order."""
         return list(self._facts.failures)
+
+    @property
+    def failure(self) -> Failure | None:
+        """The root cause of the failures logged (``probes.root_cause``): the attempt's failure."""
+        return self._facts.primary_failure
 
     # ---- input -------------------------------------------------------------------
 

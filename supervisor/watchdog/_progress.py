@@ -22,6 +22,7 @@ class ProgressState:
     rate: float | None
     eta_s: float | None
     last_advance_at: float
+    bar: str = ""  # which bar: its description, else the probe, with its process
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Track:
     done: int
     total: int | None
     last_advance_at: float
+    bar: str = ""  # see ProgressState.bar
     retired: bool = False  # its phase is over: shown as the last progress, no longer watched
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
     per_item: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
@@ -66,7 +68,7 @@ class Track:
         eta = None
         if rate is not None and self.total is not None:
             eta = max(0, self.total - self.done) * rate
-        return ProgressState(self.probe, self.done, self.total, rate, eta, self.last_advance_at)
+        return ProgressState(self.probe, self.done, self.total, rate, eta, self.last_advance_at, self.bar)
 
 
 def _push(window: deque[float], ordered: list[float], value: float) -> None:

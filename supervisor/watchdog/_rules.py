@@ -73,9 +73,12 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
         stalled = at - track.last_advance_at
         median = track.median_interval()
         where = f"{label(track.probe)} {track.done}/{track.total if track.total is not None else '?'}"
+        if track.bar and track.bar != track.probe:
+            where += f" [{track.bar}]"  # which of the probe's bars (rank, description)
         reason = f"{where}, no progress for {format_duration(stalled)} ({how})"
         evidence: dict[str, Any] = {
             "probe": track.probe,
+            "bar": track.bar,
             "done": track.done,
             "total": track.total,
             "stalled_s": round(stalled, 3),
