@@ -141,7 +141,7 @@ def test_heartbeats_are_output_but_not_progress() -> None:
 
 def test_only_waiting_lines_in_a_start_up_phase_is_a_stall() -> None:
     # A rank froze after loading: the engine says "still waiting" every 60 s, forever.
-    w, clock = make(waiting_s=600, stall_floor_s=1e9)
+    w, clock = make(waiting_s=600, stall_floor_s=3e7)
     w.observe(phase(Phase.WEIGHT_LOADING))
     clock.t = 10.0
     w.output_seen(heartbeats_only=False)
@@ -371,7 +371,7 @@ def test_the_windowed_median_matches_statistics_median() -> None:
 
 def test_a_failure_then_silence_is_a_crash_while_the_process_still_runs() -> None:
     # One rank raised; the others wait in their next collective and print nothing more.
-    w, clock = make(hang_after_failure_s=120, stall_floor_s=1e9)
+    w, clock = make(hang_after_failure_s=120, stall_floor_s=3e7)
     advance(w, clock, 3, 10.0, total=None)
     clock.t = 11.0
     w.observe(failure(line="RuntimeError: rank 1: bad batch at step 5", fp="fpbad"))
@@ -415,7 +415,7 @@ def test_the_first_failure_since_the_last_advance_is_blamed() -> None:
 def test_a_phase_or_progress_after_the_failure_is_a_recovery(recovery: str) -> None:
     # vLLM logs a full traceback at WARNING during a healthy --skip-tokenizer-init start, then
     # becomes ready and sits idle: it must not be called hung.
-    w, clock = make(hang_after_failure_s=30, stall_floor_s=1e9, waiting_s=None)
+    w, clock = make(hang_after_failure_s=30, stall_floor_s=3e7, waiting_s=None)
     w.observe(phase(Phase.WEIGHT_LOADING))
     advance(w, clock, 1, 1.0)
     w.observe(failure(kind="value_error", line="ValueError: Tokenizer not available"))
@@ -499,7 +499,7 @@ def _corpus_labels() -> list[tuple[Path, str]]:
 def test_on_real_logs_only_failed_runs_leave_a_failure_unrecovered(path: Path, outcome: str) -> None:
     """Were each corpus process to hang after its last line, the rule would fire on the runs
     that failed, and on no run that became ready, finished, or was still loading."""
-    w, _ = make(hang_after_failure_s=120, stall_floor_s=1e12, waiting_s=None)
+    w, _ = make(hang_after_failure_s=120, stall_floor_s=3e7, waiting_s=None)
     for event in _corpus_events(path):
         w.observe(event, now=0.0)
     verdict = w.check(1e6).verdict
