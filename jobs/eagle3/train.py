@@ -67,7 +67,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import _dist, _io, formats
+from . import _dist, _io, formats, rope
 from ._ckpt import Checkpoints
 from .draft import DraftConfig, Eagle3Draft, draft_vocab, export_tensors
 
@@ -331,15 +331,18 @@ def draft_config(target: Target, ds: Dataset, draft_vocab_size: int, args: argpa
     nkv = args.num_kv_heads or (int(tc.get("num_key_value_heads") or nh) if not args.num_heads else nh)
     head_dim = int(tc.get("head_dim") or 0) if not args.num_heads else 0
     head_dim = head_dim or h // nh
-    rope = tc.get("rope_parameters") or {}
-    theta = float(rope.get("rope_theta") or tc.get("rope_theta") or 10000.0)
+    params = tc.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta") or tc.get("rope_theta") or 10000.0)
+    scaling, warning = rope.draft_scaling(tc)
+    if warning:
+        say(f"train warning: {warning}")
     return DraftConfig(
         hidden_size=h,
         intermediate_size=args.intermediate_size or int(tc.get("intermediate_size") or 4 * h),
         num_attention_heads=nh, num_key_value_heads=nkv, head_dim=head_dim,
         vocab_size=int(tc.get("vocab_size") or target.vocab), draft_vocab_size=draft_vocab_size,
         aux_layer_ids=ds.layer_ids[:-1], rms_norm_eps=target.eps, rope_theta=theta,
-        max_position_embeddings=int(tc.get("max_position_embeddings") or 2048),
+        max_position_embeddings=int(tc.get("max_position_embeddings") or 2048), rope_scaling=scaling,
     )
 
 
