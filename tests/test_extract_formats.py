@@ -130,11 +130,11 @@ def test_export_resumes_and_refuses_another_layout(ours, tmp_path):
 @pytest.mark.slow
 def test_speculators_own_data_pipeline_loads_our_output(model, ours, tmp_path):
     pytest.importorskip("speculators", reason="speculators==0.9.0 (jobs/requirements-interop.txt)")
+    from hs_connectors.transfer import FileTransfer
     from safetensors.torch import load_file
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.dataloader import create_train_val_loaders
     from speculators.train.vocab_mapping import save_token_frequency_distribution
-    from hs_connectors.transfer import FileTransfer
 
     out = tmp_path / "spec"
     r = run_cli(["--model", model, "--out", out, "--max-samples", "8", "--layer-ids", LAYERS, "--device", "cpu",

@@ -11,12 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import JOBS, THIRD_PARTY_WARNINGS, cli_env, final_state, make_fixture, popen_train, train_args
+from train_helpers import (
+    JOBS,
+    THIRD_PARTY_WARNINGS,
+    cli_env,
+    final_state,
+    make_fixture,
+    popen_train,
+    train_args,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from conftest import wait_until  # noqa: E402
+from conftest import wait_until
 
 STEP = re.compile(r"^train step (\d+)/\d+ loss=(\S+) acc0=\S+ tok/s=\S+ (.*)$")
 

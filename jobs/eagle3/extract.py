@@ -41,9 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io
+from . import _io, formats
 from . import data as data_mod
-from . import formats
 from .tiny_model import DEFAULT_PROMPTS
 
 EXIT_INCOMPLETE = 3
