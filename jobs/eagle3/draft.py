@@ -19,8 +19,8 @@ Training-time test (:meth:`Eagle3Draft.step`): step 0 attends causally over the 
 keys at positions ``<= t`` plus its own keys of steps ``1..i`` at position ``t`` only, with rotary
 positions ``t + i``, which is what the drafter sees at inference after ``i`` drafted tokens.
 
-Rotary embedding: plain RoPE with the target's ``rope_theta`` (no scaling); the exported config says
-the same, so vLLM runs the draft exactly as it was trained.
+Rotary embedding: the target's ``rope_theta`` and rope scaling (linear, llama3, YaRN: see :mod:`.rope`),
+written into the exported config, so vLLM runs the draft exactly as it was trained.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import rope
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -50,9 +52,13 @@ class DraftConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     hidden_act: str = "silu"
+    rope_scaling: dict[str, Any] | None = None  # the target's (see rope.draft_scaling); None: plain RoPE
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["rope_scaling"] is None:
+            del d["rope_scaling"]  # so that runs of plain RoPE keep the fingerprint they had
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
@@ -61,16 +67,18 @@ class DraftConfig:
     @classmethod
     def from_vllm_config(cls, c: dict[str, Any]) -> DraftConfig:
         """The inverse of :meth:`vllm_config`."""
-        rope = c.get("rope_parameters") or {}
+        params = c.get("rope_parameters") or {}
+        scaling = c.get("rope_scaling") or (params if rope.scaling_type(params) != "default" else None)
         return cls(hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
                    num_attention_heads=c["num_attention_heads"], num_key_value_heads=c["num_key_value_heads"],
                    head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
                    vocab_size=c["vocab_size"], draft_vocab_size=c.get("draft_vocab_size") or c["vocab_size"],
                    aux_layer_ids=list(c.get("eagle_aux_hidden_state_layer_ids") or []),
                    rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-                   rope_theta=c.get("rope_theta") or rope.get("rope_theta") or 10000.0,
+                   rope_theta=c.get("rope_theta") or params.get("rope_theta") or 10000.0,
                    max_position_embeddings=c.get("max_position_embeddings", 2048),
-                   hidden_act=c.get("hidden_act", "silu"))
+                   hidden_act=c.get("hidden_act", "silu"),
+                   rope_scaling=({k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None))
 
     def vllm_config(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """``config.json`` of the exported draft, as vLLM's ``llama_eagle3.py`` reads it."""
@@ -88,8 +96,8 @@ class DraftConfig:
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+            "rope_parameters": {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta},
             "attention_bias": False,
             "mlp_bias": False,
             "tie_word_embeddings": False,
@@ -128,22 +136,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary:
-    """cos/sin tables of plain RoPE, grown on demand."""
+    """cos/sin tables of RoPE (with the target's scaling, if any), grown on demand."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None = None):
         self.head_dim = head_dim
         self.theta = theta
+        self.inv_freq, self.mscale = rope.inv_freq_and_scale(head_dim, theta, scaling)
         self._cos: torch.Tensor | None = None
         self._sin: torch.Tensor | None = None
 
     def tables(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cos is None or self._cos.shape[0] < n or self._cos.device != device:
-            inv = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
-                                        / self.head_dim))
             t = torch.arange(max(n, 64), dtype=torch.float32, device=device)
-            freqs = torch.outer(t, inv)
+            freqs = torch.outer(t, self.inv_freq.to(device))
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos, self._sin = emb.cos(), emb.sin()
+            self._cos, self._sin = emb.cos() * self.mscale, emb.sin() * self.mscale
         return self._cos, self._sin
 
     def apply(self, x: torch.Tensor, offset: int) -> torch.Tensor:
@@ -175,7 +182,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
-        self.rotary = Rotary(hd, cfg.rope_theta)
+        self.rotary = Rotary(hd, cfg.rope_theta, cfg.rope_scaling)
 
     def forward(self, x: torch.Tensor, cache: tuple[list[torch.Tensor], list[torch.Tensor]],
                 step: int) -> torch.Tensor:

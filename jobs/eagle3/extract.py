@@ -41,12 +41,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io
+from . import _io, formats
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
 EXIT_INCOMPLETE = 3
 EXIT_DISK_FULL = 75  # EX_TEMPFAIL: relaunching after freeing space continues the run
+EXIT_CONFIG = 78  # EX_CONFIG: a layout that cannot be written as asked (one line says why)
 FORMAT = "eagle3-hidden-states/1"
 OUT_ROOT = Path(__file__).resolve().parents[2] / "out"  # the repository's out/ (git-ignored)
 
@@ -111,6 +112,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL prompt set (default: the shipped one)")
     ap.add_argument("--out", default=str(OUT_ROOT / "extract"), help="output directory (default %(default)s)")
     ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--format", choices=[f.value for f in formats.Format], default=formats.Format.SUPERVISE.value,
+                    help="output layout: supervise (ours), speculators (0.9) or specforge (0.2); see eagle3.formats")
     ap.add_argument("--layer-ids", help="comma-separated vLLM layer ids (default 2,L//2,L-3,L)")
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, help="samples per batch (default: hf 4, vllm 128)")
@@ -138,6 +141,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.batch_size = 4 if args.backend == "hf" else 128
     if args.batch_size < 1 or args.max_seq_len < 1 or (args.max_samples is not None and args.max_samples < 1):
         ap.error("--batch-size, --max-seq-len and --max-samples must be positive")
+    args.format = formats.Format(args.format)
+    if args.verify and args.format is formats.Format.SPECFORGE:
+        ap.error("--verify compares the stored pre-norm layers, which --format specforge does not keep: "
+                 "extract in another format and verify there (eagle3.export converts it afterwards)")
     return args
 
 
@@ -145,8 +152,9 @@ class Job:
     """The output directory and the bookkeeping the backends report to."""
 
     def __init__(self, out: Path, samples: list[data_mod.Sample], layer_ids: list[int], num_layers: int,
-                 hidden: int, batch_size: int):
+                 hidden: int, batch_size: int, writer: formats.Writer | None = None):
         self.out = out
+        self.writer = writer or formats.Writer(out, layer_ids, num_layers, hidden)
         self.samples = samples
         self.total = len(samples)
         self.layer_ids = layer_ids
@@ -159,13 +167,11 @@ class Job:
         self.t_loop: float | None = None
 
     def path(self, i: int) -> Path:
-        return self.out / f"hs_{i}.safetensors"
+        return self.writer.path(i)
 
     def scan(self) -> set[int]:
         """Finished samples: their file exists and is complete with the expected shapes."""
-        n = len(self.layer_ids)
-        self.done = {s.index for s in self.samples
-                     if _io.sample_file_ok(self.path(s.index), s.seq_len, n, self.hidden)}
+        self.done = {s.index for s in self.samples if self.writer.complete(s.index, s.seq_len)}
         return self.done
 
     def is_done(self, i: int) -> bool:
@@ -180,11 +186,9 @@ class Job:
             raise RuntimeError(f"sample {i}: hidden_states shape {tuple(hidden_states.shape)}, expected {want}")
         if i in self.done:
             raise RuntimeError(f"sample {i} is finished already and is never rewritten")
-        _io.atomic_save_safetensors({
-            "hidden_states": hidden_states.to(torch.bfloat16),
-            "token_ids": torch.tensor(s.token_ids, dtype=torch.int64),
-            "loss_mask": torch.tensor(s.loss_mask, dtype=torch.uint8),
-        }, self.path(i), sample=True)
+        self.writer.write(i, formats.SampleData(hidden_states.to(torch.bfloat16),
+                                                torch.tensor(s.token_ids, dtype=torch.int64),
+                                                torch.tensor(s.loss_mask, dtype=torch.uint8)))
         self.done.add(i)
 
     def batch_finished(self, written: int, tokens: int, seconds: float) -> None:
@@ -224,6 +228,7 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
     tc = text_config(cfg)
     m = {
         "format": FORMAT,
+        "output_format": job.writer.fmt.value,
         "status": status,
         "model": str(Path(model_dir).resolve()),
         "model_type": cfg.get("model_type"),
@@ -242,8 +247,7 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
         "seq_lens": [s.seq_len for s in job.samples],
         "total_tokens": sum(s.seq_len for s in job.samples),
         "truncated": [s.index for s in job.samples if s.truncated],
-        "files": {"sample": "hs_{i}.safetensors", "token_freq": "token_freq.safetensors",
-                  "prepared": "prepared.safetensors"},
+        "files": {**job.writer.files(), "prepared": "prepared.safetensors"},
         "loss_mask": "plain prompts and token_ids records: all ones; chats: assistant content tokens "
                      "plus the end-of-turn token right after each",
         "fingerprint": fingerprint,
@@ -253,11 +257,11 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
     return m
 
 
-def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
+def _check_fingerprint(out: Path, fingerprint: dict[str, Any], fmt: formats.Format) -> None:
     try:
         old = json.loads((out / "manifest.json").read_text())
     except FileNotFoundError:
-        if any(out.glob("hs_*.safetensors")):
+        if any(out.glob("hs_*.safetensors")) or any(out.glob("hidden_states/hs_*")) or any(out.glob("rows_*")):
             raise OutputMismatch(f"{out} holds hs_*.safetensors files but no manifest.json: "
                                  "use an empty --out (they may come from other settings)") from None
         return
@@ -265,6 +269,8 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> None:
         raise OutputMismatch(f"{out}/manifest.json is unreadable ({e}): use a new --out") from None
     prev = old.get("fingerprint") or {}
     diff = [k for k in fingerprint if prev.get(k) != fingerprint[k]]
+    if old.get("output_format", formats.Format.SUPERVISE.value) != fmt.value:  # older manifests: ours
+        diff.append("output_format")
     if diff:
         raise OutputMismatch(f"{out} holds an extraction made with other settings (differs in: {', '.join(diff)}); "
                              "use a new --out, or remove the old output to redo it")
@@ -313,7 +319,7 @@ def run(args: argparse.Namespace, t_start: float, vllm_api: Any = None) -> int:
 
 
 def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: Any) -> int:
-    removed = _io.remove_temp_files(out)
+    removed = formats.Writer(out, [], 0, 0).clean()
     if removed:
         say(f"extract resume: removed {len(removed)} unfinished temporary file(s)")
 
@@ -365,12 +371,14 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
         "layer_ids": layer_ids,
         "model_sha256": model_digest(model_dir),
     }
-    _check_fingerprint(out, fingerprint)
+    _check_fingerprint(out, fingerprint, args.format)
 
-    job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size)
+    writer = formats.make_writer(args.format, out, layer_ids, num_layers, hidden, model_dir)
+    job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer)
     masked, every = data_mod.token_frequencies(samples, vocab)
     _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every}, out / "token_freq.safetensors")
     _io.atomic_save_safetensors(data_mod.packed(samples), out / "prepared.safetensors")
+    writer.write_dataset([s.token_ids for s in samples], [s.loss_mask for s in samples], masked)
     job.scan()
     _io.atomic_write_json(_manifest(args, model_dir, cfg, job, fingerprint, "running"), out / "manifest.json")
     todo = [s.index for s in samples if s.index not in job.done]
@@ -439,6 +447,9 @@ def main(argv: Sequence[str] | None = None, *, vllm_api: Any = None) -> int:
     say("extract phase: model_init")
     try:
         return run(args, t_start, vllm_api)
+    except formats.FormatError as e:
+        say(f"extract error: {e}")
+        return EXIT_CONFIG
     except OSError as e:
         if isinstance(e, _io.DiskFull) or e.errno in (errno.ENOSPC, errno.EDQUOT):
             path = getattr(e, "path", None) or e.filename or args.out

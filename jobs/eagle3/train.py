@@ -67,7 +67,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import _io
+from . import _dist, _io, formats, rope
 from ._ckpt import Checkpoints
 from .draft import DraftConfig, Eagle3Draft, draft_vocab, export_tensors
 
@@ -75,7 +75,7 @@ INFO_FORMAT = "eagle3-draft/1"
 
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    _dist.say_once(line)  # rank 0 speaks for the run
 
 
 class DataError(ValueError):
@@ -91,6 +91,7 @@ class OutputMismatch(RuntimeError):
 @dataclass
 class Dataset:
     root: Path
+    reader: formats.Reader
     manifest: dict[str, Any]
     indices: list[int]  # samples present and complete
     layer_ids: list[int]
@@ -103,16 +104,14 @@ class Dataset:
         return len(self.indices)
 
     def path(self, i: int) -> Path:
-        return self.root / f"hs_{i}.safetensors"
+        return self.reader.path(i)
 
     def load(self, i: int) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
-
-        d = load_file(str(self.path(i)))
-        hs = d["hidden_states"][: self.max_len]
+        d = self.reader.load(i)
+        hs = d.hidden_states[: self.max_len]
         return {"aux": hs[:, self.aux_pos].flatten(1), "last": hs[:, self.last_pos],
-                "ids": d["token_ids"][: self.max_len].to(torch.int64),
-                "mask": d["loss_mask"][: self.max_len].to(torch.bool)}
+                "ids": d.token_ids[: self.max_len].to(torch.int64),
+                "mask": d.loss_mask[: self.max_len].to(torch.bool)}
 
     def batch(self, sample_ids: Sequence[int]) -> dict[str, torch.Tensor]:
         """Right-padded batch: aux [B,T,A·H], last [B,T,H] (bf16), ids [B,T], mask [B,T], lengths [B]."""
@@ -131,14 +130,39 @@ class Dataset:
         return {"aux": aux, "last": last, "ids": ids, "mask": mask, "lengths": lengths}
 
 
-def open_dataset(root: str | os.PathLike[str], max_len: int) -> Dataset:
-    root = Path(root)
+def _manifest(root: Path, fmt: formats.Format, reader: formats.Reader,
+              layer_ids_flag: str | None) -> dict[str, Any]:
+    """Our manifest, or (speculators' own data, which has none) one made from the files and --layer-ids."""
     try:
         manifest = json.loads((root / "manifest.json").read_text())
     except FileNotFoundError:
-        raise DataError(f"--data {root}: no manifest.json (run eagle3.extract into it first)") from None
+        if fmt is not formats.Format.SPECULATORS:
+            raise DataError(f"--data {root}: no manifest.json (run eagle3.extract into it first)") from None
+        manifest = {"num_samples": len(reader), "status": "speculators data (no manifest)"}
     except ValueError as e:
         raise DataError(f"--data {root}: manifest.json is not valid JSON ({e})") from None
+    if layer_ids_flag:
+        manifest["layer_ids"] = [int(x) for x in layer_ids_flag.split(",") if x.strip()]
+    if "layer_ids" not in manifest:
+        raise DataError(f"--data {root}: speculators' layout stores no layer ids; pass --layer-ids A,B,C,L "
+                        "(the ids the hidden states were captured at, vLLM numbering, L the last layer)")
+    manifest.setdefault("num_hidden_layers", manifest["layer_ids"][-1])
+    if "hidden_size" not in manifest:
+        h = reader.header(0)
+        if h is None:
+            raise DataError(f"--data {root}: sample 0 ({reader.path(0)}) is missing or incomplete")
+        manifest["hidden_size"] = h["hidden_states"]["shape"][2]
+    return manifest
+
+
+def open_dataset(root: str | os.PathLike[str], max_len: int, layer_ids_flag: str | None = None) -> Dataset:
+    root = Path(root)
+    fmt = formats.detect(root)
+    try:
+        reader = formats.Reader(root, fmt)
+    except formats.FormatError as e:
+        raise DataError(f"--data {root}: {e}") from None
+    manifest = _manifest(root, fmt, reader, layer_ids_flag)
     layer_ids = [int(k) for k in manifest["layer_ids"]]
     num_layers = int(manifest["num_hidden_layers"])
     hidden = int(manifest["hidden_size"])
@@ -152,20 +176,20 @@ def open_dataset(root: str | os.PathLike[str], max_len: int) -> Dataset:
     n = int(manifest["num_samples"])
     present = []
     for i in range(n):
-        h = _io.safetensors_header(root / f"hs_{i}.safetensors")
-        if h is None or "hidden_states" not in h:
+        h = reader.header(i)
+        if h is None:
             continue
         shape = h["hidden_states"]["shape"]
         if shape[1:] != [len(layer_ids), hidden]:
-            raise DataError(f"{root}/hs_{i}.safetensors: hidden_states shape {shape}, "
+            raise DataError(f"{reader.path(i)}: hidden_states shape {shape}, "
                             f"expected [T, {len(layer_ids)}, {hidden}]")
         present.append(i)
     if not present:
         raise DataError(f"--data {root}: none of the {n} samples is there yet")
     if len(present) < n:
-        say(f"train warning: {n - len(present)} of {n} samples are missing in {root} "
-            f"(extraction status: {manifest.get('status')}); training on the {len(present)} present")
-    return Dataset(root, manifest, present, layer_ids, aux_pos, len(layer_ids) - 1, hidden, max_len)
+        _dist.say_once(f"train warning: {n - len(present)} of {n} samples are missing in {root} "
+                       f"(extraction status: {manifest.get('status')}); training on the {len(present)} present")
+    return Dataset(root, reader, manifest, present, layer_ids, aux_pos, len(layer_ids) - 1, hidden, max_len)
 
 
 def token_frequencies(root: Path, vocab: int, ds: Dataset | None = None) -> torch.Tensor:
@@ -173,7 +197,13 @@ def token_frequencies(root: Path, vocab: int, ds: Dataset | None = None) -> torc
     freq = None
     st = root / "token_freq.safetensors"
     js = root / "token_freq.json"
-    if st.is_file():
+    pt = root / "token_freq.pt"  # speculators': torch.save of {token id: count}
+    if not st.is_file() and not js.is_file() and pt.is_file():
+        counts = {int(k): int(c) for k, c in torch.load(pt, weights_only=True).items()}
+        freq = torch.zeros(max([vocab] + [k + 1 for k in counts]), dtype=torch.int64)
+        for k, c in counts.items():
+            freq[k] = c
+    elif st.is_file():
         from safetensors.torch import load_file
 
         d = load_file(str(st))
@@ -301,15 +331,18 @@ def draft_config(target: Target, ds: Dataset, draft_vocab_size: int, args: argpa
     nkv = args.num_kv_heads or (int(tc.get("num_key_value_heads") or nh) if not args.num_heads else nh)
     head_dim = int(tc.get("head_dim") or 0) if not args.num_heads else 0
     head_dim = head_dim or h // nh
-    rope = tc.get("rope_parameters") or {}
-    theta = float(rope.get("rope_theta") or tc.get("rope_theta") or 10000.0)
+    params = tc.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta") or tc.get("rope_theta") or 10000.0)
+    scaling, warning = rope.draft_scaling(tc)
+    if warning:
+        say(f"train warning: {warning}")
     return DraftConfig(
         hidden_size=h,
         intermediate_size=args.intermediate_size or int(tc.get("intermediate_size") or 4 * h),
         num_attention_heads=nh, num_key_value_heads=nkv, head_dim=head_dim,
         vocab_size=int(tc.get("vocab_size") or target.vocab), draft_vocab_size=draft_vocab_size,
         aux_layer_ids=ds.layer_ids[:-1], rms_norm_eps=target.eps, rope_theta=theta,
-        max_position_embeddings=int(tc.get("max_position_embeddings") or 2048),
+        max_position_embeddings=int(tc.get("max_position_embeddings") or 2048), rope_scaling=scaling,
     )
 
 
@@ -317,8 +350,12 @@ def draft_config(target: Target, ds: Dataset, draft_vocab_size: int, args: argpa
 
 def ttt_forward(draft: Eagle3Draft, target: Target, batch: dict[str, torch.Tensor], steps: int,
                 decay: float, device: torch.device, amp: torch.dtype | None,
+                denoms: Sequence[float] | None = None,
                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """(total loss, per-step losses, per-step accuracies) of one batch; see the module docstring."""
+    """(total loss, per-step losses, per-step accuracies) of one batch; see the module docstring.
+
+    ``denoms``: the loss-masked position count of each step over the whole global batch (several
+    ranks); default: this batch's own (:func:`masked_counts`)."""
     aux = batch["aux"].to(device)
     last = batch["last"].to(device)
     ids = batch["ids"].to(device)
@@ -351,7 +388,7 @@ def ttt_forward(draft: Eagle3Draft, target: Target, batch: dict[str, torch.Tenso
             pm = mask[:, 2 + i:2 + i + m]  # loss mask of the predicted token
             tgt_logp = tlogp[:, 1 + i:1 + i + m]
             inv = in_vocab[:, 1 + i:1 + i + m]
-            count = pm.sum().clamp_min(1)
+            count = pm.sum().clamp_min(1) if denoms is None else max(float(denoms[i]), 1.0)
             logp = torch.log_softmax(logits, dim=-1)
             kl = (tgt_logp.exp() * (tgt_logp - logp)).sum(-1)  # [B, m]
             loss_i = (kl * (pm & inv)).sum() / count
@@ -363,6 +400,11 @@ def ttt_forward(draft: Eagle3Draft, target: Target, batch: dict[str, torch.Tenso
             total = total + (decay ** i) * loss_i
             hidden = out
     return total, losses, accs
+
+
+def masked_counts(batch: dict[str, torch.Tensor], steps: int) -> torch.Tensor:
+    """Loss-masked predicted positions of each TTT step (step i predicts tokens from index 2+i on)."""
+    return torch.stack([batch["mask"][:, 2 + i:].sum() for i in range(steps)]).to(torch.float64)
 
 
 @torch.no_grad()
@@ -436,11 +478,15 @@ def set_rng_state(st: dict[str, Any], device: torch.device) -> None:
             pass
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, world: _dist.World | None = None) -> torch.device:
+    """The device; under torchrun ``cuda`` (or ``auto`` with CUDA) means this rank's GPU, cuda:LOCAL_RANK."""
+    world = world or _dist.World()
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"--device {name}: CUDA is not available in this interpreter ({sys.executable})")
+    if name == "cuda" and world.distributed:
+        return torch.device(f"cuda:{world.local_rank}")
     return torch.device(name)
 
 
@@ -493,13 +539,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m eagle3.train", description="EAGLE-3 draft training (resumable).")
     ap.add_argument("--data", required=True, help="output directory of eagle3.extract")
     ap.add_argument("--out", required=True, help="where the draft, checkpoints and train_info.json go")
-    ap.add_argument("--target-model", help="target model directory (default: the manifest's model)")
+    ap.add_argument("--target-model", help="target model directory (default: the manifest's model; needed "
+                                           "for speculators' own data, which has no manifest)")
+    ap.add_argument("--layer-ids", help="layer ids the hidden states hold, comma-separated, vLLM numbering "
+                                        "(default: the manifest's; speculators' own data stores none)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default %(default)s)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                     help="compute dtype: auto = bf16 autocast on CUDA, fp32 on the CPU")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--max-steps", type=int, help="train this many steps (overrides --epochs)")
-    ap.add_argument("--batch-size", type=int, default=4, help="samples per step (right-padded)")
+    ap.add_argument("--batch-size", type=int, default=4,
+                    help="samples per step, over all processes (under torchrun each rank takes its share)")
     ap.add_argument("--max-len", type=int, default=2048, help="samples are cut to this many tokens")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--warmup-steps", type=int, help="linear warmup steps (default: 5%% of the steps)")
@@ -551,15 +601,15 @@ class Setup:
         return float(self.freq[self.draft.t2d.cpu()].sum()) / max(float(self.freq.sum()), 1.0)
 
 
-def setup(args: argparse.Namespace) -> Setup:
+def setup(args: argparse.Namespace, world: _dist.World | None = None) -> Setup:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = pick_device(args.device, world)
     amp = pick_amp(args.dtype, device)
-    ds = open_dataset(args.data, args.max_len)
+    ds = open_dataset(args.data, args.max_len, args.layer_ids)
     model_dir = args.target_model or ds.manifest.get("model")
     if not model_dir:
-        raise DataError(f"--data {args.data}: the manifest names no model; pass --target-model")
+        raise DataError(f"--data {args.data}: no manifest names the target model; pass --target-model")
     target = load_target(model_dir, device, torch.bfloat16 if amp else torch.float32)
     freq = token_frequencies(Path(args.data), target.vocab, ds)
     k = min(args.draft_vocab, target.vocab)
@@ -578,24 +628,39 @@ def setup(args: argparse.Namespace) -> Setup:
 
 
 def train(args: argparse.Namespace) -> Path:
-    """Train (or resume) as ``args`` say; returns the output directory."""
+    """Train (or resume) as ``args`` say; returns the output directory. Under torchrun every rank
+    calls this; rank 0 alone locks, cleans, writes checkpoints and exports."""
     out = Path(args.out)
+    world = _dist.from_env()
     out.mkdir(parents=True, exist_ok=True)
-    lock_fd = _lock_out(out)
+    lock_fd = _lock_out(out) if world.main else None
     try:
-        return _train(args, out)
+        return _train(args, out, world)
     finally:
-        os.close(lock_fd)
+        if lock_fd is not None:
+            os.close(lock_fd)
+        _dist.stop(world)
 
 
-def _train(args: argparse.Namespace, out: Path) -> Path:
+def _resume_state(store: Checkpoints, world: _dist.World) -> tuple[dict[str, Any], Path] | None:
+    """Rank 0 picks the newest usable checkpoint (setting damaged ones aside); the others load that one."""
+    loaded = store.load_latest(map_location="cpu") if world.main else None
+    chosen = _dist.broadcast(str(loaded[1]) if loaded else None, world)
+    if world.main or chosen is None:
+        return loaded
+    return torch.load(Path(chosen) / "state.pt", map_location="cpu", weights_only=True), Path(chosen)
+
+
+def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
     t_start = time.monotonic()
     say("train phase: model_init")
-    _io.remove_temp_files(out)
     store = Checkpoints(out / "checkpoints", keep=args.keep, say=say)
-    store.clean_leftovers()
+    if world.main:
+        _io.remove_temp_files(out)
+        store.clean_leftovers()
 
-    su = setup(args)
+    su = setup(args, world)
+    _dist.start(world, su.device)
     ds, target, draft, device, amp, total = su.ds, su.target, su.draft, su.device, su.amp, su.total
     fingerprint = run_fingerprint(args, ds, su.cfg, total)
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -603,7 +668,7 @@ def _train(args: argparse.Namespace, out: Path) -> Path:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, args.warmup_steps, args.min_lr_ratio))
     step, epoch, index = 0, 0, 0
 
-    loaded = store.load_latest(map_location="cpu")
+    loaded = _resume_state(store, world)
     if loaded is not None:
         state, path = loaded
         diff = [key for key in fingerprint if json.dumps(state["run"].get(key), sort_keys=True, default=str)
@@ -620,7 +685,8 @@ def _train(args: argparse.Namespace, out: Path) -> Path:
 
     say(f"train config: {len(ds)} samples, {su.steps_per_epoch} steps/epoch, {total} steps, draft vocab "
         f"{su.cfg.draft_vocab_size} of {target.vocab} (covers {su.coverage:.1%} of the loss-masked tokens), "
-        f"aux layers {su.cfg.aux_layer_ids}, device {device}, {'bf16 autocast' if amp else 'fp32'}")
+        f"aux layers {su.cfg.aux_layer_ids}, device {device}, {'bf16 autocast' if amp else 'fp32'}, "
+        f"{world.size} process(es)")
     say("train phase: training")
 
     nan_at = _hook("EAGLE3_TRAIN_INJECT_NAN_AT")
@@ -631,6 +697,8 @@ def _train(args: argparse.Namespace, out: Path) -> Path:
     perm = permutation(len(ds), args.seed, epoch)
 
     def checkpoint() -> None:
+        if not world.main:
+            return
         state = {"step": step, "data": {"epoch": epoch, "index": index}, "model": draft.state_dict(),
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": rng_state(device),
                  "run": fingerprint}
@@ -641,16 +709,23 @@ def _train(args: argparse.Namespace, out: Path) -> Path:
     first_step = step
     while step < total:
         chosen = perm[index:index + args.batch_size]
-        batch = ds.batch(chosen)
-        loss, losses, accs = ttt_forward(draft, target, batch, steps, args.ttt_decay, device, amp)
+        mine = chosen[world.rank::world.size]
+        weight = 1.0 if mine else 0.0  # a rank without a sample (a short last batch) adds nothing
+        batch = ds.batch(mine or chosen[:1])
+        denoms = _dist.all_sum(masked_counts(batch, steps) * weight, world)
+        loss, losses, accs = ttt_forward(draft, target, batch, steps, args.ttt_decay, device, amp, denoms.tolist())
         if nan_at is not None and step + 1 == int(nan_at):
             loss = loss * float("nan")
-        if not bool(torch.isfinite(loss)):
+        # Each rank's loss is its share of the global batch's; their sum is the global loss.
+        stats = _dist.all_sum(torch.stack([loss.detach(), *[x.detach() for x in losses], *accs]).double().cpu()
+                              * weight, world)
+        if not bool(torch.isfinite(stats[0])):
             say(f"train loss is not finite at step {step + 1}")
-            raise FloatingPointError(f"training loss is {float(loss.detach())} at step {step + 1} "
+            raise FloatingPointError(f"training loss is {float(stats[0])} at step {step + 1} "
                                      f"(lr {sched.get_last_lr()[0]:.3g})")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * weight).backward()
+        _dist.sum_grads(params, world)
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         opt.step()
         sched.step()
@@ -659,7 +734,8 @@ def _train(args: argparse.Namespace, out: Path) -> Path:
         if index >= len(ds):
             epoch, index = epoch + 1, 0
             perm = permutation(len(ds), args.seed, epoch)
-        window.add(loss, losses, accs, int(batch["lengths"].sum()))
+        tokens = _dist.all_sum(batch["lengths"].sum() * int(weight), world)
+        window.add(stats[0], list(stats[1:1 + steps]), list(stats[1 + steps:]), int(tokens))
         if step % args.log_every == 0 or step == total or step == first_step + 1:
             say(f"train step {step}/{total} {window.line()}")
             window = _Window(steps)
@@ -671,6 +747,8 @@ def _train(args: argparse.Namespace, out: Path) -> Path:
 
     if last_saved != step:
         checkpoint()
+    if not world.main:
+        return out
     info = {"format": INFO_FORMAT, "steps": step, "data": str(Path(args.data).resolve()),
             "target_model": str(Path(su.model_dir).resolve()), "draft_vocab_coverage": su.coverage,
             "run": {k: v for k, v in fingerprint.items() if k != "samples"},
