@@ -256,12 +256,40 @@ def load_spec(path: Path) -> JobSpec:
 
 
 def _describe_validation(path: Path, exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-    got = first.get("input")
+    """Every problem at once, in the spec's terms: `unknown field 'comand' (did you mean 'command'?)`."""
+    problems = [_describe_error(error) for error in exc.errors()]
+    return f"{path}: " + "; ".join(problems)
+
+
+def _describe_error(error: Any) -> str:
+    loc = [str(p) for p in error["loc"]]
+    where = ".".join(loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        hint = _did_you_mean(loc[-1], _fields_at(loc[:-1]))
+        return f"unknown field '{where}'{hint}"
+    if error["type"] == "missing":
+        return f"field '{where}' is required"
+    got = error.get("input")
     got_text = f"; got {got!r}" if got is not None and not isinstance(got, dict) else ""
-    return f"{path}: field '{where}': {first['msg']}{got_text}{more}"
+    return f"field '{where}': {str(error['msg']).removeprefix('Value error, ')}{got_text}"
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    """The field names the spec allows at `loc` (a table such as `restart` or `health`)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return [name for name in model.model_fields if name != "spec_path"]
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
 
 
 def spec_search_path() -> list[Path]:
