@@ -23,8 +23,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.events:
         return _print_events(client, args, kinds=[])
     attempt = args.attempt or _latest_attempt(client, args.job)
-    offset = _since_offset(client, args.job, attempt, args.since) if args.since is not None else 0
-    _LogPrinter().print_all(_log_chunks(client, args.job, attempt, offset, args.lines, args.follow))
+    after = _last_line_before(client, args.job, attempt, args.since) if args.since is not None else -1
+    _LogPrinter().print_all(_log_chunks(client, args.job, attempt, after, args.lines, args.follow))
     return 0
 
 
@@ -35,37 +35,42 @@ def _latest_attempt(client: Client, job: str) -> int:
     return attempts[-1].n
 
 
-def _since_offset(client: Client, job: str, attempt: int, since: float) -> int | None:
-    """Where the lines written since `since` start.  Log lines carry no time; the probes' events
-    do, with the offset of the line they matched: start just after the last line timed before
-    `since` (never missing a later line).  None: the attempt ended before `since`."""
+def _last_line_before(client: Client, job: str, attempt: int, since: float) -> int | None:
+    """The offset of the last line known to be written before `since`: the lines after it are
+    shown.  Log lines carry no time; the probes' events do, with the offset of the line they
+    matched, so this never misses a later line.  -1: none known (the whole log); None: the
+    attempt ended before `since` (nothing)."""
     row = next((a for a in client.attempts(job).attempts if a.n == attempt), None)
     if row is None:
         raise NotFound(f"job '{job}' has no attempt {attempt}; `supervise attempts {job}` lists them")
     if row.ended is not None and row.ended < since:
         return None
     before = [e.offset for e in client.events(job, attempt).events if e.offset is not None and e.ts < since]
-    return max(before) + 1 if before else 0
+    return max(before, default=-1)
 
 
-def _log_chunks(client: Client, job: str, attempt: int, offset: int | None, last: int | None,
+def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last: int | None,
                 follow: bool) -> Iterator[protocol.LogChunk]:
-    if offset is None:
+    """The log's records that start after offset `after` (-1: all); with `last`, only the last
+    N of them, then (with `follow`) everything written later."""
+    if after is None:
         return
+    start = max(after, 0)
     if last is not None:
-        # The last N complete lines from `offset`, then (with -f) everything after them.
         tail: deque[protocol.LogChunk] = deque(maxlen=last)
-        for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=offset):
-            if not chunk.end and not chunk.partial and chunk.offset >= offset:
+        for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=start):
+            if not chunk.end and not chunk.partial and chunk.offset > after:
                 tail.append(chunk)
         if not follow:
             yield from tail
             return
-        offset = tail[0].offset if tail else offset
-    for chunk in client.follow_log(job, attempt=attempt, follow=follow, offset=offset):
+        if tail:
+            start = tail[0].offset
+            after = start - 1
+    for chunk in client.follow_log(job, attempt=attempt, follow=follow, offset=start):
         if chunk.end:
             return
-        if chunk.offset >= offset or chunk.partial:
+        if chunk.offset > after or chunk.partial:
             yield chunk
 
 
