@@ -38,3 +38,13 @@ def attempt(run_attempt: int, max_attempts: int, n: int) -> str:
     """'2/3': the run's second attempt of three allowed; ' (#7)' adds the job's attempt number
     when earlier runs make the two differ."""
     return f"{run_attempt}/{max_attempts}" + (f" (#{n})" if run_attempt != n else "")
+
+
+def size(n_bytes: int) -> str:
+    """'812 B', '3.4 MiB'."""
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n_bytes} B"  # pragma: no cover

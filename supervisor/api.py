@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from . import __version__, protocol
-from .config import describe_settings
+from .config import config_changed, describe_settings
 from .errors import (
     AlreadyRunning,
     HostError,
@@ -36,6 +36,7 @@ from .events import AttemptState, JobState
 from .hosts.base import Follower, KillReport
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .probes import load_packs
+from .retention import Retention, prune_logs, remove_logs
 from .runner import JobRunner
 from .spec import JobSpec, load_spec
 from .store import AttemptRow, EventQuery, Store
@@ -100,6 +101,8 @@ class Service(Protocol):
 
     def snapshot(self, job: str) -> RunnerSnapshot | None: ...
 
+    def request_stop(self) -> None: ...
+
 
 class Api:
     """The route handlers, bound to one running service."""
@@ -116,27 +119,35 @@ class Api:
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
+        return _json(await self._launch(spec))
+
+    async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
         self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
         runner = self.service.start_runner(spec)
         n = await _wait_for_attempt(self.service.store, spec.name, runner)
         row = self.service.store.attempt(spec.name, n)
-        return _json(protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
-                                            message=f"started {spec.name} attempt {n} (pid {row.pid})"))
+        return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
+                                      message=f"started {spec.name} attempt {n} (pid {row.pid})")
 
     async def stop_job(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         body = await _body(request, protocol.StopRequest)
+        stopped = await self._stop(name, body.grace_s)
+        return _json(stopped or protocol.StopResponse(job=name, message=f"{name} is not running"))
+
+    async def _stop(self, name: str, grace_s: float | None) -> protocol.StopResponse | None:
+        """Stop the job's runner, and every attempt still alive whatever the job's state says
+        (strays.py); None when nothing ran."""
         job = self.service.store.job(name)
         runner = self.service.runners.get(name)
         running = runner is not None and runner.running
-        report = await runner.stop(body.grace_s) if runner is not None and running else KillReport()
-        # Whatever the job's state says, every attempt still alive is stopped (strays.py).
+        report = await runner.stop(grace_s) if runner is not None and running else KillReport()
         spec = JobSpec.model_validate(job.spec)
         strays = await stop_strays(self.service.store, self.service.hosts.get(spec.host).host, name,
-                                   None, spec.stop_grace_s if body.grace_s is None else body.grace_s)
+                                   None, spec.stop_grace_s if grace_s is None else grace_s)
         self.service.bus.publish(strays.events)
         if not running and not strays.attempts:
-            return _json(protocol.StopResponse(job=name, message=f"{name} is not running"))
+            return None
         if strays.attempts:
             merge_reports(report, strays.report)
             if not running:
@@ -149,7 +160,7 @@ class Api:
         message = f"stopped {name}: {report.summary()}"
         if report.survivors:
             raise RequestRejected(message, 500)
-        return _json(protocol.StopResponse(job=name, message=message, processes=processes))
+        return protocol.StopResponse(job=name, message=message, processes=processes)
 
     async def status(self, request: web.Request) -> web.StreamResponse:
         only = _checked_name(request.query.get("job", ""), "query parameter job") or None
@@ -272,7 +283,9 @@ class Api:
         return _json(protocol.JobGpuResponse(job=name, host=host, since=since, until=until, samples=samples))
 
     async def config(self, request: web.Request) -> web.StreamResponse:
-        return _json(describe_settings(self.service.loaded))
+        response = describe_settings(self.service.loaded)
+        response.changed_since_start = config_changed(self.service.loaded)
+        return _json(response)
 
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=await self.service.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
@@ -282,6 +295,55 @@ class Api:
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(openapi_schema())
+
+    async def restart_job(self, request: web.Request) -> web.StreamResponse:
+        """Stop the job if it runs, then start it with its stored spec (overrides included)."""
+        name = request.match_info["name"]
+        body = await _body(request, protocol.RestartRequest)
+        spec = _stored_spec(self.service.store.job(name).spec, name)
+        load_packs(spec.probes, spec.probe_files)  # a pack gone since: refused before the job is stopped
+        stopped = await self._stop(name, body.grace_s)
+        return _json(protocol.RestartResponse(stopped=stopped, started=await self._launch(spec)))
+
+    async def remove_job(self, request: web.Request) -> web.StreamResponse:
+        """Forget a job that is not running; its attempt logs stay unless ?logs=1."""
+        name = request.match_info["name"]
+        self.service.store.job(name)
+        attempts = self.service.store.attempts(name)
+        runner = self.service.runners.get(name)
+        if (runner is not None and runner.running) or any(a.state.active for a in attempts):
+            raise AlreadyRunning(f"job '{name}' is running; `supervise stop {name}` first, then `supervise rm {name}`")
+        self.service.store.delete_job(name)
+        self.service.runners.pop(name, None)
+        if request.query.get("logs") == "1":
+            removed = remove_logs(attempts)
+            message = f"forgot {name} ({len(attempts)} attempts) and deleted {len(removed)} log files"
+        else:
+            removed = []
+            kept = f"; its logs stay in {Path(attempts[0].log_path).parent}" if attempts else ""
+            message = f"forgot {name} ({len(attempts)} attempts){kept}"
+        return _json(protocol.RemoveResponse(job=name, message=message, removed_logs=removed))
+
+    async def prune(self, request: web.Request) -> web.StreamResponse:
+        """Apply the log retention settings now, to one job (?job=) or all."""
+        only = request.query.get("job")
+        names = [self.service.store.job(only).name] if only else [row.name for row in self.service.store.jobs()]
+        settings = self.service.loaded.settings
+        rule = Retention(settings.log_keep_attempts, settings.log_max_bytes)
+        removed = [p for name in names for p in prune_logs(self.service.store.attempts(name), rule)]
+        freed = sum(p.size for p in removed)
+        message = (f"removed {len(removed)} attempt logs ({freed} bytes); keeping the last {rule.keep_attempts} per job"
+                   + (f" within {rule.max_bytes} bytes" if rule.max_bytes else ""))
+        return _json(protocol.PruneResponse(message=message, removed=[
+            protocol.PrunedLog(job=p.job, attempt=p.attempt, log_path=p.path, bytes=p.size) for p in removed]))
+
+    async def stop_daemon(self, request: web.Request) -> web.StreamResponse:
+        """Exit once this answer is sent; the jobs keep running and the next daemon re-adopts them."""
+        asyncio.get_running_loop().call_later(0.05, self.service.request_stop)
+        running = sum(1 for r in self.service.runners.values() if r.running)
+        return _json(protocol.DaemonStopResponse(
+            pid=os.getpid(), message=f"daemon (pid {os.getpid()}) stopped; {running} running job(s) keep running "
+                                     "and the next daemon re-adopts them"))
 
 
 
@@ -298,6 +360,10 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("GET", "/v1/jobs/{name}/gpu", "job_gpu", None, protocol.JobGpuResponse),
     ("GET", "/v1/config", "config", None, protocol.ConfigResponse),
     ("POST", "/v1/web", "web_page", protocol.WebRequest, protocol.WebResponse),
+    ("POST", "/v1/jobs/{name}/restart", "restart_job", protocol.RestartRequest, protocol.RestartResponse),
+    ("DELETE", "/v1/jobs/{name}", "remove_job", None, protocol.RemoveResponse),
+    ("POST", "/v1/prune", "prune", None, protocol.PruneResponse),
+    ("POST", "/v1/daemon/stop", "stop_daemon", None, protocol.DaemonStopResponse),
 ]
 
 
@@ -349,6 +415,14 @@ def _load_checked(body: protocol.StartRequest) -> JobSpec:
     spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
     load_packs(spec.probes, spec.probe_files)
     return spec
+
+
+def _stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
+    try:
+        return JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise SpecError(f"job '{name}': its stored spec no longer validates ({exc.errors()[0]['msg']}); "
+                        f"`supervise start` its spec file") from exc
 
 
 def _json(model: BaseModel) -> web.Response:

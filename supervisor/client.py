@@ -115,9 +115,22 @@ class Client:
                          kinds=",".join(kinds or []) or None)
         yield from self._stream(f"/v1/jobs/{job}/events", params, protocol.EventInfo)
 
-    def follow_log(self, job: str, *, attempt: int | None, follow: bool) -> Iterator[protocol.LogChunk]:
-        params = _params(attempt=attempt, follow="1" if follow else None)
+    def follow_log(self, job: str, *, attempt: int | None, follow: bool, offset: int = 0) -> Iterator[protocol.LogChunk]:
+        params = _params(attempt=attempt, follow="1" if follow else None, offset=offset or None)
         yield from self._stream(f"/v1/jobs/{job}/log", params, protocol.LogChunk)
+
+    def restart(self, job: str, grace_s: float | None) -> protocol.RestartResponse:
+        return self._call("POST", f"/v1/jobs/{job}/restart", protocol.RestartResponse,
+                          protocol.RestartRequest(grace_s=grace_s))
+
+    def remove(self, job: str, *, logs: bool) -> protocol.RemoveResponse:
+        return self._call("DELETE", f"/v1/jobs/{job}", protocol.RemoveResponse, params=_params(logs="1" if logs else None))
+
+    def prune(self, job: str | None = None) -> protocol.PruneResponse:
+        return self._call("POST", "/v1/prune", protocol.PruneResponse, params=_params(job=job))
+
+    def stop_daemon(self) -> protocol.DaemonStopResponse:
+        return self._call("POST", "/v1/daemon/stop", protocol.DaemonStopResponse)
 
     # -- plumbing ----------------------------------------------------------------------
 

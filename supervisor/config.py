@@ -88,6 +88,10 @@ class DaemonSettings(BaseModel):
     loop_lag_interval_s: float = Field(0.5, gt=0, description="how often the daemon measures its event loop's lag (the sleep's overshoot)")
     request_timeout_s: float = Field(10.0, gt=0, le=3600, description="seconds a client may take to send a request's "
                                      "headers, and again its body; a slower one is disconnected")
+    log_keep_attempts: int = Field(20, ge=1, description="attempt logs kept per job: older ones are deleted at each launch "
+                                                         "and by `supervise prune` (a running attempt's log never is)")
+    log_max_bytes: int = Field(0, ge=0, description="per job, older attempt logs are deleted until the job's logs "
+                                                    "fit in this many bytes (0: no limit; the running attempt's log is kept)")
 
     @field_validator("alert_urls", mode="before")
     @classmethod
@@ -148,6 +152,22 @@ class LoadedSettings:
     sources: dict[str, str]  # field -> "default" | "<config file>" | "env SUPERVISE_X"
     config_file: Path
     config_file_exists: bool
+    config_digest: str | None = None  # of the file as read (None: absent): to tell when it changed since
+
+
+def file_digest(path: Path) -> str | None:
+    """The file's content hash, None when it does not exist or cannot be read."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def config_changed(loaded: LoadedSettings) -> bool:
+    """Whether the config file differs now from what the settings were read from."""
+    return file_digest(loaded.config_file) != loaded.config_digest
 
 
 def config_file_path(paths: Paths | None = None, environ: Mapping[str, str] | None = None) -> Path:
@@ -169,6 +189,7 @@ def load_settings(paths: Paths | None = None, environ: Mapping[str, str] | None 
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
     exists = path.is_file()
+    digest = file_digest(path) if exists else None
     if explicit and not exists:
         raise ConfigError(f"config {path}: no such file (named by {CONFIG_ENV})")
     if exists:
@@ -193,7 +214,7 @@ def load_settings(paths: Paths | None = None, environ: Mapping[str, str] | None 
         shown = "" if key == "alert_urls" else f" (got {values.get(key)!r})"  # URLs carry secrets
         raise ConfigError(f"{place}: {_message(error)}{shown}") from exc
     sources = {key: origin.get(key, "default") for key in DaemonSettings.model_fields}
-    return LoadedSettings(settings, sources, path, exists)
+    return LoadedSettings(settings, sources, path, exists, digest)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ where they enter, with ``raise X from exc`` so the cause stays in tracebacks.
     ├── SpecError              a job spec that does not validate (file, field, what was expected)
     ├── ProbePackError         a probe pack that does not load (file, probe id, problem)
     ├── StoreError             the SQLite store cannot be opened or written
+    ├── FileWriteError         a file the CLI writes (`report --out`) cannot be written
     ├── HostError              a host cannot launch, follow, signal or inspect
     │   ├── LaunchError        the wrapper did not start the command
     │   └── ConnectionLost     a remote host's connection dropped (retried by the caller)
@@ -52,6 +53,12 @@ class ProbePackError(SuperviseError):
 
 class StoreError(SuperviseError):
     exit_code = 74  # EX_IOERR
+
+
+class FileWriteError(SuperviseError):
+    """A file the CLI was asked to write (`report --out`) cannot be written."""
+
+    exit_code = 74  # EX_IOERR, as for the store
 
 
 class HostError(SuperviseError):
@@ -100,6 +107,7 @@ class ErrorKind(StrEnum):
     SPEC = "spec"
     PROBE_PACK = "probe_pack"
     STORE = "store"
+    FILE_WRITE = "file_write"
     HOST = "host"
     LAUNCH = "launch"
     CONNECTION_LOST = "connection_lost"
@@ -124,6 +132,7 @@ TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(ErrorKind.SPEC, SpecError, 422),
     ErrorRow(ErrorKind.PROBE_PACK, ProbePackError, 422),
     ErrorRow(ErrorKind.STORE, StoreError, 507),
+    ErrorRow(ErrorKind.FILE_WRITE, FileWriteError, 507),
     ErrorRow(ErrorKind.HOST, HostError, 502),
     ErrorRow(ErrorKind.LAUNCH, LaunchError, 502),
     ErrorRow(ErrorKind.CONNECTION_LOST, ConnectionLost, 504),

@@ -28,6 +28,8 @@ class GpuDevice:
     used_mib: int
     total_mib: int
     util_pct: int | None
+    temperature_c: int | None = None  # None where NVML cannot tell (MIG slices, some virtual GPUs)
+    power_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,14 +111,17 @@ def _read_device(nvml: Any, index: int, handle: Any) -> GpuDevice:
         name=_text(nvml.nvmlDeviceGetName(handle)),
         used_mib=int(memory.used) // MIB,
         total_mib=int(memory.total) // MIB,
-        util_pct=_utilisation(nvml, handle),
+        util_pct=_optional(nvml, lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
+        temperature_c=_optional(nvml, lambda: int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+        power_w=_optional(nvml, lambda: int(nvml.nvmlDeviceGetPowerUsage(handle)) / 1000),  # NVML says milliwatts
     )
 
 
-def _utilisation(nvml: Any, handle: Any) -> int | None:
-    # Not supported on MIG slices and some virtual GPUs; memory matters more than this.
+def _optional(nvml: Any, read: Callable[[], Any]) -> Any:
+    # Utilisation, temperature and power are not supported on MIG slices and some virtual
+    # GPUs; memory matters more than these, so one that cannot be read is shown as unknown.
     try:
-        return int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        return read()
     except nvml.NVMLError:
         return None
 

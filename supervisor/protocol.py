@@ -83,6 +83,8 @@ class GpuDeviceInfo(BaseModel):
     used_mib: int
     total_mib: int
     util_pct: int | None = None
+    temperature_c: int | None = Field(default=None, description="the GPU die's temperature; None where NVML cannot tell")
+    power_w: float | None = Field(default=None, description="power draw in watts; None where NVML cannot tell")
     processes: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -209,6 +211,40 @@ class ConfigResponse(BaseModel):
     config_file: str
     config_file_exists: bool
     settings: list[SettingInfo]
+    changed_since_start: bool = Field(default=False, description="the running daemon's config file changed (or "
+                                      "appeared, or went) since it read it: the settings shown are the ones it runs with")
+
+
+class RestartRequest(BaseModel):
+    grace_s: float | None = Field(default=None, description="seconds between SIGTERM and SIGKILL; default from spec")
+
+
+class RestartResponse(BaseModel):
+    stopped: StopResponse | None = Field(default=None, description="the stop, when the job was running")
+    started: StartResponse
+
+
+class RemoveResponse(BaseModel):
+    job: str
+    message: str
+    removed_logs: list[str] = Field(default_factory=list)
+
+
+class PrunedLog(BaseModel):
+    job: str
+    attempt: int
+    log_path: str
+    bytes: int
+
+
+class PruneResponse(BaseModel):
+    message: str
+    removed: list[PrunedLog] = Field(default_factory=list)
+
+
+class DaemonStopResponse(BaseModel):
+    pid: int
+    message: str
 
 
 class WebRequest(BaseModel):

@@ -34,7 +34,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from . import _format as _fmt  # noqa: E402
 from . import protocol  # noqa: E402
-from .errors import ConfigError  # noqa: E402
+from .errors import ConfigError, FileWriteError  # noqa: E402
 from .events import EventKind, Phase, Verdict  # noqa: E402
 
 _PAGE = 10_000  # events per API call
@@ -99,10 +99,15 @@ def report_command(client: Any, job: str, out: str | None) -> int:
     suffix = path.suffix.lower()
     if suffix not in (".png", ".html", ".htm"):
         raise ConfigError(f"--out {path}: the report is written as .png or .html")
+    if not path.parent.is_dir():  # said before the history is fetched and drawn
+        raise FileWriteError(f"--out {path}: no such directory {path.parent}")
     history = fetch_history(client, job)
     png = render_png(history)
     data = render_html(history, png).encode() if suffix != ".png" else png
-    path.write_bytes(data)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise FileWriteError(f"--out {path}: cannot write it: {exc.strerror or exc}") from exc
     print(f"supervise: wrote {path} ({len(history.attempts)} attempts, {len(history.events)} events, "
           f"{len(history.gpu.samples) if history.gpu else 0} GPU samples)")
     return 0

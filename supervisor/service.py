@@ -32,6 +32,7 @@ from .hosts.base import ExitStatus, Host, ProcessHandle
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
+from .retention import Retention, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
@@ -63,6 +64,7 @@ class Service:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.bus.subscribe(self._log_event)
+        self.bus.subscribe(self._prune_on_launch)
         self.metrics = Metrics(self)  # reads job_readings() and host_readings()
         self.bus.subscribe(self.metrics.on_events)
         self._metrics_runner: web.AppRunner | None = None
@@ -220,6 +222,13 @@ class Service:
 
     def host_readings(self) -> list[HostReading]:
         return [HostReading(name, slot.gpu.latest, slot.host) for name, slot in self.hosts.items()]
+
+    def _prune_on_launch(self, events: list[Event]) -> None:
+        """Log retention: each launch trims its job's older logs (never a running attempt's)."""
+        rule = Retention(self.settings.log_keep_attempts, self.settings.log_max_bytes)
+        for job in {e.job for e in events if e.kind is EventKind.LAUNCHED}:
+            for pruned in prune_logs(self.store.attempts(job), rule):
+                log.info("log pruned", job=job, attempt=pruned.attempt, path=pruned.path, bytes=pruned.size)
 
     def _log_event(self, events: list[Event]) -> None:
         for event in events:

@@ -315,13 +315,42 @@ def load_spec(path: Path) -> JobSpec:
 
 
 def _describe_validation(path: Path | str, exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = one_line(".".join(str(p) for p in first["loc"]) or "(top level)", 80)
-    more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-    got = first.get("input")
-    echoed = first["type"] == "value_error"  # our own validators quote the value already
+    """Every problem at once, in the spec's terms: `unknown field 'comand' (did you mean 'command'?)`;
+    one line, at most 300 characters besides the path, however long the input."""
+    problems = [_describe_error(error) for error in exc.errors()]
+    return f"{path}: " + one_line("; ".join(problems), 300)
+
+
+def _describe_error(error: Any) -> str:
+    loc = [str(p) for p in error["loc"]]
+    where = one_line(".".join(loc) or "(top level)", 80)
+    if error["type"] == "extra_forbidden":
+        hint = _did_you_mean(loc[-1], _fields_at(loc[:-1]))
+        return f"unknown field '{where}'{hint}"
+    if error["type"] == "missing":
+        return f"field '{where}' is required"
+    got = error.get("input")
+    echoed = error["type"] == "value_error"  # our own validators quote the value already
     got_text = f"; got {shown(got)}" if got is not None and not isinstance(got, dict) and not echoed else ""
-    return f"{path}: " + one_line(f"field '{where}': {first['msg']}{got_text}{more}", 300)
+    return f"field '{where}': {str(error['msg']).removeprefix('Value error, ')}{got_text}"
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    """The field names the spec allows at `loc` (a table such as `restart` or `health`)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return [name for name in model.model_fields if name != "spec_path"]
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
 
 
 def spec_search_path() -> list[Path]:

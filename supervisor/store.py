@@ -246,6 +246,14 @@ class Store:
     def jobs(self) -> list[JobRow]:
         return [_job_row(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY name")]
 
+    def delete_job(self, name: str) -> None:
+        """Forget a job: its row, its attempts and its events, in one transaction."""
+        self.job(name)
+        with self._tx() as db:
+            db.execute("DELETE FROM events WHERE job=?", (name,))
+            db.execute("DELETE FROM attempts WHERE job=?", (name,))
+            db.execute("DELETE FROM jobs WHERE name=?", (name,))
+
     # -- attempts ---------------------------------------------------------------------
 
     def next_attempt_number(self, job: str) -> int:

@@ -60,5 +60,6 @@ def gpu_devices(sample: GpuSample | None) -> list[protocol.GpuDeviceInfo]:
     for d in sample.devices:
         procs = [{"pid": p.pid, "used_mib": p.used_mib} for p in sample.processes if p.gpu_index == d.index]
         devices.append(protocol.GpuDeviceInfo(index=d.index, name=d.name, used_mib=d.used_mib,
-                                              total_mib=d.total_mib, util_pct=d.util_pct, processes=procs))
+                                              total_mib=d.total_mib, util_pct=d.util_pct, temperature_c=d.temperature_c,
+                                              power_w=d.power_w, processes=procs))
     return devices

@@ -28,6 +28,7 @@ from .events import AttemptState, JobState, Verdict
 _STATE_STYLE = {JobState.RUNNING: "bold green", JobState.DONE: "green", JobState.FAILED: "bold red",
                 JobState.BACKOFF: "yellow", JobState.WAITING: "yellow", JobState.STARTING: "cyan",
                 JobState.STOPPED: "dim"}
+_NAME_MAX = 32  # a job name wider than this is cut in the middle
 _COUNTDOWN_S = 30.0  # a next verdict closer than this is shown beside the job
 _VERDICT_STYLE: dict[str, str] = {Verdict.HEALTHY: "green", Verdict.DONE: "green", Verdict.STALLED: "bold yellow",
                   Verdict.SILENT: "bold yellow", Verdict.CRASHED: "bold red", Verdict.OOM: "bold red",
@@ -86,7 +87,11 @@ def render(status: protocol.StatusResponse, now: float | None = None) -> Rendera
                            _fmt.clock(now), " · ", (f"{len(status.jobs)} job{'s' if len(status.jobs) != 1 else ''}", ""),
                            (" · Ctrl-C to exit", "dim"))
     jobs = Table(expand=False, box=None, pad_edge=False, header_style="bold", show_edge=False)
-    for column, justify in (("JOB", "left"), ("STATE", "left"), ("ATTEMPT", "right"), ("PHASE", "left"),
+    # The job column keeps its width on a narrow terminal (the others give way): two jobs cut
+    # to `cra…` would look the same.  A name longer than _NAME_MAX is cut in the middle.
+    name_width = min(_NAME_MAX, max((len(j.name) for j in status.jobs), default=3))
+    jobs.add_column("JOB", justify="left", no_wrap=True, min_width=name_width)
+    for column, justify in (("STATE", "left"), ("ATTEMPT", "right"), ("PHASE", "left"),
                             ("PROGRESS", "left"), ("DONE", "right"), ("RATE", "right"), ("ETA", "right"),
                             ("HEALTH", "left"), ("OUTPUT", "right")):
         jobs.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -121,7 +126,7 @@ def _job_cells(job: protocol.JobStatus) -> list[RenderableType]:
     verdict = _verdict(job)
     health = Text(verdict, style=_VERDICT_STYLE.get(verdict, ""))
     output = f"{_fmt.duration(job.last_output_age_s)} ago" if job.last_output_age_s is not None else "-"
-    return [Text(job.name, style="bold"), state, attempt, phase, bar, done, rate, eta, health, output]
+    return [Text(short_name(job.name), style="bold"), state, attempt, phase, bar, done, rate, eta, health, output]
 
 
 def _job_note(job: protocol.JobStatus) -> str:
@@ -145,7 +150,7 @@ def _gpu_view(status: protocol.StatusResponse) -> RenderableType:
         return Text(f"GPUs: {status.gpu_note or 'none'}", style="dim")
     table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     for column, justify in (("GPU", "right"), ("MEMORY", "left"), ("USED / TOTAL", "right"), ("UTIL", "right"),
-                            ("PROCESSES", "left")):
+                            ("TEMP", "right"), ("POWER", "right"), ("PROCESSES (pid:memory)", "left")):
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for d in status.gpu:
         share = d.used_mib / d.total_mib if d.total_mib else 0.0
@@ -153,7 +158,9 @@ def _gpu_view(status: protocol.StatusResponse) -> RenderableType:
         procs = " ".join(f"{p.get('pid')}:{p.get('used_mib') or '?'}MiB" for p in d.processes) or "-"
         table.add_row(str(d.index), ProgressBar(total=max(d.total_mib, 1), completed=d.used_mib, width=24,
                                                 complete_style=style, finished_style=style),
-                      f"{d.used_mib:,}/{d.total_mib:,} MiB", f"{d.util_pct}%" if d.util_pct is not None else "-", procs)
+                      f"{d.used_mib:,}/{d.total_mib:,} MiB", f"{d.util_pct}%" if d.util_pct is not None else "-",
+                      f"{d.temperature_c}°C" if d.temperature_c is not None else "-",
+                      f"{d.power_w:.0f} W" if d.power_w is not None else "-", procs)
     return table
 
 
@@ -185,13 +192,29 @@ def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> li
     if not status.jobs:
         lines.append(f"{clock}  no jobs yet")
     if status.gpu:
-        lines.append(f"{clock}  GPUs: " + "  ".join(f"{d.index}:{d.used_mib}/{d.total_mib} MiB" for d in status.gpu))
+        lines.append(f"{clock}  GPUs: " + "  ".join(_plain_gpu(d) for d in status.gpu))
     else:
         lines.append(f"{clock}  GPUs: {status.gpu_note or 'none'}")
     return lines
 
 
 # -- formatting ----------------------------------------------------------------------------
+
+def short_name(name: str, width: int = _NAME_MAX) -> str:
+    """The name cut in the middle to `width`: names that differ at the start or the end (the
+    usual case: `crawl-shard-01`, `crawl-shard-02`) stay apart."""
+    if len(name) <= width:
+        return name
+    head = width // 2
+    tail = width - 1 - head
+    return name[:head] + "…" + (name[-tail:] if tail else "")
+
+
+def _plain_gpu(d: protocol.GpuDeviceInfo) -> str:
+    extra = [f"{d.util_pct}%" if d.util_pct is not None else "", f"{d.temperature_c}°C" if d.temperature_c is not None else "",
+             f"{d.power_w:.0f}W" if d.power_w is not None else ""]
+    return f"{d.index}:{d.used_mib}/{d.total_mib} MiB" + "".join(f" {e}" for e in extra if e)
+
 
 def _attempt_text(job: protocol.JobStatus) -> str:
     a = job.attempt

@@ -175,9 +175,63 @@ def test_a_pack_gone_while_the_daemon_was_down_fails_its_job_not_the_daemon(
     assert status.state == "failed" and "unknown probe pack 'mine'" in status.reason, status
 
 
-def test_readme_documents_every_exit_code() -> None:
+def _readme_exit_codes() -> dict[int, str]:
+    """README's exit-code table: code -> the verbs it names."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    line = re.search(r"Exit codes: (.*?)\n\n", readme, re.DOTALL)
-    assert line is not None
-    documented = {int(n) for n in re.findall(r"\b(\d+) ", line.group(1))}
-    assert {row.cls.exit_code for row in TABLE} <= documented
+    section = readme[readme.index("Exit codes:"):]
+    rows = re.findall(r"^\| *(\d+) *\| *([^|]+?) *\| *([^|]+?) *\|$", section, re.MULTILINE)
+    assert rows, "README has no exit-code table"
+    return {int(code): verbs for code, _, verbs in rows}
+
+
+def test_readme_table_lists_exactly_the_codes_the_cli_uses() -> None:
+    used = {row.cls.exit_code for row in TABLE} | {0, 1, 2}  # ok, job failed (and probe's crash), argparse usage
+    assert set(_readme_exit_codes()) == used
+
+
+@dataclass(frozen=True)
+class Verb:
+    argv: tuple[str, ...]
+    code: int
+
+
+# One daemon, every verb: `ok` is done, `bad` failed, `gated` runs; `typo` is a misspelt spec.
+VERBS = [
+    Verb(("--version",), 0), Verb(("jobs",), 0), Verb(("gpus",), 0), Verb(("config", "show"), 0), Verb(("daemon",), 0),
+    Verb(("status",), 0), Verb(("status", "ok"), 0), Verb(("status", "bad"), 1), Verb(("status", "bad", "--json"), 1),
+    Verb(("attempts", "ok"), 0), Verb(("logs", "ok", "-n", "1"), 0), Verb(("events", "ok", "--kind", "exited"), 0),
+    Verb(("prune",), 0), Verb(("prune", "ok"), 0),
+    Verb(("status", "-w", "--every", "0"), 2), Verb(("status", "-w", "--every", "-1"), 2), Verb(("logs", "ok", "-n", "0"), 2),
+    Verb(("events", "ok", "--kind", "nope"), 2), Verb(("logs", "ok", "--since", "soon"), 2), Verb(("frobnicate",), 2),
+    Verb(("start", "{home}/typo.toml"), 65), Verb(("start", "{home}/gated.toml", "--set", "nope=1"), 65),
+    *(Verb((verb, "nope"), 66) for verb in ("status", "stop", "restart", "rm", "prune", "logs", "events", "attempts", "report")),
+    Verb(("probe", "{home}/no-such.log"), 66),
+    Verb(("report", "ok", "--out", "/nonexistent/dir/r.png"), 74),
+    Verb(("start", "{home}/gated.toml"), 75), Verb(("rm", "gated"), 75),
+    Verb(("stop", "gated"), 0), Verb(("rm", "ok"), 0),
+]
+
+
+def test_every_verb_exits_with_the_readme_code(daemon: DaemonProcess, daemon_env: dict[str, str], make_job,
+                                               home: Path) -> None:
+    client = daemon.client()
+    for name, script, extra in (("ok", "print('hi')\n", ""),
+                                ("bad", "raise SystemExit(3)\n", "[restart]\nmax_attempts = 1\n")):
+        client.start(str(make_job(name, script, extra=extra)), {})
+        wait_until(lambda name=name: job_state(client, name) in ("done", "failed"))
+    (home / "gated.toml").write_text(make_job("gated", GATED_JOB, params=f', "{home}/gate"').read_text())
+    client.start(str(home / "gated.toml"), {})
+    wait_until(lambda: job_state(client, "gated") == "running")
+    (home / "typo.toml").write_text('comand = ["true"]\n')
+    readme = _readme_exit_codes()
+    for verb in VERBS:
+        argv = [a.replace("{home}", str(home)) for a in verb.argv]
+        result = supervise(daemon_env, *argv, check=False)
+        assert result.returncode == verb.code, (argv, result.returncode, result.stderr)
+        assert verb.code in readme, verb
+        if verb.code == 2:  # argparse: the usage, then one line saying what is wrong
+            assert "Traceback" not in result.stderr and "error: " in result.stderr.strip().splitlines()[-1], argv
+        elif verb.code > 2:  # one line, no traceback (`probe` names itself: "supervise probe: ...")
+            assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, (argv, result.stderr)
+            assert result.stderr.startswith("supervise"), (argv, result.stderr)
+    assert daemon.proc is not None and daemon.proc.poll() is None

@@ -6,8 +6,10 @@ It mirrors the real library's behaviour at its API, not the supervisor's needs:
 - memory is reported in bytes, ``used`` including what the driver reserves;
 - a process's ``usedGpuMemory`` is ``None`` when the driver cannot tell (pynvml maps
   NVML_VALUE_NOT_AVAILABLE to None);
-- a bad index raises ``NVMLError_InvalidArgument``; utilisation can be unsupported
-  (MIG slices) and raises ``NVMLError_NotSupported``;
+- a bad index raises ``NVMLError_InvalidArgument``; utilisation, temperature and power can be
+  unsupported (MIG slices) and raise ``NVMLError_NotSupported``;
+- temperature is in degrees C for the sensor ``NVML_TEMPERATURE_GPU`` (any other sensor is
+  ``NVMLError_InvalidArgument``), power usage in milliwatts;
 - errors are the real ``pynvml.NVMLError`` subclasses, built the way pynvml builds them.
 
 A test drives its state: add devices and processes, free or re-allocate memory, make a
@@ -41,6 +43,9 @@ class FakeDevice:
     reserved_mib: int = 615  # used with no process at all (an H200, driver 580, as NVML reported it)
     util_pct: int = 0
     util_supported: bool = True
+    temperature_c: int = 34
+    power_mw: int = 76_000
+    sensors_supported: bool = True  # temperature and power (not on MIG slices)
 
 
 @dataclass
@@ -57,6 +62,7 @@ class FakeNvml:
     """Module-like: pass it where ``pynvml`` would go (``NvmlSampler(nvml=FakeNvml(...))``)."""
 
     NVMLError = pynvml.NVMLError
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self.clock: Callable[[], float] = clock or (lambda: 0.0)
@@ -128,6 +134,20 @@ class FakeNvml:
         if not device.util_supported:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(gpu=device.util_pct, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: SimpleNamespace, sensor: int) -> int:
+        device = self._device(handle)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not device.sensors_supported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device.temperature_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: SimpleNamespace) -> int:
+        device = self._device(handle)
+        if not device.sensors_supported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device.power_mw
 
     def nvmlDeviceGetName(self, handle: SimpleNamespace) -> str:
         return self._device(handle).name

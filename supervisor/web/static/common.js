@@ -62,6 +62,8 @@ function jobCard(job, readOnly) {
   const stop = !readOnly && ACTIVE.has(job.state)
     ? el("button", { class: "stop", "data-job": job.name, text: "Stop" }) : null;
   if (stop) stop.addEventListener("click", () => act(job.name, "stop", stop));
+  const restart = readOnly ? null : el("button", { class: "restart", "data-job": job.name, text: "Restart" });
+  if (restart) restart.addEventListener("click", () => act(job.name, "restart", restart));
   const facts = el("div", { class: "row" },
     el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
     el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
@@ -71,7 +73,7 @@ function jobCard(job, readOnly) {
     job.host !== "local" ? el("span", { text: job.host }) : null);
   return el("div", { class: "card job", "data-job": job.name, "data-state": job.state },
     el("h3", {}, el("a", { href: "/job/" + encodeURIComponent(job.name), text: job.name }),
-      el("span", { class: "badge " + job.state, text: job.state }), stop),
+      el("span", { class: "badge " + job.state, text: job.state }), stop, restart),
     facts, progressBar(a && a.progress),
     job.reason ? el("div", { class: "reason", text: job.reason }) : null,
     el("div", { class: "msg" }));
@@ -102,7 +104,8 @@ async function act(job, verb, button) {
     const r = await fetch(`/api/jobs/${encodeURIComponent(job)}/${verb}`,
       { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
     const text = await r.text();
-    msg.textContent = r.ok ? JSON.parse(text).message : text;
+    const body = r.ok ? JSON.parse(text) : null;  // restart answers {stopped, started}
+    msg.textContent = body ? (body.message || body.started.message) : text;
   } catch (e) {
     msg.textContent = String(e);
   }

@@ -1,0 +1,165 @@
+"""`supervise`: the command line.  It talks only to the daemon's API (starting the daemon
+when none runs), except `probe`, which reads a log offline, and `daemon --foreground`.
+
+    jobs      start, stop, restart, rm, prune, attempts, jobs
+    logs      logs, events, and following a job's events
+    system    daemon (run, stop, restart), config, probe, doctor, web
+    views     status (and its live view), gpus, report
+
+Exit codes (README's table): 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or
+probe pack; 66 unknown job; 69 daemon or host unavailable; 70 internal error in the daemon;
+74 store or file I/O; 75 the job is already running; 78 configuration.  An error the daemon
+finds exits with the same code as if the CLI had found it (errors.TABLE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from .. import __version__
+from ..errors import SuperviseError
+from ..events import EventKind
+from ._args import add_since, positive_float, positive_int
+from .jobs import cmd_attempts, cmd_jobs, cmd_prune, cmd_restart, cmd_rm, cmd_start, cmd_stop
+from .logs import cmd_events, cmd_logs
+from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
+from .views import cmd_gpus, cmd_report, cmd_status
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SuperviseError as exc:
+        print(f"supervise: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("supervise: interrupted (the job keeps running under the daemon)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="supervise", description="Supervise long-running GPU jobs.")
+    parser.add_argument("--version", action="version", version=f"supervise {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _job_commands(sub)
+    _reading_commands(sub)
+    _system_commands(sub)
+    return parser
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], argparse.ArgumentParser]:  # type: ignore[type-arg]
+    def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    return add
+
+
+def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    add = _adder(sub)
+    p = add("start", cmd_start, "start a job (a name from jobs/ or a path to a .toml spec)")
+    p.add_argument("job")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a parameter (one argv item; never seen by a shell)")
+    p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+
+    p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
+    p.add_argument("job")
+    p.add_argument("--grace", type=float, default=None, help="seconds between TERM and KILL")
+
+    p = add("restart", cmd_restart, "stop a job if it runs, then start it again with its stored spec and --set values")
+    p.add_argument("job")
+    p.add_argument("--grace", type=float, default=None, help="seconds between TERM and KILL")
+    p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+
+    p = add("rm", cmd_rm, "forget a job that is not running (its attempt logs are kept unless --logs)")
+    p.add_argument("job")
+    p.add_argument("--logs", action="store_true", help="delete its attempt logs too")
+
+    p = add("prune", cmd_prune, "delete old attempt logs as the retention settings say (never a running attempt's)")
+    p.add_argument("job", nargs="?", help="only this job (default: every job)")
+
+    p = add("attempts", cmd_attempts, "history of a job's attempts")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+
+    p = add("jobs", cmd_jobs, "list known jobs")
+    p.add_argument("--json", action="store_true")
+
+
+def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    add = _adder(sub)
+    p = add("status", cmd_status, "show jobs: state, phase, progress, health (with JOB: exit 1 when it failed)")
+    p.add_argument("job", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-w", "--watch", action="store_true",
+                   help="a live view, redrawn twice a second (plain lines every few seconds when not a terminal)")
+    p.add_argument("--every", type=positive_float, default=5.0, metavar="S",
+                   help="with --watch and no terminal: seconds between plain status lines (> 0)")
+
+    p = add("logs", cmd_logs, "print an attempt's log (tqdm redraws shown as one updating line)")
+    p.add_argument("job")
+    p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("-n", "--lines", type=positive_int, default=None, metavar="N", help="only the last N lines")
+    add_since(p, "lines written since then (log lines are timed by the events the probes stored)")
+    p.add_argument("--events", action="store_true", help="show probe events instead of raw lines")
+
+    p = add("events", cmd_events, "events of a job (phases, progress, failures, verdicts, actions)")
+    p.add_argument("job")
+    p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--kind", dest="kinds", action="append", default=[], choices=[k.value for k in EventKind],
+                   metavar="K", help="only events of this kind (repeatable): " + ", ".join(k.value for k in EventKind))
+    add_since(p, "events since then")
+    p.add_argument("-n", "--lines", type=positive_int, default=None, metavar="N", help="only the last N events")
+    p.add_argument("--json", action="store_true")
+
+    p = add("gpus", cmd_gpus, "GPU memory and processes as the daemon sees them")
+    p.add_argument("--json", action="store_true")
+
+    p = add("report", cmd_report, "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")
+    p.add_argument("job")
+    p.add_argument("--out", default=None, metavar="FILE.png|FILE.html",
+                   help="where to write it (default: JOB-report.png); .html embeds the picture and a table of attempts")
+
+
+def _system_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    add = _adder(sub)
+    p = add("daemon", cmd_daemon, "start the daemon (in the foreground with --foreground), or stop / restart it")
+    p.add_argument("action", nargs="?", choices=["start", "stop", "restart"], default="start",
+                   help="stop / restart: the jobs keep running and the next daemon re-adopts them")
+    p.add_argument("--foreground", action="store_true")
+
+    p = add("probe", cmd_probe, "replay a finished log through the probes and say what it shows (exit 1: it crashed)")
+    p.add_argument("logfile")
+    p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
+    p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")
+    p.add_argument("--json", action="store_true")
+
+    p = add("config", cmd_config, "the daemon's settings: config file + SUPERVISE_* environment")
+    p.add_argument("action", choices=["show"], help="show: the effective settings and where each came from")
+    p.add_argument("--json", action="store_true")
+
+    p = add("doctor", cmd_doctor, "check that a host can run supervised jobs (SSH, shell tools, nvidia-smi, disk)")
+    p.add_argument("--host", default=None, metavar="ssh://[user@]host[:port]",
+                   help="the remote host to check (default: this machine)")
+
+    p = add("web", cmd_web, "serve a live web page of the jobs on loopback TCP, behind a token (README: web page)")
+    p.add_argument("--port", type=int, default=8787)
+    p.add_argument("--bind", default="127.0.0.1", help="loopback unless --allow-remote")
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --bind")
+    p.add_argument("--read-only", action="store_true", help="no stop button")
+    p.add_argument("--off", action="store_true", help="stop serving the page and forget its token")

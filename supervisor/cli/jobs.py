@@ -1,0 +1,91 @@
+"""Commands that change jobs: start, stop, restart, rm, prune; and the lists: jobs, attempts."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from .. import _format as _fmt
+from .. import protocol
+from ..events import Verdict
+from ..spec import find_spec, parse_overrides
+from ._args import client as _client
+from .logs import follow_job
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    overrides = parse_overrides(args.overrides)
+    spec = find_spec(args.job).with_overrides(overrides)
+    spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
+    client = _client()
+    response = client.start(spec.spec_path, overrides)
+    print(f"supervise: {response.message}; log {response.log_path}")
+    if not args.follow:
+        return 0
+    return follow_job(client, spec.name, response.attempt)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    response = _client().stop(args.job, args.grace)
+    _print_stopped(response)
+    return 0
+
+
+def _print_stopped(response: protocol.StopResponse) -> None:
+    print(response.message)
+    for proc in response.processes:
+        orphan = "  (re-parented)" if proc.reparented else ""
+        print(f"  {proc.signal:<8} {proc.pid:>8}  {proc.name}{orphan}")
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    client = _client()
+    response = client.restart(args.job, args.grace)
+    if response.stopped is not None:
+        _print_stopped(response.stopped)
+    print(f"supervise: {response.started.message}; log {response.started.log_path}")
+    if not args.follow:
+        return 0
+    return follow_job(client, args.job, response.started.attempt)
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    response = _client().remove(args.job, logs=args.logs)
+    print(f"supervise: {response.message}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    response = _client().prune(args.job)
+    for pruned in response.removed:
+        print(f"  removed {pruned.job}#{pruned.attempt} {pruned.log_path} ({_fmt.size(pruned.bytes)})")
+    print(f"supervise: {response.message}")
+    return 0
+
+
+def cmd_attempts(args: argparse.Namespace) -> int:
+    response = _client().attempts(args.job)
+    if args.json:
+        print(response.model_dump_json(indent=2))
+        return 0
+    print(f"{'#':>3}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} {'fingerprint':<12} action")
+    for a in response.attempts:
+        duration = _fmt.duration((a.ended or time.time()) - a.started)
+        progress = f"{_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}" if a.progress and a.progress.total else "-"
+        print(f"{a.n:>3}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
+              f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
+        if a.reason and a.verdict not in (None, Verdict.DONE):
+            print(f"     {a.reason}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    response = _client().status()
+    if args.json:
+        print(protocol.JobsResponse(jobs=response.jobs).model_dump_json(indent=2))
+        return 0
+    for job in response.jobs:
+        a = job.attempt
+        attempt = _fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}"
+        print(f"{job.name:<20} {job.state:<10} attempt {attempt}  {job.reason}")
+    return 0

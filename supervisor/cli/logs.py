@@ -1,0 +1,191 @@
+"""Reading a job: `logs` (the attempt's output) and `events` (what the probes and the watchdog
+recorded), with journalctl's `-n N` and `--since`, and following a job until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .. import _format as _fmt
+from .. import protocol
+from ..client import Client
+from ..errors import NotFound
+from ..events import EventKind, JobState
+from ._args import client as _client
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _client()
+    if args.events:
+        return _print_events(client, args, kinds=[])
+    attempt = args.attempt or _latest_attempt(client, args.job)
+    after = _last_line_before(client, args.job, attempt, args.since) if args.since is not None else -1
+    _LogPrinter().print_all(_log_chunks(client, args.job, attempt, after, args.lines, args.follow))
+    return 0
+
+
+def _latest_attempt(client: Client, job: str) -> int:
+    attempts = client.attempts(job).attempts
+    if not attempts:
+        raise NotFound(f"job '{job}' has no attempts yet")
+    return attempts[-1].n
+
+
+def _last_line_before(client: Client, job: str, attempt: int, since: float) -> int | None:
+    """The offset of the last line known to be written before `since`: the lines after it are
+    shown.  Log lines carry no time; the probes' events do, with the offset of the line they
+    matched, so this never misses a later line.  -1: none known (the whole log); None: the
+    attempt ended before `since` (nothing)."""
+    row = next((a for a in client.attempts(job).attempts if a.n == attempt), None)
+    if row is None:
+        raise NotFound(f"job '{job}' has no attempt {attempt}; `supervise attempts {job}` lists them")
+    if row.ended is not None and row.ended < since:
+        return None
+    before = [e.offset for e in client.all_events(job, attempt) if e.offset is not None and e.ts < since]
+    return max(before, default=-1)
+
+
+def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last: int | None,
+                follow: bool) -> Iterator[protocol.LogChunk]:
+    """The log's records that start after offset `after` (-1: all); with `last`, only the last
+    N of them, then (with `follow`) everything written later."""
+    if after is None:
+        return
+    start = max(after, 0)
+    if last is not None:
+        tail: deque[protocol.LogChunk] = deque(maxlen=last)
+        for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=start):
+            if not chunk.end and not chunk.partial and chunk.offset > after:
+                tail.append(chunk)
+        if not follow:
+            yield from tail
+            return
+        if tail:
+            start = tail[0].offset
+            after = start - 1
+    for chunk in client.follow_log(job, attempt=attempt, follow=follow, offset=start):
+        if chunk.end:
+            return
+        if chunk.offset > after or chunk.partial:
+            yield chunk
+
+
+class _LogPrinter:
+    """Raw lines; on a terminal a tqdm redraw overwrites the previous one."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.redraw_pending = False
+
+    def print_all(self, chunks: Iterable[protocol.LogChunk]) -> None:
+        for chunk in chunks:
+            self.show(chunk)
+        if self.redraw_pending:
+            sys.stdout.write("\n")
+
+    def show(self, chunk: protocol.LogChunk) -> None:
+        if chunk.partial and not self.tty:
+            return  # an unterminated redraw: printed once it is complete
+        if chunk.redraw and self.tty:
+            # A tqdm redraw replaces the previous state: overwrite the line, cut to the
+            # terminal's width (a wrapped line cannot be overwritten by \r).
+            sys.stdout.write("\r\x1b[2K" + _fit_line(chunk.text))
+            sys.stdout.flush()
+            self.redraw_pending = True
+            return
+        if self.redraw_pending:
+            sys.stdout.write("\r\x1b[2K")
+            self.redraw_pending = False
+        sys.stdout.write(chunk.text + "\n")
+        sys.stdout.flush()
+
+
+def _fit_line(text: str) -> str:
+    from rich.cells import cell_len, set_cell_size
+
+    width = max(10, shutil.get_terminal_size().columns - 1)
+    return text if cell_len(text) <= width else set_cell_size(text, width)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    return _print_events(_client(), args, kinds=args.kinds)
+
+
+def _print_events(client: Client, args: argparse.Namespace, kinds: list[str]) -> int:
+    since: float | None = getattr(args, "since", None)
+    last: int | None = getattr(args, "lines", None)
+    stored = list(client.all_events(args.job, args.attempt, kinds=kinds))  # every page, not the first 10,000
+    recent = [e for e in stored if since is None or e.ts >= since]
+    shown = recent[-last:] if last is not None else recent
+    printer = _EventPrinter(as_json=getattr(args, "json", False))
+    for event in shown:
+        printer.show(event)
+    if args.follow:
+        after = stored[-1].id if stored else 0
+        for event in client.follow_events(args.job, attempt=args.attempt, after=after, kinds=kinds):
+            printer.show(event)
+    printer.close()
+    return 0
+
+
+def follow_job(client: Client, job: str, attempt: int) -> int:
+    """Print the job's events from `attempt` on until it ends; exit 0 if it is done, else 1."""
+    printer = _EventPrinter()
+    for event in client.follow_events(job, min_attempt=attempt, until_done=True):
+        printer.show(event)
+    printer.close()
+    status = client.status(job).jobs[0]
+    print(f"supervise: {job} {status.state}: {status.reason}")
+    return 0 if status.state is JobState.DONE else 1
+
+
+class _EventPrinter:
+    """One line per event; progress on a terminal is a single updating line."""
+
+    def __init__(self, as_json: bool = False) -> None:
+        self.as_json = as_json
+        self.tty = sys.stdout.isatty()
+        self.progress_open = False
+        self.last_progress: dict[str, Any] = {}
+
+    def show(self, event: protocol.EventInfo) -> None:
+        if self.as_json:
+            print(event.model_dump_json(), flush=True)
+            return
+        if event.kind is EventKind.PROGRESS:
+            self._progress(event)
+            return
+        self._end_progress()
+        detail = event.message
+        if event.kind is EventKind.PHASE and event.phase:
+            detail = f"{event.phase}: {event.message}"
+        elif event.kind is EventKind.FAILURE:
+            detail = f"{event.failure.kind if event.failure else 'failure'}: {event.message}"
+        print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
+
+    def _progress(self, event: protocol.EventInfo) -> None:
+        done, total = event.data.get("done"), event.data.get("total")
+        extra = ""
+        for key in ("tok_s", "loss", "rate"):
+            if key in event.data:
+                extra += f" {key}={event.data[key]}"
+        line = f"{_fmt.clock(event.ts)} #{event.attempt} progress {event.probe}: {_fmt.num(done)}/{_fmt.num(total)}{extra}"
+        if self.tty:
+            sys.stdout.write("\r\x1b[2K" + line)
+            sys.stdout.flush()
+            self.progress_open = True
+        elif self.last_progress.get(event.probe or "") != done:
+            print(line, flush=True)
+        self.last_progress[event.probe or ""] = done
+
+    def _end_progress(self) -> None:
+        if self.progress_open:
+            sys.stdout.write("\n")
+            self.progress_open = False
+
+    def close(self) -> None:
+        self._end_progress()

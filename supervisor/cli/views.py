@@ -1,0 +1,77 @@
+"""Views of the daemon's state: `status` (and its live view), `gpus`, `report`."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import _format as _fmt
+from .. import protocol
+from ..events import JobState, Verdict
+from ._args import client as _client
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from ..watch import watch_command
+
+        client = _client()
+        return watch_command(lambda: client.status(args.job), plain_every_s=args.every)
+    status = _client().status(args.job)
+    if args.json:
+        print(status.model_dump_json(indent=2))
+    else:
+        if not status.jobs:
+            print("no jobs yet: `supervise start JOB`")
+        for job in status.jobs:
+            print(status_block(job))
+        print(_gpu_line(status.gpu, status.gpu_note))
+    # Like `systemctl is-failed`: a script can ask `supervise status JOB` whether the job failed.
+    return 1 if args.job and status.jobs and status.jobs[0].state is JobState.FAILED else 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    response = _client().gpus()
+    if args.json:
+        print(response.model_dump_json(indent=2))
+        return 0
+    print(_gpu_line(response.devices, response.note))
+    for device in response.devices:
+        for proc in device.processes:
+            print(f"  GPU{device.index} pid {proc['pid']:>8} {proc.get('used_mib') or '?'} MiB")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..report import report_command
+
+    return report_command(_client(), args.job, args.out)
+
+
+def status_block(job: protocol.JobStatus) -> str:
+    a = job.attempt
+    lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
+    if a is not None:
+        lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
+        lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or Verdict.HEALTHY}")
+        if job.next_verdict is not None:
+            nv = job.next_verdict
+            lines.append(f"  {nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}")
+        if a.progress is not None:
+            p = a.progress
+            eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s else ""
+            rate = f"  {p.rate_s_per_it:.2f} s/it" if p.rate_s_per_it else ""
+            lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}{eta}")
+        if a.failure is not None:
+            lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
+        if job.last_output_age_s is not None:
+            lines.append(f"  last output {_fmt.duration(job.last_output_age_s)} ago")
+        lines.append(f"  log {a.log_path}")
+    if job.next_relaunch_in_s is not None:
+        lines.append(f"  relaunch in {_fmt.duration(job.next_relaunch_in_s)}")
+    return "\n".join(lines)
+
+
+def _gpu_line(devices: list[protocol.GpuDeviceInfo], note: str) -> str:
+    if not devices:
+        return f"GPUs: {note or 'none'}"
+    return "GPUs: " + "  ".join(f"{d.index}:{d.used_mib}/{d.total_mib} MiB" for d in devices)

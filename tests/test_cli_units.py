@@ -1,0 +1,142 @@
+"""The CLI's pieces that need no daemon: spec errors in the project's words, `--since` times,
+the live view's job column on a narrow terminal and its GPU sensors (through the fake NVML),
+and the retention rule that never deletes a running attempt's log."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fakes.fake_nvml import FakeNvml
+from rich.console import Console
+
+from supervisor import protocol
+from supervisor.cli._args import since_time
+from supervisor.errors import SpecError
+from supervisor.events import AttemptState
+from supervisor.gpu import NvmlSampler
+from supervisor.retention import Retention, select_for_pruning
+from supervisor.spec import load_spec
+from supervisor.store import AttemptRow
+from supervisor.views import gpu_devices
+from supervisor.watch import plain_lines, render, short_name
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_spec_typos_are_listed_at_once_with_did_you_mean(tmp_path: Path) -> None:
+    spec = tmp_path / "typo.toml"
+    spec.write_text('comand = ["true"]\nstop_grace = 1\n[restart]\nmax_attemps = 2\n')
+    with pytest.raises(SpecError) as raised:
+        load_spec(spec)
+    message = str(raised.value)
+    assert "\n" not in message
+    for problem in ("field 'command' is required", "unknown field 'comand' (did you mean 'command'?)",
+                    "unknown field 'stop_grace' (did you mean 'stop_grace_s'?)",
+                    "unknown field 'restart.max_attemps' (did you mean 'max_attempts'?)"):
+        assert problem in message, message
+    assert "Extra inputs are not permitted" not in message and "Field required" not in message  # pydantic's words
+
+
+def test_since_takes_durations_and_times() -> None:
+    now = 1_750_000_000.0
+    assert since_time("10m", now) == now - 600
+    assert since_time("2h", now) == now - 7200
+    assert since_time("1.5s", now) == now - 1.5
+    assert since_time("2025-05-01 14:00:05", now) == time.mktime((2025, 5, 1, 14, 0, 5, 0, 0, -1))
+    for bad in ("soon", "10x", "-5m", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            since_time(bad, now)
+
+
+def _job(name: str) -> protocol.JobStatus:
+    return protocol.JobStatus(name=name, state="running", reason="", host="local", max_attempts=3, attempt=None)
+
+
+def _draw(status: protocol.StatusResponse, width: int) -> str:
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(render(status, now=0.0))
+    return out.getvalue()
+
+
+def test_the_job_column_keeps_names_apart_on_a_narrow_terminal() -> None:
+    status = protocol.StatusResponse(jobs=[_job("crawl-shard-alpha"), _job("crawl-shard-beta")],
+                                     daemon_pid=1, daemon_version="0")
+    screen = _draw(status, width=50)
+    assert "crawl-shard-alpha" in screen and "crawl-shard-beta" in screen, screen
+    long_a, long_b = "extract-hidden-states-" + "x" * 30 + "-a", "extract-hidden-states-" + "x" * 30 + "-b"
+    assert short_name(long_a) != short_name(long_b) and len(short_name(long_a)) == 32
+    screen = _draw(protocol.StatusResponse(jobs=[_job(long_a), _job(long_b)], daemon_pid=1, daemon_version="0"), 60)
+    assert short_name(long_a) in screen and short_name(long_b) in screen, screen
+
+
+def test_gpu_sensors_reach_the_views_through_nvml() -> None:
+    nvml = FakeNvml()
+    nvml.add_device(util_pct=87, temperature_c=61, power_mw=412_345)
+    nvml.add_device(sensors_supported=False, util_supported=False)  # a MIG slice: memory only
+    nvml.start_process(4242, gpu=0, mib=30000)
+    sample = NvmlSampler(nvml=nvml).sample()
+    d0, d1 = sample.devices
+    assert (d0.util_pct, d0.temperature_c, d0.power_w) == (87, 61, 412.345)
+    assert (d1.util_pct, d1.temperature_c, d1.power_w) == (None, None, None)
+    devices = gpu_devices(sample)
+    assert (devices[0].temperature_c, devices[0].power_w) == (61, 412.345)
+    status = protocol.StatusResponse(jobs=[], daemon_pid=1, daemon_version="0", gpu=devices)
+    screen = _draw(status, width=160)
+    assert "61°C" in screen and "412 W" in screen and "4242:30000MiB" in screen and "87%" in screen, screen
+    assert "0:30615/143771 MiB 87% 61°C 412W" in plain_lines(status, now=0.0)[-1]
+
+
+def test_fake_nvml_refuses_other_sensors_as_pynvml_does() -> None:
+    import pynvml
+
+    nvml = FakeNvml()
+    nvml.nvmlInit()
+    nvml.add_device()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_COUNT)
+
+
+def _attempt(n: int, state: AttemptState) -> AttemptRow:
+    return AttemptRow(job="j", n=n, tag=f"t{n}", host="local", argv=[], workdir="/", log_path=f"/l/{n}",
+                      status_path=f"/s/{n}", pid=None, pgid=None, start_time=None, started=float(n), ended=None,
+                      state=state, exit_code=None, exit_signal=None, log_offset=0, phase=None, progress=None,
+                      verdict=None, reason=None, failure=None, fingerprint=None, action=None)
+
+
+def test_retention_keeps_the_newest_and_never_a_running_attempt() -> None:
+    ended = [_attempt(n, AttemptState.ENDED) for n in (1, 2, 3)]
+    running = _attempt(4, AttemptState.RUNNING)
+    sizes = {f"/l/{n}": 100 for n in (1, 2, 3)} | {"/l/4": 10_000}
+    assert [a.n for a in select_for_pruning([*ended, running], sizes, Retention(2, 0))] == [2, 1]
+    # The running attempt's log alone is over the byte limit: it stays, every other one goes.
+    assert [a.n for a in select_for_pruning([*ended, running], sizes, Retention(20, 500))] == [3, 2, 1]
+    assert select_for_pruning(ended, sizes, Retention(3, 300)) == []
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--version"], 0, None),
+    (["status", "-w", "--every", "-1"], 2, "argument --every: must be greater than 0, got -1"),
+    (["status", "-w", "--every", "0"], 2, "argument --every: must be greater than 0, got 0"),
+    (["logs", "j", "-n", "0"], 2, "argument -n/--lines: must be greater than 0, got 0"),
+    (["events", "j", "--since", "soon"], 2, "argument --since: expected a duration"),
+    (["events", "j", "--kind", "nope"], 2, "argument --kind: invalid choice: 'nope'"),
+])
+def test_usage_errors_exit_2_in_one_line(argv: list[str], code: int, message: str | None,
+                                         tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", *argv], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SUPERVISE_HOME": str(tmp_path)},
+                            timeout=60, check=False)
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    if message is None:
+        assert result.stdout.strip() == "supervise 0.1.0"
+    else:
+        assert message in result.stderr.strip().splitlines()[-1], result.stderr
+    assert not (tmp_path / "daemon.sock").exists()  # refused before any daemon was started
