@@ -6,8 +6,8 @@
 #   OUT=/some/dir bash tests/perf/gpu/interop_gpu.sh
 # The speculators layout is a `datasets` directory: when the job python lacks `datasets`, it is installed
 # from $INTEROP_WHEELS (default .vllm/interop; fill it on a networked machine with
-#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
-#       -d .vllm/interop datasets==5.1.0 ).
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#       -d .vllm/interop datasets==5.1.0 dill==0.4.1 multiprocess==0.70.19 ).
 # Knobs: N samples (256), MAXLEN tokens per sample (2048), STEPS training steps (200), BATCH (4).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
@@ -26,7 +26,9 @@ say "vLLM"
 export PYTHONPATH=$REPO/jobs:/tmp/site:/tmp/site-interop
 if ! $JOBPY -c "import datasets" 2>/dev/null; then
   say "datasets from $INTEROP_WHEELS"
-  $JOBPY -m pip install -q --no-index --find-links "$INTEROP_WHEELS" --target /tmp/site-interop datasets \
+  # --no-deps: the machine's image has pyarrow, pandas, xxhash and fsspec; the folder holds the rest
+  # (datasets, dill, multiprocess).
+  $JOBPY -m pip install -q --no-index --no-deps --target /tmp/site-interop "$INTEROP_WHEELS"/*.whl \
     || { echo "cannot install datasets: fill $INTEROP_WHEELS (see the header)"; exit 1; }
 fi
 
