@@ -114,14 +114,3 @@ def test_no_module_is_a_grab_bag() -> None:
     too_long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
                 if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not too_long, f"split by concept: modules over {MAX_MODULE_LINES} lines: {too_long}"
-
-
-def test_nothing_outside_the_runner_reaches_into_its_live_state() -> None:
-    offenders = []
-    for path in PACKAGE.rglob("*.py"):
-        if path.name in ("runner.py",) or path.parent.name == "runner":
-            continue
-        text = path.read_text()
-        if ".live.watchdog" in text or "runner.live" in text:
-            offenders.append(str(path.relative_to(PACKAGE.parent)))
-    assert not offenders, f"read JobRunner.snapshot() instead: {offenders}"

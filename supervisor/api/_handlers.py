@@ -1,29 +1,23 @@
-"""The control API: one handler per route, the route table, the error middleware, OpenAPI.
-
-Handlers read the service's store, runners and hosts and answer with `protocol` models;
-errors raised anywhere below are mapped once, here, to an `ErrorBody` and a status code.
-"""
+"""The route handlers (one per route), the route table and the application that serves them."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from . import __version__, protocol
-from .config import config_changed, describe_settings
-from .errors import (
+from .. import __version__, protocol
+from ..config import config_changed, describe_settings
+from ..errors import (
     AlreadyRunning,
     HostError,
-    InternalError,
     NotFound,
     RequestRejected,
     SpecError,
@@ -32,76 +26,38 @@ from .errors import (
     http_status,
     row_of,
 )
-from .events import AttemptState, JobState
-from .hosts.base import Follower, KillReport
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .probes import load_packs
-from .retention import Retention, prune_logs, remove_logs
-from .runner import JobRunner
-from .spec import JobSpec, load_spec
-from .store import AttemptRow, EventQuery, Store
-from .strays import merge_reports, stop_strays
-from .views import attempt_info, event_info, gpu_devices, job_status
+from ..events import AttemptState, JobState
+from ..hosts.base import Follower, KillReport
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..probes import load_packs
+from ..retention import Retention, prune_logs, remove_logs
+from ..runner import JobRunner
+from ..spec import JobSpec, load_spec
+from ..store import AttemptRow, EventQuery, Store
+from ..strays import merge_reports, stop_strays
+from ..views import attempt_info, event_info, gpu_devices, job_status
+from ._http import (
+    EVENTS_PAGE,
+    REQUEST_TIMEOUT,
+    _body,
+    _checked_name,
+    _cut,
+    _errors_middleware,
+    _int_query,
+    _json,
+    _ndjson,
+    _path_name,
+    _write_line,
+)
+from ._openapi import openapi_schema
+from ._routes import ROUTES
+from ._service import Service
 
 if TYPE_CHECKING:
-    from .bus import EventBus
-    from .config import DaemonSettings, LoadedSettings, Paths
-    from .hosts.registry import Hosts
-    from .metrics import Metrics
-    from .snapshot import RunnerSnapshot
+    from ..hosts.registry import Hosts
 
 log = structlog.get_logger("supervise.api")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-# How long a client may take to send a request body (headers: the server's own idle timer).
-REQUEST_TIMEOUT = web.AppKey("request_timeout_s", float)
-EVENTS_PAGE = 10_000  # the most events one answer holds: a reader pages on with `after`
-
-
-class WebControl(Protocol):
-    """The web page's switch (web.WebUi provides it)."""
-
-    async def configure(self, request: protocol.WebRequest) -> protocol.WebResponse: ...
-
-
-class Service(Protocol):
-    """What the handlers need of the running daemon (service.Service provides it): the API
-    depends on this shape, not on the lifecycle module that serves it.  Read-only
-    properties, so that the service may hold more specific types."""
-
-    @property
-    def paths(self) -> Paths: ...
-
-    @property
-    def settings(self) -> DaemonSettings: ...
-
-    @property
-    def loaded(self) -> LoadedSettings: ...
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def bus(self) -> EventBus: ...
-
-    @property
-    def hosts(self) -> Hosts: ...
-
-    @property
-    def metrics(self) -> Metrics: ...
-
-    @property
-    def runners(self) -> dict[str, JobRunner]: ...
-
-    @property
-    def web(self) -> WebControl: ...
-
-    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner: ...
-
-    def snapshot(self, job: str) -> RunnerSnapshot | None: ...
-
-    def request_stop(self) -> None: ...
 
 
 class Api:
@@ -347,25 +303,6 @@ class Api:
 
 
 
-ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None]] = [
-    ("GET", "/v1/ping", "ping", None, protocol.PingResponse),
-    ("POST", "/v1/jobs", "start_job", protocol.StartRequest, protocol.StartResponse),
-    ("GET", "/v1/jobs", "jobs", None, protocol.JobsResponse),
-    ("POST", "/v1/jobs/{name}/stop", "stop_job", protocol.StopRequest, protocol.StopResponse),
-    ("GET", "/v1/status", "status", None, protocol.StatusResponse),
-    ("GET", "/v1/jobs/{name}/attempts", "attempts", None, protocol.AttemptsResponse),
-    ("GET", "/v1/jobs/{name}/events", "events", None, protocol.EventsResponse),
-    ("GET", "/v1/jobs/{name}/log", "logs", None, protocol.LogChunk),
-    ("GET", "/v1/gpus", "gpus", None, protocol.GpusResponse),
-    ("GET", "/v1/jobs/{name}/gpu", "job_gpu", None, protocol.JobGpuResponse),
-    ("GET", "/v1/config", "config", None, protocol.ConfigResponse),
-    ("POST", "/v1/web", "web_page", protocol.WebRequest, protocol.WebResponse),
-    ("POST", "/v1/jobs/{name}/restart", "restart_job", protocol.RestartRequest, protocol.RestartResponse),
-    ("DELETE", "/v1/jobs/{name}", "remove_job", None, protocol.RemoveResponse),
-    ("POST", "/v1/prune", "prune", None, protocol.PruneResponse),
-    ("POST", "/v1/daemon/stop", "stop_daemon", None, protocol.DaemonStopResponse),
-]
-
 
 def build_app(service: Service) -> web.Application:
     handlers = Api(service)
@@ -376,25 +313,6 @@ def build_app(service: Service) -> web.Application:
     app.router.add_get("/openapi.json", handlers.openapi)
     app.router.add_get("/metrics", handlers.metrics_endpoint)  # Prometheus text format
     return app
-
-
-@web.middleware
-async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException:
-        raise
-    except SuperviseError as exc:
-        return _error(exc)
-    except Exception as exc:  # a bug in one request must not take the daemon down
-        log.exception("request failed", path=request.path)
-        return _error(InternalError(f"internal error: {exc!r} (see the daemon log)"))
-
-
-def _error(exc: SuperviseError) -> web.Response:
-    """The one answer to an error: its kind and exit code from errors.TABLE, its message on one line."""
-    body = protocol.ErrorBody(error=" ".join(str(exc).splitlines()), kind=row_of(exc).kind, exit_code=exc.exit_code)
-    return web.json_response(body.model_dump(mode="json"), status=http_status(exc))
 
 
 async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
@@ -425,64 +343,6 @@ def _stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
                         f"`supervise start` its spec file") from exc
 
 
-def _json(model: BaseModel) -> web.Response:
-    return web.Response(text=model.model_dump_json(), content_type="application/json")
-
-
-async def _body(request: web.Request, model: type[Any]) -> Any:
-    timeout = request.app[REQUEST_TIMEOUT]
-    try:
-        raw = await asyncio.wait_for(request.read(), timeout)
-        return model.model_validate_json(raw or b"{}")
-    except TimeoutError as exc:
-        raise RequestRejected(f"the request body did not arrive within {timeout:g}s", 408) from exc
-    except ValidationError as exc:
-        raise RequestRejected(f"bad request body: {_cut(str(exc.errors()[0]['msg']))}", 400) from exc
-
-
-_MAX_QUERY_INT = 2**63 - 1  # SQLite's INTEGER: a larger number would fail in the store, not here
-
-
-def _int_query(request: web.Request, key: str, low: int = 0, high: int = _MAX_QUERY_INT) -> int | None:
-    value = request.query.get(key)
-    if value in (None, ""):
-        return None
-    try:
-        number: int | None = int(value)
-    except ValueError:  # also a string of more digits than int() converts
-        number = None
-    if number is None or not low <= number <= high:
-        raise RequestRejected(f"query parameter {key} must be an integer from {low} to {high}", 400)
-    return number
-
-
-def _path_name(request: web.Request) -> str:
-    return _checked_name(request.match_info["name"], "job name")
-
-
-def _checked_name(value: str, what: str) -> str:
-    """A name or path from a request, refused (400) when it holds a control character: a NUL
-    reaches the OS or SQLite as an error, a newline splits log and error lines."""
-    if any(ord(c) < 32 or c == "\x7f" for c in value):
-        raise RequestRejected(f"{what} must not contain control characters (NUL, newline): {_cut(value)!r}", 400)
-    return value
-
-
-def _cut(text: str, limit: int = 120) -> str:
-    """An echoed value, at most ``limit`` characters: an error line stays one short line."""
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-async def _ndjson(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
-    return response
-
-
-async def _write_line(response: web.StreamResponse, model: BaseModel) -> None:
-    await response.write(model.model_dump_json().encode() + b"\n")
-
-
 async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
     """Wait until the runner has launched (or failed to launch) the job's new attempt."""
     before = store.latest_attempt(job)
@@ -507,31 +367,3 @@ def _start_failure(job: str, runner: JobRunner, reason: str) -> SuperviseError:
     if cause is None:
         return RequestRejected(f"could not start {job}: {reason}", 503)
     return error_of(row_of(cause).kind, f"could not start {job}: {cause}", http_status(cause))
-
-
-def openapi_schema() -> dict[str, Any]:
-    """An OpenAPI 3.1 document generated from the route table and the protocol models."""
-    paths: dict[str, Any] = {}
-    error_schema = protocol.ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
-    schemas: dict[str, Any] = {**error_schema.pop("$defs", {}), "ErrorBody": error_schema}
-    for method, path, handler_name, request_model, response_model in ROUTES:
-        operation: dict[str, Any] = {"operationId": handler_name, "responses": {
-            "default": {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}}}
-        for model, slot in ((request_model, "request"), (response_model, "response")):
-            if model is None:
-                continue
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
-            ref = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
-            if slot == "request":
-                operation["requestBody"] = ref
-            else:
-                operation["responses"]["200"] = {"description": "ok", **ref}
-        params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-                  for p in ("name",) if "{" + p + "}" in path]
-        if params:
-            operation["parameters"] = params
-        paths.setdefault(path, {})[method.lower()] = operation
-    return {"openapi": "3.1.0", "info": {"title": "supervise daemon", "version": __version__}, "paths": paths,
-            "components": {"schemas": schemas}}

@@ -1,0 +1,66 @@
+"""What the API needs of the running daemon: `Service` (service.Service provides it), so the
+API depends on this shape and not on the lifecycle module that serves it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from .. import protocol
+from ..runner import JobRunner
+from ..spec import JobSpec
+from ..store import AttemptRow, Store
+
+if TYPE_CHECKING:
+    from ..bus import EventBus
+    from ..config import DaemonSettings, LoadedSettings, Paths
+    from ..hosts.registry import Hosts
+    from ..metrics import Metrics
+    from ..snapshot import RunnerSnapshot
+
+log = structlog.get_logger("supervise.api")
+
+class WebControl(Protocol):
+    """The web page's switch (web.WebUi provides it)."""
+
+    async def configure(self, request: protocol.WebRequest) -> protocol.WebResponse: ...
+
+
+class Service(Protocol):
+    """What the handlers need of the running daemon (service.Service provides it): the API
+    depends on this shape, not on the lifecycle module that serves it.  Read-only
+    properties, so that the service may hold more specific types."""
+
+    @property
+    def paths(self) -> Paths: ...
+
+    @property
+    def settings(self) -> DaemonSettings: ...
+
+    @property
+    def loaded(self) -> LoadedSettings: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def hosts(self) -> Hosts: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def runners(self) -> dict[str, JobRunner]: ...
+
+    @property
+    def web(self) -> WebControl: ...
+
+    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner: ...
+
+    def snapshot(self, job: str) -> RunnerSnapshot | None: ...
+
+    def request_stop(self) -> None: ...

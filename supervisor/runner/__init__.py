@@ -1,0 +1,11 @@
+"""A job's runner, one per job the daemon supervises.
+
+    _job        the control loop: launch or adopt, judge, clean up, relaunch with backoff or stop
+    _watching   watching one attempt: follow and match its log, await its exit, ask the watchdog
+    _context    what a runner works with (context, live handles) and how it records events
+"""
+
+from ._context import GpuView, RunnerContext
+from ._job import JobRunner
+
+__all__ = ["GpuView", "JobRunner", "RunnerContext"]

@@ -1,0 +1,123 @@
+"""What a job runner works with: its context (store, bus, host, alerter, GPU view), the live
+handles of the attempt it watches, the event-recording base both its halves share, and small
+helpers that turn values into what is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..alerts import Alerter
+from ..bus import EventBus
+from ..events import Event, EventKind, Failure, JobState, ProbeEvent
+from ..gpu import GpuSample
+from ..hosts.base import ExitStatus, Host, ProcessHandle
+from ..pending_writes import PendingWrites
+from ..spec import JobSpec
+from ..store import AttemptRow, Store
+from ..watchdog import ProgressState, Watchdog
+
+
+class GpuView:
+    """What a runner needs of the daemon's GPU sampler."""
+
+    def __init__(self, sample: Callable[[], Any], latest: Callable[[], GpuSample | None]) -> None:
+        self.sample = sample  # async () -> GpuSample
+        self.latest = latest
+
+
+@dataclass
+@dataclass
+class RunnerContext:
+    store: Store
+    bus: EventBus
+    host: Host
+    alerter: Alerter
+    gpu: GpuView
+    clock: Callable[[], float] = time.monotonic
+    records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
+
+
+@dataclass
+@dataclass
+class Live:
+    """Live handles of the attempt being watched (never saved: the store has the saved state)."""
+
+    row: AttemptRow
+    handle: ProcessHandle
+    watchdog: Watchdog
+    killed_by_us: bool = False
+    last_output: float | None = None
+    events_seen: int = 0
+    failure: Failure | None = None  # the root cause of the failures logged
+    known_pids: set[int] = field(default_factory=set)
+    exit_status: ExitStatus | None = None
+    check_at: float | None = None  # when the watch loop will next ask the watchdog
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    contained: set[str] = field(default_factory=set)  # faults already reported (once each)
+
+
+class Recording:
+    """How a runner records what happens: job state, attempt fields and events, each through the
+    pending-writes queue (a full disk delays them, never drops or reorders them), events then
+    published on the bus."""
+
+    spec: JobSpec
+    ctx: RunnerContext
+    _writes: PendingWrites
+
+    def _set_job(self, state: JobState, reason: str) -> None:
+        self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+
+    def _update(self, n: int, **fields: Any) -> None:
+        self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
+
+    def _action(self, live: Live, message: str, data: dict[str, Any]) -> None:
+        self._publish([self._event(live.row.n, EventKind.ACTION, message, jsonable(data))])
+
+    def _event(self, n: int, kind: EventKind, message: str, data: dict[str, Any]) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=data)
+
+    def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line,
+                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=jsonable(pe.fields), failure=pe.failure)
+
+    def _publish(self, events: list[Event]) -> None:
+        self._writes.submit(lambda: self.ctx.bus.publish(self.ctx.store.record_events(events)))
+
+
+def describe_exit(status: ExitStatus | None) -> str:
+    return status.describe() if status is not None else "was still running when watching stopped"
+
+
+def progress_dict(progress: ProgressState) -> dict[str, Any]:
+    return {"probe": progress.probe, "bar": progress.bar, "done": progress.done, "total": progress.total,
+            "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
+
+
+def gpu_summary(sample: GpuSample | None) -> str:
+    if sample is None or not sample.available:
+        return "GPU: not monitored" if sample is None else f"GPU: {sample.reason}"
+    return "; ".join(f"GPU{d.index} {d.used_mib}/{d.total_mib} MiB" for d in sample.devices)
+
+
+def cmdline(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:80]
+    except psutil.Error:
+        return "(gone)"
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

@@ -1,0 +1,350 @@
+"""One job's control loop: launch an attempt (or adopt one after a daemon restart), watch it
+(``_watching``), judge it, clean up, and relaunch with backoff or stop.  No exception inside
+the loop ends supervision of a live process: it is contained and the process watched to its
+exit (``_contain``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import structlog
+
+from ..alerts import Alert
+from ..errors import LaunchError, StoreError, SuperviseError
+from ..events import AttemptState, EventKind, JobState, Verdict
+from ..gpu import foreign_processes, wait_for_release
+from ..hosts.base import ExitStatus, KillReport, LaunchRequest, ProcessHandle
+from ..pending_writes import PendingWrites
+from ..policy import RestartPolicy
+from ..probes import load_packs
+from ..snapshot import RunnerSnapshot, watching
+from ..spec import JobSpec
+from ..store import AttemptRow
+from ..watchdog import Judgement, Watchdog
+from ._context import Live, RunnerContext, cmdline, describe_exit, gpu_summary
+from ._watching import Watching
+
+log = structlog.get_logger("supervise.runner")
+
+_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.DONE}
+
+
+class JobRunner(Watching):
+    def __init__(self, spec: JobSpec, ctx: RunnerContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        self.policy = RestartPolicy(spec.restart)
+        self.live: Live | None = None
+        self.next_relaunch_at: float | None = None
+        self._stop_requested = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.error: SuperviseError | None = None  # what ended the loop, if an error did (`start` reports it)
+        self._engine_packs = load_packs(spec.probes, spec.probe_files)
+        self._writes = PendingWrites(spec.name)
+        self._current: Live | None = None  # the attempt launched or adopted last, until the next
+
+    def start(self, resume: AttemptRow | None = None) -> None:
+        self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def stop(self, grace_s: float | None = None) -> KillReport:
+        """Stop the job: no more relaunches; TERM the whole tree, wait, KILL."""
+        self._stop_requested.set()
+        report = KillReport()
+        live = self.live
+        if live is not None:
+            live.killed_by_us = True
+            report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, SuperviseError):
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
+        return report
+
+    async def detach(self) -> None:
+        """The daemon is shutting down: stop watching, leave the job running for the next daemon."""
+        self._writes.close()  # what is not stored yet, the next daemon's recovery redoes
+        if self.task is not None:
+            # Cancel until it has ended: a cancellation that lands just as an awaited result
+            # completes is swallowed (asyncio.wait_for before 3.12, suppress(CancelledError)).
+            while not self.task.done():
+                self.task.cancel()
+                await asyncio.wait({self.task}, timeout=0.1)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def _run(self, resume: AttemptRow | None) -> None:
+        try:
+            await self._attempts(resume)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
+            try:
+                await self._contain(exc)
+            except Exception:  # the daemon must outlive any one job's bug
+                log.exception("job runner crashed", job=self.spec.name)
+        await self._writes.drained()  # the run's end is stored before the runner counts as ended
+
+    async def _attempts(self, resume: AttemptRow | None) -> None:
+        # A re-adopted attempt continues the run it belonged to; a fresh `start` opens a new run
+        # with a fresh budget.
+        previous_fp = self._previous_fingerprint(resume) if resume else None
+        run = resume.run if resume else self.ctx.store.next_run_number(self.spec.name)
+        run_attempts = resume.run_attempt - 1 if resume else 0
+        while True:
+            run_attempts += 1
+            if resume is not None:
+                live = self._adopt(resume)
+                resume = None
+            else:
+                if not await self._prelaunch_gpu_check():
+                    return
+                live = await self._launch(run)
+            self._current = self.live = live
+            judgement = await self._watch(live)
+            self.live = None
+            fingerprint = live.failure.fingerprint if live.failure else None
+            if self._stop_requested.is_set():
+                # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", verdict=None,
+                             reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
+                self._action(live, "stopped by user", {})
+                self._set_job(JobState.STOPPED, "stopped by user")
+                return
+            if judgement.verdict is Verdict.DONE:
+                await self._end_attempt(live, judgement, "none: job done")
+                self._set_job(JobState.DONE, judgement.reason)
+                return
+            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
+            await self._cleanup(live, judgement)
+            released = await self._wait_gpu_release(live)
+            if not released:
+                await self._end_attempt(live, judgement, "give up: GPU memory leaked")
+                self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
+                return
+            action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
+            await self._end_attempt(live, judgement, action)
+            await self._alert(live, judgement, action)
+            if decision.action != "relaunch":
+                self._set_job(JobState.FAILED, decision.reason)
+                return
+            previous_fp = fingerprint
+            self._set_job(JobState.BACKOFF, f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
+            if await self._sleep_unless_stopped(decision.wait_s):
+                self._set_job(JobState.STOPPED, "stopped by user during backoff")
+                return
+
+    async def _contain(self, exc: Exception) -> None:
+        """What ended the loop.  A live process is never left unsupervised: it is watched to
+        its exit (and `stop` still reaches it) before the run ends."""
+        live = self._current
+        if live is not None and live.exit_status is None and await self._alive(live):
+            await self._watch_exit_only(live, exc)
+        elif isinstance(exc, StoreError):
+            # Nothing runs (the store refused a new attempt): the job's end is stored when there is room.
+            log.error("job supervision stopped: the store cannot be written", job=self.spec.name, error=str(exc))
+            self._set_job(JobState.FAILED, f"the store could not be written ({exc}); free disk space")
+        elif isinstance(exc, SuperviseError):
+            log.error("job failed", job=self.spec.name, error=str(exc))
+            self.error = exc
+            self._set_job(JobState.FAILED, str(exc))
+        else:  # the daemon must outlive any one job's bug
+            log.error("job runner crashed", job=self.spec.name, error=repr(exc), exc_info=exc)
+            self._set_job(JobState.FAILED, f"internal error: {exc!r}")
+
+    async def _alive(self, live: Live) -> bool:
+        try:
+            return await self.ctx.host.is_alive(live.handle)
+        except Exception:  # noqa: BLE001 - contained: a live process is never left unsupervised
+            return True  # cannot tell: keep watching, `stop` can still kill it
+
+    async def _watch_exit_only(self, live: Live, exc: Exception) -> None:
+        """Supervision of this attempt failed (``exc``) while its process lives: watch its exit
+        only, then end the run (no relaunch: what failed would fail again)."""
+        log.error("attempt supervision failed; watching its exit only", job=self.spec.name, attempt=live.row.n,
+                  error=repr(exc), exc_info=exc)
+        reason = f"supervision failed ({type(exc).__name__}: {exc})"
+        self.live = live
+        self._action(live, f"{reason}; watching only the process's exit from now on", {"error": repr(exc)})
+        self._set_job(JobState.RUNNING, f"attempt {live.row.n}: {reason}; watching its exit only")
+        try:
+            status = await self.ctx.host.wait_exit(live.handle)
+        except SuperviseError as wait_error:
+            status = ExitStatus(returncode=None, signal=None)
+            reason += f"; its exit could not be awaited ({wait_error})"
+        self.live = None
+        live.exit_status = status
+        stopped = self._stop_requested.is_set()
+        self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
+                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=time.time(),
+                     action="stopped by user" if stopped else "none: supervision failed",
+                     reason=f"{reason}; the command {status.describe()}")
+        self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
+                                   {"returncode": status.returncode, "signal": status.signal})])
+        if stopped:
+            self._set_job(JobState.STOPPED, "stopped by user")
+        elif status.returncode == 0:
+            self._set_job(JobState.DONE, f"exited 0; {reason}")
+        else:
+            self._set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
+
+    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
+        with contextlib.suppress(SuperviseError):
+            return self.ctx.store.attempt(self.spec.name, resume.n - 1).fingerprint
+        return None
+
+    async def _sleep_unless_stopped(self, seconds: float) -> bool:
+        self.next_relaunch_at = time.time() + seconds
+        try:
+            await asyncio.wait_for(self._stop_requested.wait(), timeout=seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.next_relaunch_at = None
+
+    async def _launch(self, run: int) -> Live:
+        store, spec = self.ctx.store, self.spec
+        await self._writes.drained()  # the previous attempt's end is stored before the next is numbered
+        n = store.next_attempt_number(spec.name)
+        log_path, status_path = await self.ctx.host.log_paths(spec.name, n)
+        tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
+        argv = spec.argv(n)
+        workdir = spec.resolved_workdir()
+        row = AttemptRow(
+            job=spec.name, n=n, tag=tag, host=self.ctx.host.name, argv=argv, workdir=workdir,
+            log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
+            started=time.time(), ended=None, state=AttemptState.LAUNCHING, exit_code=None, exit_signal=None,
+            log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
+            fingerprint=None, action=None, run=run,
+        )
+        store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
+        self._set_job(JobState.RUNNING, f"attempt {n}")
+        self._baseline = self._gpu_baseline()
+        try:
+            request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
+                                    status_path=status_path, tag=tag)
+            handle = await self.ctx.host.launch(request)
+        except Exception as exc:  # re-raised as a SuperviseError
+            # Whatever failed, the attempt ends here: a row left `launching` would be taken for
+            # a launch the daemon died in, by the next daemon's recovery.
+            error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
+            self._update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
+                         reason=str(error), action="give up: launch failed")
+            raise error from exc
+        row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
+        self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING)
+        self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: pid {handle.pid}",
+                                   {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name})])
+        return Live(row=row, handle=handle, watchdog=Watchdog(spec.health, clock=self.ctx.clock))
+
+    def _adopt(self, row: AttemptRow) -> Live:
+        handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
+                               tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+        self._baseline = self._gpu_baseline()
+        live = Live(row=row, handle=handle, watchdog=Watchdog(self.spec.health, clock=self.ctx.clock))
+        self._current = live
+        # Replay what was already stored so phase, progress and failure are known again.
+        for event in self.ctx.store.events(self.spec.name, attempt=row.n):
+            self._note(live, event)
+        self._set_job(JobState.RUNNING, f"attempt {row.n} (re-adopted)")
+        return live
+
+    def _gpu_baseline(self) -> dict[int, int]:
+        sample = self.ctx.gpu.latest()
+        if sample is None or not sample.available:
+            return {}
+        return {d.index: d.used_mib for d in sample.devices}
+
+    async def _prelaunch_gpu_check(self) -> bool:
+        gpu = self.spec.gpu
+        if gpu.foreign_memory == "ignore":
+            return True
+        devices = None if gpu.devices == "all" else list(gpu.devices)
+        deadline = time.monotonic() + gpu.foreign_wait_s
+        while True:
+            sample = await self.ctx.gpu.sample()
+            if not sample.available:
+                return True
+            foreign = foreign_processes(sample, devices, set())
+            if not foreign:
+                return True
+            who = ", ".join(f"pid {p.pid} {cmdline(p.pid)} {p.used_mib or '?'} MiB on GPU {p.gpu_index}" for p in foreign)
+            if gpu.foreign_memory == "refuse" or time.monotonic() >= deadline:
+                self._set_job(JobState.FAILED, f"GPUs hold memory of other processes: {who}; free them or set gpu.foreign_memory='ignore'")
+                return False
+            self._set_job(JobState.WAITING, f"waiting for GPUs held by other processes: {who}")
+            if await self._sleep_unless_stopped(5.0):
+                self._set_job(JobState.STOPPED, "stopped by user while waiting for GPUs")
+                return False
+
+    def snapshot(self) -> RunnerSnapshot:
+        """What the runner shows readers (status, metrics) now: a frozen copy, never live state."""
+        live = self.live
+        if live is None:
+            return RunnerSnapshot(job=self.spec.name, attempt=None, next_relaunch_at=self.next_relaunch_at)
+        return watching(self.spec.name, live.row.n, live.watchdog, self.ctx.clock(), last_output=live.last_output,
+                        known_pids=frozenset(live.known_pids))
+
+    async def _cleanup(self, live: Live, judgement: Judgement) -> None:
+        if judgement.verdict in _FINAL_VERDICTS and not await self.ctx.host.attempt_pids(live.handle):
+            return
+        live.killed_by_us = True
+        report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s)
+        live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
+        if live.exit_status is None:  # killed while alive (stalled, silent): record how it ended
+            status = await self.ctx.host.exit_status(live.handle)
+            if status is not None:
+                live.exit_status = status
+                self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
+        self._action(live, f"killed the process tree: {report.summary()}",
+                     {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors,
+                      "reparented": report.reparented})
+
+    async def _wait_gpu_release(self, live: Live) -> bool:
+        sample = self.ctx.gpu.latest()
+        if sample is None or not sample.available:
+            return True
+        gpu = self.spec.gpu
+        devices = None if gpu.devices == "all" else list(gpu.devices)
+        # Every pid the attempt ever showed: NVML may still list a process that psutil no longer sees.
+        known = {live.handle.pid} | live.known_pids | await self.ctx.host.attempt_pids(live.handle)
+
+        async def wait() -> Any:
+            return await wait_for_release(self.ctx.gpu.sample, devices, self._baseline, lambda: known,
+                                          tolerance_mib=gpu.release_tolerance_mib, timeout_s=gpu.release_timeout_s)
+
+        result = await wait()
+        if not result.released and await self.ctx.host.attempt_pids(live.handle):
+            # Last resort: anything still alive that carries the attempt's tag is killed outright.
+            await self.ctx.host.kill_tree(live.handle, 0)
+            result = await wait()
+        self._action(live, f"GPU memory {'released' if result.released else 'STILL HELD'} after {result.waited_s:.1f}s",
+                     {"released": result.released, "waited_s": result.waited_s})
+        if not result.released:
+            await self._alert(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}), "not relaunching: GPU memory still held")
+        return result.released
+
+    async def _end_attempt(self, live: Live, judgement: Judgement, action: str) -> None:
+        self._update(live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
+                     verdict=judgement.verdict.value, reason=judgement.reason)
+        self._action(live, action, {})
+
+    async def _alert(self, live: Live, judgement: Judgement, next_action: str) -> None:
+        sample = self.ctx.gpu.latest()
+        gpu_text = gpu_summary(sample)
+        failure = live.failure
+        evidence = judgement.reason
+        if failure is not None and failure.line:
+            evidence += f" | {failure.line} (fingerprint {failure.fingerprint})"
+        alert = Alert(job=self.spec.name, attempt=live.row.n, title=f"{self.spec.name}: attempt {live.row.n} {judgement.verdict.value}",
+                      what=judgement.verdict.value, evidence=evidence, gpu=gpu_text, next_action=next_action,
+                      key=f"{self.spec.name}:{live.row.n}:{judgement.verdict.value}")
+        if await self.ctx.alerter.send(alert):
+            self._publish([self._event(live.row.n, EventKind.ALERT, alert.title, {"evidence": evidence, "next": next_action})])

@@ -1,0 +1,278 @@
+"""Watching one attempt: its log followed and matched (off the loop), events stored with the
+offset they bring the attempt to and then published, its exit awaited (a pidfd: noticed at
+once), and the watchdog asked for a verdict whenever its own next deadline comes, never on a
+fixed tick."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import structlog
+
+from ..errors import StoreError
+from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
+from ..hosts.base import ExitStatus, Follower
+from ..matching import Matcher, PackDisabled, TailReader
+from ..watchdog import Judgement
+from ._context import Live, Recording, jsonable, progress_dict
+
+log = structlog.get_logger("supervise.runner")
+
+_OFFSET_SAVE_INTERVAL_S = 1.0  # with no events, the resume offset is saved at most this often
+# A traceback is complete only when the next line shows it is over; a process that hangs
+# right after printing one (a rank died, its peers wait) prints no next line.  After this
+# much quiet, an open traceback is taken as complete.
+_TRACEBACK_QUIET_S = 1.0
+# tqdm leaves its latest redraw unterminated until the next one: a bar stuck at 4/8 would read
+# 3/8.  A redraw left alone this long was written whole; its progress is read at once.
+_REDRAW_QUIET_S = 0.2
+_QUIET_SLACK_S = 0.005  # a timer may fire this much early
+_MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
+
+
+class Watching(Recording):
+    """The half of a job runner that watches the attempt it launched or adopted."""
+
+    live: Live | None
+    _stop_requested: asyncio.Event
+    _engine_packs: Any
+
+    async def _watch(self, live: Live) -> Judgement:
+        engine = Matcher(self._engine_packs, live.row.log_offset, live.row.tag)
+        follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset, live.row.log_generation)
+        reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
+        exit_task = asyncio.create_task(self.ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
+        reader_reported = False
+        try:
+            while True:
+                timeout = self._time_to_next_check(live)
+                live.wake.clear()
+                wake = asyncio.create_task(live.wake.wait())
+                waiting = {exit_task, wake} | ({reader} if not reader_reported else set())
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                if exit_task in done:
+                    return await self._finish(live, follower, reader, engine, exit_task.result())
+                if reader in done:
+                    # The log cannot be read (removed, unreadable disk): keep watching the process.
+                    reader_reported = True
+                    error = reader.exception()
+                    self._action(live, f"log following stopped ({error}); still watching the process", {})
+                judgement = live.watchdog.check()
+                # Stalled, silent, or hung after a failure: judged while alive, killed next.
+                if judgement.verdict is not Verdict.HEALTHY:
+                    self._record_verdict(live, judgement)
+                    return judgement
+        finally:
+            for task in (exit_task, reader):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            engine.close()
+            await follower.aclose()
+
+    def _time_to_next_check(self, live: Live) -> float | None:
+        at = live.watchdog.next_check_at()
+        live.check_at = at
+        return None if at is None else max(0.0, at - self.ctx.clock())
+
+    async def _read(self, live: Live, follower: Follower, engine: Matcher) -> None:
+        unsaved: list[Event] = []  # events a failed store write (full disk) could not take yet
+        try:
+            await self._read_batches(live, follower, engine, unsaved)
+        finally:
+            if unsaved:  # the store refused the last ones: they are stored when there is room
+                events, offset = list(unsaved), engine.resume_offset
+                self._writes.submit(lambda: self._save(live, events, offset, force=True))
+
+    async def _read_batches(self, live: Live, follower: Follower, engine: Matcher, unsaved: list[Event]) -> None:
+        last_save = 0.0
+        disk_warned = False
+        redraws = TailReader(follower, engine)
+        async for batch in _batches_or_quiet(follower, lambda: self._quiet_wait(live, engine, redraws)):
+            if batch is None:  # the log has been quiet: complete what it left open
+                quiet_for = self.ctx.clock() - live.watchdog.last_output_at
+                if engine.has_open_traceback and quiet_for >= _TRACEBACK_QUIET_S - _QUIET_SLACK_S:
+                    unsaved.extend(self._observe(live, self._matched(live, await engine.flush()), output=False))
+                if redraws.pending() and quiet_for >= _REDRAW_QUIET_S - _QUIET_SLACK_S:
+                    unsaved.extend(self._observe(live, await redraws.read(), output=False))
+                # Rules may have come due already (these events date from the last output): look now.
+                live.wake.set()
+            else:
+                if self.ctx.records_seen is not None:
+                    self.ctx.records_seen(self.spec.name, len(batch))
+                live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
+                matched = self._matched(live, await engine.feed(batch))
+                unsaved.extend(self._observe(live, matched, records=len(batch)))
+            force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
+            try:
+                if self._save(live, unsaved, engine.resume_offset, force=force):
+                    last_save = time.monotonic()
+                unsaved.clear()
+                disk_warned = False
+            except StoreError as exc:
+                # Keep following and judging; store what is pending with the next batch.
+                if not disk_warned:
+                    log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
+                    disk_warned = True
+                del unsaved[:-_MAX_UNSAVED_EVENTS]
+
+    def _matched(self, live: Live, matched: Any) -> list[ProbeEvent]:
+        """The events matched; each pack the matcher disabled (too slow, or raising) is reported."""
+        for disabled in matched.disabled:
+            self._pack_disabled(live, disabled)
+        return matched.events
+
+    def _pack_disabled(self, live: Live, disabled: PackDisabled) -> None:
+        message = f"probe pack '{disabled.pack}' disabled for attempt {live.row.n}: {disabled.reason}"
+        self._publish([self._event(live.row.n, EventKind.ALERT, message,
+                                   {"pack": disabled.pack, "reason": disabled.reason})])
+
+    def _quiet_wait(self, live: Live, engine: Matcher, redraws: TailReader) -> float | None:
+        """How long the log may stay quiet before something it left open is completed: an open
+        traceback, an unterminated progress redraw.  None: nothing is open."""
+        waits = []
+        if engine.has_open_traceback:
+            waits.append(_TRACEBACK_QUIET_S)
+        if redraws.pending():
+            waits.append(_REDRAW_QUIET_S)
+        if not waits:
+            return None
+        quiet_for = self.ctx.clock() - live.watchdog.last_output_at
+        return max(0.0, min(waits) - quiet_for)
+
+    def _observe(self, live: Live, probe_events: list[ProbeEvent], *, output: bool = True,
+                 records: int = 0) -> list[Event]:
+        """Feed the watchdog (output seen, each event) and return the events to store.
+        ``records``: how many records brought these events.  ``output=False``: events completed
+        later from records already seen, which date from the last output, not from now."""
+        if output:
+            now = self.ctx.clock()
+            heartbeats = sum(1 for pe in probe_events if pe.kind is ProbeKind.INFO and pe.fields.get("heartbeat"))
+            live.watchdog.output_seen(now, heartbeats_only=0 < records <= heartbeats)
+            live.last_output = time.time()
+        else:
+            now = live.watchdog.last_output_at
+        events = [self._from_probe(live.row.n, pe) for pe in probe_events]
+        for event in events:
+            event.generation = live.row.log_generation
+            self._note(live, event, now)
+        return events
+
+    def _save(self, live: Live, events: list[Event], offset: int, *, force: bool) -> bool:
+        """Store the events with the offset they bring the attempt to (one transaction), publish them."""
+        if not events and not force:
+            return False
+        state = live.watchdog.state()  # one look per batch: what to store, and when to look again
+        fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
+                                  "log_generation": live.row.log_generation}
+        if state.progress is not None:
+            fields["progress"] = progress_dict(state.progress)
+        if state.failure is not None:
+            fields["failure"] = state.failure
+            fields["fingerprint"] = state.failure.fingerprint
+        if events:
+            stored = self.ctx.store.record_events(events, offset=offset, attempt_fields=fields)
+            self.ctx.bus.publish([e for e in stored if e.id is not None])
+        else:
+            self.ctx.store.update_attempt(self.spec.name, live.row.n, log_offset=offset, **fields)
+        live.row.log_offset = offset
+        # Wake the watch loop only if the watchdog now wants to look earlier than planned:
+        # progress only pushes deadlines later, and a wake-up per batch is costly on busy logs.
+        at = state.next_check_at
+        if at is not None and (live.check_at is None or at < live.check_at):
+            live.wake.set()
+        return True
+
+    def _note(self, live: Live, event: Event, now: float | None = None) -> None:
+        try:
+            live.watchdog.observe(event, now)
+        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
+            self._contained(live, f"the watchdog could not take an event of probe {event.probe}", exc)
+        if event.failure is not None:
+            live.failure = live.watchdog.failure  # the root cause, not the latest echo of it
+
+    def _contained(self, live: Live, what: str, exc: Exception) -> None:
+        """A fault kept from ending supervision: logged, and stored as an event once per kind."""
+        key = f"{what}:{type(exc).__name__}"
+        if key in live.contained:
+            return
+        live.contained.add(key)
+        log.error("fault contained; supervision goes on", job=self.spec.name, what=what, error=repr(exc))
+        self._action(live, f"{what} ({type(exc).__name__}: {exc}); it was skipped, supervision goes on",
+                     {"error": repr(exc)})
+
+    async def _finish(self, live: Live, follower: Follower, reader: asyncio.Task[None], engine: Matcher,
+                      status: ExitStatus) -> Judgement:
+        # Drain the log to its end before judging: the traceback is written just before exit.
+        follower.finish()
+        # A log that cannot be read to its end must not stop the attempt from being judged.
+        try:
+            await asyncio.wait_for(reader, timeout=30)
+        except Exception:  # noqa: BLE001, S110 - timed out, or the reader failed (said when it did)
+            pass
+        except asyncio.CancelledError:
+            # The reader was cancelled: judge anyway.  This task being cancelled (the daemon
+            # detaching at shutdown) must go through, or the runner would relaunch regardless.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+        try:
+            flushed = self._matched(live, await asyncio.wait_for(engine.flush(), timeout=10))
+        except Exception:  # noqa: BLE001 - a matcher stuck on a costly chunk must not hold up the verdict
+            flushed = []
+        events, offset = self._observe(live, flushed), follower.offset
+        self._writes.submit(lambda: self._save(live, events, offset, force=True))
+        live.exit_status = status
+        self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
+        self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
+                                   {"returncode": status.returncode, "signal": status.signal})])
+        judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us)
+        if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
+            self._record_verdict(live, judgement)
+        return judgement
+
+    def _record_verdict(self, live: Live, judgement: Judgement) -> None:
+        self._update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
+        self._publish([self._event(live.row.n, EventKind.VERDICT, f"{judgement.verdict.value}: {judgement.reason}",
+                                   {"verdict": judgement.verdict.value, **jsonable(judgement.evidence)})])
+
+
+async def _batches_or_quiet(
+    follower: Follower, quiet_wait: Callable[[], float | None]
+) -> AsyncIterator[list[Record] | None]:
+    """The follower's batches, and None each time the log has been quiet for as long as
+    ``quiet_wait()`` says (None: wait for the next batch however long it takes)."""
+    batches = aiter(follower.records())
+    pending: asyncio.Future[list[Record]] | None = None
+    try:
+        while True:
+            timeout = quiet_wait()
+            if pending is None and timeout is None:
+                try:
+                    batch = await anext(batches)
+                except StopAsyncIteration:
+                    return
+                yield batch
+                continue
+            if pending is None:
+                # Waited on as a task, so that a timeout leaves the follower untouched.
+                pending = asyncio.ensure_future(anext(batches))
+            done, _ = await asyncio.wait({pending}, timeout=timeout)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                batch = task.result()
+            except StopAsyncIteration:
+                return
+            yield batch
+    finally:
+        if pending is not None:
+            pending.cancel()
