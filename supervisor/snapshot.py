@@ -25,6 +25,7 @@ class BarProgress:
     total: float | None
     rate_s_per_it: float | None
     eta_s: float | None
+    bar: str | None = None  # its label (description, process) when one probe draws several bars
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     upcoming = watchdog.upcoming(now)
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
-        progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s),
+        progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s, bar.bar),
         last_output=last_output, still_for_s=max(0.0, now - moved),
         next_verdict=None if upcoming is None else UpcomingVerdict(upcoming[0] - now, upcoming[1], upcoming[2]),
         known_pids=known_pids,

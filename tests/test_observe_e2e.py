@@ -293,9 +293,15 @@ def test_status_watch_without_a_terminal_prints_plain_lines(daemon: DaemonProces
     _cli(daemon_env, "start", str(spec))
     proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "status", "--watch", "--every", "0.5"],
                             env=daemon_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    time.sleep(2.0)
+    # Ctrl-C once three views are out (not after a fixed time: a busy machine starts the CLI slowly).
+    seen: list[str] = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while len([line for line in seen if "slowbar" in line]) < 3 and time.monotonic() < deadline:
+        seen.append(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    rest, err = proc.communicate(timeout=10)
+    out = "".join(seen) + rest
     assert proc.returncode == 0, err
     assert "\x1b[" not in out  # no terminal codes in a pipe
     lines = [line for line in out.splitlines() if "slowbar" in line]
