@@ -8,8 +8,9 @@
 """
 
 from ._handlers import Api, build_app
+from ._http import REQUEST_TIMEOUT
 from ._openapi import openapi_schema
 from ._routes import ROUTES
 from ._service import Service, WebControl
 
-__all__ = ["ROUTES", "Api", "Service", "WebControl", "build_app", "openapi_schema"]
+__all__ = ["REQUEST_TIMEOUT", "ROUTES", "Api", "Service", "WebControl", "build_app", "openapi_schema"]

@@ -30,6 +30,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # How long a client may take to send a request body (headers: the server's own idle timer).
 REQUEST_TIMEOUT = web.AppKey("request_timeout_s", float)
+_DEFAULT_BODY_TIMEOUT_S = 10.0  # for an app that does not set its own (the web page reuses these handlers)
 
 
 EVENTS_PAGE = 10_000  # the most events one answer holds: a reader pages on with `after`
@@ -59,7 +60,7 @@ def _json(model: BaseModel) -> web.Response:
 
 
 async def _body(request: web.Request, model: type[Any]) -> Any:
-    timeout = request.app[REQUEST_TIMEOUT]
+    timeout = request.app.get(REQUEST_TIMEOUT, _DEFAULT_BODY_TIMEOUT_S)
     try:
         raw = await asyncio.wait_for(request.read(), timeout)
         return model.model_validate_json(raw or b"{}")

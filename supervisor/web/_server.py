@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 
 from .. import protocol
-from ..api import Api
+from ..api import REQUEST_TIMEOUT, Api
 from ..api import Service as WebService
 from ..errors import ConfigError, NotFound, RequestRejected
 from . import _auth, _config
@@ -107,6 +107,7 @@ class Pages:
 def build_web_app(service: WebService, config: WebConfig) -> web.Application:
     pages = Pages(service, config)
     app = web.Application(middlewares=[_auth.middleware(config)])
+    app[REQUEST_TIMEOUT] = service.settings.request_timeout_s  # the control API's handlers read it
     app.router.add_get("/", pages.page)
     app.router.add_get("/job/{name}", pages.page)
     app.router.add_get("/static/{asset}", pages.asset)
