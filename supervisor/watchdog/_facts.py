@@ -36,6 +36,10 @@ class Facts:
     tracks: dict[int, Track] = field(default_factory=dict)
     latest_bar: int | None = None
     failures: list[Failure] = field(default_factory=list)  # the first ones, in order
+    # The log generation the kept failures come from: a truncated or rotated log is a new log,
+    # and the root cause is sought in the log as it now stands (a failure after truncation is
+    # not a consequence of one the program wrote over).
+    failures_generation: int = 0
     last_failure: Failure | None = None
     failure_count: int = 0
     advanced_since_failure: bool = True
@@ -92,6 +96,9 @@ class Facts:
         if event.kind == EventKind.PROGRESS:
             self._progress(event, at)
         elif event.kind == EventKind.FAILURE:
+            if event.generation > self.failures_generation:
+                self.failures_generation = event.generation
+                self.failures, self.since_advance, self._first_unrecovered = [], 0, None
             self._failure(event.failure or Failure(FailureKind.OTHER, event.message))
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
