@@ -87,6 +87,13 @@ def _spec(home: Path, name: str, script: str, *, pack: str | None = None) -> Pat
     return spec
 
 
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _gone(pid)
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -244,8 +251,11 @@ def test_a_job_that_exits_on_a_full_disk_is_recorded_once_there_is_room(
         client.start(str(spec), {})
         wait_until(lambda: len([e for e in client.events("fullexit").events if e.kind == "progress"]) >= 20)
         pid = client.attempts("fullexit").attempts[0].pid
-        spare = small_home / "spare"
-        spare.write_bytes(b"\0" * 4096)  # freed later: room for the exit status, not for the store
+        # Freed later, one at a time: room for the exit status, not for the store (a store write
+        # retried at that moment may take a freed page first; then the next one is freed).
+        spares = [small_home / f"spare{i}" for i in range(8)]
+        for spare in spares:
+            spare.write_bytes(b"\0" * 4096)
         filler = small_home / "filler"
         with open(filler, "wb") as f:  # fill the disk to the last byte
             try:
@@ -257,8 +267,12 @@ def test_a_job_that_exits_on_a_full_disk_is_recorded_once_there_is_room(
         gate.touch()  # an empty file needs an inode, not a block: a full tmpfs still takes it
         # The command has exited; its wrapper waits for room to write the exit status.
         wait_until(lambda: not psutil.Process(pid).children(), timeout=30)
-        spare.unlink()  # the status is written, the wrapper ends: the daemon sees the exit, the store is full
-        wait_until(lambda: _gone(pid), timeout=30)
+        # The status is written, the wrapper ends: the daemon sees the exit, the store is full.
+        for spare in spares:
+            spare.unlink()
+            if _wait_gone(pid, 3.0):
+                break
+        assert _gone(pid), "the wrapper never wrote the exit status"
         # The runner met the full store (it says so in its log), then room returns.
         wait_until(lambda: re.search(r"cannot store|store cannot be written", daemon.log_text()))
         assert client.ping().pid == daemon.proc.pid
