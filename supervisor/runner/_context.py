@@ -42,7 +42,6 @@ class RunnerContext:
 
 
 @dataclass
-@dataclass
 class Live:
     """Live handles of the attempt being watched (never saved: the store has the saved state)."""
 
