@@ -27,6 +27,8 @@ from ..errors import (
     row_of,
 )
 from ..events import AttemptState, JobState
+from ..gpu_holders import attempt_pids, still_held
+from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
@@ -34,8 +36,6 @@ from ..retention import Retention, prune_logs, remove_logs
 from ..runner import JobRunner
 from ..spec import JobSpec, load_spec
 from ..store import AttemptRow, EventQuery, Store
-from ..gpu_holders import attempt_pids, still_held
-from ..gpu_holders import describe as describe_held
 from ..strays import merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
 from ._http import (
@@ -112,9 +112,8 @@ class Api:
         merge_reports(report, strays.report)
         pids = await attempt_pids(slot.host, unended, report, before.known_pids if before else ())
         held = await still_held(slot.gpu.sample, pids)
-        if strays.attempts:
-            if not running:
-                self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
+        if strays.attempts and not running:
+            self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
         orphans = set(report.reparented)
         processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
                      for p, n in report.terminated]
