@@ -31,6 +31,7 @@ import json
 import random
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,20 @@ from supervisor.probes import load_packs
 from supervisor.spec import load_spec
 
 FREEZE_S = 5.0
+
+
+class TreeDaemon(Daemon):
+    """The harness's daemon, run from ``tree``: `python -m` puts its working directory first on
+    sys.path, so the tree is where it must start."""
+
+    tree = ROOT
+
+    def start(self) -> None:
+        self._log = open(self.home / "daemon.out", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon"], env=self.env, cwd=str(self.tree),
+                                     stdout=self._log, stderr=self._log, start_new_session=True)
+        api = Api(self)
+        wait_until(lambda: self.paths.socket.exists() and api.ping(), 20, "the daemon to answer")
 
 
 class Api:
@@ -78,7 +93,7 @@ class Api:
             return "?"
 
 
-def _restart(daemon: Daemon) -> None:
+def _restart(daemon: TreeDaemon) -> None:
     daemon._log.close()
     daemon.start()
 
@@ -100,7 +115,7 @@ def _progress(daemon: Daemon, job: str) -> list[int]:
 
 def crash_rounds(env: dict[str, str], kills: int, stops: int, rng: random.Random) -> dict[str, int]:
     lines, every = 16_000, 10
-    with Daemon(env=env) as daemon:
+    with TreeDaemon(env=env) as daemon:
         api = Api(daemon)
         names = ["busy1", "busy2"]
         for name in names:
@@ -149,7 +164,7 @@ def _invalid(path: Path) -> bool:
 
 def bad_inputs(env: dict[str, str], n_specs: int, n_packs: int, rng: random.Random) -> dict[str, int]:
     counts = {"specs": 0, "packs": 0, "refused": 0, "5xx": 0, "unanswered": 0, "launched": 0, "multiline": 0}
-    with Daemon(env=env) as daemon:
+    with TreeDaemon(env=env) as daemon:
         api = Api(daemon)
         fuzz = daemon.home / "fuzz"
         fuzz.mkdir()
@@ -189,7 +204,7 @@ def bad_inputs(env: dict[str, str], n_specs: int, n_packs: int, rng: random.Rand
 # -- 3. hostile logs -----------------------------------------------------------------------
 
 def hostile_logs(env: dict[str, str], steps: int) -> dict[str, float]:
-    with Daemon(env=env) as daemon:
+    with TreeDaemon(env=env) as daemon:
         api = Api(daemon)
         names = []
         for seed in (SEED, SEED + 1):
@@ -235,7 +250,7 @@ while True:
 
 
 def escapes(env: dict[str, str]) -> dict[str, int]:
-    with Daemon(env=env) as daemon:
+    with TreeDaemon(env=env) as daemon:
         api = Api(daemon)
         script = daemon.home / "specs" / "vanisher.py"
         script.parent.mkdir(exist_ok=True)
@@ -270,6 +285,7 @@ def main() -> int:
     if args.quick:
         args.kills, args.stops, args.specs, args.packs = 5, 2, 40, 20
     env = {"PYTHONPATH": str(args.tree.resolve())}
+    TreeDaemon.tree = args.tree.resolve()
     rng = random.Random(SEED)
     results = {
         "crash": crash_rounds(env, args.kills, args.stops, rng),
