@@ -7,7 +7,7 @@ these models as JSON; errors are `ErrorBody` with a non-2xx status.  Streams (`l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -15,6 +15,11 @@ from .errors import ErrorKind
 from .events import AttemptState, EventKind, Failure, FailureKind, JobState, Phase, Verdict
 
 API_VERSION = 1
+
+# Every number a request carries is finite and bounded: a grace of 1e12 s (or inf) once made
+# `stop` wait forever.  A day is far past any real shutdown.
+MAX_GRACE_S = 86400.0
+GraceSeconds = Annotated[float, Field(ge=0, le=MAX_GRACE_S, allow_inf_nan=False)]
 
 
 class ErrorBody(BaseModel):
@@ -29,7 +34,7 @@ class StartRequest(BaseModel):
 
 
 class StopRequest(BaseModel):
-    grace_s: float | None = Field(default=None, description="seconds between SIGTERM and SIGKILL; default from spec")
+    grace_s: GraceSeconds | None = Field(default=None, description="seconds between SIGTERM and SIGKILL (0 to a day); default from spec")
 
 
 class ProgressInfo(BaseModel):
@@ -216,7 +221,7 @@ class ConfigResponse(BaseModel):
 
 
 class RestartRequest(BaseModel):
-    grace_s: float | None = Field(default=None, description="seconds between SIGTERM and SIGKILL; default from spec")
+    grace_s: GraceSeconds | None = Field(default=None, description="seconds between SIGTERM and SIGKILL (0 to a day); default from spec")
 
 
 class RestartResponse(BaseModel):

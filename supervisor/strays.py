@@ -30,7 +30,7 @@ class StrayStop:
     events: list[Event] = field(default_factory=list)  # stored, to be published
 
 
-def _handle(row: AttemptRow) -> ProcessHandle:
+def stray_handle(row: AttemptRow) -> ProcessHandle:
     return ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                          tag=row.tag, log_path=row.log_path, status_path=row.status_path)
 
@@ -42,7 +42,7 @@ async def alive_unwatched(store: Store, host: Host, job: str, watched: int | Non
     for row in store.attempts(job):
         if row.n == watched or row.pid is None or row.exit_code is not None or row.exit_signal is not None:
             continue
-        if await host.is_alive(_handle(row)):
+        if await host.is_alive(stray_handle(row)):
             found.append(row)
     return found
 
@@ -51,7 +51,7 @@ async def stop_strays(store: Store, host: Host, job: str, watched: int | None, g
     """Kill every unwatched live attempt of ``job`` and record it (attempt stopped, an event)."""
     result = StrayStop()
     for row in await alive_unwatched(store, host, job, watched):
-        handle = _handle(row)
+        handle = stray_handle(row)
         report = await host.kill_tree(handle, grace_s)
         status = await host.exit_status(handle)
         log.warning("stopped an attempt no runner watched", job=job, attempt=row.n, outcome=report.summary())

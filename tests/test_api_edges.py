@@ -129,3 +129,36 @@ def test_events_json_lists_every_stored_event_past_one_page(daemon: DaemonProces
     # A follower's backlog too holds all of them before it waits for new ones.
     followed = daemon.client().follow_events("many", until_done=True)
     assert sum(1 for _ in followed) == total
+
+
+TERM_IGNORING_JOB = """\
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print('up', flush=True)
+while True:
+    time.sleep(1)
+"""
+
+BAD_GRACES = ["1e12", "1e308", "NaN", "Infinity", "-Infinity", "-1", "86400.5", '"soon"']
+
+
+def test_request_numbers_are_bounded_and_a_huge_grace_never_hangs_stop(daemon: DaemonProcess, make_job,
+                                                                       daemon_env: dict[str, str]) -> None:
+    """A grace of 1e12 s once made `stop` wait for ever on a job that ignores SIGTERM."""
+    client = daemon.client()
+    client.start(str(make_job("deaf", TERM_IGNORING_JOB)), {})
+    wait_until(lambda: "up" in Path(client.status("deaf").jobs[0].attempt.log_path).read_text())
+    with _http(daemon) as http:  # 10 s timeout: a stop that waits on the grace fails here
+        for route in ("stop", "restart"):
+            for grace in BAD_GRACES:
+                response = http.post(f"/v1/jobs/deaf/{route}", content=f'{{"grace_s": {grace}}}')
+                assert response.status_code == 400, (route, grace, response.text)
+                error = response.json()["error"]
+                assert "grace_s" in error and "\n" not in error and len(error) < 200, error
+        assert http.get("/v1/ping").status_code == 200
+    assert client.status("deaf").jobs[0].state == "running"  # nothing was stopped by a refused request
+    for grace in ("1e12", "nan", "inf", "-1"):
+        result = supervise(daemon_env, "stop", "deaf", "--grace", grace, check=False)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 2, result.stderr  # usage + one line
+        assert "--grace" in result.stderr
+    assert client.stop("deaf", grace_s=0.2).processes  # a bounded grace still stops it

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import job_state
+from e2e_jobs import job_state, supervise
 
 WRITES_A_FILE = """\
 import sys
@@ -57,3 +57,20 @@ def test_state_is_private_and_jobs_keep_their_umask(home: Path, daemon_env: dict
                 assert denied.returncode != 0 and b"Permission denied" in denied.stderr, path
     finally:
         daemon.close()
+
+
+def test_doctor_reports_each_state_file_mode_and_warns_on_an_open_one(daemon: DaemonProcess,
+                                                                       daemon_env: dict[str, str]) -> None:
+    def line(out: str, name: str) -> str:  # doctor's row for one check: "STATUS   NAME   what it found"
+        return next(row for row in out.splitlines() if row.split(None, 1)[1:] and row.split(None, 1)[1].startswith(name))
+
+    out = supervise(daemon_env, "doctor", check=False).stdout
+    assert "is mode 0700" in line(out, "state dir"), out
+    assert "is mode 0600" in line(out, "store"), out
+    assert line(out, "containment").split()[0] in ("ok", "warn")
+    daemon.paths.db.chmod(0o644)
+    try:
+        warned = line(supervise(daemon_env, "doctor", check=False).stdout, "store")
+    finally:
+        daemon.paths.db.chmod(0o600)
+    assert warned.startswith("warn") and "mode 0644" in warned and f"chmod go-rwx {daemon.paths.db}" in warned, warned

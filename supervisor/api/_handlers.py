@@ -27,6 +27,8 @@ from ..errors import (
     row_of,
 )
 from ..events import AttemptState, JobState
+from ..gpu_holders import attempt_pids, still_held
+from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
@@ -34,7 +36,7 @@ from ..retention import Retention, prune_logs, remove_logs
 from ..runner import JobRunner
 from ..spec import JobSpec, load_spec
 from ..store import AttemptRow, EventQuery, Store
-from ..strays import merge_reports, stop_strays
+from ..strays import merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
 from ._http import (
     EVENTS_PAGE,
@@ -97,24 +99,30 @@ class Api:
         job = self.service.store.job(name)
         runner = self.service.runners.get(name)
         running = runner is not None and runner.running
+        before = self.service.snapshot(name)  # the pids the runner saw: NVML may list them after the kill
+        unended = [stray_handle(row) for row in self.service.store.attempts(name) if row.pid and row.state.active]
         report = await runner.stop(grace_s) if runner is not None and running else KillReport()
         spec = JobSpec.model_validate(job.spec)
-        strays = await stop_strays(self.service.store, self.service.hosts.get(spec.host).host, name,
+        slot = self.service.hosts.get(spec.host)
+        strays = await stop_strays(self.service.store, slot.host, name,
                                    None, spec.stop_grace_s if grace_s is None else grace_s)
         self.service.bus.publish(strays.events)
         if not running and not strays.attempts:
             return None
-        if strays.attempts:
-            merge_reports(report, strays.report)
-            if not running:
-                self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
+        merge_reports(report, strays.report)
+        pids = await attempt_pids(slot.host, unended, report, before.known_pids if before else ())
+        held = await still_held(slot.gpu.sample, pids)
+        if strays.attempts and not running:
+            self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
         orphans = set(report.reparented)
         processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
                      for p, n in report.terminated]
         processes += [protocol.KilledProcess(pid=p, name=n, signal="SIGKILL", reparented=p in orphans)
                       for p, n in report.killed]
         message = f"stopped {name}: {report.summary()}"
-        if report.survivors:
+        if held:  # a stop that leaves GPU memory held has not freed what it was for
+            message += f"; GPU memory STILL HELD: {describe_held(held, report)}"
+        if report.survivors or held:
             raise RequestRejected(message, 500)
         return protocol.StopResponse(job=name, message=message, processes=processes)
 

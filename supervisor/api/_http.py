@@ -67,7 +67,9 @@ async def _body(request: web.Request, model: type[Any]) -> Any:
     except TimeoutError as exc:
         raise RequestRejected(f"the request body did not arrive within {timeout:g}s", 408) from exc
     except ValidationError as exc:
-        raise RequestRejected(f"bad request body: {_cut(str(exc.errors()[0]['msg']))}", 400) from exc
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RequestRejected(f"bad request body: {_cut(where + ': ' if where else '')}{_cut(str(first['msg']))}", 400) from exc
 
 
 _MAX_QUERY_INT = 2**63 - 1  # SQLite's INTEGER: a larger number would fail in the store, not here

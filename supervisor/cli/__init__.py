@@ -21,7 +21,7 @@ from collections.abc import Callable
 from .. import __version__
 from ..errors import SuperviseError
 from ..events import EventKind
-from ._args import add_since, positive_float, positive_int
+from ._args import add_since, grace_seconds, positive_float, positive_int
 from .jobs import cmd_attempts, cmd_jobs, cmd_prune, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
@@ -77,11 +77,11 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")
-    p.add_argument("--grace", type=float, default=None, help="seconds between TERM and KILL")
+    p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
 
     p = add("restart", cmd_restart, "stop a job if it runs, then start it again with its stored spec and --set values")
     p.add_argument("job")
-    p.add_argument("--grace", type=float, default=None, help="seconds between TERM and KILL")
+    p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
 
     p = add("rm", cmd_rm, "forget a job that is not running (its attempt logs are kept unless --logs)")

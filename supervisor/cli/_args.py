@@ -10,6 +10,7 @@ from datetime import datetime
 
 from ..client import Client
 from ..config import default_paths
+from ..protocol import MAX_GRACE_S
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -29,6 +30,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def grace_seconds(text: str) -> float:
+    """`--grace`: finite, from 0 to a day (protocol.MAX_GRACE_S), as the daemon accepts it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text[:40]!r}") from None
+    if not 0 <= value <= MAX_GRACE_S:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_GRACE_S:g} seconds (a day), got {text[:40]}")
     return value
 
 

@@ -3,7 +3,9 @@ runs it, except that NVML is `FileNvml`, a FakeNvml whose processes are declared
 
 A job process declares GPU memory by writing `<holders>/<pid>` with lines `GPU MIB` (rewrite
 it to change the amount).  The fake lists the process on those devices while it lives, and
-frees its memory a moment after it dies, as the driver does.  The holders directory is
+frees its memory a moment after it dies, as the driver does.  A third column `GPU MIB STUCK_S`
+keeps the process listed, memory held, for STUCK_S seconds after it died: a process stuck in
+the driver's teardown, as nvidia-smi shows one.  The holders directory is
 `$SUPERVISE_FAKE_GPU_HOLDERS`; the number of devices `$SUPERVISE_FAKE_GPUS` (default 2).
 
     python tests/fakes/gpu_daemon.py      # with SUPERVISE_HOME and the two variables set
@@ -48,10 +50,11 @@ class FileNvml(FakeNvml):
                 continue
             if not _alive(pid):
                 self._died.add(pid)
-                self.exit_process(pid, free_lag_s=FREE_LAG_S)
+                stuck_s = max((float(line[2]) for line in wanted if len(line) > 2), default=0.0)
+                self.exit_process(pid, after_s=stuck_s, free_lag_s=FREE_LAG_S)
                 continue
             mine = {p.gpu: p for p in self.processes if p.pid == pid}
-            for gpu, mib in wanted:
+            for gpu, mib, *_ in wanted:
                 if gpu in mine:
                     mine[gpu].mib = mib
                 elif gpu < len(self.devices):
