@@ -67,6 +67,10 @@ class HealthSpec(_Strict):
     # Before the first progress interval is known, a progress probe must advance within this.
     first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     silence_s: PositiveSeconds | None = None
+    # Before any phase is recognised (a program no pack knows, or one that never gets going) no
+    # output at all for this long is silent too.  Its own default, long because imports and
+    # downloads may be quiet for minutes; `silence_s`, when set and shorter, applies instead.
+    silence_before_phase_s: PositiveSeconds = 1800.0
     silence_phases: list[Phase] = Field(
         default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
     )

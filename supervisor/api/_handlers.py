@@ -163,11 +163,14 @@ class Api:
                 if len(backlog) < EVENTS_PAGE:
                     break
             while True:
+                # Checked on every batch, not only when the bus is quiet: other jobs' events must
+                # not keep a follower of an ended job waiting.  The runner publishes its last
+                # events before it counts as ended, so they are queued by then.
+                ended = until_done and self._job_ended(query.job)
                 try:
-                    batch = await asyncio.wait_for(sub.queue.get(), timeout=0.5)
-                except TimeoutError:
-                    runner = self.service.runners.get(query.job)
-                    if until_done and sub.queue.empty() and (runner is None or not runner.running):
+                    batch = sub.queue.get_nowait() if ended else await asyncio.wait_for(sub.queue.get(), timeout=0.5)
+                except (TimeoutError, asyncio.QueueEmpty):
+                    if ended:
                         break
                     continue
                 if batch is None:
@@ -180,6 +183,10 @@ class Api:
         finally:
             sub.close()
         return response
+
+    def _job_ended(self, job: str) -> bool:
+        runner = self.service.runners.get(job)
+        return runner is None or not runner.running
 
     async def logs(self, request: web.Request) -> web.StreamResponse:
         name = _path_name(request)

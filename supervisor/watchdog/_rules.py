@@ -146,18 +146,26 @@ def _deadline(health: HealthSpec, facts: Facts) -> list[Condition]:
 
 
 def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
-    limit = health.silence_s
-    if limit is None or facts.phase not in health.silence_phases:
+    limit = silence_limit(health, facts.phase)
+    if limit is None:
         return []
     last = facts.last_output_at
     phase = facts.phase_name
+    where = f"in phase {phase}" if phase is not None else "before any phase"
 
     def describe(at: float) -> tuple[str, dict[str, Any]]:
         quiet = at - last
-        reason = f"no output for {format_duration(quiet)} in phase {phase} (limit {format_duration(limit)})"
+        reason = f"no output for {format_duration(quiet)} {where} (limit {format_duration(limit)})"
         return reason, {"phase": phase, "silent_s": round(quiet, 3), "silence_s": limit}
 
     return [Condition(last + limit, Verdict.SILENT, describe)]
+
+
+def silence_limit(health: HealthSpec, phase: Phase | None) -> float | None:
+    """How long the job may print nothing in ``phase`` (None: no phase yet); None: no bound."""
+    if phase is None:
+        return min(health.silence_before_phase_s, health.silence_s or health.silence_before_phase_s)
+    return health.silence_s if phase in health.silence_phases else None
 
 
 def _hang_after_failure(health: HealthSpec, facts: Facts) -> list[Condition]:
