@@ -119,6 +119,7 @@ class StartResponse(BaseModel):
     attempt: int
     log_path: str
     message: str
+    notes: list[str] = []  # what the user should know besides (a changed spec, a setting that never applies)
 
 
 class KilledProcess(BaseModel):

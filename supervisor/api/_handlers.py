@@ -33,6 +33,7 @@ from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
 from ..runner import JobRunner
 from ..spec import JobSpec, load_spec
+from ..spec_notes import spec_change, unreachable_health
 from ..store import AttemptRow, EventQuery, Store
 from ..strays import merge_reports, stop_strays
 from ..views import attempt_info, event_info, gpu_devices, job_status
@@ -75,7 +76,17 @@ class Api:
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
-        return _json(await self._launch(spec))
+        notes = await self._start_notes(spec)
+        response = await self._launch(spec)
+        return _json(response.model_copy(update={"notes": notes + response.notes}))
+
+    async def _start_notes(self, spec: JobSpec) -> list[str]:
+        try:
+            changed = spec_change(spec.name, self.service.store.job(spec.name).spec, spec)
+        except NotFound:
+            changed = None  # a new job
+        packs = await asyncio.to_thread(load_packs, spec.probes, spec.probe_files)  # files: off the loop
+        return [note for note in (changed, unreachable_health(spec, packs)) if note]
 
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
         self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
