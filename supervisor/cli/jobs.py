@@ -24,6 +24,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"supervise: {response.message}; log {response.log_path}")
     if not args.follow:
         return 0
+    for path in spec.output_paths():
+        print(f"supervise: {spec.name} writes its output to {path}")
     return follow_job(client, spec.name, response.attempt)
 
 
