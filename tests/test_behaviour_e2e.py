@@ -78,3 +78,52 @@ def test_start_of_another_file_with_a_jobs_name_says_what_changed_and_carries_on
     assert f"from {first} to {second}" in notes[0] and notes[0].endswith(": stop_grace_s")
     client = daemon.client()
     assert [a.n for a in client.attempts("twin").attempts] == [1, 2, 3]  # carried on: one history
+
+
+def test_a_stopped_job_shows_no_stale_verdict_eta_or_countdown_and_a_far_countdown_is_not_shown(
+        daemon: DaemonProcess, daemon_env, make_job, home: Path) -> None:
+    gate = home / "gate"
+    # Ten steps 0.1 s apart, then it holds at 10/20: a rate and an ETA while it runs.
+    spec = make_job("held", PROGRESS_JOB, params=f', "20", "0.1", "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("held").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 10)
+    running = supervise(daemon_env, "status", "held").stdout
+    assert "verdict healthy" in running and "eta " in running, running
+    assert client.status("held").jobs[0].next_verdict is not None  # a rule is pending, an hour off...
+    assert "if nothing changes" not in running, running  # ...too far to be worth a line
+    out = supervise(daemon_env, "stop", "held").stdout
+    # The user's command, not the wrapper's shell script, among the processes stopped.
+    assert "rc=$?" not in out, out
+    assert sum(str(home / "specs" / "held.py") in line for line in out.splitlines()) >= 1, out
+    stopped = supervise(daemon_env, "status", "held").stdout
+    assert "held: stopped" in stopped, stopped
+    for stale in ("healthy", "eta ", "s/it", "if nothing changes"):
+        assert stale not in stopped, stopped
+
+
+def test_a_near_countdown_is_shown(daemon: DaemonProcess, daemon_env, make_job, home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("near", PROGRESS_JOB, params=f', "20", "0.05", "{gate}"', extra="[health]\nstall_floor_s = 50\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("near").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 10)
+    out = supervise(daemon_env, "status", "near").stdout
+    assert "stalled in " in out and "if nothing changes" in out, out  # under a minute: shown
+    gate.touch()
+
+
+def test_status_and_follow_say_where_the_output_goes_with_one_name_per_phase(daemon: DaemonProcess, daemon_env,
+                                                                            make_job, home: Path) -> None:
+    spec = make_job("writer", PROGRESS_JOB, params=', "4", "0.01"', extra='outputs = ["{spec_dir}/results"]\n')
+    # `extra` lands after [env]: move the top-level key above the tables.
+    text = spec.read_text().replace('outputs = ["{spec_dir}/results"]\n', "")
+    spec.write_text('outputs = ["{spec_dir}/results"]\n' + text)
+    out = supervise(daemon_env, "start", str(spec), "--follow").stdout
+    results = home / "specs" / "results"
+    assert f"writer writes its output to {results}" in out, out
+    phase_lines = [line.split("phase", 1)[1].strip() for line in out.splitlines() if " phase " in line]
+    assert phase_lines == ["running"], out  # not "running: ***** Running training *****"
+    assert f"output {results}" in supervise(daemon_env, "status", "writer").stdout
