@@ -127,3 +127,15 @@ def test_status_and_follow_say_where_the_output_goes_with_one_name_per_phase(dae
     phase_lines = [line.split("phase", 1)[1].strip() for line in out.splitlines() if " phase " in line]
     assert phase_lines == ["running"], out  # not "running: ***** Running training *****"
     assert f"output {results}" in supervise(daemon_env, "status", "writer").stdout
+
+
+def test_a_refused_ssh_host_is_said_at_once_in_one_line(daemon: DaemonProcess, daemon_env, make_job) -> None:
+    spec = make_job("remote", "print(1)\n")
+    began = time.monotonic()
+    result = supervise(daemon_env, "start", str(spec), "--set", "host=ssh://nobody@127.0.0.1:1",
+                       "--set", "python=/usr/bin/python3", "--set", "workdir=/tmp", check=False)
+    took = time.monotonic() - began
+    assert result.returncode == 69, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "connection refused (nobody@127.0.0.1:1)" in lines[0], result.stderr
+    assert took < 10, f"said after {took:.1f}s"  # the default retry budget, not a shortened one

@@ -17,6 +17,7 @@ from .. import __version__, protocol
 from ..config import config_changed, describe_settings
 from ..errors import (
     AlreadyRunning,
+    ConnectionLost,
     HostError,
     NotFound,
     RequestRejected,
@@ -28,6 +29,7 @@ from ..errors import (
 )
 from ..events import AttemptState, JobState
 from ..hosts.base import Follower, KillReport
+from ..hosts.reach import refuse_if_nothing_listens
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
@@ -343,6 +345,10 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
         hosts.check(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
     except HostError as exc:
         raise SpecError(f"{spec.spec_path}: field 'host': {exc}") from exc
+    try:
+        await refuse_if_nothing_listens(spec.host)
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"could not start {spec.name}: {exc}") from exc
     return spec
 
 
