@@ -11,7 +11,7 @@ from typing import Any
 
 from .events import Phase, ProbeKind
 from .probes import Pack
-from .spec import JobSpec
+from .spec import HealthSpec, JobSpec
 
 # Health fields keyed by (or listing) phases: each means nothing for a phase no pack recognises.
 _PHASE_FIELDS = ("stall_floor_by_phase", "first_progress_s", "phase_deadline_s", "silence_phases", "waiting_phases")
@@ -36,9 +36,9 @@ def unreachable_health(spec: JobSpec, packs: list[Pack]) -> str | None:
                if p.phase is not None and p.kind in (ProbeKind.PHASE, ProbeKind.PROGRESS)}
     problems = []
     for name in _PHASE_FIELDS:
-        if name not in spec.health.model_fields_set:  # the defaults name every phase some pack may reach
-            continue
         phases: list[Phase] = list(getattr(spec.health, name))
+        if phases == list(HealthSpec.model_fields[name].get_default(call_default_factory=True)):
+            continue  # the defaults name every phase some pack may reach: only the user's choice is checked
         missing = [p.value for p in phases if p not in reached]
         if missing:
             problems.append(f"health.{name} ({', '.join(missing)})")
