@@ -68,6 +68,7 @@ def test_start_of_another_file_with_a_jobs_name_says_what_changed_and_carries_on
     supervise(daemon_env, "start", str(first), "--follow")
     out = supervise(daemon_env, "start", str(first), "--follow").stdout
     assert "spec changed" not in out  # the same file, unchanged: nothing to say
+    assert "never applies" not in out  # the default phase settings are never reported
     other_dir = home / "other"
     other_dir.mkdir()
     second = other_dir / "twin.toml"
