@@ -97,6 +97,13 @@ class NextVerdict(BaseModel):
     verdict: Verdict
     in_s: float
     reason: str  # as it would read then
+    bound_s: float | None = None  # the rule's whole bound, of which in_s is left
+
+    @property
+    def near(self) -> bool:
+        """Worth showing: under a minute or a quarter of its bound left (a healthy job is always
+        counting down to some rule; a countdown far off reads as an alarm it is not)."""
+        return self.in_s < 60 or (self.bound_s is not None and self.in_s < 0.25 * self.bound_s)
 
 
 class JobStatus(BaseModel):
@@ -109,6 +116,7 @@ class JobStatus(BaseModel):
     last_output_age_s: float | None = None
     next_relaunch_in_s: float | None = None
     next_verdict: NextVerdict | None = Field(default=None, description="the watchdog rule that comes due first if nothing changes")
+    outputs: list[str] = Field(default_factory=list, description="where the job writes its output (the spec's `outputs`)")
 
 
 class StatusResponse(BaseModel):
@@ -124,6 +132,7 @@ class StartResponse(BaseModel):
     attempt: int
     log_path: str
     message: str
+    notes: list[str] = []  # what the user should know besides (a changed spec, a setting that never applies)
 
 
 class KilledProcess(BaseModel):

@@ -35,6 +35,7 @@ class UpcomingVerdict:
     in_s: float
     verdict: Verdict
     reason: str  # as it would read then
+    bound_s: float | None = None  # the rule's whole bound (in_s of it is left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +56,13 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     """The snapshot of a runner watching `attempt`; ``now`` is the watchdog's clock."""
     bar = watchdog.progress
     moved = watchdog.phase_entered_at if bar is None else max(watchdog.phase_entered_at, bar.last_advance_at)
-    upcoming = watchdog.upcoming(now)
+    first = watchdog.first_due(now)
+    upcoming = None if first is None else UpcomingVerdict(first.deadline - now, first.verdict,
+                                                          first.describe(first.deadline)[0], first.bound_s)
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
         progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s, bar.bar),
         last_output=last_output, still_for_s=max(0.0, now - moved),
-        next_verdict=None if upcoming is None else UpcomingVerdict(upcoming[0] - now, upcoming[1], upcoming[2]),
+        next_verdict=upcoming,
         known_pids=known_pids,
     )

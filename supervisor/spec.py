@@ -67,6 +67,10 @@ class HealthSpec(_Strict):
     # Before the first progress interval is known, a progress probe must advance within this.
     first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     silence_s: PositiveSeconds | None = None
+    # Before any phase is recognised (a program no pack knows, or one that never gets going) no
+    # output at all for this long is silent too.  Its own default, long because imports and
+    # downloads may be quiet for minutes; `silence_s`, when set and shorter, applies instead.
+    silence_before_phase_s: PositiveSeconds = 1800.0
     silence_phases: list[Phase] = Field(
         default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
     )
@@ -114,6 +118,8 @@ class JobSpec(_Strict):
     params: dict[str, str] = Field(default_factory=dict)
     probes: list[str] = Field(default_factory=lambda: ["python"])
     probe_files: list[str] = Field(default_factory=list)
+    # Where the job writes its results (templates, as in `command`): shown by `status` and `--follow`.
+    outputs: list[str] = Field(default_factory=list)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
     stop_grace_s: Seconds = 10.0
     restart: RestartSpec = Field(default_factory=RestartSpec)
@@ -159,6 +165,13 @@ class JobSpec(_Strict):
     def _valid_params(cls, value: dict[str, str]) -> dict[str, str]:
         for item in value.values():
             _no_nul(item)
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _valid_outputs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _template_fields(_no_nul(item))
         return value
 
     @field_validator("python", "workdir")
@@ -214,6 +227,10 @@ class JobSpec(_Strict):
     def argv(self, attempt: int) -> list[str]:
         """The command with every template expanded; each item stays one argv item."""
         return [self._expand(item, attempt) for item in self.command]
+
+    def output_paths(self) -> list[str]:
+        """The declared outputs with their templates expanded."""
+        return [self._expand(item, attempt=0) for item in self.outputs]
 
     def environment(self, attempt: int) -> dict[str, str]:
         env = {key: self._expand(value, attempt) for key, value in self.env.items()}

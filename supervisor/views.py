@@ -5,10 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from . import protocol
+from .errors import SpecError
 from .events import Event
 from .gpu import GpuSample
 from .snapshot import RunnerSnapshot
+from .spec import JobSpec
 from .store import AttemptRow, JobRow, Store
 
 
@@ -31,18 +35,26 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
     next_verdict = None
     if snapshot is not None:
         if (upcoming := snapshot.next_verdict) is not None:
-            next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason)
+            next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason,
+                                                bound_s=upcoming.bound_s)
         if snapshot.last_output is not None:
             last_output_age = time.time() - snapshot.last_output
         if snapshot.next_relaunch_at is not None:
             next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
     spec: dict[str, Any] = row.spec
-    return protocol.JobStatus(
+    return protocol.JobStatus(outputs=_outputs(spec),
         name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
         last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
     )
+
+
+def _outputs(stored: dict[str, Any]) -> list[str]:
+    try:
+        return JobSpec.model_validate(stored).output_paths()
+    except (ValidationError, SpecError):  # a spec stored by an older version: no outputs to show
+        return []
 
 
 def event_info(event: Event) -> protocol.EventInfo:

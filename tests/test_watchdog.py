@@ -180,8 +180,8 @@ def test_quiet_is_no_stall_once_ready_after_real_output_or_before_any_phase() ->
     busy.output_seen()  # it printed something else since: the count starts again
     assert busy.check(109.9).verdict == Verdict.HEALTHY
     assert busy.check(110.0).reason == "no output for 1m00s in start-up phase kv_cache_profile (limit 1m00s)"
-    unknown, _ = make(waiting_s=60)  # no phase recognised: nothing is known about the program
-    assert unknown.check(1e6).verdict == Verdict.HEALTHY
+    unknown, _ = make(waiting_s=60)  # no phase recognised: the waiting rule does not apply (silence does, later)
+    assert unknown.check(1000).verdict == Verdict.HEALTHY
     off, _ = make(waiting_s=None)
     off.observe(phase(Phase.KV_CACHE_PROFILE))
     off.observe(heartbeat())
@@ -225,7 +225,7 @@ def test_a_finished_bar_is_no_longer_watched() -> None:
         advance(w, clock, i, 0.1 * i, total=13)
     advance(w, clock, 13, 1.5, total=13)  # the 100% bar printed twice
     assert w.check(1000).verdict == Verdict.HEALTHY
-    assert w.next_check_at() is None
+    assert w.next_check_at() == pytest.approx(1.5 + 1800)  # no stall: only the silence bound before any phase
 
 
 def test_a_bar_that_restarts_is_a_new_bar() -> None:
@@ -310,6 +310,19 @@ def test_silence_is_not_judged_outside_the_listed_phases() -> None:
     w.observe(phase(Phase.MODEL_INIT))
     assert w.check(1000).verdict == Verdict.HEALTHY
     assert w.next_check_at() is None
+
+
+def test_silence_before_any_phase_has_its_own_bound_and_silence_s_shortens_it() -> None:
+    quiet, _ = make()  # a program that prints nothing and reaches no phase is judged in the end
+    assert quiet.next_check_at() == pytest.approx(1800)
+    j = quiet.check(1800)
+    assert j.verdict == Verdict.SILENT and "before any phase" in j.reason
+    short, _ = make(silence_s=10)  # the user's silence bound applies before any phase too
+    assert short.check(9.9).verdict == Verdict.HEALTHY
+    assert short.check(10).verdict == Verdict.SILENT
+    assert make(silence_s=10)[0].next_check_at() == pytest.approx(10)
+    long, _ = make(silence_s=5000, silence_before_phase_s=60)
+    assert long.check(60).verdict == Verdict.SILENT
 
 
 def test_phase_deadline() -> None:
@@ -437,7 +450,7 @@ def test_a_ready_server_that_logged_a_failure_and_idles_is_not_hung() -> None:
 
 
 def test_a_traceback_logged_at_warning_does_not_arm_the_hang_rule() -> None:
-    w, _ = make(hang_after_failure_s=30)
+    w, _ = make(hang_after_failure_s=30, silence_before_phase_s=3e7)
     warned = failure(line="ValueError: Tokenizer not available when `skip_tokenizer_init=True`", level="WARNING")
     w.observe(warned)
     assert w.check(1e6).verdict == Verdict.HEALTHY
@@ -450,9 +463,9 @@ def test_an_oom_then_hang_is_oom_and_the_rule_can_be_turned_off() -> None:
     w, _ = make(hang_after_failure_s=60)
     w.observe(failure(kind=FailureKind.CUDA_OOM, line="torch.OutOfMemoryError: CUDA out of memory."))
     assert w.check(60.0).verdict == Verdict.OOM
-    off, _ = make(hang_after_failure_s=None)
+    off, _ = make(hang_after_failure_s=None, silence_before_phase_s=3e7)
     off.observe(failure())
-    assert off.check(1e9).verdict == Verdict.HEALTHY and off.next_check_at() is None
+    assert off.check(1e7).verdict == Verdict.HEALTHY and off.next_check_at() == pytest.approx(3e7)  # only silence is left
 
 
 def test_state_is_one_consistent_look() -> None:
@@ -499,7 +512,7 @@ def _corpus_labels() -> list[tuple[Path, str]]:
 def test_on_real_logs_only_failed_runs_leave_a_failure_unrecovered(path: Path, outcome: str) -> None:
     """Were each corpus process to hang after its last line, the rule would fire on the runs
     that failed, and on no run that became ready, finished, or was still loading."""
-    w, _ = make(hang_after_failure_s=120, stall_floor_s=3e7, waiting_s=None)
+    w, _ = make(hang_after_failure_s=120, stall_floor_s=3e7, waiting_s=None, silence_before_phase_s=3e7)
     for event in _corpus_events(path):
         w.observe(event, now=0.0)
     verdict = w.check(1e6).verdict

@@ -17,6 +17,7 @@ from .. import __version__, protocol
 from ..config import config_changed, describe_settings
 from ..errors import (
     AlreadyRunning,
+    ConnectionLost,
     HostError,
     NotFound,
     RequestRejected,
@@ -30,11 +31,13 @@ from ..events import AttemptState, JobState
 from ..gpu_holders import attempt_pids, still_held
 from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
+from ..hosts.reach import refuse_if_nothing_listens
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
 from ..runner import JobRunner
 from ..spec import JobSpec, load_spec
+from ..spec_notes import spec_change, unreachable_health
 from ..store import AttemptRow, EventQuery, Store
 from ..strays import merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
@@ -77,7 +80,17 @@ class Api:
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
-        return _json(await self._launch(spec))
+        notes = await self._start_notes(spec)
+        response = await self._launch(spec)
+        return _json(response.model_copy(update={"notes": notes + response.notes}))
+
+    async def _start_notes(self, spec: JobSpec) -> list[str]:
+        try:
+            changed = spec_change(spec.name, self.service.store.job(spec.name).spec, spec)
+        except NotFound:
+            changed = None  # a new job
+        packs = await asyncio.to_thread(load_packs, spec.probes, spec.probe_files)  # files: off the loop
+        return [note for note in (changed, unreachable_health(spec, packs)) if note]
 
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
         self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
@@ -171,11 +184,14 @@ class Api:
                 if len(backlog) < EVENTS_PAGE:
                     break
             while True:
+                # Checked on every batch, not only when the bus is quiet: other jobs' events must
+                # not keep a follower of an ended job waiting.  The runner publishes its last
+                # events before it counts as ended, so they are queued by then.
+                ended = until_done and self._job_ended(query.job)
                 try:
-                    batch = await asyncio.wait_for(sub.queue.get(), timeout=0.5)
-                except TimeoutError:
-                    runner = self.service.runners.get(query.job)
-                    if until_done and sub.queue.empty() and (runner is None or not runner.running):
+                    batch = sub.queue.get_nowait() if ended else await asyncio.wait_for(sub.queue.get(), timeout=0.5)
+                except (TimeoutError, asyncio.QueueEmpty):
+                    if ended:
                         break
                     continue
                 if batch is None:
@@ -188,6 +204,10 @@ class Api:
         finally:
             sub.close()
         return response
+
+    def _job_ended(self, job: str) -> bool:
+        runner = self.service.runners.get(job)
+        return runner is None or not runner.running
 
     async def logs(self, request: web.Request) -> web.StreamResponse:
         name = _path_name(request)
@@ -333,6 +353,10 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
         hosts.check(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
     except HostError as exc:
         raise SpecError(f"{spec.spec_path}: field 'host': {exc}") from exc
+    try:
+        await refuse_if_nothing_listens(spec.host)
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"could not start {spec.name}: {exc}") from exc
     return spec
 
 

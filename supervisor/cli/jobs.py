@@ -19,9 +19,13 @@ def cmd_start(args: argparse.Namespace) -> int:
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
     response = client.start(spec.spec_path, overrides)
+    for note in response.notes:
+        print(f"supervise: note: {note}")
     print(f"supervise: {response.message}; log {response.log_path}")
     if not args.follow:
         return 0
+    for path in spec.output_paths():
+        print(f"supervise: {spec.name} writes its output to {path}")
     return follow_job(client, spec.name, response.attempt)
 
 

@@ -162,7 +162,7 @@ class _EventPrinter:
         self._end_progress()
         detail = event.message
         if event.kind is EventKind.PHASE and event.phase:
-            detail = f"{event.phase}: {event.message}"
+            detail = event.phase  # one name per phase: the canonical one (the line itself is in `logs`)
         elif event.kind is EventKind.FAILURE:
             detail = f"{event.failure.kind if event.failure else 'failure'}: {event.message}"
         print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)

@@ -6,7 +6,7 @@ import argparse
 
 from .. import _format as _fmt
 from .. import protocol
-from ..events import JobState, Verdict
+from ..events import AttemptState, JobState, Verdict
 from ._args import client as _client
 
 
@@ -51,21 +51,26 @@ def status_block(job: protocol.JobStatus) -> str:
     a = job.attempt
     lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
     if a is not None:
+        # Only a job being watched has a verdict in the making, a rate and an ETA; an ended
+        # attempt shows how it ended, never the last healthy reading.
+        live = job.state is JobState.RUNNING and a.state is AttemptState.RUNNING
         lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
-        lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or Verdict.HEALTHY}")
-        if job.next_verdict is not None:
-            nv = job.next_verdict
+        lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or (Verdict.HEALTHY if live else a.state)}")
+        nv = job.next_verdict
+        if live and nv is not None and nv.near:
             lines.append(f"  {nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}")
         if a.progress is not None:
             p = a.progress
-            eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s else ""
-            rate = f"  {p.rate_s_per_it:.2f} s/it" if p.rate_s_per_it else ""
+            eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s and live else ""
+            rate = f"  {p.rate_s_per_it:.2f} s/it" if p.rate_s_per_it and live else ""
             lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}{eta}")
         if a.failure is not None:
             lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
         if job.last_output_age_s is not None:
             lines.append(f"  last output {_fmt.duration(job.last_output_age_s)} ago")
         lines.append(f"  log {a.log_path}")
+    for path in job.outputs:
+        lines.append(f"  output {path}")
     if job.next_relaunch_in_s is not None:
         lines.append(f"  relaunch in {_fmt.duration(job.next_relaunch_in_s)}")
     return "\n".join(lines)

@@ -41,6 +41,15 @@ echo $!
 """
 
 TAG_VAR = "SUPERVISE_ATTEMPT"
+_WRAPPER_SCRIPT_START = '"$@"; rc=$?;'
+
+
+def shown_command(cmdline: list[str]) -> str:
+    """A process's command line as a user should read it: the wrapper's shell (``sh -c SCRIPT
+    STATUS ARGV...``) as the user's command it runs, marked as the wrapper, not its script."""
+    if len(cmdline) > 4 and cmdline[1] == "-c" and cmdline[2].startswith(_WRAPPER_SCRIPT_START):
+        return " ".join(cmdline[4:]) + "  (its wrapper)"
+    return " ".join(cmdline)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from ..errors import LaunchError
 from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
 from .local_follow import LogFollower
-from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths
+from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths, shown_command
 from . import cgroup
 from .cgroup import CGROUP_VAR, Containment
 
@@ -312,7 +312,7 @@ def _signal_all(handle: ProcessHandle, procs: list[psutil.Process], sig: signal.
 
 def _name(proc: psutil.Process) -> str:
     try:
-        return " ".join(proc.cmdline())[:120] or proc.name()
+        return shown_command(proc.cmdline())[:120] or proc.name()
     except psutil.Error:
         return "?"
 

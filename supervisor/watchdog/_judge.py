@@ -116,11 +116,13 @@ class Watchdog:
     def upcoming(self, now: float | None = None) -> tuple[float, Verdict, str] | None:
         """The rule that comes due first if nothing changes: its clock deadline, the verdict it
         would give and the reason it would give then.  None when no rule is pending."""
+        first = self.first_due(now)
+        return None if first is None else (first.deadline, first.verdict, first.describe(first.deadline)[0])
+
+    def first_due(self, now: float | None = None) -> Condition | None:
+        """The pending rule that comes due first, None when none is pending."""
         pending = self._pending(now)
-        if not pending:
-            return None
-        first = min(pending, key=lambda c: c.deadline)
-        return first.deadline, first.verdict, first.describe(first.deadline)[0]
+        return min(pending, key=lambda c: c.deadline) if pending else None
 
     def _pending(self, now: float | None) -> list[Condition]:
         if self._final is not None:

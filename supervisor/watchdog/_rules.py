@@ -35,6 +35,11 @@ class Condition:
     deadline: float
     verdict: Verdict
     describe: Callable[[float], tuple[str, dict[str, Any]]]
+    since: float | None = None  # when its clock started: deadline - since is the rule's bound
+
+    @property
+    def bound_s(self) -> float | None:
+        return None if self.since is None else self.deadline - self.since
 
 
 def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
@@ -88,7 +93,7 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
         }
         return reason, evidence
 
-    return Condition(deadline, Verdict.STALLED, describe)
+    return Condition(deadline, Verdict.STALLED, describe, track.last_advance_at)
 
 
 def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track) -> tuple[float, str]:
@@ -124,7 +129,7 @@ def _first_progress(health: HealthSpec, facts: Facts) -> list[Condition]:
         )
         return reason, {"phase": phase, "waited_s": round(waited, 3), "bound_s": limit}
 
-    return [Condition(entered + limit, Verdict.STALLED, describe)]
+    return [Condition(entered + limit, Verdict.STALLED, describe, entered)]
 
 
 def _deadline(health: HealthSpec, facts: Facts) -> list[Condition]:
@@ -142,22 +147,30 @@ def _deadline(health: HealthSpec, facts: Facts) -> list[Condition]:
         )
         return reason, {"phase": phase, "in_phase_s": round(spent, 3), "deadline_s": limit}
 
-    return [Condition(entered + limit, Verdict.STALLED, describe)]
+    return [Condition(entered + limit, Verdict.STALLED, describe, entered)]
 
 
 def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
-    limit = health.silence_s
-    if limit is None or facts.phase not in health.silence_phases:
+    limit = silence_limit(health, facts.phase)
+    if limit is None:
         return []
     last = facts.last_output_at
     phase = facts.phase_name
+    where = f"in phase {phase}" if phase is not None else "before any phase"
 
     def describe(at: float) -> tuple[str, dict[str, Any]]:
         quiet = at - last
-        reason = f"no output for {format_duration(quiet)} in phase {phase} (limit {format_duration(limit)})"
+        reason = f"no output for {format_duration(quiet)} {where} (limit {format_duration(limit)})"
         return reason, {"phase": phase, "silent_s": round(quiet, 3), "silence_s": limit}
 
-    return [Condition(last + limit, Verdict.SILENT, describe)]
+    return [Condition(last + limit, Verdict.SILENT, describe, last)]
+
+
+def silence_limit(health: HealthSpec, phase: Phase | None) -> float | None:
+    """How long the job may print nothing in ``phase`` (None: no phase yet); None: no bound."""
+    if phase is None:
+        return min(health.silence_before_phase_s, health.silence_s or health.silence_before_phase_s)
+    return health.silence_s if phase in health.silence_phases else None
 
 
 def _hang_after_failure(health: HealthSpec, facts: Facts) -> list[Condition]:
@@ -179,7 +192,7 @@ def _hang_after_failure(health: HealthSpec, facts: Facts) -> list[Condition]:
         reason = f"hung after a failure, no output for {format_duration(quiet)}: {failure.line}"
         return reason, {"phase": phase, "silent_s": round(quiet, 3), "hang_after_failure_s": limit, **blamed}
 
-    return [Condition(last + limit, verdict, describe)]
+    return [Condition(last + limit, verdict, describe, last)]
 
 
 def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
@@ -202,7 +215,7 @@ def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
                     "line": heartbeat[1] if heartbeat else None}
         return reason, evidence
 
-    return [Condition(since + limit, Verdict.STALLED, describe)]
+    return [Condition(since + limit, Verdict.STALLED, describe, since)]
 
 
 def format_duration(seconds: float) -> str:
