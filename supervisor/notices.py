@@ -10,6 +10,7 @@ a milestone is due.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .alerts import Alert, AlertKind
 from .events import Failure, Phase
@@ -80,6 +81,25 @@ def where(progress: ProgressState | None, phase: Phase | None) -> str:
     return f"in phase {phase.value}" if phase is not None else "before any phase"
 
 
+@dataclass(frozen=True)
+class BarStep:
+    """One progress step as read (a batch may hold many: each is judged for its marks)."""
+
+    bar: str
+    done: float
+    total: float | None
+    rate_s_per_it: float | None  # the bar's median so far
+
+    @classmethod
+    def of(cls, data: dict[str, Any], progress: ProgressState | None) -> BarStep | None:
+        done, total = data.get("done"), data.get("total")
+        if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or progress is None:
+            return None
+        # The bar's description where it has one; else the probe's id without its pack's name.
+        bar = progress.bar if progress.bar and progress.bar != progress.probe else progress.probe.rsplit(".", 1)[-1]
+        return cls(bar, done, total, progress.rate)
+
+
 @dataclass
 class Milestones:
     """One attempt's milestone and ETA alerts: each phase once, each percentage mark once, an
@@ -99,11 +119,11 @@ class Milestones:
                      next_action="nothing: watching on", key=f"{at.job}:{at.n}:phase:{phase.value}",
                      kind=AlertKind.PHASE)
 
-    def progress(self, at: Attempt, progress: ProgressState, elapsed_s: float, now: float) -> Alert | None:
-        if not progress.total or progress.done >= progress.total:
+    def progress(self, at: Attempt, step: BarStep, elapsed_s: float, now: float) -> Alert | None:
+        if not step.total or step.done >= step.total:
             return None
-        percent = 100.0 * progress.done / progress.total
-        bar = progress.bar or progress.probe
+        percent = 100.0 * step.done / step.total
+        bar = step.bar
         sent = self.marks_sent.setdefault(bar, set())
         crossed = {m for m in self.spec.eta_at_percent if m <= percent} - sent
         periodic = self.spec.eta_every_s is not None and (
@@ -112,9 +132,10 @@ class Milestones:
             return None
         sent |= crossed
         self.last_eta_at = now
-        eta = f"ETA {format_duration(progress.eta_s)}" if progress.eta_s is not None else "no ETA yet"
+        eta_s = None if step.rate_s_per_it is None else (step.total - step.done) * step.rate_s_per_it
+        eta = f"ETA {format_duration(eta_s)}" if eta_s is not None else "no ETA yet"
         return Alert(job=at.job, attempt=at.n,
                      title=f"{at.job}: {bar}: {percent:.0f}% after {format_duration(elapsed_s)}, {eta}",
-                     what=f"{bar} {progress.done}/{progress.total}", evidence="", gpu=at.gpu,
+                     what=f"{bar} {step.done}/{step.total}", evidence="", gpu=at.gpu,
                      next_action="nothing: watching on", key=f"{at.job}:{at.n}:eta:{bar}:{percent:.0f}",
                      kind=AlertKind.ETA)

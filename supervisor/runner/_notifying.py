@@ -12,7 +12,7 @@ from typing import Any
 from .. import notices
 from ..alerts import Alert
 from ..events import Event, EventKind, JobState
-from ..notices import Milestones
+from ..notices import BarStep, Milestones
 from ..watchdog import Judgement
 from ._context import Live, Recording, gpu_summary, jsonable
 from ._gate import KillGate, Step
@@ -64,13 +64,15 @@ class Notifying(Recording):
         milestones = self._milestones.setdefault(live.row.n, Milestones(self.spec.alerts))
         elapsed = time.time() - live.row.started
         for event in events:
-            alert = None
-            if event.kind is EventKind.PHASE and event.phase is not None:
-                alert = milestones.phase(self._about(live), event.phase, elapsed)
-            elif event.kind is EventKind.PROGRESS and live.watchdog.progress is not None:
-                alert = milestones.progress(self._about(live), live.watchdog.progress, elapsed, self.ctx.clock())
-            if alert is not None:
-                self._send_soon(live, alert)
+            due = []
+            if event.phase is not None:  # a phase line, or a progress line that implies its phase
+                due.append(milestones.phase(self._about(live), event.phase, elapsed))
+            step = BarStep.of(event.data, live.watchdog.progress) if event.kind is EventKind.PROGRESS else None
+            if step is not None:
+                due.append(milestones.progress(self._about(live), step, elapsed, self.ctx.clock()))
+            for alert in due:
+                if alert is not None:
+                    self._send_soon(live, alert)
 
     # ---- the gate before a kill --------------------------------------------------------------
 
