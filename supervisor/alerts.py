@@ -18,6 +18,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -26,6 +27,18 @@ import structlog
 log = structlog.get_logger("supervise.alerts")
 
 MASK = "***"
+
+
+class AlertKind(StrEnum):
+    """What an alert is about (``notices`` composes each kind)."""
+
+    VERDICT = "verdict"  # an attempt ended unhealthy (or was judged so) and the job goes on
+    GAVE_UP = "gave_up"  # the job will not be relaunched
+    DONE = "done"
+    PHASE = "phase"  # a phase the spec names was reached (alerts.notify_phases)
+    ETA = "eta"  # how far a bar has come and how long it has left (alerts.eta_every_s / eta_at_percent)
+    WARNING = "warning"  # unhealthy while running, not killed (yet): health.action warn / warn_then_kill, or held
+    RECOVERED = "recovered"  # it moved again after a warning: a pending kill is cancelled
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,7 @@ class Alert:
     gpu: str
     next_action: str
     key: str  # alerts with the same key are the same incident, for de-duplication
+    kind: AlertKind = AlertKind.VERDICT
 
 
 def format_body(alert: Alert, suppressed: int = 0) -> str:

@@ -129,6 +129,12 @@ class Client:
     def prune(self, job: str | None = None) -> protocol.PruneResponse:
         return self._call("POST", "/v1/prune", protocol.PruneResponse, params=_params(job=job))
 
+    def hold(self, job: str) -> protocol.HoldResponse:
+        return self._call("POST", f"/v1/jobs/{job}/hold", protocol.HoldResponse)
+
+    def release(self, job: str) -> protocol.HoldResponse:
+        return self._call("POST", f"/v1/jobs/{job}/release", protocol.HoldResponse)
+
     def stop_daemon(self) -> protocol.DaemonStopResponse:
         return self._call("POST", "/v1/daemon/stop", protocol.DaemonStopResponse)
 

@@ -96,6 +96,9 @@ class Verdict(StrEnum):
     SILENT = "silent"
     CRASHED = "crashed"
     OOM = "oom"
+    # Ended by a SIGKILL the supervisor did not send, with no word from the kernel that it was
+    # its OOM killer (cgroup memory.events, the kernel log): someone or something else killed it.
+    KILLED = "killed"
     LEAKED = "leaked"
     DONE = "done"
 

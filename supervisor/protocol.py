@@ -256,6 +256,14 @@ class PruneResponse(BaseModel):
     removed: list[PrunedLog] = Field(default_factory=list)
 
 
+class HoldResponse(BaseModel):
+    """`supervise hold` / `release`: whether kills of the job are held now, and what that did."""
+
+    job: str
+    held: bool
+    message: str
+
+
 class DaemonStopResponse(BaseModel):
     pid: int
     message: str

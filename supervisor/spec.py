@@ -53,7 +53,7 @@ class RestartSpec(_Strict):
     backoff_multiplier: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 2.0
     backoff_jitter_s: Seconds = 5.0
     on: list[Verdict] = Field(
-        default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.STALLED, Verdict.SILENT]
+        default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT]
     )
     stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug
 
@@ -91,10 +91,24 @@ class HealthSpec(_Strict):
         default_factory=lambda: [p for p in Phase if p.rank < Phase.ENGINE_READY.rank]
     )
 
+    # What an unhealthy verdict while it runs leads to: "kill" (at once), "warn" (an alert and the
+    # verdict recorded, never a kill: the way to trust a new rule on a long run) or
+    # "warn_then_kill" (an alert, then a kill after kill_after_s unless it moves meanwhile).
+    action: Literal["kill", "warn", "warn_then_kill"] = "kill"
+    kill_after_s: PositiveSeconds = 120.0
+
     def stall_floor(self, phase: Phase | None) -> float:
         if phase is not None and phase in self.stall_floor_by_phase:
             return self.stall_floor_by_phase[phase]
         return self.stall_floor_s
+
+
+class AlertSpec(_Strict):
+    """Alerts beyond verdicts, giving up and done: phase milestones and progress ETAs."""
+
+    notify_phases: list[Phase] = Field(default_factory=list)  # an alert when an attempt reaches each
+    eta_every_s: PositiveSeconds | None = None  # an ETA alert at most this often while a bar moves
+    eta_at_percent: list[Annotated[int, Field(ge=1, le=99)]] = Field(default_factory=list)  # ... and at these
 
 
 class GpuSpec(_Strict):
@@ -124,6 +138,7 @@ class JobSpec(_Strict):
     stop_grace_s: Seconds = 10.0
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
+    alerts: AlertSpec = Field(default_factory=AlertSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     spec_path: str = ""  # filled by the loader, not by the file
 

@@ -223,7 +223,7 @@ def test_alert_reaches_a_real_http_endpoint(home: Path, daemon_env: dict[str, st
         wait_until(lambda: _AlertSink.received, timeout=60)
         body = json.dumps(_AlertSink.received[0])
         assert "alerting" in body and "attempt 1" in body and "oom" in body
-        assert "OutOfMemoryError" in body and "give up" in body and "GPU" in body
+        assert "OutOfMemoryError" in body and "gave up" in body and "GPU" in body
     finally:
         daemon.close()
         server.shutdown()

@@ -21,7 +21,7 @@ def test_healthy_and_done_need_nothing() -> None:
     assert p.decide(Verdict.DONE, 1, None, None) == Decision("none", 0.0, "job complete")
 
 
-@pytest.mark.parametrize("verdict", [Verdict.CRASHED, Verdict.OOM, Verdict.STALLED, Verdict.SILENT])
+@pytest.mark.parametrize("verdict", [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT])
 def test_default_verdicts_relaunch(verdict: Verdict) -> None:
     d = policy().decide(verdict, 1, "fp1", None)
     assert d.action == "relaunch"

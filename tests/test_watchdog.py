@@ -588,12 +588,20 @@ def test_cuda_oom_then_death_is_oom() -> None:
 
 
 @pytest.mark.parametrize(("returncode", "signal"), [(None, 9), (137, None), (-9, None)])
-def test_sigkill_we_did_not_send_is_oom(returncode: int | None, signal: int | None) -> None:
+def test_sigkill_we_did_not_send_is_killed_unless_the_kernel_says_oom(returncode: int | None, signal: int | None) -> None:
     w, _ = make()
     j = w.exited(returncode, signal, killed_by_us=False)
-    assert j.verdict == Verdict.OOM
-    assert j.reason == "killed by SIGKILL not sent by the supervisor (kernel OOM killer?)"
+    assert j.verdict == Verdict.KILLED
+    assert j.reason == "SIGKILL from outside the supervisor (the kernel reported no OOM kill)"
     assert j.evidence["signal_name"] == "SIGKILL"
+
+
+def test_sigkill_the_kernel_reports_as_an_oom_kill_is_oom() -> None:
+    w, _ = make()
+    j = w.exited(None, 9, killed_by_us=False, kernel_oom="cgroup memory.events: oom_kill 1")
+    assert j.verdict == Verdict.OOM
+    assert j.reason == "killed by the kernel's OOM killer: cgroup memory.events: oom_kill 1"
+    assert j.evidence["kernel"] == "cgroup memory.events: oom_kill 1"
 
 
 def test_sigkill_we_sent_after_a_stall_keeps_the_stall_verdict() -> None:

@@ -329,6 +329,23 @@ class Api:
             pid=os.getpid(), message=f"daemon (pid {os.getpid()}) stopped; {running} running job(s) keep running "
                                      "and the next daemon re-adopts them"))
 
+    async def hold_job(self, request: web.Request) -> web.StreamResponse:
+        """Postpone any kill of a running job until `release` (a pending one included)."""
+        return _json(self._hold(request.match_info["name"], hold=True))
+
+    async def release_job(self, request: web.Request) -> web.StreamResponse:
+        """Let kills come again; a pending kill counts down again from now."""
+        return _json(self._hold(request.match_info["name"], hold=False))
+
+    def _hold(self, name: str, *, hold: bool) -> protocol.HoldResponse:
+        self.service.store.job(name)  # an unknown job: 404
+        runner = self.service.runners.get(name)
+        if runner is None or not runner.running:
+            return protocol.HoldResponse(job=name, held=False, message=f"{name} is not running: nothing to "
+                                                                       f"{'hold' if hold else 'release'}")
+        message = runner.hold() if hold else runner.release()
+        return protocol.HoldResponse(job=name, held=hold, message=message)
+
 
 
 

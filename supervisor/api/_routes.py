@@ -24,4 +24,6 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("DELETE", "/v1/jobs/{name}", "remove_job", None, protocol.RemoveResponse),
     ("POST", "/v1/prune", "prune", None, protocol.PruneResponse),
     ("POST", "/v1/daemon/stop", "stop_daemon", None, protocol.DaemonStopResponse),
+    ("POST", "/v1/jobs/{name}/hold", "hold_job", None, protocol.HoldResponse),
+    ("POST", "/v1/jobs/{name}/release", "release_job", None, protocol.HoldResponse),
 ]

@@ -1,4 +1,4 @@
-"""Commands that change jobs: start, stop, restart, rm, prune; and the lists: jobs, attempts."""
+"""Commands that change jobs: start, stop, hold, release, restart, rm, prune; and the lists: jobs, attempts."""
 
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ def _print_stopped(response: protocol.StopResponse) -> None:
     for proc in response.processes:
         orphan = "  (re-parented)" if proc.reparented else ""
         print(f"  {proc.signal:<8} {proc.pid:>8}  {proc.name}{orphan}")
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    print(f"supervise: {_client().hold(args.job).message}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    print(f"supervise: {_client().release(args.job).message}")
+    return 0
 
 
 def cmd_restart(args: argparse.Namespace) -> int:

@@ -78,6 +78,7 @@ class ProcessHandle:
 class ExitStatus:
     returncode: int | None  # None: the wrapper itself was killed before it could record one
     signal: int | None  # set when the command died of a signal (from 128+N)
+    kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
 
     @classmethod
     def from_wrapper_code(cls, code: int | None) -> ExitStatus:

@@ -98,6 +98,22 @@ def members(path: Path | None) -> set[int]:
         return set()
 
 
+def oom_kills(path: Path | None) -> int:
+    """How many of the cgroup's processes the kernel's OOM killer ended (memory.events'
+    ``oom_kill``; 0 without the memory controller or the cgroup)."""
+    if path is None:
+        return 0
+    try:
+        lines = (path / "memory.events").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
 def kill(path: Path | None) -> None:
     """SIGKILL every process in the cgroup and its descendants, atomically (no fork escapes)."""
     if path is not None:

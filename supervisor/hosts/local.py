@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +96,14 @@ class LocalHost:
 
     async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
         await self._wait_gone(handle)
-        cgroup.remove(self.containment.cgroup_of(handle.tag))  # only once empty: an escaped process keeps it
+        group = self.containment.cgroup_of(handle.tag)
+        oom_kills = cgroup.oom_kills(group)  # read before the cgroup goes, with its memory.events
+        cgroup.remove(group)  # only once empty: an escaped process keeps it
         status = await self.exit_status(handle)
-        return status if status is not None else ExitStatus(returncode=None, signal=None)
+        status = status if status is not None else ExitStatus(returncode=None, signal=None)
+        if oom_kills:
+            return replace(status, kernel_oom=f"cgroup memory.events: oom_kill {oom_kills}")
+        return status
 
     async def _wait_gone(self, handle: ProcessHandle) -> None:
         try:

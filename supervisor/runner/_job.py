@@ -13,7 +13,6 @@ from typing import Any
 
 import structlog
 
-from ..alerts import Alert
 from ..errors import LaunchError, StoreError, SuperviseError
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import foreign_processes, wait_for_release
@@ -25,12 +24,12 @@ from ..snapshot import RunnerSnapshot, watching
 from ..spec import JobSpec
 from ..store import AttemptRow
 from ..watchdog import Judgement, Watchdog
-from ._context import Live, RunnerContext, cmdline, describe_exit, gpu_summary
+from ._context import Live, RunnerContext, cmdline, describe_exit
 from ._watching import Watching
 
 log = structlog.get_logger("supervise.runner")
 
-_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.DONE}
+_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
 
 
 class JobRunner(Watching):
@@ -46,6 +45,7 @@ class JobRunner(Watching):
         self._engine_packs = load_packs(spec.probes, spec.probe_files)
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
+        self._init_notifying()
 
     def start(self, resume: AttemptRow | None = None) -> None:
         self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
@@ -89,6 +89,7 @@ class JobRunner(Watching):
                 await self._contain(exc)
             except Exception:  # the daemon must outlive any one job's bug
                 log.exception("job runner crashed", job=self.spec.name)
+        await self._alerts_sent()
         await self._writes.drained()  # the run's end is stored before the runner counts as ended
 
     async def _attempts(self, resume: AttemptRow | None) -> None:
@@ -120,6 +121,7 @@ class JobRunner(Watching):
             if judgement.verdict is Verdict.DONE:
                 await self._end_attempt(live, judgement, "none: job done")
                 self._set_job(JobState.DONE, judgement.reason)
+                await self._alert_done(live, judgement)
                 return
             decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
             await self._cleanup(live, judgement)
@@ -130,7 +132,7 @@ class JobRunner(Watching):
                 return
             action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
             await self._end_attempt(live, judgement, action)
-            await self._alert(live, judgement, action)
+            await self._alert_end(live, judgement, action, None if decision.action == "relaunch" else decision.reason)
             if decision.action != "relaunch":
                 self._set_job(JobState.FAILED, decision.reason)
                 return
@@ -335,16 +337,3 @@ class JobRunner(Watching):
         self._update(live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
                      verdict=judgement.verdict.value, reason=judgement.reason)
         self._action(live, action, {})
-
-    async def _alert(self, live: Live, judgement: Judgement, next_action: str) -> None:
-        sample = self.ctx.gpu.latest()
-        gpu_text = gpu_summary(sample)
-        failure = live.failure
-        evidence = judgement.reason
-        if failure is not None and failure.line:
-            evidence += f" | {failure.line} (fingerprint {failure.fingerprint})"
-        alert = Alert(job=self.spec.name, attempt=live.row.n, title=f"{self.spec.name}: attempt {live.row.n} {judgement.verdict.value}",
-                      what=judgement.verdict.value, evidence=evidence, gpu=gpu_text, next_action=next_action,
-                      key=f"{self.spec.name}:{live.row.n}:{judgement.verdict.value}")
-        if await self.ctx.alerter.send(alert):
-            self._publish([self._event(live.row.n, EventKind.ALERT, alert.title, {"evidence": evidence, "next": next_action})])

@@ -14,11 +14,13 @@ from typing import Any
 import structlog
 
 from ..errors import StoreError
-from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
+from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record
+from ..hosts import kernel_log
 from ..hosts.base import ExitStatus, Follower
 from ..matching import Matcher, PackDisabled, TailReader
 from ..watchdog import Judgement
-from ._context import Live, Recording, jsonable, progress_dict
+from ._context import Live, progress_dict
+from ._notifying import Notifying
 
 log = structlog.get_logger("supervise.runner")
 
@@ -31,10 +33,11 @@ _TRACEBACK_QUIET_S = 1.0
 # 3/8.  A redraw left alone this long was written whole; its progress is read at once.
 _REDRAW_QUIET_S = 0.2
 _QUIET_SLACK_S = 0.005  # a timer may fire this much early
+_SIGKILL = 9
 _MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 
 
-class Watching(Recording):
+class Watching(Notifying):
     """The half of a job runner that watches the attempt it launched or adopted."""
 
     live: Live | None
@@ -63,8 +66,9 @@ class Watching(Recording):
                     error = reader.exception()
                     self._action(live, f"log following stopped ({error}); still watching the process", {})
                 judgement = live.watchdog.check()
-                # Stalled, silent, or hung after a failure: judged while alive, killed next.
-                if judgement.verdict is not Verdict.HEALTHY:
+                # Stalled, silent, or hung after a failure: judged while alive, killed next
+                # (or warned about first: health.action, a hold).
+                if self._gated(live, judgement):
                     self._record_verdict(live, judgement)
                     return judgement
         finally:
@@ -79,6 +83,8 @@ class Watching(Recording):
     def _time_to_next_check(self, live: Live) -> float | None:
         at = live.watchdog.next_check_at()
         live.check_at = at
+        kill_at = self._kill_deadline(live)
+        at = kill_at if at is None else at if kill_at is None else min(at, kill_at)
         return None if at is None else max(0.0, at - self.ctx.clock())
 
     async def _read(self, live: Live, follower: Follower, engine: Matcher) -> None:
@@ -162,6 +168,7 @@ class Watching(Recording):
         for event in events:
             event.generation = live.row.log_generation
             self._note(live, event, now)
+        self._notify_observed(live, events)
         return events
 
     def _save(self, live: Live, events: list[Event], offset: int, *, force: bool) -> bool:
@@ -232,15 +239,22 @@ class Watching(Recording):
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    {"returncode": status.returncode, "signal": status.signal})])
-        judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us)
+        judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us,
+                                         await self._kernel_oom(live, status))
         if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
             self._record_verdict(live, judgement)
         return judgement
 
-    def _record_verdict(self, live: Live, judgement: Judgement) -> None:
-        self._update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
-        self._publish([self._event(live.row.n, EventKind.VERDICT, f"{judgement.verdict.value}: {judgement.reason}",
-                                   {"verdict": judgement.verdict.value, **jsonable(judgement.evidence)})])
+    async def _kernel_oom(self, live: Live, status: ExitStatus) -> str | None:
+        """The kernel's report of an OOM kill of the attempt: its cgroup's memory.events (the
+        host reads them), else this machine's kernel log for a pid the attempt was seen with."""
+        if status.kernel_oom is not None or status.signal != _SIGKILL or live.killed_by_us:
+            return status.kernel_oom
+        if self.ctx.host.name != "local":
+            return None
+        pids = {live.handle.pid, live.handle.pgid} | live.known_pids
+        return await asyncio.to_thread(kernel_log.oom_killed, pids)
+
 
 
 async def _batches_or_quiet(

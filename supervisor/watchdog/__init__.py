@@ -20,6 +20,6 @@ exit), ``_judge`` (the ``Watchdog`` that ties them together).
 
 from ._judge import Watchdog, WatchdogState
 from ._progress import ProgressState
-from ._rules import Judgement, format_duration
+from ._rules import Judgement, format_duration, label
 
-__all__ = ["Judgement", "ProgressState", "Watchdog", "WatchdogState", "format_duration"]
+__all__ = ["Judgement", "ProgressState", "Watchdog", "WatchdogState", "format_duration", "label"]

@@ -13,8 +13,9 @@ _SIGKILL = int(signal_module.SIGKILL)
 
 
 def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_by_us: bool,
-               last_unhealthy: Judgement | None) -> Judgement:
-    """``last_unhealthy``: what ``check()`` last found wrong while it ran, if anything."""
+               last_unhealthy: Judgement | None, kernel_oom: str | None = None) -> Judgement:
+    """``last_unhealthy``: what ``check()`` last found wrong while it ran, if anything;
+    ``kernel_oom``: what the kernel said of an OOM kill of the attempt (None: nothing)."""
     signal = _exit_signal(returncode, signal)
     evidence = _exit_evidence(facts, returncode, signal)
     failure = facts.primary_failure
@@ -36,8 +37,12 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
     if oom is not None:
         return Judgement(Verdict.OOM, f"CUDA out of memory ({how}): {oom.line}", evidence)
     if signal == _SIGKILL and not killed_by_us:
-        reason = "killed by SIGKILL not sent by the supervisor (kernel OOM killer?)"
-        return Judgement(Verdict.OOM, reason, evidence)
+        # Only the kernel's own word makes it an OOM kill: a `kill -9` by hand looks the same.
+        if kernel_oom is not None:
+            return Judgement(Verdict.OOM, f"killed by the kernel's OOM killer: {kernel_oom}",
+                             {**evidence, "kernel": kernel_oom})
+        return Judgement(Verdict.KILLED, "SIGKILL from outside the supervisor (the kernel reported no OOM kill)",
+                         evidence)
     if failure is not None:
         return Judgement(Verdict.CRASHED, f"{how}: {failure.line}", evidence)
     if killed_by_us:

@@ -135,9 +135,11 @@ class Watchdog:
 
     # ---- judgement at exit ------------------------------------------------------------
 
-    def exited(self, returncode: int | None, signal: int | None, killed_by_us: bool) -> Judgement:
-        """Judge how the process ended; ``check()`` returns this from now on."""
-        self._final = judge_exit(self._facts, returncode, signal, killed_by_us, self._last_unhealthy)
+    def exited(self, returncode: int | None, signal: int | None, killed_by_us: bool,
+               kernel_oom: str | None = None) -> Judgement:
+        """Judge how the process ended; ``check()`` returns this from now on.  ``kernel_oom``: the
+        kernel's report of an OOM kill of the attempt, if it made one."""
+        self._final = judge_exit(self._facts, returncode, signal, killed_by_us, self._last_unhealthy, kernel_oom)
         return self._final
 
     def _now(self, now: float | None) -> float:

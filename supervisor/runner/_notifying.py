@@ -1,0 +1,146 @@
+"""The runner's alerts and its gate before a kill: what ``notices`` composes is sent here, at the
+points the runner reaches (an attempt judged, the job given up or done, a phase reached, a bar
+moved), and an unhealthy verdict while it runs goes through the ``KillGate`` (warn, count down,
+cancel, hold) before it becomes a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from .. import notices
+from ..alerts import Alert
+from ..events import Event, EventKind, JobState
+from ..notices import BarStep, Milestones
+from ..watchdog import Judgement
+from ._context import Live, Recording, gpu_summary, jsonable
+from ._gate import KillGate, Step
+
+
+class Notifying(Recording):
+    """The half of a job runner that alerts, and decides when an unhealthy attempt is killed."""
+
+    live: Live | None
+
+    def _init_notifying(self) -> None:
+        self._held = False  # `supervise hold`: no kill until `release`, for this attempt and the next
+        self._gates: dict[int, KillGate] = {}
+        self._milestones: dict[int, Milestones] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+
+    # ---- alerts --------------------------------------------------------------------------
+
+    def _about(self, live: Live) -> notices.Attempt:
+        return notices.Attempt(job=self.spec.name, n=live.row.n, gpu=gpu_summary(self.ctx.gpu.latest()),
+                               failure=live.failure)
+
+    async def _send(self, live: Live, alert: Alert) -> None:
+        if await self.ctx.alerter.send(alert):
+            self._publish([self._event(live.row.n, EventKind.ALERT, alert.title,
+                                       {"kind": alert.kind.value, "evidence": alert.evidence, "next": alert.next_action})])
+
+    def _send_soon(self, live: Live, alert: Alert) -> None:
+        """Sent off the watch loop: a slow endpoint must not delay noticing an exit."""
+        task = asyncio.create_task(self._send(live, alert), name=f"alert:{alert.key}")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _alert(self, live: Live, judgement: Judgement, next_action: str) -> None:
+        await self._send(live, notices.verdict(self._about(live), judgement, next_action))
+
+    async def _alert_end(self, live: Live, judgement: Judgement, next_action: str, gave_up: str | None) -> None:
+        """The attempt's end: a verdict and what comes next, or the job given up (``gave_up``: why)."""
+        if gave_up is None:
+            await self._alert(live, judgement, next_action)
+        else:
+            await self._send(live, notices.gave_up(self._about(live), judgement, gave_up))
+
+    async def _alert_done(self, live: Live, judgement: Judgement) -> None:
+        await self._send(live, notices.done(self._about(live), judgement, time.time() - live.row.started))
+
+    def _notify_observed(self, live: Live, events: list[Event]) -> None:
+        """Milestones among the events just read: a phase the spec names, a bar's ETA."""
+        milestones = self._milestones.setdefault(live.row.n, Milestones(self.spec.alerts))
+        elapsed = time.time() - live.row.started
+        for event in events:
+            due = []
+            if event.phase is not None:  # a phase line, or a progress line that implies its phase
+                due.append(milestones.phase(self._about(live), event.phase, elapsed))
+            step = BarStep.of(event.data, live.watchdog.progress) if event.kind is EventKind.PROGRESS else None
+            if step is not None:
+                due.append(milestones.progress(self._about(live), step, elapsed, self.ctx.clock()))
+            for alert in due:
+                if alert is not None:
+                    self._send_soon(live, alert)
+
+    # ---- the gate before a kill --------------------------------------------------------------
+
+    def _record_verdict(self, live: Live, judgement: Judgement) -> None:
+        self._update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
+        self._publish([self._event(live.row.n, EventKind.VERDICT, f"{judgement.verdict.value}: {judgement.reason}",
+                                   {"verdict": judgement.verdict.value, **jsonable(judgement.evidence)})])
+
+
+    def _gate(self, live: Live) -> KillGate:
+        return self._gates.setdefault(live.row.n, KillGate.of(self.spec.health, self._held))
+
+    def _kill_deadline(self, live: Live) -> float | None:
+        return self._gate(live).deadline()
+
+    def _gated(self, live: Live, judgement: Judgement) -> bool:
+        """Whether ``judgement`` (the watchdog's, now) kills the attempt now; warns, or says it
+        moved again, where the gate says so."""
+        gate, now = self._gate(live), self.ctx.clock()
+        episode, kill_pending = gate.episode, gate.kill_at is not None
+        step = gate.judge(judgement, now)
+        where = notices.where(live.watchdog.progress, live.watchdog.phase)
+        if step is Step.WARN:
+            next_action = gate.next_action(self.spec.name, now)
+            self._record_verdict(live, judgement)
+            self._set_job(JobState.RUNNING, f"attempt {live.row.n}: {judgement.verdict.value} {where}; {next_action}")
+            self._send_soon(live, notices.warning(self._about(live), judgement, where, next_action))
+        elif step is Step.RECOVERED and episode is not None:
+            pending = kill_pending
+            self._update(live.row.n, verdict=None, reason=None)
+            self._action(live, f"moving again {where}: {'kill cancelled' if pending else 'warning over'}", {})
+            self._set_job(JobState.RUNNING, f"attempt {live.row.n}")
+            self._send_soon(live, notices.recovered(self._about(live), episode, where, pending))
+        return step is Step.KILL
+
+    def hold(self) -> str:
+        """Postpone any kill of this job until ``release``."""
+        self._held = True
+        live = self.live
+        if live is None:
+            return f"{self.spec.name} held: no kill until `supervise release {self.spec.name}`"
+        gate = self._gate(live)
+        due = gate.deadline()
+        gate.hold()
+        message = (f"{self.spec.name} held: the kill due in {max(0.0, due - self.ctx.clock()):.0f} s is postponed"
+                   if due is not None else f"{self.spec.name} held: no kill") + \
+            f" until `supervise release {self.spec.name}`"
+        self._action(live, message, {"held": True})
+        live.wake.set()
+        return message
+
+    def release(self) -> str:
+        """Let kills come again; a pending one counts down again from now."""
+        self._held = False
+        live = self.live
+        if live is None:
+            return f"{self.spec.name} released"
+        gate = self._gate(live)
+        gate.release(self.ctx.clock())
+        due = gate.deadline()
+        message = f"{self.spec.name} released" + (
+            f": killing in {max(0.0, due - self.ctx.clock()):.0f} s unless it moves" if due is not None else "")
+        self._action(live, message, {"held": False})
+        live.wake.set()
+        return message
+
+    async def _alerts_sent(self) -> None:
+        """Wait for the alerts on their way (a run's end is alerted before the runner counts as ended)."""
+        pending: Any = set(self._sending)
+        if pending:
+            await asyncio.wait(pending, timeout=35)
