@@ -18,7 +18,8 @@ from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record, Verdict
 from ..hosts.base import ExitStatus, Follower
 from ..matching import Matcher, PackDisabled, TailReader
 from ..watchdog import Judgement
-from ._context import Live, Recording, jsonable, progress_dict
+from ._context import Live, jsonable, progress_dict
+from ._queued import Queueing, scheduler_judgement
 
 log = structlog.get_logger("supervise.runner")
 
@@ -34,7 +35,7 @@ _QUIET_SLACK_S = 0.005  # a timer may fire this much early
 _MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 
 
-class Watching(Recording):
+class Watching(Queueing):
     """The half of a job runner that watches the attempt it launched or adopted."""
 
     live: Live | None
@@ -42,6 +43,7 @@ class Watching(Recording):
     _engine_packs: Any
 
     async def _watch(self, live: Live) -> Judgement:
+        await self._wait_while_queued(live)  # a batch scheduler's queue: no output to judge yet
         engine = Matcher(self._engine_packs, live.row.log_offset, live.row.tag)
         follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset, live.row.log_generation)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
@@ -232,7 +234,8 @@ class Watching(Recording):
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    {"returncode": status.returncode, "signal": status.signal})])
-        judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us)
+        judgement = scheduler_judgement(status) or live.watchdog.exited(status.returncode, status.signal,
+                                                                         live.killed_by_us)
         if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
             self._record_verdict(live, judgement)
         return judgement
