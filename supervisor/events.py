@@ -101,6 +101,8 @@ class Verdict(StrEnum):
     KILLED = "killed"
     LEAKED = "leaked"
     DONE = "done"
+    PREEMPTED = "preempted"  # a batch scheduler took it away (preemption, requeue, node failure)
+    TIMEOUT = "timeout"  # a batch scheduler's time limit ended it
 
 
 # Log levels at which a program reports an error it means to survive.

@@ -164,7 +164,7 @@ async def _job_pids(job: JobReading, host: Host) -> set[int]:
     if row is None or row.pid is None:
         return set()
     handle = ProcessHandle(pid=row.pid, start_time=row.start_time, pgid=row.pgid or row.pid, tag=row.tag,
-                           log_path=row.log_path, status_path=row.status_path)
+                           log_path=row.log_path, status_path=row.status_path, scheduler_id=row.scheduler_id)
     pids = set(await host.attempt_pids(handle))
     if job.runner is not None and job.runner.attempt == row.n:
         pids |= job.runner.known_pids

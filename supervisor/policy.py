@@ -47,6 +47,9 @@ class RestartPolicy:
             return Decision("none", 0.0, "healthy")
         if verdict == Verdict.DONE:
             return Decision("none", 0.0, "job complete")
+        if verdict == Verdict.PREEMPTED:
+            # The scheduler's doing, not the job's: at once, and the runner does not count it.
+            return Decision("relaunch", 0.0, "preempted by the scheduler: relaunching (not counted as a failure)")
         if verdict == Verdict.LEAKED:
             # Relaunching onto GPUs that still hold the last attempt's memory would fail
             # (OOM) or, worse, share the device with a zombie.

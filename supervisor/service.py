@@ -158,7 +158,8 @@ class Service:
             self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, reason=f"spec unreadable on recovery: {exc}")
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
-                               tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+                               tag=row.tag, log_path=row.log_path, status_path=row.status_path,
+                               scheduler_id=row.scheduler_id)
         latest = self.store.latest_attempt(row.job)
         superseded = latest is not None and latest.n != row.n
         if spec.host != "local":

@@ -121,6 +121,54 @@ class GpuSpec(_Strict):
     foreign_wait_s: Seconds = 300.0
 
 
+# sbatch options the Slurm host sets itself: an `extra` item naming one would break following or
+# re-adoption (the log path, the job's name = the attempt's tag, the script, the parsable id).
+_SBATCH_OWN = ("-o", "--output", "-e", "--error", "-J", "--job-name", "--wrap", "--parsable", "-D", "--chdir",
+               "--open-mode", "--requeue", "--no-requeue", "-a", "--array", "--export")
+_SLURM_TIME_RE = re.compile(r"(\d+-)?\d+(:\d+){0,2}|\d+-\d+|UNLIMITED|INFINITE")
+
+
+class SlurmSpec(_Strict):
+    """sbatch options for a job on a Slurm host (`host = "slurm:"`); unset ones are Slurm's defaults."""
+
+    partition: str = ""
+    account: str = ""
+    time: str = ""  # sbatch --time: minutes, [D-]HH:MM[:SS], ...
+    nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
+    gpus: str = ""  # sbatch --gpus: "4" or "a100:4"
+    gres: str = ""  # sbatch --gres: "gpu:4"
+    extra: list[str] = Field(default_factory=list)  # more sbatch arguments, one argv item each
+
+    @field_validator("time")
+    @classmethod
+    def _valid_time(cls, value: str) -> str:
+        if value and not _SLURM_TIME_RE.fullmatch(value):
+            raise ValueError(f"{shown(value)} is not a Slurm time: minutes, [D-]HH:MM[:SS] or UNLIMITED")
+        return value
+
+    @field_validator("partition", "account", "gpus", "gres")
+    @classmethod
+    def _one_word(cls, value: str) -> str:
+        if any(c.isspace() or c == "\0" for c in value):
+            raise ValueError(f"{shown(value)}: one word, without spaces")
+        return value
+
+    @field_validator("extra")
+    @classmethod
+    def _valid_extra(cls, value: list[str]) -> list[str]:
+        for item in value:
+            name = _no_nul(item).split("=", 1)[0]
+            if name in _SBATCH_OWN:
+                raise ValueError(f"{shown(item)}: the Slurm host sets {name} itself")
+        return value
+
+    def sbatch_args(self) -> tuple[str, ...]:
+        named = {"--partition": self.partition, "--account": self.account, "--time": self.time,
+                 "--gpus": self.gpus, "--gres": self.gres}
+        args = [f"{flag}={value}" for flag, value in named.items() if value]
+        return (*args, f"--nodes={self.nodes}", *self.extra)
+
+
 class JobSpec(_Strict):
     name: str
     description: str = ""
@@ -140,6 +188,7 @@ class JobSpec(_Strict):
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)  # used where `host` is a Slurm host
     spec_path: str = ""  # filled by the loader, not by the file
 
     @field_validator("name")

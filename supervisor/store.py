@@ -108,6 +108,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX events_probe_once_per_generation
         ON events(job, attempt, kind, probe, log_generation, log_offset) WHERE log_offset IS NOT NULL;
     """,
+    # A batch scheduler's id for an attempt (a Slurm job id): what re-adopts it after a restart.
+    """
+    ALTER TABLE attempts ADD COLUMN scheduler_id TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -146,6 +150,7 @@ class AttemptRow:
     run: int = 1  # +1 at each `supervise start`; relaunches stay in their run
     run_attempt: int = 1  # its place in its run (read from the store, never written)
     log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
+    scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
 
 
 @dataclass(frozen=True)
@@ -389,7 +394,7 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         progress=load(row["progress_json"]), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
-        log_generation=row["log_generation"],
+        log_generation=row["log_generation"], scheduler_id=row["scheduler_id"],
     )
 
 

@@ -32,7 +32,8 @@ class StrayStop:
 
 def stray_handle(row: AttemptRow) -> ProcessHandle:
     return ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
-                         tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+                         tag=row.tag, log_path=row.log_path, status_path=row.status_path,
+                         scheduler_id=row.scheduler_id)
 
 
 async def alive_unwatched(store: Store, host: Host, job: str, watched: int | None) -> list[AttemptRow]:

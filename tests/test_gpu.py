@@ -326,6 +326,8 @@ def test_registry_samples_every_host_through_the_host_and_closes_them(tmp_path: 
 def test_connect_maps_a_host_url_scheme_to_its_module() -> None:
     host = connect("ssh://alice@box.example:2222")  # made, not connected: nothing is dialled yet
     assert isinstance(host, SshHost) and host.target.user == "alice" and host.target.port == 2222
-    for name in ("slurm://cluster", "box.example", "local2"):
-        with pytest.raises(SpecError, match=f"unknown host '{name}': use 'local' or 'ssh://"):
+    for name in ("k8s://cluster", "box.example", "local2"):
+        with pytest.raises(SpecError, match=f"unknown host '{name}': use 'local', 'ssh://.*' or 'slurm:'"):
             connect(name)
+    with pytest.raises(SpecError, match="a Slurm host is written 'slurm:'"):
+        connect("slurm://cluster")

@@ -11,6 +11,8 @@
     ssh_agent     the resident remote shell that runs the short scripts
     ssh_exits     waiting for remote exits, all on one channel
     ssh_follow    following a remote log (tail -F over a channel)
+    slurm         a Slurm cluster: each attempt one sbatch job (the same wrapper), scancel, srun nvidia-smi
+    slurm_jobs    Slurm's commands (sbatch, scontrol, sacct, scancel) and how their states map onto ours
     _remote       the POSIX scripts the SSH host runs there, and their parsers
     registry      `connect` (host URL scheme -> module), and one live host and GPU monitor per
                   host name, made on first use

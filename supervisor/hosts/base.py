@@ -7,9 +7,10 @@ processes or files of a job except through it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ..events import Record
 from ..gpu import GpuSample
@@ -60,6 +61,9 @@ class LaunchRequest:
     log_path: str
     status_path: str
     tag: str  # the value of SUPERVISE_ATTEMPT on every descendant
+    # Options for a batch scheduler host (sbatch's, as argv items); hosts that run the command
+    # themselves ignore them.
+    scheduler_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,15 @@ class ProcessHandle:
     tag: str
     log_path: str
     status_path: str
+    scheduler_id: str | None = None  # a batch scheduler's id for the attempt (a Slurm job id)
+
+
+class SchedulerEnd(StrEnum):
+    """How a batch scheduler says an attempt ended, where that says more than its exit code."""
+
+    PREEMPTED = "preempted"  # preempted, requeued, or its node failed: not the job's doing
+    TIMEOUT = "timeout"  # its time limit ran out
+    OUT_OF_MEMORY = "out_of_memory"  # the scheduler's memory limit killed it
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,7 @@ class ExitStatus:
     returncode: int | None  # None: the wrapper itself was killed before it could record one
     signal: int | None  # set when the command died of a signal (from 128+N)
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
+    scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
 
     @classmethod
     def from_wrapper_code(cls, code: int | None) -> ExitStatus:
@@ -87,6 +101,8 @@ class ExitStatus:
         return cls(returncode=code, signal=None)
 
     def describe(self) -> str:
+        if self.scheduler_end is not None:
+            return f"ended by the scheduler ({self.scheduler_end.value}); {replace(self, scheduler_end=None).describe()}"
         if self.returncode is None:
             return "ended without an exit status (the wrapper was killed)"
         if self.signal is not None:
@@ -175,6 +191,23 @@ class Host(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """Where a batch scheduler has an attempt: waiting in its queue (and why), or not."""
+
+    pending: bool
+    reason: str = ""  # the scheduler's word for why it waits: Resources, Priority, JobHeldUser, ...
+    detail: str = ""  # where it runs, once it does (a node list)
+
+
+@runtime_checkable
+class QueuedHost(Protocol):
+    """A host whose attempts may wait in a batch scheduler's queue before they run: while one
+    waits it has no output to judge."""
+
+    async def queue_state(self, handle: ProcessHandle) -> QueueState: ...
 
 
 def log_paths(root: Path, job: str, attempt: int, suffix: int = 0) -> tuple[str, str]:

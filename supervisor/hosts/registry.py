@@ -28,13 +28,14 @@ log = structlog.get_logger("supervise.hosts")
 # on first use, so a daemon with only local jobs never loads asyncssh.
 _KINDS: dict[str, tuple[str, str]] = {
     "ssh": ("ssh", "SshHost"),  # ssh://[user@]host[:port]
+    "slurm": ("slurm", "SlurmHost"),  # slurm: (sbatch on this machine)
 }
-_USAGE = "use 'local' or 'ssh://[user@]host[:port]'"
+_USAGE = "use 'local', 'ssh://[user@]host[:port]' or 'slurm:'"
 
 
 def connect(name: str) -> Host:
     """The host a job's ``host`` names by URL; `SpecError` for a scheme no module implements."""
-    kind = _KINDS.get(urlsplit(name).scheme) if "://" in name else None
+    kind = _KINDS.get(urlsplit(name).scheme) if "://" in name or name.startswith("slurm:") else None
     if kind is None:
         raise SpecError(f"unknown host '{name}': {_USAGE}")
     module = importlib.import_module(f".{kind[0]}", __package__)

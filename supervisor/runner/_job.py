@@ -136,7 +136,10 @@ class JobRunner(Watching):
             if decision.action != "relaunch":
                 self._set_job(JobState.FAILED, decision.reason)
                 return
-            previous_fp = fingerprint
+            if judgement.verdict is Verdict.PREEMPTED:
+                run_attempts -= 1  # the scheduler's doing: it spends none of the failure budget
+            else:
+                previous_fp = fingerprint
             self._set_job(JobState.BACKOFF, f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
             if await self._sleep_unless_stopped(decision.wait_s):
                 self._set_job(JobState.STOPPED, "stopped by user during backoff")
@@ -231,7 +234,7 @@ class JobRunner(Watching):
         self._baseline = self._gpu_baseline()
         try:
             request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
-                                    status_path=status_path, tag=tag)
+                                    status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
             handle = await self.ctx.host.launch(request)
         except Exception as exc:  # re-raised as a SuperviseError
             # Whatever failed, the attempt ends here: a row left `launching` would be taken for
@@ -241,14 +244,19 @@ class JobRunner(Watching):
                          reason=str(error), action="give up: launch failed")
             raise error from exc
         row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
-        self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING)
-        self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: pid {handle.pid}",
-                                   {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name})])
+        row.scheduler_id = handle.scheduler_id
+        self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING,
+                     scheduler_id=handle.scheduler_id)
+        what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
+        self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
+                                   {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name,
+                                    "scheduler_id": handle.scheduler_id})])
         return Live(row=row, handle=handle, watchdog=Watchdog(spec.health, clock=self.ctx.clock))
 
     def _adopt(self, row: AttemptRow) -> Live:
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
-                               tag=row.tag, log_path=row.log_path, status_path=row.status_path)
+                               tag=row.tag, log_path=row.log_path, status_path=row.status_path,
+                               scheduler_id=row.scheduler_id)
         self._baseline = self._gpu_baseline()
         live = Live(row=row, handle=handle, watchdog=Watchdog(self.spec.health, clock=self.ctx.clock))
         self._current = live

@@ -21,6 +21,7 @@ from ..matching import Matcher, PackDisabled, TailReader
 from ..watchdog import Judgement
 from ._context import Live, progress_dict
 from ._notifying import Notifying
+from ._queued import Queueing, scheduler_judgement
 
 log = structlog.get_logger("supervise.runner")
 
@@ -37,7 +38,7 @@ _SIGKILL = 9
 _MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 
 
-class Watching(Notifying):
+class Watching(Notifying, Queueing):
     """The half of a job runner that watches the attempt it launched or adopted."""
 
     live: Live | None
@@ -45,6 +46,7 @@ class Watching(Notifying):
     _engine_packs: Any
 
     async def _watch(self, live: Live) -> Judgement:
+        await self._wait_while_queued(live)  # a batch scheduler's queue: no output to judge yet
         engine = Matcher(self._engine_packs, live.row.log_offset, live.row.tag)
         follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset, live.row.log_generation)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
@@ -239,8 +241,8 @@ class Watching(Notifying):
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    {"returncode": status.returncode, "signal": status.signal})])
-        judgement = live.watchdog.exited(status.returncode, status.signal, live.killed_by_us,
-                                         await self._kernel_oom(live, status))
+        judgement = scheduler_judgement(status) or live.watchdog.exited(
+            status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(live, status))
         if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
             self._record_verdict(live, judgement)
         return judgement
