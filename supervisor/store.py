@@ -108,6 +108,17 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX events_probe_once_per_generation
         ON events(job, attempt, kind, probe, log_generation, log_offset) WHERE log_offset IS NOT NULL;
     """,
+    # Pipelines (supervisor/pipelines.py): each step is a job (`PIPELINE.STEP`); this keeps which
+    # steps a pipeline has, in order, and which its last start skipped.
+    """
+    CREATE TABLE pipelines (
+        name TEXT PRIMARY KEY,
+        spec_path TEXT NOT NULL,
+        overrides_json TEXT NOT NULL,
+        steps_json TEXT NOT NULL,
+        started REAL NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)

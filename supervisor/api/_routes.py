@@ -24,4 +24,5 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("DELETE", "/v1/jobs/{name}", "remove_job", None, protocol.RemoveResponse),
     ("POST", "/v1/prune", "prune", None, protocol.PruneResponse),
     ("POST", "/v1/daemon/stop", "stop_daemon", None, protocol.DaemonStopResponse),
+    ("POST", "/v1/pipelines", "start_pipeline", protocol.PipelineStartRequest, protocol.PipelineStartResponse),
 ]
