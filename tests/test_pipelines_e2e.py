@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import supervise
+from e2e_jobs import REPO, supervise
 
 from supervisor import protocol
 from supervisor.client import Client
@@ -93,9 +93,9 @@ def _pipeline(client: Client, name: str = "trio") -> protocol.PipelineStatus:
     return client.status(name).pipelines[0]
 
 
-def _ends(client: Client, state: JobState, timeout: float = 60) -> protocol.PipelineStatus:
+def _ends(client: Client, state: JobState, timeout: float = 60, name: str = "trio") -> protocol.PipelineStatus:
     def ended() -> protocol.PipelineStatus | None:
-        status = _pipeline(client)
+        status = _pipeline(client, name)
         assert status.state not in {JobState.FAILED, JobState.CANCELLED} - {state}, status
         return status if status.state is state else None
 
@@ -223,3 +223,19 @@ def test_after_an_unknown_job_or_a_cycle_is_refused(daemon: DaemonProcess, home:
     result = supervise(daemon_env, "start", str(one), "--after", "two", check=False)
     assert result.returncode == 65 and "a cycle (" in result.stderr and result.stderr.count("\n") == 1
     assert client.status("one").jobs[0].state is JobState.STOPPED  # nothing stored
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # extraction then 2 epochs of training: about 2 minutes on 2 busy cores
+def test_the_eagle3_pipeline_extracts_then_trains_on_the_embedded_default(daemon: DaemonProcess, home: Path,
+                                                                          daemon_env: dict[str, str]) -> None:
+    result = supervise(daemon_env, "start", "eagle3", "--set", "train.epochs=2")  # the README's example
+    assert "steps extract -> train" in result.stdout
+    client = daemon.client()
+    status = _ends(client, JobState.DONE, timeout=540, name="eagle3")
+    assert [s.state for s in status.steps] == [JobState.DONE, JobState.DONE]
+    draft = home / "out" / "eagle3" / "train"
+    assert (draft / "config.json").is_file() and (draft / "model.safetensors").is_file()
+    assert (home / "out" / "eagle3" / "extract" / "manifest.json").is_file()
+    again = client.start_pipeline(str(REPO / "jobs" / "eagle3.toml"), {"train.epochs": "2"})
+    assert again.skipped == ["extract", "train"]
