@@ -64,9 +64,13 @@ class Client:
 
     # -- requests ----------------------------------------------------------------------
 
-    def start(self, spec_path: str, overrides: dict[str, str]) -> protocol.StartResponse:
-        body = protocol.StartRequest(spec_path=spec_path, overrides=overrides)
+    def start(self, spec_path: str, overrides: dict[str, str], after: list[str] | None = None) -> protocol.StartResponse:
+        body = protocol.StartRequest(spec_path=spec_path, overrides=overrides, after=after or [])
         return self._call("POST", "/v1/jobs", protocol.StartResponse, body)
+
+    def start_pipeline(self, spec_path: str, overrides: dict[str, str]) -> protocol.PipelineStartResponse:
+        body = protocol.PipelineStartRequest(spec_path=spec_path, overrides=overrides)
+        return self._call("POST", "/v1/pipelines", protocol.PipelineStartResponse, body)
 
     def stop(self, job: str, grace_s: float | None) -> protocol.StopResponse:
         return self._call("POST", f"/v1/jobs/{job}/stop", protocol.StopResponse, protocol.StopRequest(grace_s=grace_s))

@@ -160,6 +160,7 @@ class JobState(StrEnum):
     DONE = "done"
     FAILED = "failed"
     STOPPED = "stopped"
+    CANCELLED = "cancelled"  # never launched: a job it runs `after` gave up (supervisor/dependencies.py)
 
 
 class AttemptState(StrEnum):

@@ -31,6 +31,7 @@ class ErrorBody(BaseModel):
 class StartRequest(BaseModel):
     spec_path: str = Field(description="absolute path of the job spec file")
     overrides: dict[str, str] = Field(default_factory=dict, description="--set KEY=VALUE pairs")
+    after: list[str] = Field(default_factory=list, description="--after JOB: jobs whose current run must be done first")
 
 
 class StopRequest(BaseModel):
@@ -119,12 +120,43 @@ class JobStatus(BaseModel):
     outputs: list[str] = Field(default_factory=list, description="where the job writes its output (the spec's `outputs`)")
 
 
+class PipelineStepStatus(BaseModel):
+    step: str
+    job: str  # PIPELINE.STEP
+    state: JobState
+    reason: str
+    skipped: bool = Field(default=False, description="done already with the same inputs: not run again by the last start")
+    attempt: AttemptInfo | None = None
+
+
+class PipelineStatus(BaseModel):
+    name: str
+    state: JobState  # the first step that gave up, else the first not done, else done
+    reason: str
+    current: str | None = Field(default=None, description="the step that decides the pipeline's state")
+    started: float
+    steps: list[PipelineStepStatus]
+
+
+class PipelineStartRequest(BaseModel):
+    spec_path: str = Field(description="absolute path of the pipeline file")
+    overrides: dict[str, str] = Field(default_factory=dict, description="--set KEY=VALUE pairs (STEP.KEY for one step)")
+
+
+class PipelineStartResponse(BaseModel):
+    pipeline: str
+    started: list[str]  # step names, in order
+    skipped: list[str]
+    message: str
+
+
 class StatusResponse(BaseModel):
     jobs: list[JobStatus]
     daemon_pid: int
     daemon_version: str
     gpu: list[GpuDeviceInfo] = Field(default_factory=list)
     gpu_note: str = ""
+    pipelines: list[PipelineStatus] = Field(default_factory=list)
 
 
 class StartResponse(BaseModel):

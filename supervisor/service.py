@@ -32,6 +32,7 @@ from .hosts.base import ExitStatus, Host, ProcessHandle
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
+from .pipelines import Pipelines
 from .retention import Retention, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
 from .snapshot import RunnerSnapshot
@@ -60,6 +61,7 @@ class Service:
         self.hosts = Hosts(self.store, settings, local)
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
         self.runners: dict[str, JobRunner] = {}
+        self.pipelines = Pipelines(self.store, self.hosts, self.runners, self.start_runner)
         self.recovery_notes: list[str] = []
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -91,6 +93,7 @@ class Service:
         self._lock()
         await self.hosts.local.gpu.sample()
         await self.recover()
+        self.recovery_notes += self.pipelines.resume_waiting()  # jobs waiting for their `after`
         # A client that never finishes its request is disconnected after request_timeout_s:
         # aiohttp's idle timer runs from the connection's start until a whole request is parsed,
         # and lingering over an unread body is cut to the same bound.

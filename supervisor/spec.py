@@ -189,6 +189,8 @@ class JobSpec(_Strict):
     alerts: AlertSpec = Field(default_factory=AlertSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)  # used where `host` is a Slurm host
+    # Jobs whose current run must be `done` before this one launches (supervisor/dependencies.py).
+    after: list[str] = Field(default_factory=list)
     spec_path: str = ""  # filled by the loader, not by the file
 
     @field_validator("name")
@@ -196,6 +198,14 @@ class JobSpec(_Strict):
     def _valid_name(cls, value: str) -> str:
         if not _NAME_RE.fullmatch(value):
             raise ValueError("1 to 64 letters, digits, '.', '_' and '-', starting with a letter or digit")
+        return value
+
+    @field_validator("after")
+    @classmethod
+    def _valid_after(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _NAME_RE.fullmatch(name):
+                raise ValueError(f"after: {shown(name)} is not a job name")
         return value
 
     @field_validator("probes")
@@ -277,6 +287,10 @@ class JobSpec(_Strict):
             return JobSpec.model_validate({**self.model_dump(), "params": params, **top})
         except ValidationError as exc:
             raise SpecError(_describe_validation(self.spec_path or self.name, exc)) from exc
+
+    def param_value(self, name: str) -> str:
+        """The parameter ``name`` as the command sees it (built-ins such as {state_dir} expanded)."""
+        return self._expand("{" + name + "}", attempt=0)
 
     def interpreter(self) -> str:
         return self.python or sys.executable

@@ -112,6 +112,17 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN scheduler_id TEXT;
     """,
+    # Pipelines (supervisor/pipelines.py): each step is a job (`PIPELINE.STEP`); this keeps which
+    # steps a pipeline has, in order, and which its last start skipped.
+    """
+    CREATE TABLE pipelines (
+        name TEXT PRIMARY KEY,
+        spec_path TEXT NOT NULL,
+        overrides_json TEXT NOT NULL,
+        steps_json TEXT NOT NULL,
+        started REAL NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from .. import __version__, protocol
 from ..config import config_changed, describe_settings
+from ..dependencies import check_after, with_after
 from ..errors import (
     AlreadyRunning,
     ConnectionLost,
@@ -80,6 +81,7 @@ class Api:
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
+        check_after(self.service.store, {spec.name: spec.after})
         notes = await self._start_notes(spec)
         response = await self._launch(spec)
         return _json(response.model_copy(update={"notes": notes + response.notes}))
@@ -92,10 +94,18 @@ class Api:
         packs = await asyncio.to_thread(load_packs, spec.probes, spec.probe_files)  # files: off the loop
         return [note for note in (changed, unreachable_health(spec, packs)) if note]
 
+    async def start_pipeline(self, request: web.Request) -> web.StreamResponse:
+        body = await _body(request, protocol.PipelineStartRequest)
+        _checked_name(body.spec_path, "spec_path")
+        return _json(await self.service.pipelines.start(body))
+
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
         self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
         runner = self.service.start_runner(spec)
         n = await _wait_for_attempt(self.service.store, spec.name, runner)
+        if n == 0:  # held by its `after`
+            job = self.service.store.job(spec.name)
+            return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}")
         row = self.service.store.attempt(spec.name, n)
         return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
                                       message=f"started {spec.name} attempt {n} (pid {row.pid})")
@@ -141,12 +151,18 @@ class Api:
 
     async def status(self, request: web.Request) -> web.StreamResponse:
         only = _checked_name(request.query.get("job", ""), "query parameter job") or None
-        rows = [self.service.store.job(only)] if only else self.service.store.jobs()
+        pipelines = self.service.pipelines.statuses(only)
+        if only and pipelines:  # a pipeline's name: it and its steps' jobs
+            steps = {s.job for s in pipelines[0].steps}
+            rows = [row for row in self.service.store.jobs() if row.name in steps]
+        else:
+            rows = [self.service.store.job(only)] if only else self.service.store.jobs()
         jobs = [job_status(row, self.service.store, self.service.snapshot(row.name)) for row in rows]
         sample = self.service.hosts.local.gpu.latest
         return _json(protocol.StatusResponse(
             jobs=jobs, daemon_pid=os.getpid(), daemon_version=__version__,
             gpu=gpu_devices(sample), gpu_note="" if sample and sample.available else (sample.reason if sample else "not sampled yet"),
+            pipelines=pipelines,
         ))
 
     async def jobs(self, request: web.Request) -> web.StreamResponse:
@@ -378,7 +394,7 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
 
 
 def _load_checked(body: protocol.StartRequest) -> JobSpec:
-    spec = load_spec(Path(body.spec_path)).with_overrides(body.overrides)
+    spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides), body.after)
     spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
     load_packs(spec.probes, spec.probe_files)
     return spec
@@ -393,7 +409,8 @@ def _stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
 
 
 async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
-    """Wait until the runner has launched (or failed to launch) the job's new attempt."""
+    """Wait until the runner has launched (or failed to launch) the job's new attempt; 0 when
+    its `after` holds it (waiting, or cancelled)."""
     before = store.latest_attempt(job)
     previous = before.n if before else 0
     deadline = time.monotonic() + 60
@@ -403,7 +420,11 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
         if latest is not None and latest.n > previous and latest.state is not AttemptState.LAUNCHING and latest.pid is not None:
             return latest.n
         if not runner.running:
+            if store.job(job).state is JobState.CANCELLED:
+                return 0
             raise _start_failure(job, runner, store.job(job).reason)
+        if runner.spec.after and store.job(job).state is JobState.WAITING:
+            return 0  # waits for the jobs it runs after: `status` says for which
         await asyncio.sleep(0.02)
     raise RequestRejected(f"{job} did not launch within 60s (waiting for GPUs?): `supervise status {job}`", 504)
 

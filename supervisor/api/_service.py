@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..config import DaemonSettings, LoadedSettings, Paths
     from ..hosts.registry import Hosts
     from ..metrics import Metrics
+    from ..pipelines import Pipelines
     from ..snapshot import RunnerSnapshot
 
 log = structlog.get_logger("supervise.api")
@@ -58,6 +59,9 @@ class Service(Protocol):
 
     @property
     def web(self) -> WebControl: ...
+
+    @property
+    def pipelines(self) -> Pipelines: ...
 
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner: ...
 

@@ -69,10 +69,12 @@ def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], arg
 
 def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add = _adder(sub)
-    p = add("start", cmd_start, "start a job (a name from jobs/ or a path to a .toml spec)")
+    p = add("start", cmd_start, "start a job or a pipeline (a name from jobs/ or a path to a .toml file)")
     p.add_argument("job")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a parameter (one argv item; never seen by a shell)")
+                   help="override a parameter (one argv item; never seen by a shell); STEP.KEY for one pipeline step")
+    p.add_argument("--after", action="append", default=[], metavar="JOB",
+                   help="launch only once JOB's current run is done (cancelled if it gives up); repeatable")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
 
     p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")

@@ -8,20 +8,25 @@ import time
 from .. import _format as _fmt
 from .. import protocol
 from ..events import Verdict
+from ..dependencies import with_after
+from ..pipeline import find_pipeline
 from ..spec import find_spec, parse_overrides
 from ._args import client as _client
 from .logs import follow_job
+from .pipelines import start_pipeline
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
-    spec = find_spec(args.job).with_overrides(overrides)
+    if (pipeline := find_pipeline(args.job)) is not None:
+        return start_pipeline(args, pipeline, overrides)
+    spec = with_after(find_spec(args.job).with_overrides(overrides), args.after)
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
-    response = client.start(spec.spec_path, overrides)
+    response = client.start(spec.spec_path, overrides, args.after)
     for note in response.notes:
         print(f"supervise: note: {note}")
-    print(f"supervise: {response.message}; log {response.log_path}")
+    print(f"supervise: {response.message}" + (f"; log {response.log_path}" if response.log_path else ""))
     if not args.follow:
         return 0
     for path in spec.output_paths():

@@ -8,6 +8,7 @@ from .. import _format as _fmt
 from .. import protocol
 from ..events import AttemptState, JobState, Verdict
 from ._args import client as _client
+from .pipelines import pipeline_block
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -22,10 +23,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         if not status.jobs:
             print("no jobs yet: `supervise start JOB`")
+        for pipeline in status.pipelines:
+            print(pipeline_block(pipeline))
+        in_pipelines = {s.job for p in status.pipelines for s in p.steps} if not args.job else set()
         for job in status.jobs:
-            print(status_block(job))
+            if job.name not in in_pipelines:  # shown as a pipeline's step above
+                print(status_block(job))
         print(_gpu_line(status.gpu, status.gpu_note))
     # Like `systemctl is-failed`: a script can ask `supervise status JOB` whether the job failed.
+    if args.job and status.pipelines:
+        return 1 if status.pipelines[0].state in (JobState.FAILED, JobState.CANCELLED) else 0
     return 1 if args.job and status.jobs and status.jobs[0].state is JobState.FAILED else 0
 
 

@@ -24,6 +24,7 @@ from ..snapshot import RunnerSnapshot, watching
 from ..spec import JobSpec
 from ..store import AttemptRow
 from ..watchdog import Judgement, Watchdog
+from ._after import wait_for_after
 from ._context import Live, RunnerContext, cmdline, describe_exit
 from ._watching import Watching
 
@@ -98,6 +99,8 @@ class JobRunner(Watching):
         previous_fp = self._previous_fingerprint(resume) if resume else None
         run = resume.run if resume else self.ctx.store.next_run_number(self.spec.name)
         run_attempts = resume.run_attempt - 1 if resume else 0
+        if resume is None and self.spec.after and not await wait_for_after(self, self._stop_requested):
+            return
         while True:
             run_attempts += 1
             if resume is not None:
