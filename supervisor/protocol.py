@@ -75,6 +75,7 @@ class AttemptInfo(BaseModel):
     argv: list[str]
     run: int = Field(default=1, description="the run it belongs to: +1 at each `supervise start`; relaunches stay in their run")
     run_attempt: int = Field(default=1, description="its place in its run (1 for the run's first attempt), against max_attempts")
+    shard: int | None = Field(default=None, description="a sharded job's shard index (-1: its gather step); null: unsharded")
 
 
 class GpuDeviceInfo(BaseModel):
@@ -94,6 +95,29 @@ class NextVerdict(BaseModel):
     reason: str  # as it would read then
 
 
+class ShardStatus(BaseModel):
+    shard: int = Field(description="the shard index; -1 for the gather step")
+    state: JobState
+    host: str
+    attempts: int = Field(description="its attempts in the job's current run")
+    attempt: AttemptInfo | None
+    next_relaunch_in_s: float | None = None
+
+
+class ShardsStatus(BaseModel):
+    """A sharded job at a glance: how many shards stand where, their summed progress, and the ETA
+    of the slowest running shard (the job ends with it)."""
+
+    total: int
+    done: int
+    running: int
+    failed: int
+    progress_done: float | None = None
+    progress_total: float | None = None
+    eta_s: float | None = None
+    shards: list[ShardStatus]
+
+
 class JobStatus(BaseModel):
     name: str
     state: JobState
@@ -104,6 +128,7 @@ class JobStatus(BaseModel):
     last_output_age_s: float | None = None
     next_relaunch_in_s: float | None = None
     next_verdict: NextVerdict | None = Field(default=None, description="the watchdog rule that comes due first if nothing changes")
+    shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
 
 
 class StatusResponse(BaseModel):

@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .config import default_paths
 from .errors import SpecError, one_line, shown
 from .events import Phase, Verdict
+from .placement import Placement, check_placement, place
 from .resources import jobs_dir
 from .textfile import read_toml
 
 # A job name becomes a directory name (its logs): fullmatch, so a trailing newline is refused too.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
-_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt")
+_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards")
 
 # Durations are finite and bounded: `stop_grace_s = inf` once made `stop` wait forever.  A year
 # is far beyond any real phase deadline or backoff, and small enough for every clock computation.
@@ -101,6 +102,8 @@ class GpuSpec(_Strict):
     release_tolerance_mib: Annotated[int, Field(ge=0)] = 512
     foreign_memory: Literal["wait", "refuse", "ignore"] = "wait"
     foreign_wait_s: Seconds = 300.0
+    # A sharded job: each shard gets this many of `devices` (CUDA_VISIBLE_DEVICES), several shards a box.
+    devices_per_shard: Annotated[int, Field(ge=1)] | None = None
 
 
 class JobSpec(_Strict):
@@ -119,7 +122,11 @@ class JobSpec(_Strict):
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
+    shards: Annotated[int, Field(ge=1, le=1024)] = 1  # > 1: one job of N shard attempts at once (sharding.py)
+    hosts: list[str] = Field(default_factory=list)  # a sharded job's hosts, shard i on hosts[i % len]
+    gather: list[str] = Field(default_factory=list)  # argv templates run once every shard is done
     spec_path: str = ""  # filled by the loader, not by the file
+    shard_index: int = 0  # filled for each shard of a sharded job, not by the file
 
     @field_validator("name")
     @classmethod
@@ -137,7 +144,7 @@ class JobSpec(_Strict):
                                  "(a pack file goes in probe_files)")
         return value
 
-    @field_validator("command")
+    @field_validator("command", "gather")
     @classmethod
     def _valid_templates(cls, value: list[str]) -> list[str]:
         for item in value:
@@ -171,12 +178,31 @@ class JobSpec(_Strict):
     def _remote_needs_explicit_paths(self) -> JobSpec:
         # On another machine the supervisor's own interpreter and a directory resolved
         # here mean nothing: a remote job names both.
-        if self.host != "local":
+        for host in {self.host, *self.hosts} - {"local"}:
             if not self.python:
-                raise ValueError(f"host {self.host}: set `python` to the interpreter on that machine")
+                raise ValueError(f"host {host}: set `python` to the interpreter on that machine")
             if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
-                raise ValueError(f"host {self.host}: `workdir` must be an absolute path on that machine")
+                raise ValueError(f"host {host}: `workdir` must be an absolute path on that machine")
         return self
+
+    @model_validator(mode="after")
+    def _valid_placement(self) -> JobSpec:
+        check_placement(self.shards, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
+        return self
+
+    def for_shard(self, placement: Placement) -> JobSpec:
+        """The spec one shard runs: its index, its host and its devices (CUDA_VISIBLE_DEVICES)."""
+        gpu, env = self.gpu, dict(self.env)
+        if placement.devices is not None:
+            gpu = gpu.model_copy(update={"devices": list(placement.devices)})
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.devices))
+            # NVML numbers devices in PCI bus order; CUDA's own default order may differ.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        return self.model_copy(update={"shard_index": placement.shard, "host": placement.host, "gpu": gpu,
+                                       "env": env})
+
+    def placements(self) -> list[Placement]:
+        return place(self.shards, self.host, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
 
     @property
     def spec_dir(self) -> Path:
@@ -187,7 +213,7 @@ class JobSpec(_Strict):
         params = dict(self.params)
         top: dict[str, Any] = {}
         for key, value in overrides.items():
-            if key in ("host", "python", "workdir"):
+            if key in ("host", "python", "workdir", "shards"):
                 top[key] = value
             elif key in params or _is_referenced(self, key):
                 params[key] = value
@@ -228,6 +254,8 @@ class JobSpec(_Strict):
             "state_dir": str(default_paths().state_dir),
             "job": self.name,
             "attempt": str(attempt),
+            "shard": str(self.shard_index),
+            "num_shards": str(self.shards),
         }
         values.update({k: _expand_param(v, values) for k, v in self.params.items()})
         try:

@@ -108,13 +108,18 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX events_probe_once_per_generation
         ON events(job, attempt, kind, probe, log_generation, log_offset) WHERE log_offset IS NOT NULL;
     """,
+    # The shard an attempt ran (sharding.py): NULL for an unsharded job's attempts, -1 for a gather.
+    """
+    ALTER TABLE attempts ADD COLUMN shard INTEGER;
+    """,
 )
 
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-# Attempts with their place in their run (1 for a run's first attempt), counted, never stored.
-_ATTEMPTS = ("SELECT a.*, (SELECT COUNT(*) FROM attempts p WHERE p.job = a.job AND p.run = a.run AND p.n <= a.n)"
-             " AS run_attempt FROM attempts a")
+# Attempts with their place in their run (1 for a run's first attempt), counted, never stored;
+# a sharded job's shards each count their own (`IS`: NULL, an unsharded attempt, matches NULL).
+_ATTEMPTS = ("SELECT a.*, (SELECT COUNT(*) FROM attempts p WHERE p.job = a.job AND p.run = a.run AND p.n <= a.n"
+             " AND p.shard IS a.shard) AS run_attempt FROM attempts a")
 
 
 @dataclass
@@ -146,6 +151,7 @@ class AttemptRow:
     run: int = 1  # +1 at each `supervise start`; relaunches stay in their run
     run_attempt: int = 1  # its place in its run (read from the store, never written)
     log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
+    shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
 
 
 @dataclass(frozen=True)
@@ -268,10 +274,10 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, pid, pgid, "
-                "start_time, started, state, log_offset, run) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "start_time, started, state, log_offset, run, shard) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.job, row.n, row.tag, row.host, json.dumps(row.argv), row.workdir, row.log_path,
                  row.status_path, row.pid, row.pgid, row.start_time, row.started, row.state, row.log_offset,
-                 row.run),
+                 row.run, row.shard),
             )
 
     def update_attempt(self, job: str, n: int, **fields: Any) -> None:
@@ -389,7 +395,7 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         progress=load(row["progress_json"]), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
-        log_generation=row["log_generation"],
+        log_generation=row["log_generation"], shard=row["shard"],
     )
 
 

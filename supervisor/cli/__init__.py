@@ -74,6 +74,7 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter (one argv item; never seen by a shell)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    p.add_argument("--shards", metavar="N", help="run it as N shards at once ({shard}, {num_shards}); as --set shards=N")
 
     p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")

@@ -15,6 +15,8 @@ from .logs import follow_job
 
 def cmd_start(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
+    if args.shards is not None:
+        overrides["shards"] = args.shards
     spec = find_spec(args.job).with_overrides(overrides)
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
