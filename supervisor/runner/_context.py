@@ -30,7 +30,6 @@ class GpuView:
 
 
 @dataclass
-@dataclass
 class RunnerContext:
     store: Store
     bus: EventBus
@@ -41,7 +40,6 @@ class RunnerContext:
     records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
 
 
-@dataclass
 @dataclass
 class Live:
     """Live handles of the attempt being watched (never saved: the store has the saved state)."""
