@@ -22,12 +22,12 @@ from collections.abc import Callable
 
 import structlog
 
+from .errors import SuperviseError
 from .events import JobState, Verdict
 from .hosts.base import KillReport
 from .pending_writes import PendingWrites
 from .placement import Placement
 from .policy import Decision, RestartPolicy
-from .errors import SuperviseError
 from .runner import JobRunner, RunnerContext
 from .runner._context import Live
 from .snapshot import RunnerSnapshot

@@ -150,7 +150,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     except ValueError as e:
         ap.error(str(e))
     if args.num_shards > 1 and args.format is not formats.Format.SUPERVISE:
-        ap.error(f"--num-shards writes --format supervise only; convert the gathered output with eagle3.export")
+        ap.error("--num-shards writes --format supervise only; convert the gathered output with eagle3.export")
     if args.verify and args.format is formats.Format.SPECFORGE:
         ap.error("--verify compares the stored pre-norm layers, which --format specforge does not keep: "
                  "extract in another format and verify there (eagle3.export converts it afterwards)")
