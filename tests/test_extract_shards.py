@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from eagle3 import extract
-from extract_helpers import build_test_model, output_files, reference_run, run_cli
+from extract_helpers import build_test_model, output_files, reference_run, run_cli  # noqa: E402
+
+from eagle3 import extract  # noqa: E402  (importable once extract_helpers has put jobs/ on the path)
 
 N = 10  # samples
 BATCH = 2
