@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -20,10 +21,19 @@ from .dependencies import GIVEN_UP, check_after
 from .errors import AlreadyRunning, HostError, NotFound, SpecError
 from .events import JobState
 from .hosts.registry import Hosts
-from .pipeline import ResolvedPipeline, ResolvedStep, fingerprint, load_pipeline, resolve
+from .pipeline import (
+    ResolvedPipeline,
+    ResolvedStep,
+    fingerprint,
+    load_pipeline,
+    resolve,
+)
 from .pipeline_store import PipelineRow, PipelineStore, StepRow
 from .probes import load_packs
 from .runner import JobRunner
+
+if TYPE_CHECKING:
+    from .sharding import ShardedJob
 from .spec import JobSpec
 from .store import Store
 from .views import attempt_info
@@ -32,8 +42,8 @@ _WAITING = (JobState.STARTING, JobState.WAITING)
 
 
 class Pipelines:
-    def __init__(self, store: Store, hosts: Hosts, runners: dict[str, JobRunner],
-                 start_runner: Callable[[JobSpec], JobRunner]) -> None:
+    def __init__(self, store: Store, hosts: Hosts, runners: dict[str, JobRunner | ShardedJob],
+                 start_runner: Callable[[JobSpec], JobRunner | ShardedJob]) -> None:
         self.store = store
         self.rows = PipelineStore(store)
         self.hosts = hosts

@@ -81,6 +81,7 @@ class AttemptInfo(BaseModel):
     argv: list[str]
     run: int = Field(default=1, description="the run it belongs to: +1 at each `supervise start`; relaunches stay in their run")
     run_attempt: int = Field(default=1, description="its place in its run (1 for the run's first attempt), against max_attempts")
+    shard: int | None = Field(default=None, description="a sharded job's shard index (-1: its gather step); null: unsharded")
 
 
 class GpuDeviceInfo(BaseModel):
@@ -107,6 +108,29 @@ class NextVerdict(BaseModel):
         return self.in_s < 60 or (self.bound_s is not None and self.in_s < 0.25 * self.bound_s)
 
 
+class ShardStatus(BaseModel):
+    shard: int = Field(description="the shard index; -1 for the gather step")
+    state: JobState
+    host: str
+    attempts: int = Field(description="its attempts in the job's current run")
+    attempt: AttemptInfo | None
+    next_relaunch_in_s: float | None = None
+
+
+class ShardsStatus(BaseModel):
+    """A sharded job at a glance: how many shards stand where, their summed progress, and the ETA
+    of the slowest running shard (the job ends with it)."""
+
+    total: int
+    done: int
+    running: int
+    failed: int
+    progress_done: float | None = None
+    progress_total: float | None = None
+    eta_s: float | None = None
+    shards: list[ShardStatus]
+
+
 class JobStatus(BaseModel):
     name: str
     state: JobState
@@ -118,6 +142,7 @@ class JobStatus(BaseModel):
     next_relaunch_in_s: float | None = None
     next_verdict: NextVerdict | None = Field(default=None, description="the watchdog rule that comes due first if nothing changes")
     outputs: list[str] = Field(default_factory=list, description="where the job writes its output (the spec's `outputs`)")
+    shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
 
 
 class PipelineStepStatus(BaseModel):

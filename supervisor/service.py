@@ -35,6 +35,7 @@ from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .pipelines import Pipelines
 from .retention import Retention, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
+from .sharding import ShardedJob
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow, Store
@@ -60,7 +61,7 @@ class Service:
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml)
         self.hosts = Hosts(self.store, settings, local)
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
-        self.runners: dict[str, JobRunner] = {}
+        self.runners: dict[str, JobRunner | ShardedJob] = {}
         self.pipelines = Pipelines(self.store, self.hosts, self.runners, self.start_runner)
         self.recovery_notes: list[str] = []
         self._stopping = asyncio.Event()
@@ -144,7 +145,10 @@ class Service:
 
     async def recover(self) -> None:
         """Re-adopt, finish or mark lost every attempt the store thinks is running."""
-        for row in self.store.live_attempts():
+        rows = self.store.live_attempts()
+        for row in [r for r in rows if r.shard is not None]:
+            self.recovery_notes.append(self._recover_shard(row))
+        for row in [r for r in rows if r.shard is None]:
             try:
                 note = await self._recover_one(row)
             except SuperviseError as exc:  # e.g. its probe pack is gone: start-up goes on, the job says why
@@ -203,7 +207,36 @@ class Service:
         self.store.update_attempt(row.job, row.n, **fields)
         return f"{row.job}#{row.n}: superseded by a newer attempt; marked {fields['state']}"
 
-    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner:
+    def _recover_shard(self, row: AttemptRow) -> str:
+        """A shard's attempt: its job's coordinator re-adopts it with the job's other live shards."""
+        where = f"{row.job}#{row.n} (shard {row.shard})"
+        if row.pid is None:  # the daemon stopped while launching it: the shard launches again
+            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, ended=time.time(),
+                                      reason="the daemon stopped while launching it")
+            return f"{where}: lost during launch; its shard launches again"
+        try:
+            spec = JobSpec.model_validate(self.store.job(row.job).spec)
+            job = self.runners.get(row.job)
+            if not isinstance(job, ShardedJob):
+                job = self.runners[row.job] = ShardedJob(spec, self.context)
+            job.resume[row.shard if row.shard is not None else 0] = row
+        except (ValidationError, SuperviseError) as exc:
+            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, reason=f"not re-adopted: {exc}")
+            return f"{where}: lost ({exc})"
+        if not job.running:
+            job.start(job.resume)  # the resume map fills before the loop runs: recovery does not await
+        return f"{where}: re-adopted with its job's shards"
+
+    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner | ShardedJob:
+        if spec.shards > 1:
+            try:
+                sharded = ShardedJob(spec, self.context)
+            except SuperviseError as exc:
+                self.store.set_job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")
+                raise
+            self.runners[spec.name] = sharded
+            sharded.start()
+            return sharded
         try:
             runner = JobRunner(spec, self.context(spec.host))
         except SuperviseError as exc:

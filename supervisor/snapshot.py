@@ -49,6 +49,8 @@ class RunnerSnapshot:
     next_verdict: UpcomingVerdict | None = None
     next_relaunch_at: float | None = None  # wall-clock time of the next launch, during a backoff wait
     known_pids: frozenset[int] = frozenset()  # every pid the attempt was seen with (its tree, reparented workers)
+    shard: int | None = None  # a shard's runner: its index (sharding.GATHER_SHARD for the gather step)
+    shards: tuple[RunnerSnapshot, ...] = ()  # a sharded job: each shard's runner as it stands
 
 
 def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_output: float | None,

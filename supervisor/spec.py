@@ -18,156 +18,30 @@ import re
 import string
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from .config import default_paths
 from .errors import SpecError, one_line, shown
-from .events import Phase, Verdict
+from .placement import Placement, check_placement, place
 from .resources import jobs_dir
+from .spec_tables import (
+    AlertSpec,
+    GpuSpec,
+    HealthSpec,
+    RestartSpec,
+    Seconds,
+    SlurmSpec,
+    _no_nul,
+    _Strict,
+)
 from .textfile import read_toml
 
 # A job name becomes a directory name (its logs): fullmatch, so a trailing newline is refused too.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
-_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt")
-
-# Durations are finite and bounded: `stop_grace_s = inf` once made `stop` wait forever.  A year
-# is far beyond any real phase deadline or backoff, and small enough for every clock computation.
-MAX_SECONDS = 366 * 24 * 3600.0
-Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
-PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RestartSpec(_Strict):
-    """When and how fast to relaunch (backoff waits are computed with tenacity)."""
-
-    max_attempts: Annotated[int, Field(ge=1, le=1000)] = 3
-    backoff_initial_s: Seconds = 10.0
-    backoff_max_s: Seconds = 600.0
-    backoff_multiplier: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 2.0
-    backoff_jitter_s: Seconds = 5.0
-    on: list[Verdict] = Field(
-        default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT]
-    )
-    stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug
-
-
-class HealthSpec(_Strict):
-    """What counts as unhealthy.  Times are seconds."""
-
-    stall_k: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 3.0
-    stall_floor_s: PositiveSeconds = 60.0
-    stall_floor_by_phase: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
-    # Before the first progress interval is known, a progress probe must advance within this.
-    first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
-    silence_s: PositiveSeconds | None = None
-    # Before any phase is recognised (a program no pack knows, or one that never gets going) no
-    # output at all for this long is silent too.  Its own default, long because imports and
-    # downloads may be quiet for minutes; `silence_s`, when set and shorter, applies instead.
-    silence_before_phase_s: PositiveSeconds = 1800.0
-    silence_phases: list[Phase] = Field(
-        default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
-    )
-    phase_deadline_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
-    # A failure logged, then nothing moved and nothing printed for this long, with the process
-    # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
-    # by default before it gives up).  None turns the rule off.
-    # Not applied once a server is ready: it logs a failed request and then idles, quietly.  Long
-    # enough that a job writing a checkpoint after a background thread's traceback (a metrics
-    # uploader's network error) is not cut short, half NCCL's default timeout.
-    hang_after_failure_s: PositiveSeconds | None = 300.0
-    # No output but "still waiting" lines (vLLM's "No available shared memory broadcast block
-    # found in 60 seconds"), or none at all, for this long in a start-up phase: stalled.  Seen on
-    # 2 H200s: a TP rank frozen while loading left the log silent for good once rank 0 had
-    # loaded, and there is no bar left to stall.  A ready server may idle quietly, hence the phases.
-    waiting_s: PositiveSeconds | None = 1800.0
-    waiting_phases: list[Phase] = Field(
-        default_factory=lambda: [p for p in Phase if p.rank < Phase.ENGINE_READY.rank]
-    )
-
-    # What an unhealthy verdict while it runs leads to: "kill" (at once), "warn" (an alert and the
-    # verdict recorded, never a kill: the way to trust a new rule on a long run) or
-    # "warn_then_kill" (an alert, then a kill after kill_after_s unless it moves meanwhile).
-    action: Literal["kill", "warn", "warn_then_kill"] = "kill"
-    kill_after_s: PositiveSeconds = 120.0
-
-    def stall_floor(self, phase: Phase | None) -> float:
-        if phase is not None and phase in self.stall_floor_by_phase:
-            return self.stall_floor_by_phase[phase]
-        return self.stall_floor_s
-
-
-class AlertSpec(_Strict):
-    """Alerts beyond verdicts, giving up and done: phase milestones and progress ETAs."""
-
-    notify_phases: list[Phase] = Field(default_factory=list)  # an alert when an attempt reaches each
-    eta_every_s: PositiveSeconds | None = None  # an ETA alert at most this often while a bar moves
-    eta_at_percent: list[Annotated[int, Field(ge=1, le=99)]] = Field(default_factory=list)  # ... and at these
-
-
-class GpuSpec(_Strict):
-    """Which GPUs the job uses and how to treat their memory around relaunches."""
-
-    devices: list[Annotated[int, Field(ge=0)]] | Literal["all"] = "all"
-    release_timeout_s: PositiveSeconds = 120.0
-    release_tolerance_mib: Annotated[int, Field(ge=0)] = 512
-    foreign_memory: Literal["wait", "refuse", "ignore"] = "wait"
-    foreign_wait_s: Seconds = 300.0
-
-
-# sbatch options the Slurm host sets itself: an `extra` item naming one would break following or
-# re-adoption (the log path, the job's name = the attempt's tag, the script, the parsable id).
-_SBATCH_OWN = ("-o", "--output", "-e", "--error", "-J", "--job-name", "--wrap", "--parsable", "-D", "--chdir",
-               "--open-mode", "--requeue", "--no-requeue", "-a", "--array", "--export")
-_SLURM_TIME_RE = re.compile(r"(\d+-)?\d+(:\d+){0,2}|\d+-\d+|UNLIMITED|INFINITE")
-
-
-class SlurmSpec(_Strict):
-    """sbatch options for a job on a Slurm host (`host = "slurm:"`); unset ones are Slurm's defaults."""
-
-    partition: str = ""
-    account: str = ""
-    time: str = ""  # sbatch --time: minutes, [D-]HH:MM[:SS], ...
-    nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
-    gpus: str = ""  # sbatch --gpus: "4" or "a100:4"
-    gres: str = ""  # sbatch --gres: "gpu:4"
-    extra: list[str] = Field(default_factory=list)  # more sbatch arguments, one argv item each
-
-    @field_validator("time")
-    @classmethod
-    def _valid_time(cls, value: str) -> str:
-        if value and not _SLURM_TIME_RE.fullmatch(value):
-            raise ValueError(f"{shown(value)} is not a Slurm time: minutes, [D-]HH:MM[:SS] or UNLIMITED")
-        return value
-
-    @field_validator("partition", "account", "gpus", "gres")
-    @classmethod
-    def _one_word(cls, value: str) -> str:
-        if any(c.isspace() or c == "\0" for c in value):
-            raise ValueError(f"{shown(value)}: one word, without spaces")
-        return value
-
-    @field_validator("extra")
-    @classmethod
-    def _valid_extra(cls, value: list[str]) -> list[str]:
-        for item in value:
-            name = _no_nul(item).split("=", 1)[0]
-            if name in _SBATCH_OWN:
-                raise ValueError(f"{shown(item)}: the Slurm host sets {name} itself")
-        return value
-
-    def sbatch_args(self) -> tuple[str, ...]:
-        named = {"--partition": self.partition, "--account": self.account, "--time": self.time,
-                 "--gpus": self.gpus, "--gres": self.gres}
-        args = [f"{flag}={value}" for flag, value in named.items() if value]
-        return (*args, f"--nodes={self.nodes}", *self.extra)
-
+_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards")
 
 class JobSpec(_Strict):
     name: str
@@ -191,7 +65,11 @@ class JobSpec(_Strict):
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)  # used where `host` is a Slurm host
     # Jobs whose current run must be `done` before this one launches (supervisor/dependencies.py).
     after: list[str] = Field(default_factory=list)
+    shards: Annotated[int, Field(ge=1, le=1024)] = 1  # > 1: one job of N shard attempts at once (sharding.py)
+    hosts: list[str] = Field(default_factory=list)  # a sharded job's hosts, shard i on hosts[i % len]
+    gather: list[str] = Field(default_factory=list)  # argv templates run once every shard is done
     spec_path: str = ""  # filled by the loader, not by the file
+    shard_index: int = 0  # filled for each shard of a sharded job, not by the file
 
     @field_validator("name")
     @classmethod
@@ -217,7 +95,7 @@ class JobSpec(_Strict):
                                  "(a pack file goes in probe_files)")
         return value
 
-    @field_validator("command")
+    @field_validator("command", "gather")
     @classmethod
     def _valid_templates(cls, value: list[str]) -> list[str]:
         for item in value:
@@ -258,12 +136,31 @@ class JobSpec(_Strict):
     def _remote_needs_explicit_paths(self) -> JobSpec:
         # On another machine the supervisor's own interpreter and a directory resolved
         # here mean nothing: a remote job names both.
-        if self.host != "local":
+        for host in {self.host, *self.hosts} - {"local"}:
             if not self.python:
-                raise ValueError(f"host {self.host}: set `python` to the interpreter on that machine")
+                raise ValueError(f"host {host}: set `python` to the interpreter on that machine")
             if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
-                raise ValueError(f"host {self.host}: `workdir` must be an absolute path on that machine")
+                raise ValueError(f"host {host}: `workdir` must be an absolute path on that machine")
         return self
+
+    @model_validator(mode="after")
+    def _valid_placement(self) -> JobSpec:
+        check_placement(self.shards, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
+        return self
+
+    def for_shard(self, placement: Placement) -> JobSpec:
+        """The spec one shard runs: its index, its host and its devices (CUDA_VISIBLE_DEVICES)."""
+        gpu, env = self.gpu, dict(self.env)
+        if placement.devices is not None:
+            gpu = gpu.model_copy(update={"devices": list(placement.devices)})
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.devices))
+            # NVML numbers devices in PCI bus order; CUDA's own default order may differ.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        return self.model_copy(update={"shard_index": placement.shard, "host": placement.host, "gpu": gpu,
+                                       "env": env})
+
+    def placements(self) -> list[Placement]:
+        return place(self.shards, self.host, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
 
     @property
     def spec_dir(self) -> Path:
@@ -274,7 +171,7 @@ class JobSpec(_Strict):
         params = dict(self.params)
         top: dict[str, Any] = {}
         for key, value in overrides.items():
-            if key in ("host", "python", "workdir"):
+            if key in ("host", "python", "workdir", "shards"):
                 top[key] = value
             elif key in params or _is_referenced(self, key):
                 params[key] = value
@@ -323,6 +220,8 @@ class JobSpec(_Strict):
             "state_dir": str(default_paths().state_dir),
             "job": self.name,
             "attempt": str(attempt),
+            "shard": str(self.shard_index),
+            "num_shards": str(self.shards),
         }
         values.update({k: _expand_param(v, values) for k, v in self.params.items()})
         try:
@@ -357,10 +256,6 @@ def _expand_param(value: str, builtins: dict[str, str]) -> str:
     return "".join(out)
 
 
-def _no_nul(value: str) -> str:
-    if "\0" in value:
-        raise ValueError(f"{shown(value)} contains a NUL character, which no argument, path or variable can hold")
-    return value
 
 
 def _template_fields(template: str) -> list[str]:

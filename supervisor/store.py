@@ -18,118 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NotFound, StoreError
-from .events import AttemptState, Event, EventKind, Failure, JobState, Phase, Verdict, failure_kind
-
-# Each entry migrates the schema from version i to i+1.  Never edit a shipped entry: append.
-_MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE jobs (
-        name TEXT PRIMARY KEY,
-        spec_json TEXT NOT NULL,
-        state TEXT NOT NULL,
-        reason TEXT NOT NULL DEFAULT '',
-        created REAL NOT NULL,
-        updated REAL NOT NULL
-    );
-    CREATE TABLE attempts (
-        job TEXT NOT NULL REFERENCES jobs(name),
-        n INTEGER NOT NULL,
-        tag TEXT NOT NULL UNIQUE,
-        host TEXT NOT NULL,
-        argv_json TEXT NOT NULL,
-        workdir TEXT NOT NULL,
-        log_path TEXT NOT NULL,
-        status_path TEXT NOT NULL,
-        pid INTEGER,
-        pgid INTEGER,
-        start_time REAL,
-        started REAL NOT NULL,
-        ended REAL,
-        state TEXT NOT NULL,
-        exit_code INTEGER,
-        exit_signal INTEGER,
-        log_offset INTEGER NOT NULL DEFAULT 0,
-        phase TEXT,
-        progress_json TEXT,
-        verdict TEXT,
-        reason TEXT,
-        failure_json TEXT,
-        fingerprint TEXT,
-        action TEXT,
-        PRIMARY KEY (job, n)
-    );
-    CREATE TABLE events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        job TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        ts REAL NOT NULL,
-        kind TEXT NOT NULL,
-        probe TEXT,
-        phase TEXT,
-        log_offset INTEGER,
-        message TEXT NOT NULL,
-        data_json TEXT NOT NULL
-    );
-    CREATE INDEX events_by_attempt ON events(job, attempt, id);
-    -- A probe event is identified by where in the log it came from: re-reading a stretch of
-    -- log after a restart can then never store the same event twice.
-    CREATE UNIQUE INDEX events_probe_once ON events(job, attempt, kind, probe, log_offset)
-        WHERE log_offset IS NOT NULL;
-    CREATE TABLE gpu_samples (
-        ts REAL NOT NULL,
-        host TEXT NOT NULL,
-        gpu INTEGER NOT NULL,
-        used_mib INTEGER NOT NULL,
-        total_mib INTEGER NOT NULL,
-        util_pct INTEGER,
-        PRIMARY KEY (host, gpu, ts)
-    );
-    """,
-    # The run an attempt belongs to (+1 at each `supervise start`; relaunches stay in their run).
-    # Attempts stored before get the run the old rule gave them, once: a run went on while the
-    # previous attempt's action was 'relaunch ...'.
-    """
-    ALTER TABLE attempts ADD COLUMN run INTEGER NOT NULL DEFAULT 1;
-    UPDATE attempts SET run = (
-        SELECT runs.run FROM (
-            SELECT job, n, SUM(CASE WHEN substr(previous, 1, 8) = 'relaunch' THEN 0 ELSE 1 END)
-                OVER (PARTITION BY job ORDER BY n) AS run
-            FROM (SELECT job, n, LAG(action) OVER (PARTITION BY job ORDER BY n) AS previous FROM attempts)
-        ) AS runs
-        WHERE runs.job = attempts.job AND runs.n = attempts.n
-    );
-    """,
-    # Offsets restart at 0 when a log is truncated or rotated: a probe event is identified by
-    # the log's generation too (Record.generation), and the resume offset is stored with its own.
-    """
-    ALTER TABLE events ADD COLUMN log_generation INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE attempts ADD COLUMN log_generation INTEGER NOT NULL DEFAULT 0;
-    DROP INDEX events_probe_once;
-    CREATE UNIQUE INDEX events_probe_once_per_generation
-        ON events(job, attempt, kind, probe, log_generation, log_offset) WHERE log_offset IS NOT NULL;
-    """,
-    # A batch scheduler's id for an attempt (a Slurm job id): what re-adopts it after a restart.
-    """
-    ALTER TABLE attempts ADD COLUMN scheduler_id TEXT;
-    """,
-    # Pipelines (supervisor/pipelines.py): each step is a job (`PIPELINE.STEP`); this keeps which
-    # steps a pipeline has, in order, and which its last start skipped.
-    """
-    CREATE TABLE pipelines (
-        name TEXT PRIMARY KEY,
-        spec_path TEXT NOT NULL,
-        overrides_json TEXT NOT NULL,
-        steps_json TEXT NOT NULL,
-        started REAL NOT NULL
-    );
-    """,
+from .events import (
+    AttemptState,
+    Event,
+    EventKind,
+    Failure,
+    JobState,
+    Phase,
+    Verdict,
+    failure_kind,
 )
+from .store_schema import MIGRATIONS as _MIGRATIONS
 
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-# Attempts with their place in their run (1 for a run's first attempt), counted, never stored.
-_ATTEMPTS = ("SELECT a.*, (SELECT COUNT(*) FROM attempts p WHERE p.job = a.job AND p.run = a.run AND p.n <= a.n)"
-             " AS run_attempt FROM attempts a")
+# Attempts with their place in their run (1 for a run's first attempt), counted, never stored;
+# a sharded job's shards each count their own (`IS`: NULL, an unsharded attempt, matches NULL).
+_ATTEMPTS = ("SELECT a.*, (SELECT COUNT(*) FROM attempts p WHERE p.job = a.job AND p.run = a.run AND p.n <= a.n"
+             " AND p.shard IS a.shard) AS run_attempt FROM attempts a")
 
 
 @dataclass
@@ -162,6 +68,7 @@ class AttemptRow:
     run_attempt: int = 1  # its place in its run (read from the store, never written)
     log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
     scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
+    shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
 
 
 @dataclass(frozen=True)
@@ -284,10 +191,10 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, pid, pgid, "
-                "start_time, started, state, log_offset, run) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "start_time, started, state, log_offset, run, shard) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.job, row.n, row.tag, row.host, json.dumps(row.argv), row.workdir, row.log_path,
                  row.status_path, row.pid, row.pgid, row.start_time, row.started, row.state, row.log_offset,
-                 row.run),
+                 row.run, row.shard),
             )
 
     def update_attempt(self, job: str, n: int, **fields: Any) -> None:
@@ -405,7 +312,7 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         progress=load(row["progress_json"]), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
-        log_generation=row["log_generation"], scheduler_id=row["scheduler_id"],
+        log_generation=row["log_generation"], scheduler_id=row["scheduler_id"], shard=row["shard"],
     )
 
 

@@ -43,6 +43,8 @@ async def alive_unwatched(store: Store, host: Host, job: str, watched: int | Non
     for row in store.attempts(job):
         if row.n == watched or row.pid is None or row.exit_code is not None or row.exit_signal is not None:
             continue
+        if row.host != host.name:  # a pid means something only on its own host (a sharded job has several)
+            continue
         if await host.is_alive(stray_handle(row)):
             found.append(row)
     return found

@@ -11,6 +11,7 @@ from . import protocol
 from .errors import SpecError
 from .events import Event
 from .gpu import GpuSample
+from .shard_views import shards_status
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow, JobRow, Store
@@ -23,7 +24,7 @@ def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
         exit_code=row.exit_code, exit_signal=row.exit_signal, log_path=row.log_path, phase=row.phase,
         progress=progress, verdict=row.verdict, reason=row.reason, failure=failure, fingerprint=row.fingerprint,
-        action=row.action, argv=row.argv, run=row.run, run_attempt=row.run_attempt,
+        action=row.action, argv=row.argv, run=row.run, run_attempt=row.run_attempt, shard=row.shard,
     )
 
 
@@ -47,6 +48,8 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
         last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
+        shards=(shards_status(spec["shards"], row.state, store.attempts(row.name), snapshot, attempt_info)
+                if spec.get("shards", 1) > 1 else None),
     )
 
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, formats
+from . import _io, formats, shards
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
@@ -126,6 +126,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--verify-tol", type=float, default=0.05,
                     help="largest mean relative error --verify accepts (default %(default)s)")
     ap.add_argument("--trust-remote-code", action="store_true")
+    ap.add_argument("--shard", type=int, default=0, help="this shard's index, 0..N-1 (eagle3.shards)")
+    ap.add_argument("--num-shards", type=int, default=1,
+                    help="N > 1: extract only this shard's batches (batch k when k %% N == --shard); then `gather`")
     g = ap.add_argument_group("vllm backend")
     g.add_argument("--tensor-parallel-size", type=int, default=1)
     g.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -142,6 +145,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.batch_size < 1 or args.max_seq_len < 1 or (args.max_samples is not None and args.max_samples < 1):
         ap.error("--batch-size, --max-seq-len and --max-samples must be positive")
     args.format = formats.Format(args.format)
+    try:
+        shards.check_args(args.shard, args.num_shards)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.num_shards > 1 and args.format is not formats.Format.SUPERVISE:
+        ap.error("--num-shards writes --format supervise only; convert the gathered output with eagle3.export")
     if args.verify and args.format is formats.Format.SPECFORGE:
         ap.error("--verify compares the stored pre-norm layers, which --format specforge does not keep: "
                  "extract in another format and verify there (eagle3.export converts it afterwards)")
@@ -152,11 +161,13 @@ class Job:
     """The output directory and the bookkeeping the backends report to."""
 
     def __init__(self, out: Path, samples: list[data_mod.Sample], layer_ids: list[int], num_layers: int,
-                 hidden: int, batch_size: int, writer: formats.Writer | None = None):
+                 hidden: int, batch_size: int, writer: formats.Writer | None = None,
+                 part: list[int] | None = None):
         self.out = out
         self.writer = writer or formats.Writer(out, layer_ids, num_layers, hidden)
-        self.samples = samples
-        self.total = len(samples)
+        self.samples = samples  # indexed by global record index, whatever part this run extracts
+        self.part = part if part is not None else [s.index for s in samples]  # a shard's part (eagle3.shards)
+        self.total = len(self.part)
         self.layer_ids = layer_ids
         self.num_layers = num_layers
         self.hidden = hidden
@@ -171,7 +182,7 @@ class Job:
 
     def scan(self) -> set[int]:
         """Finished samples: their file exists and is complete with the expected shapes."""
-        self.done = {s.index for s in self.samples if self.writer.complete(s.index, s.seq_len)}
+        self.done = {i for i in self.part if self.writer.complete(i, self.samples[i].seq_len)}
         return self.done
 
     def is_done(self, i: int) -> bool:
@@ -200,8 +211,8 @@ class Job:
         say(f"extract progress: {len(self.done)}/{self.total} samples, {self.tokens_run / elapsed:.1f} tok/s")
 
 
-def _lock_out(out: Path) -> int:
-    fd = os.open(out / ".extract.lock", os.O_RDWR | os.O_CREAT, 0o644)
+def _lock_out(out: Path, name: str = ".extract.lock") -> int:
+    fd = os.open(out / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -254,6 +265,10 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
     }
     if verify is not None:
         m["verify"] = verify
+    if args.num_shards > 1:  # the set's size, and this shard's part of it (gather merges the parts)
+        m["num_samples"] = len(job.samples)
+        m["shard"] = {"index": args.shard, "num_shards": args.num_shards, "samples": job.total,
+                      "batch_size": args.batch_size}
     return m
 
 
@@ -311,7 +326,9 @@ def verify_samples(job: Job, hf: Any, n: int, tol: float) -> dict[str, Any]:
 def run(args: argparse.Namespace, t_start: float, vllm_api: Any = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lock_fd = _lock_out(out)
+    # Shards share --out: each holds its own lock (their files never overlap).
+    lock_fd = _lock_out(out, shards.partial(".extract", args.shard, args.num_shards, ".lock")
+                        if args.num_shards > 1 else ".extract.lock")
     try:
         return _run_locked(args, out, t_start, vllm_api)
     finally:
@@ -371,17 +388,32 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
         "layer_ids": layer_ids,
         "model_sha256": model_digest(model_dir),
     }
-    _check_fingerprint(out, fingerprint, args.format)
+    sharded = args.num_shards > 1
+    if sharded:
+        refused = shards.check_partials(out, fingerprint, args.num_shards, args.batch_size)
+        if refused:
+            raise OutputMismatch(refused)
+        if (out / "manifest.json").exists():  # gathered before: the same settings only
+            _check_fingerprint(out, fingerprint, args.format)
+    else:
+        _check_fingerprint(out, fingerprint, args.format)
 
     writer = formats.make_writer(args.format, out, layer_ids, num_layers, hidden, model_dir)
-    job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer)
-    masked, every = data_mod.token_frequencies(samples, vocab)
-    _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every}, out / "token_freq.safetensors")
-    _io.atomic_save_safetensors(data_mod.packed(samples), out / "prepared.safetensors")
-    writer.write_dataset([s.token_ids for s in samples], [s.loss_mask for s in samples], masked)
+    part = shards.select([s.index for s in samples], args.shard, args.num_shards, args.batch_size)
+    job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer, part)
+    masked, every = data_mod.token_frequencies([samples[i] for i in part], vocab)
+    manifest_path = out / "manifest.json"
+    if sharded:  # the files describing the whole set are `gather`'s to write
+        _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every},
+                                    out / shards.partial("token_freq", args.shard, args.num_shards, ".safetensors"))
+        manifest_path = out / shards.partial("manifest", args.shard, args.num_shards, ".json")
+    else:
+        _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every}, out / "token_freq.safetensors")
+        _io.atomic_save_safetensors(data_mod.packed(samples), out / "prepared.safetensors")
+        writer.write_dataset([s.token_ids for s in samples], [s.loss_mask for s in samples], masked)
     job.scan()
-    _io.atomic_write_json(_manifest(args, model_dir, cfg, job, fingerprint, "running"), out / "manifest.json")
-    todo = [s.index for s in samples if s.index not in job.done]
+    _io.atomic_write_json(_manifest(args, model_dir, cfg, job, fingerprint, "running"), manifest_path)
+    todo = [i for i in part if i not in job.done]
     if job.done:
         say(f"extract resume: {len(job.done)}/{job.total} samples already finished")
 
@@ -423,12 +455,11 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
         verify = verify_samples(job, hf, args.verify, args.verify_tol)
 
     status = "complete" if len(job.done) == job.total else "incomplete"
-    _io.atomic_write_json(_manifest(args, model_dir, cfg, job, fingerprint, status, failed, verify),
-                          out / "manifest.json")
+    _io.atomic_write_json(_manifest(args, model_dir, cfg, job, fingerprint, status, failed, verify), manifest_path)
     tokens = sum(job.samples[i].seq_len for i in job.done)
     say(f"extract done: {len(job.done)} samples, {tokens} tokens in {time.monotonic() - t_start:.1f}s")
     if status != "complete":
-        missing = [s.index for s in samples if s.index not in job.done]
+        missing = [i for i in part if i not in job.done]
         say(f"extract incomplete: {len(missing)} of {job.total} samples failed ({_short(missing)}); "
             "relaunch to retry them")
         return EXIT_INCOMPLETE
@@ -443,6 +474,9 @@ def _short(ids: Sequence[int], n: int = 10) -> str:
 def main(argv: Sequence[str] | None = None, *, vllm_api: Any = None) -> int:
     """CLI entry. ``vllm_api`` replaces the vLLM module (LLM, SamplingParams, TokensPrompt) in tests."""
     t_start = time.monotonic()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gather"]:
+        return shards.gather_main(argv[1:])
     args = parse_args(argv)
     say("extract phase: model_init")
     try:

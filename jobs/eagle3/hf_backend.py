@@ -159,8 +159,10 @@ class HFBackend:
 
         self.load()
         todo_set = set(todo)
-        for chunk in chunks_to_run(job.total, job.batch_size, todo_set):
-            samples = [job.samples[i] for i in chunk]
+        part = job.part  # the samples this run extracts (a shard's part), batched in fixed chunks of it
+        todo_at = {k for k, i in enumerate(part) if i in todo_set}
+        for chunk in chunks_to_run(len(part), job.batch_size, todo_at):
+            samples = [job.samples[part[k]] for k in chunk]
             t0 = time.monotonic()
             outs = self.compute([s.token_ids for s in samples], job.layer_ids, job.num_layers)
             written = 0

@@ -37,10 +37,11 @@ from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
 from ..runner import JobRunner
+from ..sharding import ShardedJob
 from ..spec import JobSpec, load_spec
 from ..spec_notes import spec_change, unreachable_health
 from ..store import AttemptRow, EventQuery, Store
-from ..strays import merge_reports, stop_strays, stray_handle
+from ..strays import StrayStop, merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
 from ._http import (
     EVENTS_PAGE,
@@ -107,8 +108,9 @@ class Api:
             job = self.service.store.job(spec.name)
             return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}")
         row = self.service.store.attempt(spec.name, n)
+        what = f"{spec.shards} shards, first attempt {n}" if spec.shards > 1 else f"attempt {n}"
         return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
-                                      message=f"started {spec.name} attempt {n} (pid {row.pid})")
+                                      message=f"started {spec.name} {what} (pid {row.pid})")
 
     async def stop_job(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
@@ -126,13 +128,18 @@ class Api:
         unended = [stray_handle(row) for row in self.service.store.attempts(name) if row.pid and row.state.active]
         report = await runner.stop(grace_s) if runner is not None and running else KillReport()
         spec = JobSpec.model_validate(job.spec)
-        slot = self.service.hosts.get(spec.host)
-        strays = await stop_strays(self.service.store, slot.host, name,
-                                   None, spec.stop_grace_s if grace_s is None else grace_s)
+        strays = StrayStop()
+        for host in dict.fromkeys([spec.host, *spec.hosts]):  # a sharded job's shards run on several
+            found = await stop_strays(self.service.store, self.service.hosts.get(host).host, name,
+                                      None, spec.stop_grace_s if grace_s is None else grace_s)
+            strays.attempts += found.attempts
+            strays.events += found.events
+            merge_reports(strays.report, found.report)
         self.service.bus.publish(strays.events)
         if not running and not strays.attempts:
             return None
         merge_reports(report, strays.report)
+        slot = self.service.hosts.get(spec.host)  # GPU memory still held: looked for on the job's own host
         pids = await attempt_pids(slot.host, unended, report, before.known_pids if before else ())
         held = await still_held(slot.gpu.sample, pids)
         if strays.attempts and not running:
@@ -382,10 +389,11 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     _checked_name(body.spec_path, "spec_path")
     # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
     spec = await asyncio.to_thread(_load_checked, body)
-    try:
-        hosts.check(spec.host)  # parses an ssh:// address (connecting is the runner's job, with retries)
-    except HostError as exc:
-        raise SpecError(f"{spec.spec_path}: field 'host': {exc}") from exc
+    for field, host in [("host", spec.host), *(("hosts", h) for h in spec.hosts)]:
+        try:
+            hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
+        except HostError as exc:
+            raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
     try:
         await refuse_if_nothing_listens(spec.host)
     except ConnectionLost as exc:
@@ -396,6 +404,8 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
 def _load_checked(body: protocol.StartRequest) -> JobSpec:
     spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides), body.after)
     spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+    if spec.shards > 1 and spec.gather:
+        spec.model_copy(update={"command": spec.gather}).argv(1)
     load_packs(spec.probes, spec.probe_files)
     return spec
 
@@ -408,7 +418,7 @@ def _stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
                         f"`supervise start` its spec file") from exc
 
 
-async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
+async def _wait_for_attempt(store: Store, job: str, runner: JobRunner | ShardedJob) -> int:
     """Wait until the runner has launched (or failed to launch) the job's new attempt; 0 when
     its `after` holds it (waiting, or cancelled)."""
     before = store.latest_attempt(job)
@@ -429,7 +439,7 @@ async def _wait_for_attempt(store: Store, job: str, runner: JobRunner) -> int:
     raise RequestRejected(f"{job} did not launch within 60s (waiting for GPUs?): `supervise status {job}`", 504)
 
 
-def _start_failure(job: str, runner: JobRunner, reason: str) -> SuperviseError:
+def _start_failure(job: str, runner: JobRunner | ShardedJob, reason: str) -> SuperviseError:
     """Why the runner ended before its first attempt ran, as the class of the error that ended it
     (a host that cannot be reached: ConnectionLost, 69).  No error: it refused to launch (GPUs
     held by other processes, or a stop while it waited for them): the request is refused (69)."""

@@ -76,6 +76,7 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--after", action="append", default=[], metavar="JOB",
                    help="launch only once JOB's current run is done (cancelled if it gives up); repeatable")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    p.add_argument("--shards", metavar="N", help="run it as N shards at once ({shard}, {num_shards}); as --set shards=N")
 
     p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")

@@ -20,6 +20,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     if (pipeline := find_pipeline(args.job)) is not None:
         return start_pipeline(args, pipeline, overrides)
+    if args.shards is not None:
+        overrides["shards"] = args.shards
     spec = with_after(find_spec(args.job).with_overrides(overrides), args.after)
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()

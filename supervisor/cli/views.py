@@ -55,6 +55,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def status_block(job: protocol.JobStatus) -> str:
+    if job.shards is not None:
+        return sharded_block(job, job.shards)
     a = job.attempt
     lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
     if a is not None:
@@ -81,6 +83,37 @@ def status_block(job: protocol.JobStatus) -> str:
     if job.next_relaunch_in_s is not None:
         lines.append(f"  relaunch in {_fmt.duration(job.next_relaunch_in_s)}")
     return "\n".join(lines)
+
+
+def sharded_block(job: protocol.JobStatus, shards: protocol.ShardsStatus) -> str:
+    """One line for the job (shards done/running/failed, summed progress, ETA), one per shard below."""
+    line = (f"{job.name}: {job.state}  shards {shards.done}/{shards.total} done, {shards.running} running, "
+            f"{shards.failed} failed")
+    if shards.progress_done is not None:
+        line += f"  progress {_fmt.num(shards.progress_done)}/{_fmt.num(shards.progress_total)}"
+    if shards.eta_s:
+        line += f"  eta {_fmt.duration(shards.eta_s)}"
+    lines = [line + (f"  ({job.reason})" if job.reason else "")]
+    for shard in shards.shards:
+        lines.append(_shard_line(shard))
+    return "\n".join(lines)
+
+
+def _shard_line(shard: protocol.ShardStatus) -> str:
+    name = "gather " if shard.shard < 0 else f"shard {shard.shard}"
+    line = f"  {name}  {shard.state:<8} host {shard.host}  attempts {shard.attempts}"
+    a = shard.attempt
+    if a is not None:
+        line += f"  #{a.n} pid {a.pid}  phase {a.phase or '-'}"
+        if a.progress is not None:
+            line += f"  progress {_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}"
+            if a.progress.eta_s and shard.state is JobState.RUNNING:
+                line += f" eta {_fmt.duration(a.progress.eta_s)}"
+        if a.verdict is not None and a.verdict is not Verdict.DONE:
+            line += f"  {a.verdict}: {(a.reason or '')[:80]}"
+    if shard.next_relaunch_in_s is not None:
+        line += f"  relaunch in {_fmt.duration(shard.next_relaunch_in_s)}"
+    return line
 
 
 def _gpu_line(devices: list[protocol.GpuDeviceInfo], note: str) -> str:

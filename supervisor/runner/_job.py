@@ -34,6 +34,8 @@ _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
 
 
 class JobRunner(Watching):
+    shard: int | None = None  # stored with each attempt; a shard's runner (sharding.py) sets it
+
     def __init__(self, spec: JobSpec, ctx: RunnerContext) -> None:
         self.spec = spec
         self.ctx = ctx
@@ -97,7 +99,7 @@ class JobRunner(Watching):
         # A re-adopted attempt continues the run it belonged to; a fresh `start` opens a new run
         # with a fresh budget.
         previous_fp = self._previous_fingerprint(resume) if resume else None
-        run = resume.run if resume else self.ctx.store.next_run_number(self.spec.name)
+        run = resume.run if resume else self._new_run()
         run_attempts = resume.run_attempt - 1 if resume else 0
         if resume is None and self.spec.after and not await wait_for_after(self, self._stop_requested):
             return
@@ -202,6 +204,9 @@ class JobRunner(Watching):
         else:
             self._set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
 
+    def _new_run(self) -> int:
+        return self.ctx.store.next_run_number(self.spec.name)
+
     def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
         with contextlib.suppress(SuperviseError):
             return self.ctx.store.attempt(self.spec.name, resume.n - 1).fingerprint
@@ -230,7 +235,7 @@ class JobRunner(Watching):
             log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
             started=time.time(), ended=None, state=AttemptState.LAUNCHING, exit_code=None, exit_signal=None,
             log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
-            fingerprint=None, action=None, run=run,
+            fingerprint=None, action=None, run=run, shard=self.shard,
         )
         store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
         self._set_job(JobState.RUNNING, f"attempt {n}")

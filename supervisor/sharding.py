@@ -1,0 +1,257 @@
+"""A sharded job: N shards of one job running at once, each a runner of its own, then an optional
+`gather` step once every shard is done.
+
+Each shard (``ShardRunner``) has its own attempts, verdicts, kills, relaunches and backoff: a
+failed shard is relaunched alone, and "the same failure twice" is judged within that shard.  The
+coordinator (``ShardedJob``) owns the job's state, and one judgement across shards: the same
+failure fingerprint on two shards is the code, not the box, so the whole job stops.  A shard
+that gives up for another reason leaves the others to finish (their output is kept), and the
+job fails once they have ended; `gather` runs only when every shard is done.
+
+Attempts are the job's: numbered in one sequence, each stored with its shard index
+(``GATHER_SHARD`` for the gather step), so `attempts`, `logs` and `events` read as for any job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+
+import structlog
+
+from .errors import SuperviseError
+from .events import JobState, Verdict
+from .hosts.base import KillReport
+from .pending_writes import PendingWrites
+from .placement import Placement
+from .policy import Decision, RestartPolicy
+from .runner import JobRunner, RunnerContext
+from .runner._context import Live
+from .snapshot import RunnerSnapshot
+from .spec import JobSpec
+from .store import AttemptRow
+from .strays import merge_reports
+
+log = structlog.get_logger("supervise.sharding")
+
+GATHER_SHARD = -1  # the shard index the gather step's attempts are stored with
+_ENDED = {JobState.DONE, JobState.FAILED, JobState.STOPPED}
+
+
+class ShardRunner(JobRunner):
+    """One shard: a job runner whose attempts carry its shard index and whose state goes to the
+    coordinator instead of the job."""
+
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, shard: int) -> None:
+        super().__init__(spec, ctx)
+        self.shard = shard
+        self.index = shard  # the same, typed as always set
+        self.coordinator = coordinator
+        self.state = JobState.STARTING
+        self.reason = ""
+        self.policy = _ShardPolicy(self.policy, coordinator, shard)
+
+    def _set_job(self, state: JobState, reason: str) -> None:
+        self.state, self.reason = state, reason
+        self.coordinator.shard_moved()
+
+    def _new_run(self) -> int:
+        return self.coordinator.run
+
+    async def _launch(self, run: int) -> Live:
+        # One at a time across the job's shards: an attempt is numbered, then stored after an await.
+        async with self.coordinator.numbering:
+            return await super()._launch(run)
+
+    def snapshot(self) -> RunnerSnapshot:
+        return dataclasses.replace(super().snapshot(), shard=self.shard)
+
+    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
+        mine = [a for a in self.ctx.store.attempts(self.spec.name) if a.shard == self.shard and a.n < resume.n]
+        return mine[-1].fingerprint if mine else None
+
+
+class _ShardPolicy(RestartPolicy):
+    """The shard's own restart policy, and the coordinator's word on failures other shards saw."""
+
+    def __init__(self, inner: RestartPolicy, coordinator: ShardedJob, shard: int) -> None:
+        self._inner = inner
+        self._coordinator = coordinator
+        self._shard = shard
+
+    def wait_after(self, attempt: int) -> float:
+        return self._inner.wait_after(attempt)
+
+    def decide(self, verdict: Verdict, attempt: int, fingerprint: str | None,
+               previous_fingerprint: str | None) -> Decision:
+        decision = self._inner.decide(verdict, attempt, fingerprint, previous_fingerprint)
+        if fingerprint is None or verdict in (Verdict.HEALTHY, Verdict.DONE):
+            return decision
+        other = self._coordinator.failure_seen(self._shard, fingerprint)
+        if other is None:
+            return decision
+        return Decision("give_up", 0.0, f"the same failure (fingerprint {fingerprint[:12]}) on shards {other} and "
+                                        f"{self._shard}: it is the code, not the box; stopping the job")
+
+
+class ShardedJob:
+    """The runner of a sharded job, as the service and the API see it (start, stop, detach,
+    snapshot, like a JobRunner)."""
+
+    def __init__(self, spec: JobSpec, context: Callable[[str], RunnerContext]) -> None:
+        self.spec = spec
+        self._context = context
+        self.ctx = context(spec.host)  # the store and the bus, which every shard shares
+        self.numbering = asyncio.Lock()
+        self.run = 0
+        self.shards = [self._shard_runner(spec.for_shard(p), p.shard) for p in spec.placements()]
+        self.gather: ShardRunner | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stopped_by: str | None = None  # why the coordinator stopped every shard, if it did
+        self._failures: dict[str, int] = {}  # fingerprint -> the first shard it was seen on
+        self._stop_requested = False
+        self._writes = PendingWrites(spec.name)
+        self.resume: dict[int, AttemptRow] = {}  # the live attempts a daemon restart re-adopts, by shard
+
+    def _shard_runner(self, spec: JobSpec, shard: int) -> ShardRunner:
+        return ShardRunner(spec, self._context(spec.host), self, shard)
+
+    def start(self, resume: dict[int, AttemptRow] | None = None) -> None:
+        """Start every shard; a shard in ``resume`` re-adopts that attempt (a daemon restart)."""
+        self.task = asyncio.create_task(self._run(resume if resume is not None else {}), name=f"job:{self.spec.name}")
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def hold(self) -> str:
+        """`supervise hold`: every running shard postpones its kills."""
+        return "; ".join(f"shard {r.index}: {r.hold()}" for r in self.shards if r.running) or "no shard is running"
+
+    def release(self) -> str:
+        return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
+
+    @property
+    def error(self) -> SuperviseError | None:
+        """What ended a shard's runner, if an error did (`start` reports the first)."""
+        return next((r.error for r in [*self.shards, self.gather] if r is not None and r.error is not None), None)
+
+    async def _run(self, resume: dict[int, AttemptRow]) -> None:
+        try:
+            # A re-adopted shard continues its run; a fresh `start` opens a new run for every shard.
+            rows = self.ctx.store.attempts(self.spec.name)
+            self.run = max((r.run for r in resume.values()), default=0) or max((r.run for r in rows), default=0) + 1
+            done_before = self._done_before(resume)
+            for runner in self.shards:
+                if runner.shard in done_before:
+                    runner.state, runner.reason = JobState.DONE, "done before the daemon restarted"
+                else:
+                    runner.start(resume.get(runner.index))
+            await asyncio.gather(*(r.task for r in self.shards if r.task is not None), return_exceptions=True)
+            if all(r.state is JobState.DONE for r in self.shards) and self.spec.gather and not self._stop_requested:
+                await self._gather(resume.get(GATHER_SHARD))
+            self._finish()
+        finally:
+            await self._writes.drained()
+
+    def _done_before(self, resume: dict[int, AttemptRow]) -> set[int]:
+        """After a daemon restart: the shards whose attempt in this run already ended done."""
+        if not resume:
+            return set()
+        return {a.shard for a in self.ctx.store.attempts(self.spec.name)
+                if a.run == self.run and a.verdict is Verdict.DONE and a.shard is not None}
+
+    async def _gather(self, resume: AttemptRow | None) -> None:
+        placement = Placement(GATHER_SHARD, self.spec.host, None)
+        spec = self.spec.for_shard(placement).model_copy(update={"command": self.spec.gather})
+        self.gather = self._shard_runner(spec, GATHER_SHARD)
+        self.shard_moved()
+        self.gather.start(resume)
+        if self.gather.task is not None:
+            with contextlib.suppress(Exception):
+                await self.gather.task
+
+    def _finish(self) -> None:
+        gather = self.gather
+        if self._stop_requested:
+            state, reason = JobState.STOPPED, "stopped by user"
+        elif self.stopped_by is not None:
+            state, reason = JobState.FAILED, self.stopped_by
+        elif any(r.state is not JobState.DONE for r in self.shards):
+            bad = [r for r in self.shards if r.state is not JobState.DONE]
+            state, reason = JobState.FAILED, f"shard {bad[0].shard} {bad[0].state}: {bad[0].reason}" + (
+                f" (and {len(bad) - 1} more shards)" if len(bad) > 1 else "")
+        elif gather is not None and gather.state is not JobState.DONE:
+            state, reason = JobState.FAILED, f"gather {gather.state}: {gather.reason}"
+        else:
+            state, reason = JobState.DONE, f"{len(self.shards)} shards done" + (", gathered" if gather else "")
+        self._set_job(state, reason)
+
+    # -- what shards report -------------------------------------------------------------
+
+    def shard_moved(self) -> None:
+        """A shard's state changed: the job's state says where the shards stand now."""
+        if self.gather is not None:
+            if self.gather.state not in _ENDED:
+                self._set_job(self.gather.state, f"gather: {self.gather.reason}")
+            return
+        if all(r.state in _ENDED for r in self.shards):
+            return  # the job's end is `_finish`'s to say, after any gather
+        counts = Counter(r.state for r in self.shards)
+        state = JobState.WAITING if counts[JobState.WAITING] == len(self.shards) else JobState.RUNNING
+        self._set_job(state, summary(counts, len(self.shards)))
+
+    def failure_seen(self, shard: int, fingerprint: str) -> int | None:
+        """Note a shard's failure; the other shard it was seen on before, if any (the job then stops)."""
+        first = self._failures.setdefault(fingerprint, shard)
+        if first == shard:
+            return None
+        self.stopped_by = (f"the same failure (fingerprint {fingerprint[:12]}) on shards {first} and {shard}: "
+                           "it is the code, not the box; stopped every shard")
+        log.info("deterministic failure across shards: stopping the job", job=self.spec.name, shards=[first, shard])
+        for runner in self.shards:
+            if runner.shard != shard and runner.running:
+                asyncio.create_task(runner.stop(), name=f"stop:{self.spec.name}:{runner.shard}")
+        return first
+
+    def _set_job(self, state: JobState, reason: str) -> None:
+        self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+
+    # -- what the service and the API call ----------------------------------------------
+
+    async def stop(self, grace_s: float | None = None) -> KillReport:
+        self._stop_requested = True
+        runners = [r for r in [*self.shards, self.gather] if r is not None and r.running]
+        reports = await asyncio.gather(*(r.stop(grace_s) for r in runners))
+        report = KillReport()
+        for each in reports:
+            merge_reports(report, each)
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
+        return report
+
+    async def detach(self) -> None:
+        self._writes.close()
+        for runner in [*self.shards, self.gather]:
+            if runner is not None:
+                await runner.detach()
+        if self.task is not None:
+            while not self.task.done():
+                self.task.cancel()
+                await asyncio.wait({self.task}, timeout=0.1)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    def snapshot(self) -> RunnerSnapshot:
+        shards = tuple(r.snapshot() for r in [*self.shards, self.gather] if r is not None)
+        return RunnerSnapshot(job=self.spec.name, attempt=None, shards=shards)
+
+
+def summary(counts: Counter[JobState], total: int) -> str:
+    """`4 shards: 1 done, 2 running, 1 backoff`: each state that has shards, in a fixed order."""
+    parts = [f"{counts[s]} {s}" for s in JobState if counts[s]]
+    return f"{total} shards: " + ", ".join(parts)

@@ -1,0 +1,113 @@
+"""The store's schema, as the migrations that build it: entry i takes a store from version i to
+i+1 (SQLite's `user_version`).  Never edit a shipped entry: append one."""
+
+from __future__ import annotations
+
+# Each entry migrates the schema from version i to i+1.  Never edit a shipped entry: append.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        name TEXT PRIMARY KEY,
+        spec_json TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE attempts (
+        job TEXT NOT NULL REFERENCES jobs(name),
+        n INTEGER NOT NULL,
+        tag TEXT NOT NULL UNIQUE,
+        host TEXT NOT NULL,
+        argv_json TEXT NOT NULL,
+        workdir TEXT NOT NULL,
+        log_path TEXT NOT NULL,
+        status_path TEXT NOT NULL,
+        pid INTEGER,
+        pgid INTEGER,
+        start_time REAL,
+        started REAL NOT NULL,
+        ended REAL,
+        state TEXT NOT NULL,
+        exit_code INTEGER,
+        exit_signal INTEGER,
+        log_offset INTEGER NOT NULL DEFAULT 0,
+        phase TEXT,
+        progress_json TEXT,
+        verdict TEXT,
+        reason TEXT,
+        failure_json TEXT,
+        fingerprint TEXT,
+        action TEXT,
+        PRIMARY KEY (job, n)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        probe TEXT,
+        phase TEXT,
+        log_offset INTEGER,
+        message TEXT NOT NULL,
+        data_json TEXT NOT NULL
+    );
+    CREATE INDEX events_by_attempt ON events(job, attempt, id);
+    -- A probe event is identified by where in the log it came from: re-reading a stretch of
+    -- log after a restart can then never store the same event twice.
+    CREATE UNIQUE INDEX events_probe_once ON events(job, attempt, kind, probe, log_offset)
+        WHERE log_offset IS NOT NULL;
+    CREATE TABLE gpu_samples (
+        ts REAL NOT NULL,
+        host TEXT NOT NULL,
+        gpu INTEGER NOT NULL,
+        used_mib INTEGER NOT NULL,
+        total_mib INTEGER NOT NULL,
+        util_pct INTEGER,
+        PRIMARY KEY (host, gpu, ts)
+    );
+    """,
+    # The run an attempt belongs to (+1 at each `supervise start`; relaunches stay in their run).
+    # Attempts stored before get the run the old rule gave them, once: a run went on while the
+    # previous attempt's action was 'relaunch ...'.
+    """
+    ALTER TABLE attempts ADD COLUMN run INTEGER NOT NULL DEFAULT 1;
+    UPDATE attempts SET run = (
+        SELECT runs.run FROM (
+            SELECT job, n, SUM(CASE WHEN substr(previous, 1, 8) = 'relaunch' THEN 0 ELSE 1 END)
+                OVER (PARTITION BY job ORDER BY n) AS run
+            FROM (SELECT job, n, LAG(action) OVER (PARTITION BY job ORDER BY n) AS previous FROM attempts)
+        ) AS runs
+        WHERE runs.job = attempts.job AND runs.n = attempts.n
+    );
+    """,
+    # Offsets restart at 0 when a log is truncated or rotated: a probe event is identified by
+    # the log's generation too (Record.generation), and the resume offset is stored with its own.
+    """
+    ALTER TABLE events ADD COLUMN log_generation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE attempts ADD COLUMN log_generation INTEGER NOT NULL DEFAULT 0;
+    DROP INDEX events_probe_once;
+    CREATE UNIQUE INDEX events_probe_once_per_generation
+        ON events(job, attempt, kind, probe, log_generation, log_offset) WHERE log_offset IS NOT NULL;
+    """,
+    # A batch scheduler's id for an attempt (a Slurm job id): what re-adopts it after a restart.
+    """
+    ALTER TABLE attempts ADD COLUMN scheduler_id TEXT;
+    """,
+    # Pipelines (supervisor/pipelines.py): each step is a job (`PIPELINE.STEP`); this keeps which
+    # steps a pipeline has, in order, and which its last start skipped.
+    """
+    CREATE TABLE pipelines (
+        name TEXT PRIMARY KEY,
+        spec_path TEXT NOT NULL,
+        overrides_json TEXT NOT NULL,
+        steps_json TEXT NOT NULL,
+        started REAL NOT NULL
+    );
+    """,
+    # The shard an attempt ran (sharding.py): NULL for an unsharded job's attempts, -1 for a gather.
+    """
+    ALTER TABLE attempts ADD COLUMN shard INTEGER;
+    """,
+)

@@ -1,0 +1,148 @@
+"""Sharded jobs through a real daemon: shards at once, a failed shard relaunched alone, the gather
+step, a deterministic failure on two shards stopping the job, status and bad values."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state, supervise
+
+# argv: shard, num_shards, out dir, gate.  Shard 1 crashes on its first attempt; the others hold
+# at the gate until the test has seen shard 1 relaunched, so all three run at once.
+SHARD_JOB = """\
+import os, sys, time
+shard, num, out, gate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+print(f"shard {shard} of {num} starting", flush=True)
+marker = os.path.join(out, "crashed-once")
+if shard == 1 and not os.path.exists(marker):
+    open(marker, "w").close()
+    raise KeyError("layers.0.weight_scale")
+while shard != 1 and not os.path.exists(gate):
+    time.sleep(0.02)
+for i in range(1, 5):
+    print(f"Loading checkpoint shards: {25*i}%|###| {i}/4 [00:00<00:01, 5.0it/s]", flush=True)
+    time.sleep(0.02)
+with open(os.path.join(out, f"part-{shard}-of-{num}"), "w") as f:
+    f.write(f"{shard}\\n")
+"""
+
+GATHER_JOB = """\
+import os, sys
+out, num = sys.argv[1], int(sys.argv[2])
+parts = [os.path.join(out, f"part-{i}-of-{num}") for i in range(num)]
+missing = [p for p in parts if not os.path.exists(p)]
+if missing:
+    sys.exit(f"missing {missing}")
+with open(os.path.join(out, "all.txt"), "w") as f:
+    f.write("".join(open(p).read() for p in parts))
+print("gathered", flush=True)
+"""
+
+# Every shard but the last dies of the same bug; the last holds until stopped.
+SAME_BUG_JOB = """\
+import sys, time
+shard, num = int(sys.argv[1]), int(sys.argv[2])
+if shard == num - 1:
+    while True:
+        time.sleep(0.05)
+raise KeyError("layers.0.weight_scale")
+"""
+
+
+def _spec(home: Path, name: str, script: str, body: str, *, gather: str | None = None) -> Path:
+    specs = home / "specs"
+    specs.mkdir(exist_ok=True)
+    (specs / f"{name}.py").write_text(script)
+    gather_line = ""
+    if gather is not None:
+        (specs / f"{name}_gather.py").write_text(gather)
+        gather_line = f'gather = ["{{python}}", "{specs / name}_gather.py", "{home}/out", "{{num_shards}}"]\n'
+    path = specs / f"{name}.toml"
+    path.write_text(f'name = "{name}"\n'
+                    f'command = ["{{python}}", "{specs / name}.py", "{{shard}}", "{{num_shards}}", "{home}/out", "{home}/gate"]\n'
+                    f'{gather_line}probes = ["python", "tqdm", "transformers"]\nstop_grace_s = 2\n{body}')
+    (home / "out").mkdir(exist_ok=True)
+    return path
+
+
+def _attempts_by_shard(daemon: DaemonProcess, job: str) -> dict[int | None, list[int]]:
+    found: dict[int | None, list[int]] = {}
+    for a in daemon.client().attempts(job).attempts:
+        found.setdefault(a.shard, []).append(a.n)
+    return found
+
+
+def test_three_shards_one_relaunched_alone_then_gather(daemon: DaemonProcess, home: Path, daemon_env) -> None:
+    spec = _spec(home, "sh", SHARD_JOB, "shards = 3\n[restart]\nbackoff_initial_s = 0.1\nbackoff_jitter_s = 0\n",
+                 gather=GATHER_JOB)
+    out = supervise(daemon_env, "start", str(spec)).stdout
+    assert "started sh 3 shards" in out
+    client = daemon.client()
+    # Shard 1 crashed and was relaunched while shards 0 and 2 kept their first attempts.
+    wait_until(lambda: len(_attempts_by_shard(daemon, "sh").get(1, [])) == 2)
+    by_shard = _attempts_by_shard(daemon, "sh")
+    assert len(by_shard[0]) == 1 and len(by_shard[2]) == 1
+    assert {a.state for a in client.attempts("sh").attempts if a.shard in (0, 2)} == {"running"}
+    first = client.attempts("sh").attempts
+    crashed = next(a for a in first if a.shard == 1 and a.verdict == "crashed")
+    assert crashed.action.startswith("relaunch")
+
+    # While they run: one line for the job, then one per shard; --json carries the shard index.
+    wait_until(lambda: len([a for a in client.attempts("sh").attempts if a.shard == 1 and a.verdict == "done"]) == 1)
+    text = supervise(daemon_env, "status", "sh").stdout.splitlines()
+    assert re.match(r"sh: running  shards 1/3 done, 2 running, 0 failed", text[0]), text
+    assert [line.split()[:3] for line in text[1:4]] == [["shard", "0", "running"], ["shard", "1", "done"],
+                                                        ["shard", "2", "running"]]
+    assert "attempts 2" in text[2] and "attempts 1" in text[1]
+    shards = json.loads(supervise(daemon_env, "status", "sh", "--json").stdout)["jobs"][0]["shards"]
+    assert (shards["total"], shards["done"], shards["running"]) == (3, 1, 2)
+    assert [s["shard"] for s in shards["shards"]] == [0, 1, 2]
+    assert shards["shards"][1]["attempt"]["shard"] == 1
+
+    (home / "gate").write_text("")
+    wait_until(lambda: job_state(client, "sh") == "done")
+    assert (home / "out" / "all.txt").read_text() == "0\n1\n2\n"
+    attempts = client.attempts("sh").attempts
+    gather = [a for a in attempts if a.shard == -1]
+    assert len(gather) == 1 and gather[0].verdict == "done"
+    # The gather ran once, after every shard had ended.
+    assert gather[0].started >= max(a.ended or 0 for a in attempts if a.shard != -1)
+    assert len({a.run for a in attempts}) == 1
+    final = supervise(daemon_env, "status", "sh").stdout.splitlines()
+    assert final[0].startswith("sh: done  shards 3/3 done, 0 running, 0 failed")
+    assert final[4].split()[:2] == ["gather", "done"] and final[5].startswith("GPUs:")
+
+
+def test_same_failure_on_two_shards_stops_the_job(daemon: DaemonProcess, home: Path, daemon_env) -> None:
+    spec = _spec(home, "bug", SAME_BUG_JOB,
+                 "shards = 3\n[restart]\nmax_attempts = 5\nbackoff_initial_s = 60\nbackoff_jitter_s = 0\n",
+                 gather="print('never')\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "bug") == "failed", timeout=30)
+    job = client.status("bug").jobs[0]
+    assert "the same failure" in job.reason and "shards 0 and 1" in job.reason.replace("1 and 0", "0 and 1")
+    attempts = client.attempts("bug").attempts
+    # One attempt each: neither crashing shard waited out its backoff; the healthy one was stopped.
+    assert sorted(a.shard for a in attempts) == [0, 1, 2]
+    assert next(a for a in attempts if a.shard == 2).state == "stopped"
+    assert all(a.state != "running" for a in attempts)
+    assert not any(a.shard == -1 for a in attempts)  # no gather after a failure
+
+
+@pytest.mark.parametrize("body, args, words", [
+    ("shards = 0\n", [], "shards"),
+    ("", ["--shards", "-1"], "shards"),
+    ("shards = 3\n[gpu]\ndevices = [0, 1, 2, 3]\ndevices_per_shard = 3\n", [], "does not divide"),
+    ("shards = 3\n[gpu]\ndevices = [0, 1]\ndevices_per_shard = 1\n", [], "lower shards"),
+])
+def test_bad_shard_values_are_one_line_65(daemon_env, home: Path, body: str, args: list[str], words: str) -> None:
+    spec = _spec(home, "badshards", "print('x')\n", body)
+    result = supervise(daemon_env, "start", str(spec), *args, check=False)
+    assert result.returncode == 65, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
