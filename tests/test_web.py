@@ -22,6 +22,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service as DriverService
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -128,6 +129,36 @@ def test_stop_from_the_page_stops_the_job(web: Web, browser: WebDriver, make_job
     wait_until(lambda: client.status("sleeper").jobs[0].state == "stopped")
     wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     wait_until(lambda: "stopped sleeper" in _text(browser, '.card[data-job="sleeper"] .msg'))
+
+
+def _click(browser: WebDriver, selector: str) -> None:
+    """Click a button the live page may be redrawing just then (a redraw replaces the element)."""
+    def clicked() -> bool:
+        try:
+            browser.find_element(By.CSS_SELECTOR, selector).click()
+            return True
+        except (StaleElementReferenceException, NoSuchElementException):
+            return False
+    wait_until(clicked)
+
+
+def test_hold_release_and_restart_from_the_page(web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
+    spec = make_job("sleeper", SLEEPER)
+    client = web.daemon.client()
+    client.start(str(spec), {})
+    first = client.attempts("sleeper").attempts[0].pid
+    _open(browser, web)
+    card = '.card[data-job="sleeper"]'
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f"{card} button.hold"))
+    _click(browser, f"{card} button.hold")
+    wait_until(lambda: "held" in _text(browser, f"{card} .msg") or "hold" in _text(browser, f"{card} .msg"))
+    _click(browser, f"{card} button.release")
+    wait_until(lambda: "releas" in _text(browser, f"{card} .msg"))
+    _click(browser, f"{card} button.restart")
+    wait_until(lambda: len(client.attempts("sleeper").attempts) == 2)
+    assert client.attempts("sleeper").attempts[1].pid != first
+    wait_until(lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE)
+    client.stop("sleeper", None)
 
 
 def test_no_token_is_refused_and_bad_values_get_one_line(web: Web, browser: WebDriver,

@@ -61,7 +61,7 @@ class JobRunner(Watching):
         """Stop the job: no more relaunches; TERM the whole tree, wait, KILL."""
         self._stop_requested.set()
         report = KillReport()
-        live = self.live
+        live = self.live or await self._launched_or_ended()
         if live is not None:
             live.killed_by_us = True
             report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
@@ -69,6 +69,15 @@ class JobRunner(Watching):
             with contextlib.suppress(asyncio.CancelledError, SuperviseError):
                 await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
         return report
+
+    async def _launched_or_ended(self, timeout_s: float = 30.0) -> Live | None:
+        """A stop that comes while an attempt is being launched (a `restart` just before, say) waits
+        for its process to exist, to kill it: a stop is never lost between launch and watch.  The
+        loop itself sees the stop everywhere else (backoff, GPU and `after` waits) and ends."""
+        deadline = time.monotonic() + timeout_s
+        while self.live is None and self.task is not None and not self.task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.live
 
     async def detach(self) -> None:
         """The daemon is shutting down: stop watching, leave the job running for the next daemon."""

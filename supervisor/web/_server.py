@@ -29,7 +29,7 @@ _PAGES = {"overview": "index.html", "job": "job.html"}
 _ASSETS = {"app.css": "text/css", "common.js": "text/javascript", "overview.js": "text/javascript",
            "job.js": "text/javascript"}
 # Actions: page verb -> the control API handler that does it (restart joins when the API has it).
-ACTIONS = {"stop": "stop_job", "restart": "restart_job"}
+ACTIONS = {"stop": "stop_job", "restart": "restart_job", "hold": "hold_job", "release": "release_job"}
 
 
 def _int(request: web.Request, key: str, default: int | None, low: int, high: int) -> int | None:

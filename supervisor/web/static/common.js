@@ -64,6 +64,13 @@ function jobCard(job, readOnly) {
   if (stop) stop.addEventListener("click", () => act(job.name, "stop", stop));
   const restart = readOnly ? null : el("button", { class: "restart", "data-job": job.name, text: "Restart" });
   if (restart) restart.addEventListener("click", () => act(job.name, "restart", restart));
+  // Postpone a pending kill (health.action = warn_then_kill), or let it come: `supervise hold/release`.
+  const hold = !readOnly && ACTIVE.has(job.state)
+    ? el("button", { class: "hold", "data-job": job.name, text: "Hold" }) : null;
+  if (hold) hold.addEventListener("click", () => act(job.name, "hold", hold));
+  const release = !readOnly && ACTIVE.has(job.state)
+    ? el("button", { class: "release", "data-job": job.name, text: "Release" }) : null;
+  if (release) release.addEventListener("click", () => act(job.name, "release", release));
   const facts = el("div", { class: "row" },
     el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
     el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
@@ -73,7 +80,7 @@ function jobCard(job, readOnly) {
     job.host !== "local" ? el("span", { text: job.host }) : null);
   return el("div", { class: "card job", "data-job": job.name, "data-state": job.state },
     el("h3", {}, el("a", { href: "/job/" + encodeURIComponent(job.name), text: job.name }),
-      el("span", { class: "badge " + job.state, text: job.state }), stop, restart),
+      el("span", { class: "badge " + job.state, text: job.state }), stop, hold, release, restart),
     facts, progressBar(a && a.progress),
     job.reason ? el("div", { class: "reason", text: job.reason }) : null,
     el("div", { class: "msg" }));
