@@ -298,6 +298,11 @@ def load_spec(path: Path) -> JobSpec:
     raw = read_toml(path, "job spec", SpecError)
     raw.setdefault("name", path.stem)
     raw["spec_path"] = str(path.resolve())
+    # A relative pack file is the spec's neighbour, wherever the daemon runs from.
+    files = raw.get("probe_files")
+    if isinstance(files, list):
+        raw["probe_files"] = [str(path.resolve().parent / f) if isinstance(f, str) and f and not os.path.isabs(f)
+                              else f for f in files]
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:

@@ -223,3 +223,11 @@ def _error_of(path: Path) -> str:
         load_spec(path)
     assert "\n" not in str(info.value)
     return str(info.value)
+
+
+def test_relative_probe_files_are_the_specs_neighbours(tmp_path: Path) -> None:
+    (tmp_path / "packs").mkdir()
+    spec_file = tmp_path / "j.toml"
+    spec_file.write_text('name = "j"\ncommand = ["true"]\nprobe_files = ["packs/mine.toml", "/abs/other.toml"]\n')
+    spec = load_spec(spec_file)
+    assert spec.probe_files == [str(tmp_path.resolve() / "packs" / "mine.toml"), "/abs/other.toml"]
