@@ -233,17 +233,30 @@ def test_a_job_that_exits_on_a_full_disk_is_recorded_once_there_is_room(
     once space returns (before, supervision ended for good and the job read `failed`)."""
     env = {**daemon_env, "SUPERVISE_HOME": str(small_home)}
     monkeypatch.setenv("SUPERVISE_HOME", str(small_home))
+    # The job waits while the gate exists: removing it needs no room on the full disk.
     gate = small_home / "gate"
+    gate.touch()
     script = (
         "import os, time\n"
         "for i in range(1, 21):\n"
         "    print(f'Loading checkpoint shards: {i*5}%|#| {i}/40 [00:00<00:01, 5.0it/s]', flush=True)\n"
-        f"while not os.path.exists('{gate}'):\n"
+        f"while os.path.exists('{gate}'):\n"
         "    time.sleep(0.01)\n")  # then exits 0 without writing: the disk is full
     spec = _spec(small_home, "fullexit", script)
     # The daemon's own log lives off the small disk: it must say when it meets the full store.
     outside = Path(tempfile.mkdtemp(prefix="sv-log-", dir="/tmp")) / "daemon-test.log"
     (small_home / "daemon-test.log").symlink_to(outside)
+    # Made before anything runs, while there is room: the store's WAL may fill the small disk by
+    # itself before the test fills it.  The ballast is freed with the filler when room returns;
+    # the spares are freed one at a time, room for the exit status, not for the store (a store
+    # write retried at that moment may take a freed page first; then the next one is freed).
+    ballast = small_home / "ballast"
+    ballast.write_bytes(b"\0" * (1 << 20))
+    spares = [small_home / f"spare{i}" for i in range(8)]
+    for spare in spares:
+        spare.write_bytes(b"\0" * 4096)
+    filler = small_home / "filler"
+    filler.touch()
     daemon = DaemonProcess(small_home, env)
     daemon.start()
     try:
@@ -251,22 +264,17 @@ def test_a_job_that_exits_on_a_full_disk_is_recorded_once_there_is_room(
         client.start(str(spec), {})
         wait_until(lambda: len([e for e in client.events("fullexit").events if e.kind == "progress"]) >= 20)
         pid = client.attempts("fullexit").attempts[0].pid
-        # Freed later, one at a time: room for the exit status, not for the store (a store write
-        # retried at that moment may take a freed page first; then the next one is freed).
-        spares = [small_home / f"spare{i}" for i in range(8)]
-        for spare in spares:
-            spare.write_bytes(b"\0" * 4096)
-        filler = small_home / "filler"
-        with open(filler, "wb") as f:  # fill the disk to the last byte
+        with open(filler, "ab", buffering=0) as f:  # fill the disk to the last byte: unbuffered, so close has nothing left to write
             try:
                 while True:
                     f.write(b"\0" * 65536)
                     f.flush()
             except OSError:
                 pass
-        gate.touch()  # an empty file needs an inode, not a block: a full tmpfs still takes it
+        gate.unlink()
         # The command has exited; its wrapper waits for room to write the exit status.
-        wait_until(lambda: not psutil.Process(pid).children(), timeout=30)
+        # (Its only child is then the retry loop's `sleep 1`.)
+        wait_until(lambda: all(c.name() == "sleep" for c in psutil.Process(pid).children()), timeout=30)
         # The status is written, the wrapper ends: the daemon sees the exit, the store is full.
         for spare in spares:
             spare.unlink()
@@ -277,6 +285,7 @@ def test_a_job_that_exits_on_a_full_disk_is_recorded_once_there_is_room(
         wait_until(lambda: re.search(r"cannot store|store cannot be written", daemon.log_text()))
         assert client.ping().pid == daemon.proc.pid
         filler.unlink()
+        ballast.unlink()
         wait_until(lambda: job_state(client, "fullexit") != "running", timeout=30)
         assert job_state(client, "fullexit") == "done", client.status("fullexit").jobs[0].reason
         attempt = client.attempts("fullexit").attempts[0]
