@@ -58,7 +58,7 @@ def test_sacct_line_is_read_when_the_controller_forgot_the_job() -> None:
                                               (SchedulerEnd.TIMEOUT, Verdict.TIMEOUT),
                                               (SchedulerEnd.OUT_OF_MEMORY, Verdict.OOM)])
 def test_the_schedulers_word_is_the_verdict(end: SchedulerEnd, verdict: Verdict) -> None:
-    judgement = scheduler_judgement(ExitStatus(143, 15, end))
+    judgement = scheduler_judgement(ExitStatus(143, 15, scheduler_end=end))
     assert judgement is not None and judgement.verdict is verdict
     assert judgement.reason.startswith(f"ended by the scheduler ({end.value}); killed by signal 15")
     assert scheduler_judgement(ExitStatus(1, None)) is None

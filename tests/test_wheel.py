@@ -159,7 +159,7 @@ def test_start_extract_from_the_wheel_runs_the_embedded_job(venv: Path, outside:
     start = [venv / "bin" / "supervise", "start", "extract", "--follow", "--set", f"python={sys.executable}"]
     result = _run(start, cwd=outside, env=_env(user_home), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "phase    done: extract done: 64 samples" in result.stdout
+    assert re.search(r"phase +done\b", result.stdout), result.stdout  # one phase name per phase line
     manifest = json.loads((user_home / "out" / "extract" / "manifest.json").read_text())
     assert (manifest["status"], manifest["num_samples"]) == ("complete", 64)
     events = _run([venv / "bin" / "supervise", "events", "extract", "--json"], cwd=outside, env=_env(user_home),

@@ -7,7 +7,7 @@ processes or files of a job except through it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -91,6 +91,7 @@ class SchedulerEnd(StrEnum):
 class ExitStatus:
     returncode: int | None  # None: the wrapper itself was killed before it could record one
     signal: int | None  # set when the command died of a signal (from 128+N)
+    _: KW_ONLY  # what hosts may add, named: two optional facts of one type must never swap places
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
     scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
 

@@ -167,7 +167,7 @@ class SlurmHost:
         recorded = await self.exit_status(handle)
         end = info.scheduler_end if info is not None else None
         if recorded is not None:
-            return ExitStatus(recorded.returncode, recorded.signal, end)
+            return ExitStatus(recorded.returncode, recorded.signal, scheduler_end=end)
         return info.exit_status() if info is not None else ExitStatus(returncode=None, signal=None)
 
     async def is_alive(self, handle: ProcessHandle) -> bool:
