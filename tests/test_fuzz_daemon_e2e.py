@@ -189,8 +189,10 @@ def test_mutated_log_streams_never_freeze_the_daemon_or_disorder_events(daemon: 
     finally:
         pinger.done.set()
         pinger.join(timeout=10)
-    assert not pinger.failed and pinger.pings > 10, pinger.failed[:3]
-    assert pinger.slowest < 3.0, f"a ping took {pinger.slowest:.1f}s"
+    assert not pinger.failed and pinger.pings >= 3, pinger.failed[:3]
+    # A frozen loop answers nothing for as long as matching takes (a costly pack froze it ~60 s per MB):
+    # 10 s bounds that on a busy 2-core machine without timing the healthy case.
+    assert pinger.slowest < 10.0, f"a ping took {pinger.slowest:.1f}s"
     for name in names:
         done = [int(e.data["done"]) for e in client.events(name).events if e.kind == "progress"]
         # A subset, in order, of the steps written (a truncation may take some before they are

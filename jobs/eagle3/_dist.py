@@ -59,6 +59,13 @@ def start(world: World, device: torch.device) -> None:
                             device_id=device if device.type == "cuda" else None)
 
 
+def barrier(world: World) -> None:
+    if world.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def stop(world: World) -> None:
     if world.distributed:
         import torch.distributed as dist

@@ -747,14 +747,16 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
 
     if last_saved != step:
         checkpoint()
-    if not world.main:
-        return out
-    info = {"format": INFO_FORMAT, "steps": step, "data": str(Path(args.data).resolve()),
-            "target_model": str(Path(su.model_dir).resolve()), "draft_vocab_coverage": su.coverage,
-            "run": {k: v for k, v in fingerprint.items() if k != "samples"},
-            "seconds": round(time.monotonic() - t_start, 1)}
-    export_draft(out, draft, info)
-    say(f"train done: {step} steps")
+    if world.main:
+        info = {"format": INFO_FORMAT, "steps": step, "data": str(Path(args.data).resolve()),
+                "target_model": str(Path(su.model_dir).resolve()), "draft_vocab_coverage": su.coverage,
+                "run": {k: v for k, v in fingerprint.items() if k != "samples"},
+                "seconds": round(time.monotonic() - t_start, 1)}
+        export_draft(out, draft, info)
+        say(f"train done: {step} steps")
+    # Every rank leaves together: a rank that tore its process group down while rank 0 still wrote
+    # the export was seen to abort in gloo ("terminate called without an active exception", -6).
+    _dist.barrier(world)
     return out
 
 
