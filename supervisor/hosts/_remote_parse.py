@@ -7,7 +7,7 @@ import csv
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..gpu import GpuDevice, GpuProcess
+from ..gpu import GpuDevice, GpuProcess, GpuSample
 from .base import KillReport
 
 
@@ -107,3 +107,15 @@ def parse_keys(out: bytes) -> dict[str, str]:
         if sep and key.isidentifier():
             values[key] = value.strip()
     return values
+
+
+def gpu_sample(ts: float, rc: int | None, lines: list[str], err: str, where: str) -> GpuSample:
+    """What the GPUS script printed (a ``gpus`` line and its CSV, an ``apps`` line and its CSV) as
+    one sample of ``where``; a failed or garbled run is an unavailable sample saying why."""
+    if rc != 0 or "gpus" not in lines or "apps" not in lines:
+        detail = " ".join(ln for ln in lines if ln not in ("gpus", "apps"))[:300] or err.strip()[:300]
+        return GpuSample(ts, False, f"nvidia-smi failed on {where}: {detail.strip()}", (), ())
+    at_gpus, at_apps = lines.index("gpus"), lines.index("apps")
+    devices = parse_gpus(lines[at_gpus + 1 : at_apps])
+    processes = parse_apps(lines[at_apps + 1 :], devices)
+    return GpuSample(ts, True, "", tuple(devices), tuple(processes))

@@ -235,14 +235,7 @@ class SlurmHost:
                                                  "--nodes=1", "/bin/sh", "-c", _remote.GPUS, "sh", self.nvidia_smi])
         except SuperviseError as exc:
             return GpuSample(ts, False, f"cannot sample GPUs of Slurm job {job.job_id}: {exc}", (), ())
-        lines = out.splitlines()
-        if rc != 0 or "gpus" not in lines or "apps" not in lines:
-            detail = " ".join(ln for ln in lines if ln not in ("gpus", "apps"))[:300] or err.strip()[:300]
-            return GpuSample(ts, False, f"nvidia-smi failed on {job.nodes}: {detail}", (), ())
-        at_gpus, at_apps = lines.index("gpus"), lines.index("apps")
-        devices = _remote_parse.parse_gpus(lines[at_gpus + 1 : at_apps])
-        processes = _remote_parse.parse_apps(lines[at_apps + 1 :], devices)
-        return GpuSample(ts, True, "", tuple(devices), tuple(processes))
+        return _remote_parse.gpu_sample(ts, rc, out.splitlines(), err, job.nodes)
 
     async def close(self) -> None:
         self._seen.clear()

@@ -176,13 +176,7 @@ class SshHost(SshConnection):
         lines = text.splitlines()
         if lines[:1] == ["missing"]:
             return GpuSample(ts, False, f"nvidia-smi not found on {self.target.display}", (), ())
-        if rc != 0 or "gpus" not in lines or "apps" not in lines:
-            detail = " ".join(ln for ln in lines if ln not in ("gpus", "apps"))[:300] or err.decode(errors="replace")
-            return GpuSample(ts, False, f"nvidia-smi failed on {self.target.display}: {detail.strip()}", (), ())
-        at_gpus, at_apps = lines.index("gpus"), lines.index("apps")
-        devices = _remote_parse.parse_gpus(lines[at_gpus + 1 : at_apps])
-        processes = _remote_parse.parse_apps(lines[at_apps + 1 :], devices)
-        return GpuSample(ts, True, "", tuple(devices), tuple(processes))
+        return _remote_parse.gpu_sample(ts, rc, lines, err.decode(errors="replace"), self.target.display)
 
     # -- remote facts -------------------------------------------------------------------------
 
