@@ -21,10 +21,10 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import supervise
 from test_fuzz_inputs import FULL_SPEC, REPO, SEED, mutate
 
+from supervisor import protocol
+from supervisor.api._handlers import load_checked_spec
 from supervisor.client import Client
 from supervisor.errors import ProbePackError, SpecError
-from supervisor.probes import load_packs
-from supervisor.spec import load_spec
 
 API_SPECS = 150  # mutated specs sent with a client (the in-process fuzz tries 400 more)
 API_PACKS = 60  # mutated packs, each named by an otherwise valid spec
@@ -41,9 +41,7 @@ print("all good", flush=True)
 def _refused_locally(path: Path) -> bool:
     """Would the daemon refuse it?  The checks `start` makes, in process."""
     try:
-        spec = load_spec(path).with_overrides({})
-        spec.argv(1)
-        load_packs(spec.probes, spec.probe_files)
+        load_checked_spec(protocol.StartRequest(spec_path=str(path)))
     except (SpecError, ProbePackError):
         return True
     return False

@@ -388,7 +388,7 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     overrides, its argv templates, its probe packs and its host's address."""
     _checked_name(body.spec_path, "spec_path")
     # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
-    spec = await asyncio.to_thread(_load_checked, body)
+    spec = await asyncio.to_thread(load_checked_spec, body)
     for field, host in [("host", spec.host), *(("hosts", h) for h in spec.hosts)]:
         try:
             hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
@@ -401,7 +401,7 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     return spec
 
 
-def _load_checked(body: protocol.StartRequest) -> JobSpec:
+def load_checked_spec(body: protocol.StartRequest) -> JobSpec:
     spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides), body.after)
     spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
     if spec.shards > 1 and spec.gather:

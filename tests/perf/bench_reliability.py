@@ -46,9 +46,9 @@ from _harness import PY, ROOT, WRITER, Daemon, machine_note, table, wait_until
 from test_fuzz_daemon_e2e import LOG_FUZZ_JOB
 from test_fuzz_inputs import FULL_SPEC, SEED, mutate
 
+from supervisor import protocol
+from supervisor.api._handlers import load_checked_spec
 from supervisor.errors import ProbePackError, SpecError
-from supervisor.probes import load_packs
-from supervisor.spec import load_spec
 
 FREEZE_S = 5.0
 
@@ -154,9 +154,7 @@ def crash_rounds(env: dict[str, str], kills: int, stops: int, rng: random.Random
 
 def _invalid(path: Path) -> bool:
     try:
-        spec = load_spec(path).with_overrides({})
-        spec.argv(1)
-        load_packs(spec.probes, spec.probe_files)
+        load_checked_spec(protocol.StartRequest(spec_path=str(path)))
     except (SpecError, ProbePackError):
         return True
     return False
