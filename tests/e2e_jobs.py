@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from conftest import wait_until
@@ -122,3 +124,19 @@ def check_redraw_read_while_it_waits(client: Client, job: str, seen_within_s: fl
     assert (attempt.reason or "").startswith("checkpoint_shard 4/8, no progress for 2.0s")
     done = [e.data["done"] for e in client.events(job).events if e.kind == "progress"]
     assert done == [1, 2, 3, 4]  # each step once: the tail's event and its record's are one
+
+
+class AlertSink(BaseHTTPRequestHandler):
+    """A real HTTP endpoint for apprise's JSON alerts (`json://127.0.0.1:PORT`): each POST's body
+    lands in ``received``, which a test resets before use."""
+
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return None

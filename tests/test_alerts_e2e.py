@@ -10,13 +10,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, DaemonProcess, wait_until
-from e2e_jobs import supervise
+from e2e_jobs import AlertSink, supervise
 from supervisor.client import Client
 
 CRASH_LOG = REPO / "tests" / "data" / "corpus" / "device-logs" / "run-torchrun-rank1-valueerror-startup.log"
@@ -44,23 +44,10 @@ print("all done", flush=True)
 """
 
 
-class _Sink(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        type(self).received.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 @pytest.fixture
 def alerting(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[DaemonProcess]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    _Sink.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AlertSink)
+    AlertSink.received = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     daemon_env["SUPERVISE_ALERT_URLS"] = f"json://127.0.0.1:{server.server_port}/alert"
@@ -77,11 +64,11 @@ def alerting(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyP
 
 
 def titles() -> list[str]:
-    return [a["title"] for a in _Sink.received]
+    return [a["title"] for a in AlertSink.received]
 
 
 def sent(prefix: str) -> list[dict]:
-    return [a for a in _Sink.received if a["title"].startswith(prefix)]
+    return [a for a in AlertSink.received if a["title"].startswith(prefix)]
 
 
 def loader_spec(home: Path, tmp_path: Path, name: str, args: list[str], extra: str) -> Path:
@@ -109,7 +96,7 @@ def test_phase_eta_and_done_alerts(alerting: DaemonProcess, home: Path, tmp_path
     wait_until(lambda: sent("load: done"), timeout=30)
     assert client.attempts("load").attempts[0].verdict == "done"
     phase = sent("load: weight_loading after ")
-    eta = [a for a in _Sink.received if "%" in a["title"]]
+    eta = [a for a in AlertSink.received if "%" in a["title"]]
     assert len(phase) == 1 and "next: nothing: watching on" in phase[0]["message"], titles()
     # The 50% mark, once, when 5 of 10 shards were in: how far, how long, how long left.
     assert len(eta) == 1 and ": 50% after " in eta[0]["title"] and "ETA " in eta[0]["title"], titles()
@@ -129,13 +116,13 @@ def test_verdict_then_gave_up_each_with_its_title(alerting: DaemonProcess, home:
     client = alerting.client()
     client.start(str(spec), {})
     wait_until(lambda: sent("crash: gave up"), timeout=60)
-    first, last = _Sink.received[0], sent("crash: gave up")[0]
+    first, last = AlertSink.received[0], sent("crash: gave up")[0]
     assert first["title"] == "crash: attempt 1 crashed"
     assert "next: relaunch in 0.2s" in first["message"] and "ValueError: unsupported lr" in first["message"]
     assert last["title"].startswith("crash: gave up: same failure twice in a row (fingerprint ")
     assert "attempt 2 crashed; not relaunching" in last["message"]
     assert "next: nothing: the job has failed; `supervise restart crash` starts it again" in last["message"]
-    assert len(_Sink.received) == 2, titles()
+    assert len(AlertSink.received) == 2, titles()
 
 
 def test_warn_never_kills_and_repeats_are_deduplicated(alerting: DaemonProcess, home: Path, tmp_path: Path) -> None:
@@ -168,7 +155,7 @@ def test_burst_of_alerts_is_capped(alerting: DaemonProcess, home: Path, tmp_path
     client.start(str(spec), {})
     wait_until(lambda: finished(client, "bursty"), timeout=30)
     time.sleep(0.5)  # deliveries finish after the job's end is stored
-    assert len(_Sink.received) == 10, titles()  # the alerter's burst cap (max_burst) within the interval
+    assert len(AlertSink.received) == 10, titles()  # the alerter's burst cap (max_burst) within the interval
 
 
 def test_warn_then_kill_kills_without_progress(alerting: DaemonProcess, home: Path, tmp_path: Path) -> None:

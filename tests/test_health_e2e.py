@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, DaemonProcess, wait_until
-from e2e_jobs import HANG_AFTER_FAILURE_JOB
+from e2e_jobs import HANG_AFTER_FAILURE_JOB, AlertSink
 from supervisor.client import Client
 
 CORPUS = REPO / "tests" / "data" / "corpus"
@@ -193,22 +193,9 @@ def test_backoff_spaces_relaunches(fast_daemon: DaemonProcess, home: Path, tmp_p
         assert after.started - (before.ended or 0) >= 0.95
 
 
-class _AlertSink(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        type(self).received.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 def test_alert_reaches_a_real_http_endpoint(home: Path, daemon_env: dict[str, str], monkeypatch) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _AlertSink)
-    _AlertSink.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AlertSink)
+    AlertSink.received = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     daemon_env["SUPERVISE_ALERT_URLS"] = f"json://127.0.0.1:{server.server_port}/alert"
@@ -220,8 +207,8 @@ def test_alert_reaches_a_real_http_endpoint(home: Path, daemon_env: dict[str, st
         spec = replay_spec(home, "alerting", [str(log), "--exit", "1"], "[restart]\nmax_attempts = 1\n")
         client = daemon.client()
         client.start(str(spec), {})
-        wait_until(lambda: _AlertSink.received, timeout=60)
-        body = json.dumps(_AlertSink.received[0])
+        wait_until(lambda: AlertSink.received, timeout=60)
+        body = json.dumps(AlertSink.received[0])
         assert "alerting" in body and "attempt 1" in body and "oom" in body
         assert "OutOfMemoryError" in body and "gave up" in body and "GPU" in body
     finally:
