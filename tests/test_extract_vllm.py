@@ -254,3 +254,20 @@ def test_missing_vllm_is_a_clear_error(tmp_path, model_dir, capsys):
         pytest.skip("vLLM is installed here")
     with pytest.raises(ModuleNotFoundError, match="vLLM is not installed"):
         extract.main(["--backend", "vllm", "--model", str(model_dir), "--out", str(tmp_path)])
+
+
+def test_prompts_sharing_an_opening_get_every_token_s_hidden_state(tmp_path, model_dir, capsys):
+    """vLLM caches full KV blocks shared with earlier prompts and the connector then writes only the
+    rows it computed (seen on an H200: 176 of 192): prefix caching must be off for extraction."""
+    opening = [1] + [7 + (i % 50) for i in range(47)]  # three full 16-token blocks
+    prompts = tmp_path / "shared.jsonl"
+    prompts.write_text("".join(json.dumps({"token_ids": opening + [100 + k] * (5 + k)}) + "\n" for k in range(6)))
+    api = make_api()
+    out = tmp_path / "out"
+    rc, lines = run(capsys, api, "--model", model_dir, "--out", out, "--prompts", prompts)
+    assert rc == 0, lines
+    assert api.llms[0].kwargs["enable_prefix_caching"] is False
+    man, samples = prepared(out)
+    for i, (ids, _) in enumerate(samples):
+        hs = load_file(str(out / f"hs_{i}.safetensors"))
+        assert hs["hidden_states"].shape[0] == len(ids) == hs["token_ids"].shape[0]

@@ -66,13 +66,14 @@ phase_full() { pipeline full "$T/extract.jsonl"; }
 phase_quarter() { pipeline quarter "$T/extract_quarter.jsonl"; }
 
 serve_one() {  # $1 label, $2 draft dir or empty
-  local spec="$W/serve-$1.toml" extra=""
+  local spec="$W/serve-$1.toml" extra="" eager=""
+  [ -n "${SERVE_EAGER:-}" ] && eager=', "--enforce-eager"'
   [ -n "$2" ] && extra=", \"--speculative-config\", '{{\"method\": \"eagle3\", \"model\": \"$2\", \"num_speculative_tokens\": $K}}'"
   cat > "$spec" <<TOML
 name = "serve-$1"
 python = "$JOBPY"
 command = ["{python}", "-c", "from vllm.entrypoints.cli.main import main; main()", "serve", "$T", "--port", "8011",
-           "--gpu-memory-utilization", "0.3", "--max-model-len", "2048", "--seed", "0"$extra]
+           "--gpu-memory-utilization", "0.3", "--max-model-len", "2048", "--seed", "0"$eager$extra]
 probes = ["python", "cuda", "nccl", "vllm", "uvicorn", "tqdm"]
 stop_grace_s = 10
 [env]
@@ -84,15 +85,16 @@ TOML
   SV start "$spec" || return 1
   for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 1; done
   say "serve $1 ready"
-  $JOBPY "$REPO/tests/perf/gpu/e2e_bench.py" --port 8011 --prompts "$T/bench.jsonl" --label "$1" --out "$OUT/bench"
+  $JOBPY "$REPO/tests/perf/gpu/e2e_bench.py" --port 8011 --prompts "$T/bench.jsonl" --label "$1" --out "$OUT/bench" ${BENCH_ARGS:-}
   SV status "serve-$1" > "$OUT/serve-$1-status.txt"
   SV stop "serve-$1"
   keep "serve-$1"
 }
 phase_serve() {
-  serve_one none ""
-  serve_one draft "$W/full/train"
-  serve_one quarter "$W/quarter/train"
+  for label in ${SERVE_LABELS:-none draft quarter}; do
+    case $label in none) serve_one none "" ;; draft) serve_one draft "$W/full/train" ;;
+                   quarter) serve_one quarter "$W/quarter/train" ;; esac
+  done
 }
 
 # Real vLLM start-up failures and a dead engine under load, for the probe corpus (plain runs, no supervise).
