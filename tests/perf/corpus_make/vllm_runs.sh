@@ -14,7 +14,8 @@ run() {  # run NAME SECONDS COMMAND...
   local name=$1 secs=$2; shift 2
   echo "=== $(date +%T) $name: $*"
   timeout -s KILL "$secs" "$@" > "$LOGS/$name.log" 2>&1
-  echo "=== $(date +%T) $name exit $?"
+  local rc=$?
+  echo "=== $(date +%T) $name exit $rc"
 }
 wait_health() {  # wait_health PORT SECONDS
   for _ in $(seq "$2"); do curl -sf "127.0.0.1:$1/health" > /dev/null && return 0; sleep 1; done; return 1
@@ -31,7 +32,9 @@ serve_then() {  # serve_then NAME ACTION ARGS... : start `vllm serve` in its own
       engine=$(pgrep -P "$pid" | head -1); echo "SIGKILL engine pid $engine"; kill -9 "$engine"; fi
   else echo "not ready"; fi
   for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-  kill -9 -- -"$pid" 2>/dev/null; wait "$pid"; echo "=== $(date +%T) $name exit $?"
+  kill -9 -- -"$pid" 2>/dev/null; wait "$pid"
+  local rc=$?
+  echo "=== $(date +%T) $name exit $rc"
 }
 case "${1:-A}" in
 A)
