@@ -64,7 +64,7 @@ def phase_ok(label: dict[str, Any], report: ReplayReport) -> bool:
     accepted = {None if p == "unknown" else p for p in [phase, *label.get("last_phase_accept", [])]}
     expected = _expected(label, "last_phase", None)
     if expected is not None:
-        accepted = {expected}
+        accepted = {None if expected == "none" else expected}  # "none": the replay reads no phase
     got = report.last_phase
     return (got.value if got else None) in accepted
 
