@@ -170,12 +170,70 @@ def zero(mode: str) -> None:
     print(f"rank {engine.global_rank} done", flush=True)
 
 
+class Samples(torch.utils.data.Dataset):
+    """Token-id samples from records; record 200 is broken the way MODE says (or none is)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.records = [{"ids": [(i * 7 + j) % 500 for j in range(16)]} for i in range(256)]
+        if mode == "dataloader-keyerror":
+            self.records[200] = {"input_ids": self.records[200]["ids"]}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int):
+        if self.mode == "collate-typeerror" and i == 200:
+            return None  # a filter that drops a bad record by returning None
+        return torch.tensor(self.records[i]["ids"])
+
+
+class Head(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 500)
+
+    def forwad(self, x):  # misspelt: nn.Module finds no forward
+        return self.proj(x)
+
+
+def loop_error(mode: str) -> None:
+    """A small LM training loop over a DataLoader that fails mid-run the way MODE says."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(500, 64)
+    head = Head() if mode == "missing-forward" else torch.nn.Linear(64, 500)
+    model = torch.nn.Sequential(emb, head)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(Samples(mode), batch_size=8, num_workers=1 if "dataloader" in mode else 0)
+    for step, ids in enumerate(tqdm(loader, desc="train")):
+        logits = model(ids[:, :-1])
+        labels = ids[:, 1:]
+        if mode == "batch-size-valueerror" and step == 20:
+            labels = labels[:-1]  # a last-batch bug: one row short
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 500), labels.reshape(-1)) \
+            if mode != "batch-size-valueerror" or step != 20 else \
+            torch.nn.functional.cross_entropy(logits[:, -1], labels[:, -1])
+        if mode == "nan-assert" and step == 17:
+            loss = loss * float("inf") * 0
+        assert torch.isfinite(loss), f"loss is {loss.item()} at step {step}"
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 5 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if mode == "attribute-error" and step == 15:
+            torch.save(model.module.state_dict(), "/tmp/cpu-corpus/step-15.pt")  # as if wrapped in DDP
+        time.sleep(0.02)
+
+
 def rendezvous(mode: str) -> None:
     print("never reached: the rendezvous should not complete", flush=True)
 
 
 MODES = {"sft": sft, "sft-bad-column": sft, "accelerate": accel, "fsdp": fsdp, "restart-fail": restart_fail,
-         "host-oom": host_oom, "disk-full": disk_full, "rendezvous": rendezvous, "deepspeed": zero, "trainer-disk-full": trainer_disk_full}
+         "host-oom": host_oom, "disk-full": disk_full, "rendezvous": rendezvous, "deepspeed": zero, "trainer-disk-full": trainer_disk_full,
+         **{m: loop_error for m in ("dataloader-keyerror", "collate-typeerror", "batch-size-valueerror", "nan-assert",
+                                    "missing-forward", "attribute-error")}}
 
 if __name__ == "__main__":
     MODES[sys.argv[1]](sys.argv[1])

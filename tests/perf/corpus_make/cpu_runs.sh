@@ -36,4 +36,8 @@ umount /tmp/cpu-corpus/tinyfs
 # The launcher passes --local_rank=N before the script's own arguments unless told not to.
 run deepspeed-launcher-local-rank-keyerror "$BIN/deepspeed" --num_gpus 1 "$JOB" deepspeed
 run deepspeed-zero2-cpu "$BIN/deepspeed" --no_local_rank --num_gpus 1 "$JOB" deepspeed
+# Training loops that fail mid-run in the ways real ones do.
+for mode in dataloader-keyerror collate-typeerror batch-size-valueerror nan-assert missing-forward attribute-error; do
+  run "loop-$mode" "$PY" "$JOB" "$mode"
+done
 ls -la "$LOGS"
