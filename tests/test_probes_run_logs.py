@@ -106,3 +106,14 @@ def test_a_crash_before_the_shutdown_still_decides_the_outcome() -> None:
                                                                        "name). See https://docs.vllm.ai/en/latest/"
                                                                        "configuration/conserving_memory/ for more "
                                                                        "details.")
+
+
+# ---- a worker's exception re-raised by torch ------------------------------------------------------
+
+
+def test_a_dataloader_workers_original_exception_is_the_failure() -> None:
+    report = replay_file(RUNS / "torch-dataloader-worker-keyerror.log")
+    assert report.failure is not None
+    assert report.failure.line == "KeyError: 'ids'"
+    assert (report.failure.kind, report.last_phase) == (FailureKind.KEY_ERROR, Phase.RUNNING)
+    assert report.counts["failure"] == 1  # the wrapper and the worker's traceback are one failure

@@ -48,6 +48,12 @@ _UNINFORMATIVE = re.compile(
     r"See root cause above|See stack trace for root cause|^KeyboardInterrupt\b|^SystemExit\b"
     r"|^(?:[\w.]+\.)?EngineDeadError\b"
 )
+# torch's ExceptionWrapper re-raising a worker's exception in the main process ("KeyError: Caught
+# KeyError in DataLoader worker process 0.", DataParallel's "... in replica 0 on device 0."): its
+# message carries the "Original Traceback": read as the next exception of a chain, it is the one
+# the chain's rules choose (the last).
+_REWRAPPED = re.compile(r"^(?:[\w.]+\.)?\w+: Caught \w+ in .+\.$")
+_ORIGINAL_TB = "Original Traceback (most recent call last):"
 # Kinds that name the root cause whatever was raised on top of them.
 _INFRA_KINDS = (FailureKind.CUDA_OOM, FailureKind.DISTRIBUTED_TIMEOUT, FailureKind.NCCL, FailureKind.KILLED)
 _CLASSIFY_CONTINUATION_LINES = 20
@@ -187,6 +193,11 @@ class TracebackTracker:
         if marker is not None:
             cap.state = "chain"
             cap.chained_by = marker
+            self._add(cap, msg)
+            return True, False
+        if msg.strip() == _ORIGINAL_TB and _REWRAPPED.match(cap.segments[-1].exc_line or ""):
+            cap.segments.append(Segment())
+            cap.state = "frames"
             self._add(cap, msg)
             return True, False
         if TB_START in msg or not self._is_continuation(cap, tl, claimed):
