@@ -15,6 +15,8 @@ The shape of a traceback, and how each line is read::
                                              any line that no probe claims
     During handling of the above ...         a chained exception: the capture goes on
     Traceback (most recent call last): ...
+    KeyError: Caught KeyError in ... 0.      torch re-raising a worker's exception: its
+    Original Traceback (most recent call last):   "Original Traceback" is chained the same way
 
 A capture also starts at a bare frame line (an excerpt that begins mid-traceback).  It
 ends when its key prints something else, when another key prints after its exception
