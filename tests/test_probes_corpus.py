@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _labels() -> list[tuple[Path, dict[str, Any]]]:
     cases = []
-    for folder in ("vllm-logs", "full-logs", "device-logs"):
-        for label in tomllib.loads((CORPUS / folder / "labels.toml").read_text())["log"]:
-            cases.append((CORPUS / folder / label["file"], label))
+    for labels in sorted(CORPUS.glob("*/labels.toml")):
+        for label in tomllib.loads(labels.read_text())["log"]:
+            cases.append((labels.parent / label["file"], label))
     return cases
 
 
@@ -64,7 +64,7 @@ def phase_ok(label: dict[str, Any], report: ReplayReport) -> bool:
     accepted = {None if p == "unknown" else p for p in [phase, *label.get("last_phase_accept", [])]}
     expected = _expected(label, "last_phase", None)
     if expected is not None:
-        accepted = {expected}
+        accepted = {None if expected == "none" else expected}  # "none": the replay reads no phase
     got = report.last_phase
     return (got.value if got else None) in accepted
 
@@ -125,17 +125,36 @@ def test_shard_counts(path: Path, label: dict[str, Any], reports: dict[Path, Rep
     assert shards_ok(label, reports[path]), reports[path].progress
 
 
-def test_score_per_field(reports: dict[Path, ReplayReport], capsys: pytest.CaptureFixture[str]) -> None:
-    """The corpus score per field, as tests/perf/RESULTS.md keeps it (run with -s to see it)."""
+def test_every_label_cites_its_source() -> None:
+    # A corpus log is only worth its labels if someone can find where it came from.
+    missing = [label["file"] for _, label in CASES if not label.get("source", "").strip()]
+    assert missing == []
+
+
+def _score(cases: list[tuple[Path, dict[str, Any]]], reports: dict[Path, ReplayReport]) -> list[tuple[str, int, int]]:
     rows = []
     for field, check in FIELDS.items():
-        cases = [(p, lab) for p, lab in CASES if field != "shards" or "shards_total" in lab]
-        right = sum(check(lab, reports[p]) for p, lab in cases)
-        rows.append((field, right, len(cases)))
+        scored = [(p, lab) for p, lab in cases if field != "shards" or "shards_total" in lab]
+        rows.append((field, sum(check(lab, reports[p]) for p, lab in scored), len(scored)))
+    return rows
+
+
+def test_score_per_field(reports: dict[Path, ReplayReport], capsys: pytest.CaptureFixture[str]) -> None:
+    """The corpus score per field, in all and per folder, as tests/perf/RESULTS.md keeps it (run with -s)."""
+    rows = _score(CASES, reports)
+    folders = sorted({p.parent.name for p, _ in CASES})
+    per_folder = {f: _score([c for c in CASES if c[0].parent.name == f], reports) for f in folders}
     with capsys.disabled():
         print(f"\ncorpus score ({len(CASES)} logs)")
-        for field, right, n in rows:
-            print(f"  {field:<13} {right:>3}/{n:<3} {100 * right / n:5.1f}%")
+        print(f"  {'field':<13} {'all':>9}  " + "  ".join(f"{f:>12}" for f in folders))
+        for i, (field, right, n) in enumerate(rows):
+            cells = "  ".join(f"{per_folder[f][i][1]:>5}/{per_folder[f][i][2]:<6}" for f in folders)
+            print(f"  {field:<13} {right:>4}/{n:<4}  {cells}")
+        for p, lab in CASES:
+            wrong = [field for field, check in FIELDS.items()
+                     if (field != "shards" or "shards_total" in lab) and not check(lab, reports[p])]
+            if wrong:
+                print(f"  miss {p.parent.name}/{p.name}: {', '.join(wrong)}")
     assert all(right == n for _, right, n in rows), rows
 
 

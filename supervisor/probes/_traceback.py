@@ -15,6 +15,8 @@ The shape of a traceback, and how each line is read::
                                              any line that no probe claims
     During handling of the above ...         a chained exception: the capture goes on
     Traceback (most recent call last): ...
+    KeyError: Caught KeyError in ... 0.      torch re-raising a worker's exception: its
+    Original Traceback (most recent call last):   "Original Traceback" is chained the same way
 
 A capture also starts at a bare frame line (an excerpt that begins mid-traceback).  It
 ends when its key prints something else, when another key prints after its exception
@@ -32,10 +34,14 @@ from ..events import Failure, FailureKind, ProbeEvent, ProbeKind
 from ._fingerprint import fingerprint
 
 TB_START = "Traceback (most recent call last):"
+_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 _CHAIN_MARKERS = (
-    "During handling of the above exception, another exception occurred:",
+    _DURING_HANDLING,
     "The above exception was the direct cause of the following exception:",
 )
+# A frame of a with-block's cleanup: an exception raised there while an earlier one was
+# unwinding through the block (a writer's __exit__ failing on the same full disk) is an echo.
+_CLEANUP_FRAME = re.compile(r", in __exit__\s*$")
 FRAME_RE = re.compile(r'\s+File "[^"]*", line \d+')
 _EXC_LINE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:::[A-Za-z_]\w*)*)(?::\s?(?P<msg>.*))?$")
 # Final lines that only point elsewhere ("see root cause above"): an earlier exception of
@@ -44,6 +50,12 @@ _UNINFORMATIVE = re.compile(
     r"See root cause above|See stack trace for root cause|^KeyboardInterrupt\b|^SystemExit\b"
     r"|^(?:[\w.]+\.)?EngineDeadError\b"
 )
+# torch's ExceptionWrapper re-raising a worker's exception in the main process ("KeyError: Caught
+# KeyError in DataLoader worker process 0.", DataParallel's "... in replica 0 on device 0."): its
+# message carries the "Original Traceback": read as the next exception of a chain, it is the one
+# the chain's rules choose (the last).
+_REWRAPPED = re.compile(r"^(?:[\w.]+\.)?\w+: Caught \w+ in .+\.$")
+_ORIGINAL_TB = "Original Traceback (most recent call last):"
 # Kinds that name the root cause whatever was raised on top of them.
 _INFRA_KINDS = (FailureKind.CUDA_OOM, FailureKind.DISTRIBUTED_TIMEOUT, FailureKind.NCCL, FailureKind.KILLED)
 _CLASSIFY_CONTINUATION_LINES = 20
@@ -60,6 +72,11 @@ class Segment:
     frames: list[str] = field(default_factory=list)
     exc_line: str | None = None
     continuation: list[str] = field(default_factory=list)
+    during_handling: bool = False  # raised while handling the previous segment's exception
+
+    def in_cleanup(self) -> bool:
+        """Raised by a with-block's cleanup while the previous exception was unwinding."""
+        return self.during_handling and any(_CLEANUP_FRAME.search(f) for f in self.frames)
 
     def text(self) -> str:
         return "\n".join([self.exc_line or "", *self.continuation[:_CLASSIFY_CONTINUATION_LINES]])
@@ -76,6 +93,7 @@ class Capture:
     lines: list[str] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=lambda: [Segment()])
     state: str = "frames"  # frames | ended | chain
+    chained_by: str = ""  # the chain marker that ended the last segment
     exc_ts: str | None = None  # the exception line's header timestamp
     idle: int = 0
 
@@ -167,14 +185,21 @@ class TracebackTracker:
             return True, False
         if cap.state == "chain":
             if TB_START in msg:
-                cap.segments.append(Segment())
+                cap.segments.append(Segment(during_handling=cap.chained_by == _DURING_HANDLING))
                 cap.state = "frames"
                 self._add(cap, msg)
                 return True, False
             return False, True
         # ended
-        if any(marker in msg for marker in _CHAIN_MARKERS):
+        marker = next((m for m in _CHAIN_MARKERS if m in msg), None)
+        if marker is not None:
             cap.state = "chain"
+            cap.chained_by = marker
+            self._add(cap, msg)
+            return True, False
+        if msg.strip() == _ORIGINAL_TB and _REWRAPPED.match(cap.segments[-1].exc_line or ""):
+            cap.segments.append(Segment())
+            cap.state = "frames"
             self._add(cap, msg)
             return True, False
         if TB_START in msg or not self._is_continuation(cap, tl, claimed):
@@ -213,9 +238,11 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
     """The exception of a chain that says most about the root cause.
 
     An infrastructure kind (CUDA OOM, NCCL, timeout, SIGKILL) anywhere in the chain wins,
-    the earliest first; otherwise the last exception, unless it only points elsewhere or
+    the earliest first; otherwise the last exception, unless it only points elsewhere,
     merely wraps an earlier one (its message quotes that one's line: huggingface_hub's
-    ``StrictDataclassClassValidationError`` around the config's ``ValueError``).
+    ``StrictDataclassClassValidationError`` around the config's ``ValueError``), or was
+    raised by a with-block's ``__exit__`` while the earlier one unwound through it
+    (torch.save's zip writer failing to close after the write itself failed).
     """
     ended = [s for s in segments if s.exc_line]
     if not ended:
@@ -226,7 +253,7 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
             return seg, kind
     for index in reversed(range(len(ended))):
         seg = ended[index]
-        if _UNINFORMATIVE.search(seg.exc_line or ""):
+        if _UNINFORMATIVE.search(seg.exc_line or "") or (index > 0 and seg.in_cleanup()):
             continue
         message = "\n".join(seg.continuation)
         quoted = next((i for i in range(index) if (line := ended[i].exc_line) and line in message), None)
