@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, DaemonProcess, wait_until
-from e2e_jobs import AlertSink
+from e2e_jobs import AlertSink, supervise
 
 PACING = REPO / "tests" / "data" / "pacing"
 STALL_TSV = PACING / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
@@ -39,7 +39,7 @@ def alerting_daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.
 
 
 def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
-        alerting_daemon: DaemonProcess, home: Path) -> None:
+        alerting_daemon: DaemonProcess, home: Path, daemon_env: dict[str, str]) -> None:
     spec = home / "load.toml"
     command = json.dumps([sys.executable, str(REPLAY), str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
                           "--collapse-gaps-over", "0.5", "--freeze-after", "42"])
@@ -48,6 +48,17 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
                     "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
     client = alerting_daemon.client()
     client.start(str(spec), {})
+
+    def frozen_bound():  # the first attempt at 5/13: its bar's bound is the floor, and says so
+        job = client.status("load").jobs[0]
+        progress = job.attempt.progress if job.attempt is not None else None
+        return job.stall_bounds if progress is not None and progress.done == 5 and job.attempt.n == 1 else None
+
+    [bound] = wait_until(frozen_bound, timeout=60)
+    assert (bound.bound_s, bound.source) == (FLOOR_S, "default floor") and 0 < bound.in_s <= FLOOR_S
+    assert "Loading safetensors checkpoint shards" in bound.bar
+    shown = supervise({**daemon_env, "SUPERVISE_HOME": str(home)}, "status", "load").stdout
+    assert "stall bound 6s (default floor) for Loading safetensors checkpoint shards" in shown, shown
     wait_until(lambda: len(client.attempts("load").attempts) == 2 and client.status("load").jobs[0].state == "failed",
                timeout=90)
     events = client.events("load").events

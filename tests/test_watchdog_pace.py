@@ -95,6 +95,13 @@ def test_a_longest_interval_seen_before_is_no_stall_again() -> None:
     assert pace.bound(3.0) == pytest.approx(45.0)
 
 
+def test_history_never_loosens_a_tighter_floor() -> None:
+    w, _ = make(history_of(EARLIER), stall_floor_s=30)
+    w.observe(shard(0))
+    [(_, bound, _, source)] = w.stall_bounds()
+    assert (bound, source) == (30.0, "default floor")
+
+
 def test_history_of_another_bar_is_not_used() -> None:
     other = bar_key(SHARDS, "Loading pt checkpoint shards")
     w, _ = make(PaceHistory({other: BarPace.of(other, [EARLIER])}), stall_floor_s=120)
@@ -123,6 +130,19 @@ def test_a_step_well_over_its_history_is_slow_before_it_is_a_stall() -> None:
     assert w.next_check_at() == pytest.approx(17.5 + 3 * 18.1)
     clock.t = 17.5 + 3 * 18.1
     assert w.check().verdict is Verdict.STALLED
+
+
+def test_a_run_slower_all_along_is_not_slow_at_every_step() -> None:
+    # Every step at 3 x the history's: slow is measured against this run's own median once it has one.
+    w, clock = make(history_of([1.0] * 10), stall_floor_s=120)
+    w.observe(shard(0))
+    for i in range(1, 6):
+        clock.t = 3.0 * i
+        w.observe(shard(i))
+        clock.t += 2.9
+        assert (w.slow() == []) == (i >= 3), i  # the first steps, before its own median, were slow
+    clock.t = 15.0 + 2 * 3.0 + 0.1
+    assert [key for key, _ in w.slow()] == [f"{DESC}@5"]
 
 
 def test_no_slow_report_without_history() -> None:

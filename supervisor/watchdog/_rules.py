@@ -16,7 +16,7 @@ from typing import Any
 from ..events import Failure, FailureKind, Phase, Verdict
 from ..spec import HealthSpec
 from ._facts import Facts
-from ._pace import OWN_WINDOW, BarPace
+from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace
 from ._progress import Track
 
 _TRACEBACK_TAIL_LINES = 15
@@ -113,14 +113,17 @@ def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
     ``default floor``, ``first progress``)."""
     k = health.stall_k
     median = track.median_interval()
+    floor = health.stall_floor(phase)
     if history is not None:
         # Earlier attempts measured this bar: their intervals stand in for the floor, which only
-        # guards against a guess from too few intervals of this attempt's own.
+        # guards against a guess from too few intervals of this attempt's own.  History tightens
+        # the floor, never loosens it: a floor set tighter than the history's bound still holds.
         base, base_source = history.bound(k), history.source()
+        if floor < base:
+            base, base_source = floor, "default floor"
         if median is not None and track.measured >= OWN_WINDOW and k * median > base:
             return k * median, f"bound {k * median:.1f}s = {k:g} x median {median:.1f} s/it", "this run"
         return base, f"bound {base:.1f}s from {base_source}", base_source
-    floor = health.stall_floor(phase)
     if median is None:
         first = health.first_progress_s.get(phase) if phase else None
         if first is not None:
@@ -140,6 +143,10 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
     if history is None:
         return None
     after = history.slow_after()
+    median = track.median_interval()
+    if median is not None and track.measured >= OWN_WINDOW:
+        # A run slower all along than the last ones (another disk) is not slow at every step.
+        after = max(after, SLOW_FACTOR * median)
     stall, _, _ = _stall_bound(health, facts.phase, track, history)
     if after >= stall:
         return None
