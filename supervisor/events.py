@@ -90,6 +90,15 @@ class EventKind(StrEnum):
     ALERT = "alert"  # an alert was sent
 
 
+class BoundKind(StrEnum):
+    """Where a progress bar's stall bound came from."""
+
+    HISTORY = "history"  # earlier attempts' intervals of the same bar
+    THIS_RUN = "this_run"  # k x this attempt's median interval
+    DEFAULT_FLOOR = "default_floor"  # the spec's stall floor
+    FIRST_PROGRESS = "first_progress"  # the phase's first_progress_s, before any interval
+
+
 class Verdict(StrEnum):
     HEALTHY = "healthy"
     STALLED = "stalled"

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from .errors import ErrorKind
-from .events import AttemptState, EventKind, Failure, FailureKind, JobState, Phase, Verdict
+from .events import AttemptState, BoundKind, EventKind, Failure, FailureKind, JobState, Phase, Verdict
 
 API_VERSION = 1
 
@@ -137,7 +137,10 @@ class StallBoundInfo(BaseModel):
     bar: str
     bound_s: float
     in_s: float  # left of it if the bar does not move
-    source: str  # "history (12 intervals from 2 runs)", "this run", "default floor", "first progress"
+    kind: BoundKind = Field(description="where the bound came from")
+    source: str  # as read: "history (12 intervals from 2 runs)", "this run", "default floor", "first progress"
+    history_intervals: int | None = None  # kind history: how many intervals, from how many runs
+    history_runs: int | None = None
 
 
 class JobStatus(BaseModel):

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .events import Phase, Verdict
+from .events import BoundKind, Phase, Verdict
 
 if TYPE_CHECKING:
-    from .watchdog import Watchdog
+    from .watchdog import BoundSource, Watchdog
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,10 @@ class StallBound:
     bar: str
     bound_s: float
     in_s: float  # left of it if the bar does not move
-    source: str  # "history (n intervals from r runs)", "this run", "default floor", "first progress"
+    kind: BoundKind
+    source: str  # as read: "history (n intervals from r runs)", "this run", "default floor", "first progress"
+    history_intervals: int | None = None  # kind history: how many intervals, from how many runs
+    history_runs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +76,18 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     first = watchdog.first_due(now)
     upcoming = None if first is None else UpcomingVerdict(first.deadline - now, first.verdict,
                                                           first.describe(first.deadline)[0], first.bound_s,
-                                                          first.source)
+                                                          None if first.source is None else str(first.source))
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
         progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s, bar.bar),
         last_output=last_output, still_for_s=max(0.0, now - moved),
         next_verdict=upcoming,
-        stall_bounds=tuple(StallBound(*b) for b in watchdog.stall_bounds(now)),
+        stall_bounds=tuple(_stall_bound(*b) for b in watchdog.stall_bounds(now)),
         known_pids=known_pids,
     )
+
+
+def _stall_bound(bar: str, bound_s: float, in_s: float, source: BoundSource) -> StallBound:
+    history = source.kind is BoundKind.HISTORY
+    return StallBound(bar, bound_s, in_s, source.kind, str(source), source.intervals if history else None,
+                      source.runs if history else None)

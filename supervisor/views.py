@@ -36,7 +36,8 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
     next_verdict = None
     bounds: list[protocol.StallBoundInfo] = []
     if snapshot is not None:
-        bounds = [protocol.StallBoundInfo(bar=b.bar, bound_s=b.bound_s, in_s=b.in_s, source=b.source)
+        bounds = [protocol.StallBoundInfo(bar=b.bar, bound_s=b.bound_s, in_s=b.in_s, kind=b.kind, source=b.source,
+                                          history_intervals=b.history_intervals, history_runs=b.history_runs)
                   for b in snapshot.stall_bounds]
         if (upcoming := snapshot.next_verdict) is not None:
             next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason,

@@ -55,7 +55,8 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
         return job.stall_bounds if progress is not None and progress.done == 5 and job.attempt.n == 1 else None
 
     [bound] = wait_until(frozen_bound, timeout=60)
-    assert (bound.bound_s, bound.source) == (FLOOR_S, "default floor") and 0 < bound.in_s <= FLOOR_S
+    assert (bound.bound_s, bound.kind, bound.source) == (FLOOR_S, "default_floor", "default floor")
+    assert 0 < bound.in_s <= FLOOR_S and bound.history_runs is None
     assert "Loading safetensors checkpoint shards" in bound.bar
     shown = supervise({**daemon_env, "SUPERVISE_HOME": str(home)}, "status", "load").stdout
     assert "stall bound 6s (default floor) for Loading safetensors checkpoint shards" in shown, shown

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.events import Event, EventKind, Phase, Verdict
+from supervisor.events import BoundKind, Event, EventKind, Phase, Verdict
 from supervisor.spec import HealthSpec
 from supervisor.watchdog import BarPace, PaceHistory, Watchdog, bar_key
 
@@ -46,7 +46,7 @@ def test_without_history_the_first_shards_wait_for_the_floor() -> None:
     clock.t = 17.5
     w.observe(shard(1))
     [(bar, bound, _, source)] = w.stall_bounds()
-    assert (bound, source) == (120.0, "default floor")
+    assert (bound, str(source), source.kind) == (120.0, "default floor", BoundKind.DEFAULT_FLOOR)
     assert w.next_check_at() == pytest.approx(17.5 + 120)
 
 
@@ -56,7 +56,8 @@ def test_with_history_the_bound_is_set_from_the_first_shard_on() -> None:
     [(_, bound, _, source)] = w.stall_bounds()
     # k x the 95th percentile of 16 intervals (18.1 s): well under the 120 s floor, well over a shard.
     assert bound == pytest.approx(3 * 18.1)
-    assert source == "history (16 intervals from 2 runs)"
+    assert str(source) == "history (16 intervals from 2 runs)"
+    assert (source.kind, source.intervals, source.runs) == (BoundKind.HISTORY, 16, 2)
     clock.t = 17.5
     w.observe(shard(1))
     clock.t = 17.5 + 3 * 18.1 - 0.01
@@ -85,7 +86,7 @@ def test_once_this_run_is_slower_its_own_median_takes_over() -> None:
         clock.t = 10.0 * i
         w.observe(shard(i))
     [(_, bound, _, source)] = w.stall_bounds()
-    assert (bound, source) == (30.0, "this run")
+    assert (bound, str(source)) == (30.0, "this run")
 
 
 def test_a_longest_interval_seen_before_is_no_stall_again() -> None:
@@ -99,14 +100,14 @@ def test_history_never_loosens_a_tighter_floor() -> None:
     w, _ = make(history_of(EARLIER), stall_floor_s=30)
     w.observe(shard(0))
     [(_, bound, _, source)] = w.stall_bounds()
-    assert (bound, source) == (30.0, "default floor")
+    assert (bound, source.kind) == (30.0, BoundKind.DEFAULT_FLOOR)
 
 
 def test_history_of_another_bar_is_not_used() -> None:
     other = bar_key(SHARDS, "Loading pt checkpoint shards")
     w, _ = make(PaceHistory({other: BarPace.of(other, [EARLIER])}), stall_floor_s=120)
     w.observe(shard(0))
-    assert w.stall_bounds()[0][3] == "default floor"
+    assert w.stall_bounds()[0][3].kind is BoundKind.DEFAULT_FLOOR
 
 
 def test_a_step_well_over_its_history_is_slow_before_it_is_a_stall() -> None:

@@ -20,9 +20,9 @@ exit), ``_pace`` (earlier attempts' bar paces, injected as a value), ``_judge`` 
 """
 
 from ._judge import Watchdog, WatchdogState
-from ._pace import BarPace, PaceHistory, bar_key
+from ._pace import BarPace, BoundSource, PaceHistory, bar_key
 from ._progress import ProgressState
 from ._rules import Judgement, fine_duration, format_duration, label
 
-__all__ = ["BarPace", "Judgement", "PaceHistory", "ProgressState", "Watchdog", "WatchdogState", "bar_key",
+__all__ = ["BarPace", "BoundSource", "Judgement", "PaceHistory", "ProgressState", "Watchdog", "WatchdogState", "bar_key",
            "fine_duration", "format_duration", "label"]

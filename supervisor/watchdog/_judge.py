@@ -10,7 +10,7 @@ from ..events import Event, Failure, Phase, Verdict
 from ..spec import HealthSpec
 from ._exit import judge_exit
 from ._facts import Facts
-from ._pace import PaceHistory
+from ._pace import BoundSource, PaceHistory
 from ._progress import ProgressState
 from ._rules import Condition, Judgement, conditions, healthy
 
@@ -131,7 +131,7 @@ class Watchdog:
                 found.append((f"{evidence['bar']}@{evidence['done']}", Judgement(c.verdict, reason, evidence)))
         return found
 
-    def stall_bounds(self, now: float | None = None) -> list[tuple[str, float, float, str]]:
+    def stall_bounds(self, now: float | None = None) -> list[tuple[str, float, float, BoundSource]]:
         """Each watched bar's stall bound: (bar, bound in s, s left of it, where it came from)."""
         if self._final is not None:
             return []

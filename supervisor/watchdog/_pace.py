@@ -12,6 +12,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..events import BoundKind
+
 # A bound from history is k x this percentile of the intervals seen, at least _MIN_BOUND_S and at
 # least _MAX_MARGIN x the longest interval seen: a pause that happened before (a checkpoint
 # written every N steps) is no stall when it happens again.
@@ -27,6 +29,21 @@ SLOW_FACTOR = 2.0
 def bar_key(probe: str, desc: str) -> str:
     """A bar as known across attempts: its probe and its description."""
     return f"{probe}|{desc}" if desc else probe
+
+
+@dataclass(frozen=True)
+class BoundSource:
+    """Where a stall bound came from, with the history's size when it came from history."""
+
+    kind: BoundKind
+    intervals: int = 0
+    runs: int = 0
+
+    def __str__(self) -> str:
+        if self.kind is BoundKind.HISTORY:
+            n, runs = self.intervals, self.runs
+            return f"history ({n} interval{'s' * (n != 1)} from {runs} run{'s' * (runs != 1)})"
+        return self.kind.value.replace("_", " ")
 
 
 @dataclass(frozen=True)
@@ -57,9 +74,8 @@ class BarPace:
         """How long a step may take before it is reported as slow."""
         return max(SLOW_FACTOR * self.high, _MIN_BOUND_S / 2)
 
-    def source(self) -> str:
-        n, runs = len(self.intervals), self.runs
-        return f"history ({n} interval{'s' * (n != 1)} from {runs} run{'s' * (runs != 1)})"
+    def source(self) -> BoundSource:
+        return BoundSource(BoundKind.HISTORY, len(self.intervals), self.runs)
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Failure, FailureKind, Phase, Verdict
+from ..events import BoundKind, Failure, FailureKind, Phase, Verdict
 from ..spec import HealthSpec
 from ._facts import Facts
-from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace
+from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
 from ._progress import Track
 
 _TRACEBACK_TAIL_LINES = 15
@@ -37,7 +37,7 @@ class Condition:
     verdict: Verdict
     describe: Callable[[float], tuple[str, dict[str, Any]]]
     since: float | None = None  # when its clock started: deadline - since is the rule's bound
-    source: str | None = None  # where a stall bound came from: history, this run, the floor
+    source: BoundSource | None = None  # where a stall bound came from (stall rules only)
     # Reported, never a verdict: a step slower than its history (``Watchdog.slow``).
     advisory: bool = False
 
@@ -92,7 +92,7 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
             "stalled_s": round(stalled, 3),
             "median_interval_s": None if median is None else round(median, 3),
             "bound_s": round(bound, 3),
-            "bound_source": source,
+            "bound_source": str(source),
             "phase": facts.phase_name,
         }
         return reason, evidence
@@ -108,7 +108,7 @@ def _where(track: Track) -> str:
 
 
 def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
-                 history: BarPace | None) -> tuple[float, str, str]:
+                 history: BarPace | None) -> tuple[float, str, BoundSource]:
     """The bound, how it reads in a reason, and its source (``history (…)``, ``this run``,
     ``default floor``, ``first progress``)."""
     k = health.stall_k
@@ -120,20 +120,22 @@ def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
         # the floor, never loosens it: a floor set tighter than the history's bound still holds.
         base, base_source = history.bound(k), history.source()
         if floor < base:
-            base, base_source = floor, "default floor"
+            base, base_source = floor, BoundSource(BoundKind.DEFAULT_FLOOR)
         if median is not None and track.measured >= OWN_WINDOW and k * median > base:
-            return k * median, f"bound {k * median:.1f}s = {k:g} x median {median:.1f} s/it", "this run"
+            return k * median, f"bound {k * median:.1f}s = {k:g} x median {median:.1f} s/it", \
+                BoundSource(BoundKind.THIS_RUN)
         return base, f"bound {base:.1f}s from {base_source}", base_source
     if median is None:
         first = health.first_progress_s.get(phase) if phase else None
         if first is not None:
             return first, f"bound {first:.1f}s: first advance expected within {format_duration(first)}", \
-                "first progress"
-        return floor, f"bound {floor:.1f}s = stall floor, no interval measured yet", "default floor"
+                BoundSource(BoundKind.FIRST_PROGRESS)
+        return floor, f"bound {floor:.1f}s = stall floor, no interval measured yet", BoundSource(BoundKind.DEFAULT_FLOOR)
     scaled = k * median
     if scaled >= floor:
-        return scaled, f"bound {scaled:.1f}s = {k:g} x median {median:.1f} s/it", "this run"
-    return floor, f"bound {floor:.1f}s = stall floor; {k:g} x median {median:.2f} s/it is less", "default floor"
+        return scaled, f"bound {scaled:.1f}s = {k:g} x median {median:.1f} s/it", BoundSource(BoundKind.THIS_RUN)
+    return floor, f"bound {floor:.1f}s = stall floor; {k:g} x median {median:.2f} s/it is less", \
+        BoundSource(BoundKind.DEFAULT_FLOOR)
 
 
 def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
@@ -160,7 +162,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
         return reason, {"probe": track.probe, "bar": track.bar, "done": track.done, "total": track.total,
                         "step_s": round(taken, 3), "slow_after_s": round(after, 3),
                         "history_p95_s": round(history.high, 3), "stall_bound_s": round(stall, 3),
-                        "bound_source": history.source(), "phase": facts.phase_name}
+                        "bound_source": str(history.source()), "phase": facts.phase_name}
 
     return Condition(since + after, Verdict.STALLED, describe, since, history.source(), advisory=True)
 
