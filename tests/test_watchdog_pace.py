@@ -131,6 +131,7 @@ def test_a_step_well_over_its_history_is_slow_before_it_is_a_stall() -> None:
     assert w.next_check_at() == pytest.approx(17.5 + 3 * 18.1)
     clock.t = 17.5 + 3 * 18.1
     assert w.check().verdict is Verdict.STALLED
+    assert w.slow() == []  # the stall is due: no slow report beside it
 
 
 def test_a_run_slower_all_along_is_not_slow_at_every_step() -> None:

@@ -124,8 +124,11 @@ class Watchdog:
         if self._final is not None:
             return []
         at = self._now(now)
+        conditions = self._conditions()
+        if any(at >= c.deadline for c in conditions if not c.advisory):
+            return []  # a verdict is due: it says more than a slow report would
         found = []
-        for c in self._conditions():
+        for c in conditions:
             if c.advisory and at >= c.deadline:
                 reason, evidence = c.describe(at)
                 found.append((f"{evidence['bar']}@{evidence['done']}", Judgement(c.verdict, reason, evidence)))
