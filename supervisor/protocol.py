@@ -12,7 +12,16 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from .errors import ErrorKind
-from .events import AttemptState, BoundKind, EventKind, Failure, FailureKind, JobState, Phase, Verdict
+from .events import (
+    AttemptState,
+    BoundKind,
+    EventKind,
+    Failure,
+    FailureKind,
+    JobState,
+    Phase,
+    Verdict,
+)
 
 API_VERSION = 1
 

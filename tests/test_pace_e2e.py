@@ -11,7 +11,6 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import AlertSink, supervise
 

@@ -45,7 +45,7 @@ def test_without_history_the_first_shards_wait_for_the_floor() -> None:
     w.observe(shard(0))
     clock.t = 17.5
     w.observe(shard(1))
-    [(bar, bound, _, source)] = w.stall_bounds()
+    [(_, bound, _, source)] = w.stall_bounds()
     assert (bound, str(source), source.kind) == (120.0, "default floor", BoundKind.DEFAULT_FLOOR)
     assert w.next_check_at() == pytest.approx(17.5 + 120)
 

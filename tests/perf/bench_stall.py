@@ -84,7 +84,8 @@ def run_group(daemon: Daemon, runs: list[Run], timeout: float, *, attempts: int 
     client = daemon.client()
     for n in range(1, runs_each + 1):
         daemon.start_jobs(specs)
-        wait_until(lambda: all(len(client.attempts(r.name).attempts) >= n for r in runs), timeout, "runs to start")
+        wait_until(lambda n=n: all(len(client.attempts(r.name).attempts) >= n for r in runs), timeout,
+                   "runs to start")
         daemon.wait_finished([r.name for r in runs], timeout)
     out: dict[str, dict[str, Any]] = {}
     for r in runs:
@@ -179,8 +180,8 @@ def main() -> int:
 
     print("\nHealthy replays: false positives (stalled or silent verdicts, slow reports), must be 0\n")
     rows = []
-    for title, group in ((f"stall log, not frozen, gaps > 0.5 s collapsed, each run twice (speeds {args.speeds}, "
-                          f"floors {args.floors})", healthy),
+    for title, group in (((f"stall log, not frozen, gaps > 0.5 s collapsed, each run twice (speeds {args.speeds}, "
+                           f"floors {args.floors})"), healthy),
                          *((f"full-logs corpus, {len(logs)} logs, a line every {args.interval:g} s, floor {f:g} s",
                             [r for r in corpus if r.floor == f]) for f in corpus_floors)):
         count, flagged = false_positives(group)
