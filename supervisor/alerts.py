@@ -39,6 +39,7 @@ class AlertKind(StrEnum):
     ETA = "eta"  # how far a bar has come and how long it has left (alerts.eta_every_s / eta_at_percent)
     WARNING = "warning"  # unhealthy while running, not killed (yet): health.action warn / warn_then_kill, or held
     RECOVERED = "recovered"  # it moved again after a warning: a pending kill is cancelled
+    SLOW = "slow"  # a step well over what earlier attempts took: reported, never killed for
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,15 @@ class EventKind(StrEnum):
     ALERT = "alert"  # an alert was sent
 
 
+class BoundKind(StrEnum):
+    """Where a progress bar's stall bound came from."""
+
+    HISTORY = "history"  # earlier attempts' intervals of the same bar
+    THIS_RUN = "this_run"  # k x this attempt's median interval
+    DEFAULT_FLOOR = "default_floor"  # the spec's stall floor
+    FIRST_PROGRESS = "first_progress"  # the phase's first_progress_s, before any interval
+
+
 class Verdict(StrEnum):
     HEALTHY = "healthy"
     STALLED = "stalled"
@@ -122,6 +131,9 @@ class Failure:
     # Another failure's echo ("EngineCore failed to start.", torchrun's ChildFailedError): never
     # the attempt's failure while a root cause was seen (see probes' root_cause).
     consequence: bool = False
+    # The program cannot do its work after it, whatever it prints next (vLLM's engine dead
+    # behind an API server that still answers requests with errors): ``fatal = true`` probes.
+    fatal: bool = False
 
     @property
     def survivable(self) -> bool:
@@ -132,7 +144,11 @@ class Failure:
         data = {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,
                 "traceback": self.traceback, "level": self.level}
         # Only when set: the shape stored rows and API clients have always had otherwise.
-        return {**data, "consequence": True} if self.consequence else data
+        if self.consequence:
+            data["consequence"] = True
+        if self.fatal:
+            data["fatal"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Failure:
@@ -140,7 +156,7 @@ class Failure:
         kind this version does not know reads as ``other``."""
         return cls(kind=failure_kind(data.get("kind")), line=str(data.get("line") or ""),
                    fingerprint=data.get("fingerprint"), traceback=data.get("traceback"), level=data.get("level"),
-                   consequence=bool(data.get("consequence", False)))
+                   consequence=bool(data.get("consequence", False)), fatal=bool(data.get("fatal", False)))
 
 
 def failure_kind(value: Any) -> FailureKind:

@@ -15,7 +15,7 @@ from typing import Any
 from .alerts import Alert, AlertKind
 from .events import Failure, Phase
 from .spec import AlertSpec
-from .watchdog import Judgement, ProgressState, format_duration, label
+from .watchdog import Judgement, ProgressState, fine_duration, format_duration, label
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,16 @@ def recovered(at: Attempt, judgement: Judgement, where: str, kill_was_pending: b
                  what=f"it moved again after: {judgement.reason}", evidence=judgement.reason, gpu=at.gpu,
                  next_action=f"nothing: {cancelled}, watching on", key=f"{at.job}:{at.n}:recovered",
                  kind=AlertKind.RECOVERED)
+
+
+def slow(at: Attempt, judgement: Judgement, where: str) -> Alert:
+    """A bar's step takes well over what earlier attempts took: said before it becomes a stall."""
+    ev = judgement.evidence
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: slow {where}: step at {fine_duration(ev['step_s'])}, "
+                 f"history p95 {fine_duration(ev['history_p95_s'])}",
+                 what=f"slow (attempt {at.n} still running)", evidence=judgement.reason, gpu=at.gpu,
+                 next_action=f"nothing yet: stalled if no step for {fine_duration(ev['stall_bound_s'])}",
+                 key=f"{at.job}:{at.n}:slow:{ev['bar']}", kind=AlertKind.SLOW)
 
 
 def where(progress: ProgressState | None, phase: Phase | None) -> str:

@@ -12,7 +12,16 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from .errors import ErrorKind
-from .events import AttemptState, EventKind, Failure, FailureKind, JobState, Phase, Verdict
+from .events import (
+    AttemptState,
+    BoundKind,
+    EventKind,
+    Failure,
+    FailureKind,
+    JobState,
+    Phase,
+    Verdict,
+)
 
 API_VERSION = 1
 
@@ -100,6 +109,8 @@ class NextVerdict(BaseModel):
     in_s: float
     reason: str  # as it would read then
     bound_s: float | None = None  # the rule's whole bound, of which in_s is left
+    # Where a stall bound came from: "history (12 intervals from 2 runs)", "this run", "default floor".
+    bound_source: str | None = None
 
     @property
     def near(self) -> bool:
@@ -131,6 +142,16 @@ class ShardsStatus(BaseModel):
     shards: list[ShardStatus]
 
 
+class StallBoundInfo(BaseModel):
+    bar: str
+    bound_s: float
+    in_s: float  # left of it if the bar does not move
+    kind: BoundKind = Field(description="where the bound came from")
+    source: str  # as read: "history (12 intervals from 2 runs)", "this run", "default floor", "first progress"
+    history_intervals: int | None = None  # kind history: how many intervals, from how many runs
+    history_runs: int | None = None
+
+
 class JobStatus(BaseModel):
     name: str
     state: JobState
@@ -142,6 +163,8 @@ class JobStatus(BaseModel):
     next_relaunch_in_s: float | None = None
     next_verdict: NextVerdict | None = Field(default=None, description="the watchdog rule that comes due first if nothing changes")
     outputs: list[str] = Field(default_factory=list, description="where the job writes its output (the spec's `outputs`)")
+    stall_bounds: list[StallBoundInfo] = Field(default_factory=list,
+                                               description="each watched bar's stall bound and where it came from")
     shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .events import Phase, Verdict
+from .events import BoundKind, Phase, Verdict
 
 if TYPE_CHECKING:
-    from .watchdog import Watchdog
+    from .watchdog import BoundSource, Watchdog
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,20 @@ class UpcomingVerdict:
     verdict: Verdict
     reason: str  # as it would read then
     bound_s: float | None = None  # the rule's whole bound (in_s of it is left)
+    bound_source: str | None = None  # a stall bound's source: "history (…)", "this run", "default floor"
+
+
+@dataclass(frozen=True, slots=True)
+class StallBound:
+    """One watched bar's stall bound and where it came from."""
+
+    bar: str
+    bound_s: float
+    in_s: float  # left of it if the bar does not move
+    kind: BoundKind
+    source: str  # as read: "history (n intervals from r runs)", "this run", "default floor", "first progress"
+    history_intervals: int | None = None  # kind history: how many intervals, from how many runs
+    history_runs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,7 @@ class RunnerSnapshot:
     last_output: float | None = None  # wall-clock time the attempt last wrote to its log
     still_for_s: float | None = None  # seconds since it last moved forward (a bar advanced, a phase began)
     next_verdict: UpcomingVerdict | None = None
+    stall_bounds: tuple[StallBound, ...] = ()
     next_relaunch_at: float | None = None  # wall-clock time of the next launch, during a backoff wait
     known_pids: frozenset[int] = frozenset()  # every pid the attempt was seen with (its tree, reparented workers)
     shard: int | None = None  # a shard's runner: its index (sharding.GATHER_SHARD for the gather step)
@@ -60,11 +75,19 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     moved = watchdog.phase_entered_at if bar is None else max(watchdog.phase_entered_at, bar.last_advance_at)
     first = watchdog.first_due(now)
     upcoming = None if first is None else UpcomingVerdict(first.deadline - now, first.verdict,
-                                                          first.describe(first.deadline)[0], first.bound_s)
+                                                          first.describe(first.deadline)[0], first.bound_s,
+                                                          None if first.source is None else str(first.source))
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
         progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s, bar.bar),
         last_output=last_output, still_for_s=max(0.0, now - moved),
         next_verdict=upcoming,
+        stall_bounds=tuple(_stall_bound(*b) for b in watchdog.stall_bounds(now)),
         known_pids=known_pids,
     )
+
+
+def _stall_bound(bar: str, bound_s: float, in_s: float, source: BoundSource) -> StallBound:
+    history = source.kind is BoundKind.HISTORY
+    return StallBound(bar, bound_s, in_s, source.kind, str(source), source.intervals if history else None,
+                      source.runs if history else None)

@@ -170,11 +170,12 @@ class Store:
         return [_job_row(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY name")]
 
     def delete_job(self, name: str) -> None:
-        """Forget a job: its row, its attempts and its events, in one transaction."""
+        """Forget a job: its row, its attempts, its events and its bar paces, in one transaction."""
         self.job(name)
         with self._tx() as db:
             db.execute("DELETE FROM events WHERE job=?", (name,))
             db.execute("DELETE FROM attempts WHERE job=?", (name,))
+            db.execute("DELETE FROM bar_paces WHERE job=?", (name,))
             db.execute("DELETE FROM jobs WHERE name=?", (name,))
 
     # -- attempts ---------------------------------------------------------------------

@@ -110,4 +110,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN shard INTEGER;
     """,
+    # Each bar's intervals as an attempt measured them (pace_store.py): the next attempt of the
+    # same job, spec and host kind starts its stall bounds from them.
+    """
+    CREATE TABLE bar_paces (
+        job TEXT NOT NULL,
+        spec_fingerprint TEXT NOT NULL,
+        host_kind TEXT NOT NULL,
+        bar TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        intervals_json TEXT NOT NULL,
+        recorded REAL NOT NULL,
+        PRIMARY KEY (job, attempt, bar)
+    );
+    CREATE INDEX bar_paces_history ON bar_paces(job, spec_fingerprint, host_kind, bar, attempt);
+    """,
 )

@@ -34,10 +34,14 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
     last_output_age = None
     next_relaunch = None
     next_verdict = None
+    bounds: list[protocol.StallBoundInfo] = []
     if snapshot is not None:
+        bounds = [protocol.StallBoundInfo(bar=b.bar, bound_s=b.bound_s, in_s=b.in_s, kind=b.kind, source=b.source,
+                                          history_intervals=b.history_intervals, history_runs=b.history_runs)
+                  for b in snapshot.stall_bounds]
         if (upcoming := snapshot.next_verdict) is not None:
             next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason,
-                                                bound_s=upcoming.bound_s)
+                                                bound_s=upcoming.bound_s, bound_source=upcoming.bound_source)
         if snapshot.last_output is not None:
             last_output_age = time.time() - snapshot.last_output
         if snapshot.next_relaunch_at is not None:
@@ -47,7 +51,7 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
-        last_output_age_s=last_output_age, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
+        last_output_age_s=last_output_age, stall_bounds=bounds, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
         shards=(shards_status(spec["shards"], row.state, store.attempts(row.name), snapshot, attempt_info)
                 if spec.get("shards", 1) > 1 else None),
     )

@@ -230,3 +230,29 @@ def test_tp_worker_death_then_exit_zero_is_a_crash(fast_daemon: DaemonProcess, h
     assert "VllmWorker-1 died unexpectedly" in (attempts[0].reason or "")
     assert attempts[0].phase == "engine_ready"
     assert len(attempts) == 2 and "same failure twice" in (attempts[1].action or "")
+
+
+def test_a_ready_server_answering_with_its_engine_dead_is_judged_crashed(
+        fast_daemon: DaemonProcess, home: Path, tmp_path: Path) -> None:
+    # Real lines: the 0.23 server's ready line (tests/data/pacing/), then a V1 server's EngineDeadError and
+    # its "500 Internal Server Error" answers (tests/data/engine_dead/v1-engine-dead-500.log), the answers
+    # going on for as long as the replay runs; then it hangs, alive, as such a server does.
+    ready = "(APIServer pid=678) INFO 11-29 15:07:24 [launcher.py:37] Available routes are:\n"
+    dead = (REPO / "tests" / "data" / "engine_dead" / "v1-engine-dead-500.log").read_text().splitlines(keepends=True)
+    log = tmp_path / "serve.log"
+    log.write_text(ready + "".join(dead) + "".join(dead[-2:] * 60))
+    records = 1 + len(dead) + 120
+    spec = replay_spec(home, "deadengine", [str(log), "--interval", "0.05", "--freeze-after", str(records)],
+                       "[health]\nhang_after_failure_s = 2\n[restart]\nmax_attempts = 1\n")
+    client = fast_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: finished(client, "deadengine"), timeout=60)
+    attempt = client.attempts("deadengine").attempts[0]
+    assert attempt.verdict == "crashed", attempt.reason
+    assert "after a fatal failure" in (attempt.reason or "") and "EngineDeadError" in (attempt.reason or "")
+    events = client.events("deadengine").events
+    verdict = next(e for e in events if e.kind == "verdict")
+    launched = next(e for e in events if e.kind == "launched")
+    # Judged while it still answered: the replay writes its last answer 6 s after its start.
+    assert verdict.data["since_fatal_s"] >= 2 and verdict.ts - launched.ts < records * 0.05 - 1
+    assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)

@@ -68,6 +68,9 @@ def status_block(job: protocol.JobStatus) -> str:
         nv = job.next_verdict
         if live and nv is not None and nv.near:
             lines.append(f"  {nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}")
+        for b in job.stall_bounds if live else []:
+            lines.append(f"  stall bound {_fmt.duration(b.bound_s)} ({b.source}) for {b.bar}, "
+                         f"{_fmt.duration(b.in_s)} left")
         if a.progress is not None:
             p = a.progress
             eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s and live else ""

@@ -369,7 +369,8 @@ class ProbeEngine:
             fingerprint=fingerprint(probe.name, header.message),
             level=header.level,
         )
-        failure = self._failures.line_failure(failure, classified=probe.failure is None, consequence=probe.consequence)
+        failure = self._failures.line_failure(failure, classified=probe.failure is None, consequence=probe.consequence,
+                                              fatal=probe.fatal)
         return ProbeEvent(probe.kind, probe.name, record.offset, line, probe.phase, failure, fields)
 
     def _lent_fields(self, records: Sequence[Record], i: int) -> dict[str, Any]:

@@ -29,6 +29,8 @@ A pack is one TOML file::
     # failure = "cuda_oom"        # failure probes only: a FailureKind, or "auto" to classify
     # consequence = true          # failure probes only: this line echoes a failure logged
                                   # earlier (see "Root cause" below)
+    # fatal = true                # failure probes only: the program cannot do its work after
+                                  # this line, whatever it prints next (see "Fatal" below)
 
     [[frames]]                    # a traceback frame that tells the phase a crash happened in
     phase = "distributed_init"
@@ -42,6 +44,12 @@ another failure are recognised by pattern: a failure probe with ``consequence = 
 marks them, both as lines of their own and as a traceback's final exception line
 (vLLM's ``RuntimeError: Engine core initialization failed. See root cause above.``).  A
 consequence is the failure only when nothing else was logged (``_rootcause``).
+
+Fatal.  A failure probe with ``fatal = true`` (also as a traceback's final exception line)
+marks a failure after which the program is dead in effect while it may go on printing: vLLM's
+engine dead behind an API server that still answers every request with an error.  The
+watchdog judges it ``crashed`` once ``health.hang_after_failure_s`` has passed, whatever is
+printed meanwhile and in a ready server too.
 
 Start-up errors.  A ``ValueError``/``KeyError``/``AssertionError``/``NotImplementedError``
 (a failure classified as ``value_error``, ``key_error``, ``assertion`` or
@@ -94,6 +102,7 @@ class ProbeDef(_Strict):
     phase: str | None = None
     failure: str | None = None
     consequence: bool = False
+    fatal: bool = False
     fields: dict[str, str] = Field(default_factory=dict)
     constants: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="set")
     description: str = ""
@@ -143,6 +152,7 @@ class Probe:
     constants: dict[str, Any]
     groups: tuple[str, ...]  # every named group of the regex
     consequence: bool = False  # failure probes only: an echo of a failure logged earlier
+    fatal: bool = False  # failure probes only: the program cannot go on after it (see "Fatal")
 
     @property
     def name(self) -> str:
@@ -313,8 +323,9 @@ def _probe(pack: str, source: str, d: ProbeDef) -> Probe:
             failure = _enum(FailureKind, d.failure, "failure", fail)
     elif d.failure is not None:
         raise fail(f"'failure' is only for probes of kind 'failure' (this one is '{kind.value}')")
-    if d.consequence and kind is not ProbeKind.FAILURE:
-        raise fail(f"'consequence' is only for probes of kind 'failure' (this one is '{kind.value}')")
+    for flag, value in (("consequence", d.consequence), ("fatal", d.fatal)):
+        if value and kind is not ProbeKind.FAILURE:
+            raise fail(f"'{flag}' is only for probes of kind 'failure' (this one is '{kind.value}')")
     compiled = compile_checked(d.regex, fail)
     groups = tuple(sorted(compiled.groupindex, key=lambda g: compiled.groupindex[g]))
     for name, ftype in d.fields.items():
@@ -325,7 +336,7 @@ def _probe(pack: str, source: str, d: ProbeDef) -> Probe:
     if kind is ProbeKind.PROGRESS and "done" not in groups:
         raise fail("a progress probe's regex needs a named group 'done' (and usually 'total')")
     return Probe(pack, d.id, d.regex, kind, phase, failure, dict(d.fields), dict(d.constants), groups,
-                 d.consequence)
+                 d.consequence, d.fatal)
 
 
 def _rule(pack: str, source: str, what: str, rule_id: str, regex: str) -> Rule:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import re2
 
@@ -41,9 +42,8 @@ class FailureReader:
     """The packs' consequence probes and frame rules, and the phase the log has reached."""
 
     def __init__(self, packs: Sequence[Pack]) -> None:
-        patterns = [p.regex for pack in packs for p in pack.probes if p.consequence]
-        self._consequences = re2.compile("|".join(f"(?:{p})" for p in patterns), re2_options(capture=False)) \
-            if patterns else None
+        self._consequences = _either([p.regex for pack in packs for p in pack.probes if p.consequence])
+        self._fatal = _either([p.regex for pack in packs for p in pack.probes if p.fatal])
         self._frames = [(re2.compile(r.regex, re2_options(capture=False)), r.phase)
                         for pack in packs for r in pack.frames if r.phase is not None]
         self.phase: Phase | None = None  # the furthest phase the log's lines have shown
@@ -54,10 +54,10 @@ class FailureReader:
                     self.phase is None or event.phase.rank > self.phase.rank):
                 self.phase = event.phase
 
-    def line_failure(self, failure: Failure, *, classified: bool, consequence: bool) -> Failure:
+    def line_failure(self, failure: Failure, *, classified: bool, consequence: bool, fatal: bool = False) -> Failure:
         """A failure read from one line by a failure probe."""
         kind = self._startup_kind(failure.kind, None) if classified else failure.kind
-        return replace(failure, kind=kind, consequence=consequence)
+        return replace(failure, kind=kind, consequence=consequence, fatal=fatal)
 
     def traceback_event(self, event: ProbeEvent, frames: Sequence[str]) -> ProbeEvent:
         """A traceback's failure event, with its consequence flag, kind and frame phase."""
@@ -65,7 +65,9 @@ class FailureReader:
         assert failure is not None
         phase = self.frame_phase(frames)
         consequence = self._consequences is not None and self._consequences.search(failure.line) is not None
-        event.failure = replace(failure, kind=self._startup_kind(failure.kind, phase), consequence=consequence)
+        fatal = self._fatal is not None and self._fatal.search(failure.line) is not None
+        event.failure = replace(failure, kind=self._startup_kind(failure.kind, phase), consequence=consequence,
+                                fatal=fatal)
         event.phase = phase
         return event
 
@@ -105,3 +107,8 @@ def root_cause(failures: Sequence[Failure]) -> Failure | None:
 
 def _first_specific(failures: list[Failure]) -> Failure:
     return next((f for f in failures if f.kind is not FailureKind.OTHER), failures[0])
+
+
+def _either(patterns: list[str]) -> Any:
+    """One RE2 matching any of ``patterns`` (None for none)."""
+    return re2.compile("|".join(f"(?:{p})" for p in patterns), re2_options(capture=False)) if patterns else None

@@ -23,7 +23,7 @@ from ..probes import load_packs
 from ..snapshot import RunnerSnapshot, watching
 from ..spec import JobSpec
 from ..store import AttemptRow
-from ..watchdog import Judgement, Watchdog
+from ..watchdog import Judgement
 from ._after import wait_for_after
 from ._context import Live, RunnerContext, cmdline, describe_exit
 from ._watching import Watching
@@ -49,6 +49,7 @@ class JobRunner(Watching):
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
         self._init_notifying()
+        self._slow_sent = set()
 
     def start(self, resume: AttemptRow | None = None) -> None:
         self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
@@ -268,14 +269,14 @@ class JobRunner(Watching):
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                                    {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name,
                                     "scheduler_id": handle.scheduler_id})])
-        return Live(row=row, handle=handle, watchdog=Watchdog(spec.health, clock=self.ctx.clock))
+        return Live(row=row, handle=handle, watchdog=self._new_watchdog(n))
 
     def _adopt(self, row: AttemptRow) -> Live:
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
                                scheduler_id=row.scheduler_id)
         self._baseline = self._gpu_baseline()
-        live = Live(row=row, handle=handle, watchdog=Watchdog(self.spec.health, clock=self.ctx.clock))
+        live = Live(row=row, handle=handle, watchdog=self._new_watchdog(row.n))
         self._current = live
         # Replay what was already stored so phase, progress and failure are known again.
         for event in self.ctx.store.events(self.spec.name, attempt=row.n):

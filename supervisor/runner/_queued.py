@@ -17,7 +17,7 @@ import structlog
 from ..errors import SuperviseError
 from ..events import JobState, Verdict
 from ..hosts.base import ExitStatus, QueuedHost, SchedulerEnd
-from ..watchdog import Judgement, Watchdog
+from ..watchdog import Judgement
 from ._context import Live, Recording
 
 log = structlog.get_logger("supervise.runner")
@@ -52,7 +52,7 @@ class Queueing(Recording):
             if not state.pending:
                 if shown is not None:
                     # Judged from when it started, not from when it was queued.
-                    live.watchdog = Watchdog(self.spec.health, clock=self.ctx.clock)
+                    live.watchdog = live.watchdog.anew()
                     where = f" on {state.detail}" if state.detail else ""
                     self._set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
                 return

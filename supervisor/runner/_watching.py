@@ -20,7 +20,7 @@ from ..hosts.base import ExitStatus, Follower
 from ..matching import Matcher, PackDisabled, TailReader
 from ..watchdog import Judgement
 from ._context import Live, progress_dict
-from ._notifying import Notifying
+from ._pacing import Pacing
 from ._queued import Queueing, scheduler_judgement
 
 log = structlog.get_logger("supervise.runner")
@@ -38,7 +38,7 @@ _SIGKILL = 9
 _MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
 
 
-class Watching(Notifying, Queueing):
+class Watching(Pacing, Queueing):
     """The half of a job runner that watches the attempt it launched or adopted."""
 
     live: Live | None
@@ -68,12 +68,14 @@ class Watching(Notifying, Queueing):
                     error = reader.exception()
                     self._action(live, f"log following stopped ({error}); still watching the process", {})
                 judgement = live.watchdog.check()
+                self._report_slow(live)
                 # Stalled, silent, or hung after a failure: judged while alive, killed next
                 # (or warned about first: health.action, a hold).
                 if self._gated(live, judgement):
                     self._record_verdict(live, judgement)
                     return judgement
         finally:
+            self._store_paces(live)
             for task in (exit_task, reader):
                 if not task.done():
                     task.cancel()

@@ -15,11 +15,14 @@ event, after which it asks again).  ``state()`` is all of it in one frozen value
 
 Modules: ``_facts`` (events folded into what has been seen), ``_progress`` (a bar's
 position and rate), ``_rules`` (the rules and their bounds), ``_exit`` (the judgement at
-exit), ``_judge`` (the ``Watchdog`` that ties them together).
+exit), ``_pace`` (earlier attempts' bar paces, injected as a value), ``_judge`` (the
+``Watchdog`` that ties them together).
 """
 
 from ._judge import Watchdog, WatchdogState
+from ._pace import BarPace, BoundSource, PaceHistory, bar_key
 from ._progress import ProgressState
-from ._rules import Judgement, format_duration, label
+from ._rules import Judgement, fine_duration, format_duration, label
 
-__all__ = ["Judgement", "ProgressState", "Watchdog", "WatchdogState", "format_duration", "label"]
+__all__ = ["BarPace", "BoundSource", "Judgement", "PaceHistory", "ProgressState", "Watchdog", "WatchdogState", "bar_key",
+           "fine_duration", "format_duration", "label"]

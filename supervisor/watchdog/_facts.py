@@ -12,6 +12,7 @@ from typing import Any
 from ..events import Event, EventKind, Failure, FailureKind, Phase
 from ..probes import BarBook, root_cause
 from ..probes._identity import BarRun
+from ._pace import PaceHistory, bar_key
 from ._progress import ProgressState, Track
 
 # A program that logs the same error in a loop must not grow the watchdog without bound.
@@ -47,6 +48,10 @@ class Facts:
     # The first failure since the last advance not logged below ERROR, should the list be full.
     _first_unrecovered: Failure | None = None
     oom: Failure | None = None
+    # A failure after which the program cannot do its work whatever it prints next (``fatal``
+    # probes: vLLM's engine dead behind an API server that still answers), and when it came.
+    fatal: tuple[float, Failure] | None = None
+    history: PaceHistory = field(default_factory=PaceHistory)  # earlier attempts' bar paces
 
     def __post_init__(self) -> None:
         self.last_output_at = self.last_active_at = self.phase_entered_at = self.started_at
@@ -99,7 +104,8 @@ class Facts:
             if event.generation > self.failures_generation:
                 self.failures_generation = event.generation
                 self.failures, self.since_advance, self._first_unrecovered = [], 0, None
-            self._failure(event.failure or Failure(FailureKind.OTHER, event.message))
+                self.fatal = None
+            self._failure(event.failure or Failure(FailureKind.OTHER, event.message), at)
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
@@ -118,7 +124,9 @@ class Facts:
         for track in self.tracks.values():
             track.retired = True
 
-    def _failure(self, failure: Failure) -> None:
+    def _failure(self, failure: Failure, at: float) -> None:
+        if failure.fatal and self.fatal is None:
+            self.fatal = (at, failure)
         # A traceback the program itself logged below ERROR is one it means to survive: it does
         # not make a quiet process look hung.
         if self._first_unrecovered is None and not failure.survivable:
@@ -144,7 +152,7 @@ class Facts:
         if track is None or track.retired:
             # First sight of this bar (a new bar of the same probe: another process, another
             # description, or counting from the start again), or one of an earlier phase.
-            self.tracks[run.id] = Track(probe, done, total, at, bar=run.bar.label)
+            self.tracks[run.id] = Track(probe, done, total, at, bar=run.bar.label, key=bar_key(probe, run.bar.desc))
             if new:
                 self._new_bar(run)
             return
@@ -155,6 +163,15 @@ class Facts:
             return  # a redraw of the same step (or the 100% bar printed twice) is no advance
         track.advance(done, at)
         self._advanced()
+
+    def paces(self) -> dict[str, list[float]]:
+        """The intervals measured of each bar still tracked, by ``bar_key``: what is stored for
+        the next attempt's bounds."""
+        found: dict[str, list[float]] = {}
+        for track in self.tracks.values():
+            if track.intervals:
+                found.setdefault(track.key, []).extend(track.intervals)
+        return found
 
     def _new_bar(self, run: BarRun) -> None:
         # A bar drawn again from its start ends its earlier run (CUDA graphs' second pass, an

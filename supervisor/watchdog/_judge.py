@@ -10,6 +10,7 @@ from ..events import Event, Failure, Phase, Verdict
 from ..spec import HealthSpec
 from ._exit import judge_exit
 from ._facts import Facts
+from ._pace import BoundSource, PaceHistory
 from ._progress import ProgressState
 from ._rules import Condition, Judgement, conditions, healthy
 
@@ -31,12 +32,21 @@ class WatchdogState:
 class Watchdog:
     """Judges one attempt; feed it events in arrival order."""
 
-    def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic,
+                 history: PaceHistory | None = None) -> None:
+        """``history``: what earlier attempts of the same job showed of each bar's pace."""
         self._health = health
         self._clock = clock
         self._facts = Facts(started_at=clock())
+        if history is not None:
+            self._facts.history = history
         self._final: Judgement | None = None
         self._last_unhealthy: Judgement | None = None
+
+    def anew(self) -> Watchdog:
+        """A watchdog for the same attempt judged from now on (one that left a batch queue), with
+        the same spec, clock and history."""
+        return Watchdog(self._health, clock=self._clock, history=self._facts.history)
 
     # ---- state -------------------------------------------------------------------
 
@@ -94,7 +104,7 @@ class Watchdog:
         if self._final is not None:
             return self._final
         at = self._now(now)
-        violated = [c for c in self._conditions() if at >= c.deadline]
+        violated = [c for c in self._conditions() if at >= c.deadline and not c.advisory]
         if not violated:
             self._last_unhealthy = None
             return healthy(self._facts, at)
@@ -107,6 +117,40 @@ class Watchdog:
         judgement = Judgement(first.verdict, reason, evidence)
         self._last_unhealthy = judgement
         return judgement
+
+    def slow(self, now: float | None = None) -> list[tuple[str, Judgement]]:
+        """Bars whose current step has taken well over what earlier attempts took, while no stall
+        is due yet: (the bar's key and step, for de-duplication; the report)."""
+        if self._final is not None:
+            return []
+        at = self._now(now)
+        conditions = self._conditions()
+        if any(at >= c.deadline for c in conditions if not c.advisory):
+            return []  # a verdict is due: it says more than a slow report would
+        found = []
+        for c in conditions:
+            if c.advisory and at >= c.deadline:
+                reason, evidence = c.describe(at)
+                found.append((f"{evidence['bar']}@{evidence['done']}", Judgement(c.verdict, reason, evidence)))
+        return found
+
+    def stall_bounds(self, now: float | None = None) -> list[tuple[str, float, float, BoundSource]]:
+        """Each watched bar's stall bound: (bar, bound in s, s left of it, where it came from)."""
+        if self._final is not None:
+            return []
+        at = self._now(now)
+        found = []
+        for c in self._conditions():
+            if c.advisory or c.source is None:  # only stall bounds carry a source
+                continue
+            evidence = c.describe(at)[1]
+            found.append((str(evidence.get("bar") or evidence.get("probe")), c.bound_s or 0.0,
+                          max(0.0, c.deadline - at), c.source))
+        return found
+
+    def paces(self) -> dict[str, list[float]]:
+        """The intervals this attempt measured of each bar, by bar key: the next attempt's history."""
+        return self._facts.paces()
 
     def next_check_at(self, now: float | None = None) -> float | None:
         """The earliest clock time at which ``check()`` could change with no new event."""
@@ -121,7 +165,7 @@ class Watchdog:
 
     def first_due(self, now: float | None = None) -> Condition | None:
         """The pending rule that comes due first, None when none is pending."""
-        pending = self._pending(now)
+        pending = [c for c in self._pending(now) if not c.advisory]
         return min(pending, key=lambda c: c.deadline) if pending else None
 
     def _pending(self, now: float | None) -> list[Condition]:

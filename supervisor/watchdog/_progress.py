@@ -34,6 +34,7 @@ class Track:
     total: int | None
     last_advance_at: float
     bar: str = ""  # see ProgressState.bar
+    key: str = ""  # the bar across attempts (``_pace.bar_key``): what its history is stored under
     retired: bool = False  # its phase is over: shown as the last progress, no longer watched
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
     per_item: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
@@ -59,6 +60,11 @@ class Track:
 
     def median_interval(self) -> float | None:
         return _median(self._intervals_sorted)
+
+    @property
+    def measured(self) -> int:
+        """How many intervals this attempt has measured (up to the window's size)."""
+        return len(self.intervals)
 
     def rate(self) -> float | None:
         return _median(self._per_item_sorted)

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Failure, FailureKind, Phase, Verdict
+from ..events import BoundKind, Failure, FailureKind, Phase, Verdict
 from ..spec import HealthSpec
 from ._facts import Facts
+from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
 from ._progress import Track
 
 _TRACEBACK_TAIL_LINES = 15
@@ -36,6 +37,9 @@ class Condition:
     verdict: Verdict
     describe: Callable[[float], tuple[str, dict[str, Any]]]
     since: float | None = None  # when its clock started: deadline - since is the rule's bound
+    source: BoundSource | None = None  # where a stall bound came from (stall rules only)
+    # Reported, never a verdict: a step slower than its history (``Watchdog.slow``).
+    advisory: bool = False
 
     @property
     def bound_s(self) -> float | None:
@@ -44,8 +48,10 @@ class Condition:
 
 def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
     """Every rule that applies to the facts as they stand."""
-    found = [_stall(health, facts, t) for t in facts.tracks.values() if t.watched]
-    for rule in (_first_progress, _deadline, _silence, _hang_after_failure, _waiting):
+    watched = [t for t in facts.tracks.values() if t.watched]
+    found = [_stall(health, facts, t) for t in watched]
+    found.extend(c for t in watched if (c := _slow(health, facts, t)) is not None)
+    for rule in (_first_progress, _deadline, _silence, _hang_after_failure, _waiting, _engine_dead):
         found.extend(rule(health, facts))
     return found
 
@@ -69,7 +75,7 @@ def failure_evidence(failure: Failure, failures_seen: int) -> dict[str, Any]:
 
 
 def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
-    bound, how = _stall_bound(health, facts.phase, track)
+    bound, how, source = _stall_bound(health, facts.phase, track, facts.history.get(track.key))
     # The deadline is computed once, here, and compared with >= everywhere, so the
     # daemon waking exactly at next_check_at() sees the violation (no float slack).
     deadline = track.last_advance_at + bound
@@ -77,10 +83,7 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
     def describe(at: float) -> tuple[str, dict[str, Any]]:
         stalled = at - track.last_advance_at
         median = track.median_interval()
-        where = f"{label(track.probe)} {track.done}/{track.total if track.total is not None else '?'}"
-        if track.bar and track.bar != track.probe:
-            where += f" [{track.bar}]"  # which of the probe's bars (rank, description)
-        reason = f"{where}, no progress for {format_duration(stalled)} ({how})"
+        reason = f"{_where(track)}, no progress for {format_duration(stalled)} ({how})"
         evidence: dict[str, Any] = {
             "probe": track.probe,
             "bar": track.bar,
@@ -89,26 +92,79 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
             "stalled_s": round(stalled, 3),
             "median_interval_s": None if median is None else round(median, 3),
             "bound_s": round(bound, 3),
+            "bound_source": str(source),
             "phase": facts.phase_name,
         }
         return reason, evidence
 
-    return Condition(deadline, Verdict.STALLED, describe, track.last_advance_at)
+    return Condition(deadline, Verdict.STALLED, describe, track.last_advance_at, source)
 
 
-def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track) -> tuple[float, str]:
-    floor = health.stall_floor(phase)
+def _where(track: Track) -> str:
+    where = f"{label(track.probe)} {track.done}/{track.total if track.total is not None else '?'}"
+    if track.bar and track.bar != track.probe:
+        where += f" [{track.bar}]"  # which of the probe's bars (rank, description)
+    return where
+
+
+def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
+                 history: BarPace | None) -> tuple[float, str, BoundSource]:
+    """The bound, how it reads in a reason, and its source (``history (…)``, ``this run``,
+    ``default floor``, ``first progress``)."""
+    k = health.stall_k
     median = track.median_interval()
+    floor = health.stall_floor(phase)
+    if history is not None:
+        # Earlier attempts measured this bar: their intervals stand in for the floor, which only
+        # guards against a guess from too few intervals of this attempt's own.  History tightens
+        # the floor, never loosens it: a floor set tighter than the history's bound still holds.
+        base, base_source = history.bound(k), history.source()
+        if floor < base:
+            base, base_source = floor, BoundSource(BoundKind.DEFAULT_FLOOR)
+        if median is not None and track.measured >= OWN_WINDOW and k * median > base:
+            return k * median, f"bound {k * median:.1f}s = {k:g} x median {median:.1f} s/it", \
+                BoundSource(BoundKind.THIS_RUN)
+        return base, f"bound {base:.1f}s from {base_source}", base_source
     if median is None:
         first = health.first_progress_s.get(phase) if phase else None
         if first is not None:
-            return first, f"bound {first:.1f}s: first advance expected within {format_duration(first)}"
-        return floor, f"bound {floor:.1f}s = stall floor, no interval measured yet"
-    k = health.stall_k
+            return first, f"bound {first:.1f}s: first advance expected within {format_duration(first)}", \
+                BoundSource(BoundKind.FIRST_PROGRESS)
+        return floor, f"bound {floor:.1f}s = stall floor, no interval measured yet", BoundSource(BoundKind.DEFAULT_FLOOR)
     scaled = k * median
     if scaled >= floor:
-        return scaled, f"bound {scaled:.1f}s = {k:g} x median {median:.1f} s/it"
-    return floor, f"bound {floor:.1f}s = stall floor; {k:g} x median {median:.2f} s/it is less"
+        return scaled, f"bound {scaled:.1f}s = {k:g} x median {median:.1f} s/it", BoundSource(BoundKind.THIS_RUN)
+    return floor, f"bound {floor:.1f}s = stall floor; {k:g} x median {median:.2f} s/it is less", \
+        BoundSource(BoundKind.DEFAULT_FLOOR)
+
+
+def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
+    # A step well over what earlier attempts took, reported before it becomes a stall: a slow
+    # disk, a straggler rank.  Without history there is nothing to be slow against.
+    history = facts.history.get(track.key)
+    if history is None:
+        return None
+    after = history.slow_after()
+    median = track.median_interval()
+    if median is not None and track.measured >= OWN_WINDOW:
+        # A run slower all along than the last ones (another disk) is not slow at every step.
+        after = max(after, SLOW_FACTOR * median)
+    stall, _, _ = _stall_bound(health, facts.phase, track, history)
+    if after >= stall:
+        return None
+    since = track.last_advance_at
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        taken = at - since
+        reason = (f"{_where(track)}: this step has taken {format_duration(taken)}, over "
+                  f"{format_duration(after)} ({history.source()}: 95th percentile {fine_duration(history.high)}); "
+                  f"a stall at {format_duration(stall)}")
+        return reason, {"probe": track.probe, "bar": track.bar, "done": track.done, "total": track.total,
+                        "step_s": round(taken, 3), "slow_after_s": round(after, 3),
+                        "history_p95_s": round(history.high, 3), "stall_bound_s": round(stall, 3),
+                        "bound_source": str(history.source()), "phase": facts.phase_name}
+
+    return Condition(since + after, Verdict.STALLED, describe, since, history.source(), advisory=True)
 
 
 def _first_progress(health: HealthSpec, facts: Facts) -> list[Condition]:
@@ -195,6 +251,28 @@ def _hang_after_failure(health: HealthSpec, facts: Facts) -> list[Condition]:
     return [Condition(last + limit, verdict, describe, last)]
 
 
+def _engine_dead(health: HealthSpec, facts: Facts) -> list[Condition]:
+    # A fatal failure (vLLM's engine dead) while the process goes on printing: the API server
+    # answers every request with an error.  It is judged however much it prints afterwards, and
+    # in a ready server too, once the time a dying process is given to exit has passed.
+    limit = health.hang_after_failure_s
+    if limit is None or facts.fatal is None:
+        return []
+    since, failure = facts.fatal
+    blamed = failure_evidence(facts.primary_failure or failure, facts.failure_count)
+    # (the root cause is blamed: the fatal line is most often an echo of it)
+    phase = facts.phase_name
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        reason = f"still running {format_duration(at - since)} after a fatal failure: {failure.line}"
+        return reason, {"phase": phase, "since_fatal_s": round(at - since, 3), "hang_after_failure_s": limit,
+                        "fatal": failure.line, **blamed}
+
+    root = facts.primary_failure or failure
+    verdict = Verdict.OOM if root.kind == FailureKind.CUDA_OOM else Verdict.CRASHED
+    return [Condition(since + limit, verdict, describe, since)]
+
+
 def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
     # Before any phase is recognised nothing is known about the program: no rule.
     limit = health.waiting_s
@@ -226,6 +304,11 @@ def format_duration(seconds: float) -> str:
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def fine_duration(seconds: float) -> str:
+    """Like ``format_duration``, with hundredths under 10 s: a shard interval of a fast replay."""
+    return f"{seconds:.2f}s" if seconds < 10 else format_duration(seconds)
 
 
 def label(probe: str) -> str:

@@ -13,6 +13,10 @@ loading was frozen for 45 s at 5/13 (tests/data/pacing: its real arrival times, 
   ``max(stall_floor_s, stall_k x median interval)``, with the median taken here from the
   same bar's stored progress events (stall_k = 3, the default).  Ratio = detection / bound:
   1.00x means flagged exactly at the bound; below 1 would be early (wrong).
+- history: every frozen job has ``max_attempts = 2``, so it is relaunched once; the relaunch starts
+  from the first attempt's stored shard intervals (``PaceHistory``).  Side by side: each attempt's
+  bound (the verdict's ``bound_s`` and ``bound_source``) and detection, and when the ``slow``
+  report came (after the last shard) on the relaunch, before its stall.
 - healthy: the same log, not frozen (the 45 s freeze collapsed like every other pause): it
   must never be flagged.  A floor shorter than one shard's load time would flag it by
   design (until a first interval is measured, the floor alone is the bound), so a
@@ -21,8 +25,10 @@ loading was frozen for 45 s at 5/13 (tests/data/pacing: its real arrival times, 
 - corpus: every log of tests/data/corpus/full-logs replayed line by line every
   ``--interval`` seconds, once per ``--corpus-floors`` value: none may be flagged either.
 
-All runs of a group run at once (distinct job names, ``max_attempts = 1``).  A false positive
-is any ``stalled`` or ``silent`` verdict on a healthy replay.  Prints markdown tables.
+  Each healthy job is started twice: its second run has the first's history.
+
+All runs of a group run at once (distinct job names).  A false positive is any ``stalled`` or
+``silent`` verdict, or a ``slow`` report, on a healthy replay.  Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import itertools
 
-from _harness import PACKS, PY, ROOT, Daemon, machine_note, ms, table
+from _harness import PACKS, PY, ROOT, Daemon, machine_note, ms, table, wait_until
 
 REPLAY = ROOT / "tests" / "jobs" / "replay.py"
 PACING = ROOT / "tests" / "data" / "pacing" / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
@@ -67,56 +73,71 @@ def job_name(*parts: object) -> str:
     return "-".join(str(p).replace(".", "p") for p in parts)
 
 
-def run_group(daemon: Daemon, runs: list[Run], timeout: float) -> dict[str, dict[str, Any]]:
+def run_group(daemon: Daemon, runs: list[Run], timeout: float, *, attempts: int = 1,
+              runs_each: int = 1) -> dict[str, dict[str, Any]]:
+    """``attempts``: max_attempts (a frozen job is relaunched); ``runs_each``: start each job again
+    once it has finished, this many times in all (each later run has the earlier runs' history)."""
+    restart = f"max_attempts = {attempts}\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n"
     specs = [daemon.spec(r.name, r.argv, probes=PACKS,
-                         extra=f"[health]\nstall_floor_s = {r.floor}\nstall_k = {STALL_K}\n[restart]\nmax_attempts = 1\n")
+                         extra=f"[health]\nstall_floor_s = {r.floor}\nstall_k = {STALL_K}\n[restart]\n{restart}")
              for r in runs]
-    daemon.start_jobs(specs)
-    daemon.wait_finished([r.name for r in runs], timeout)
     client = daemon.client()
+    for n in range(1, runs_each + 1):
+        daemon.start_jobs(specs)
+        wait_until(lambda n=n: all(len(client.attempts(r.name).attempts) >= n for r in runs), timeout,
+                   "runs to start")
+        daemon.wait_finished([r.name for r in runs], timeout)
     out: dict[str, dict[str, Any]] = {}
     for r in runs:
         events = client.events(r.name).events
         verdicts = [e for e in events if e.kind == "verdict"]
         out[r.name] = {"events": events, "verdict": verdicts[-1] if verdicts else None,
-                       "attempt": client.attempts(r.name).attempts[-1]}
+                       "verdicts": verdicts, "attempt": client.attempts(r.name).attempts[-1]}
     return out
 
 
-def frozen_row(run: Run, result: dict[str, Any]) -> list[object]:
-    verdict = result["verdict"]
-    if verdict is None or verdict.data.get("verdict") != "stalled":
-        got = verdict.message if verdict else "no verdict"
-        return [run.label, f"{run.floor:g}", "-", "-", "-", "-", "-", f"NOT FLAGGED: {got}"]
+def stall_of(result: dict[str, Any], attempt: int) -> tuple[Any, float] | None:
+    """The attempt's ``stalled`` verdict and its detection time: its ``ts`` - the last advance's."""
+    verdict = next((v for v in result["verdicts"] if v.attempt == attempt and v.data.get("verdict") == "stalled"), None)
+    if verdict is None:
+        return None
     probe = verdict.data.get("probe")
-    bar = [e for e in result["events"] if e.kind == "progress" and e.probe == probe and e.ts <= verdict.ts]
+    bar = [e for e in result["events"] if e.attempt == attempt and e.kind == "progress" and e.probe == probe
+           and e.ts <= verdict.ts]
     advances, last_done = [], None
     for e in bar:
         done = e.data.get("done")
         if last_done is None or (done is not None and done > last_done):
             advances.append(e.ts)
             last_done = done
-    intervals = [b - a for a, b in itertools.pairwise(advances)]
-    median = statistics.median(intervals) if intervals else None
-    bound = max(run.floor, STALL_K * median) if median is not None else run.floor
-    which = "floor" if median is None or run.floor >= STALL_K * median else f"{STALL_K:g} x median"
-    detection = verdict.ts - bar[-1].ts
-    where = f"{probe} {verdict.data.get('done')}/{verdict.data.get('total')}"
-    return [run.label, f"{run.floor:g}", ms(median) if median is not None else "-", f"{ms(bound)} ({which})",
-            ms(detection), f"{detection / bound:.3f}x", ms(verdict.data.get("bound_s", float("nan"))), where]
+    return verdict, verdict.ts - advances[-1]
+
+
+def frozen_row(run: Run, result: dict[str, Any]) -> list[object]:
+    first, second = stall_of(result, 1), stall_of(result, 2)
+    if first is None or second is None:
+        got = "; ".join(v.message for v in result["verdicts"]) or "no verdict"
+        return [run.label, f"{run.floor:g}", "-", "-", "-", "-", "-", "-", f"NOT FLAGGED TWICE: {got}"]
+    (v1, d1), (v2, d2) = first, second
+    slow = next((e for e in result["events"] if e.attempt == 2 and e.kind == "action" and e.data.get("slow")), None)
+    slow_after = ms(slow.ts - (v2.ts - d2)) if slow is not None and slow.ts <= v2.ts else "none"
+    where = f"{v2.data.get('probe')} {v2.data.get('done')}/{v2.data.get('total')}"
+    return [run.label, f"{run.floor:g}", f"{ms(v1.data['bound_s'])} ({v1.data.get('bound_source')})", ms(d1),
+            f"{ms(v2.data['bound_s'])} ({v2.data.get('bound_source')})", ms(d2), f"{d2 / d1:.2f}x",
+            slow_after, where]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--floors", default="0.25,0.5,1,2", help="stall_floor_s values for the stall log (default 0.25,0.5,1,2)")
-    parser.add_argument("--speeds", default="0.5,1,2", help="replay speed-ups of the real pacing (default 0.5,1,2)")
+    parser.add_argument("--floors", default="2,5,10", help="stall_floor_s values for the stall log (default 2,5,10)")
+    parser.add_argument("--speeds", default="0.25,0.5,1,2", help="replay speed-ups of the real pacing (default 0.25,0.5,1,2)")
     parser.add_argument("--corpus-floors", default="0.5,1,2", help="stall_floor_s values for the corpus (default 0.5,1,2)")
     parser.add_argument("--interval", type=float, default=0.01, help="seconds between corpus lines (default 0.01)")
     parser.add_argument("--quick", action="store_true", help="speeds 1,2; floors 0.25,1; corpus floor 0.5 (about 20 s)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's state directory")
     args = parser.parse_args()
     if args.quick:
-        args.speeds, args.floors, args.corpus_floors = "1,2", "0.25,1", "0.5"
+        args.speeds, args.floors, args.corpus_floors = "1,2", "2,5", "0.5"
     floors = [float(f) for f in args.floors.split(",") if f]
     speeds = [float(s) for s in args.speeds.split(",") if s]
     corpus_floors = [float(f) for f in args.corpus_floors.split(",") if f]
@@ -135,35 +156,39 @@ def main() -> int:
                   p.name) for f in corpus_floors for p in logs]
     wall = time.monotonic()
     with Daemon(keep=args.keep) as daemon:
-        results = run_group(daemon, frozen + healthy, timeout=120)
+        results = run_group(daemon, frozen, timeout=180, attempts=2)
+        results.update(run_group(daemon, healthy, timeout=180, runs_each=2))
         results.update(run_group(daemon, corpus, timeout=180))
     wall = time.monotonic() - wall
 
     print(f"\nshard interval in the recording: {shard_s * 1000:.0f} ms (median); combinations skipped because the "
           f"floor is under 1.5x one shard's load time at that speed: {', '.join(skipped) or 'none'}")
-    print(f"\nFrozen at 5/13: stalled verdict vs the bound max(floor, {STALL_K:g} x median interval) "
-          f"({len(frozen)} runs, concurrently with the {len(healthy)} healthy ones)\n")
-    print(table(["replay speed", "floor s", "median interval ms", "bound ms", "detection ms", "detection / bound",
-                 "watchdog's bound ms", "flagged at"],
-                [frozen_row(r, results[r.name]) for r in frozen], align="lrrrrrrl"))
+    print(f"\nFrozen at 5/13, twice (a job of max_attempts 2: the relaunch has the first attempt's shard "
+          f"intervals): each attempt's bound (source) and detection; {len(frozen)} jobs at once\n")
+    print(table(["replay speed", "floor s", "1st run bound ms", "1st run detection ms", "2nd run bound ms",
+                 "2nd run detection ms", "2nd / 1st", "slow report after ms", "flagged at"],
+                [frozen_row(r, results[r.name]) for r in frozen], align="lrlrlrrrl"))
 
     def false_positives(group: list[Run]) -> tuple[int, list[str]]:
         flagged = []
         for r in group:
             for e in results[r.name]["events"]:
-                if e.kind == "verdict" and e.data.get("verdict") in UNHEALTHY:
-                    flagged.append(f"{r.label} (floor {r.floor:g}): {e.message}")
+                if (e.kind == "verdict" and e.data.get("verdict") in UNHEALTHY) or (
+                        e.kind == "action" and e.data.get("slow")):
+                    flagged.append(f"{r.label} (floor {r.floor:g}, attempt {e.attempt}): {e.message}")
         return len(flagged), flagged
 
-    print("\nHealthy replays: false positives (stalled or silent verdicts), must be 0\n")
+    print("\nHealthy replays: false positives (stalled or silent verdicts, slow reports), must be 0\n")
     rows = []
-    for title, group in ((f"stall log, not frozen, gaps > 0.5 s collapsed (speeds {args.speeds}, floors {args.floors})", healthy),
+    for title, group in (((f"stall log, not frozen, gaps > 0.5 s collapsed, each run twice (speeds {args.speeds}, "
+                           f"floors {args.floors})"), healthy),
                          *((f"full-logs corpus, {len(logs)} logs, a line every {args.interval:g} s, floor {f:g} s",
                             [r for r in corpus if r.floor == f]) for f in corpus_floors)):
         count, flagged = false_positives(group)
         verdicts = sorted({(results[r.name]["verdict"].data.get("verdict") if results[r.name]["verdict"] else "none")
                            for r in group})
-        rows.append([title, len(group), count, ", ".join(verdicts), "; ".join(flagged) or "-"])
+        runs = sum(results[r.name]["attempt"].n for r in group)  # attempts: a healthy job's runs
+        rows.append([title, runs, count, ", ".join(verdicts), "; ".join(flagged) or "-"])
     print(table(["healthy replays", "runs", "false positives", "verdicts seen", "flagged"], rows, align="lrrll"))
     total = sum(r[2] for r in rows)
     print(f"\nfalse positives in all: {total} ({'none' if total == 0 else 'SEE ABOVE'}); wall {wall:.0f} s")

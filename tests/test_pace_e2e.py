@@ -1,0 +1,85 @@
+"""Stall bounds from history and the ``slow`` alert, through a real daemon: the real paced
+13-shard vLLM load (tests/data/pacing/) replayed and frozen at 5/13 twice as two attempts of one
+job; the relaunch starts from the first attempt's stored shard intervals."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import REPO, DaemonProcess, wait_until
+from e2e_jobs import AlertSink, supervise
+
+PACING = REPO / "tests" / "data" / "pacing"
+STALL_TSV = PACING / "vllm-0.23-6.7b-serve-stall-at-5of13.arrivals.tsv"
+REPLAY = REPO / "tests" / "jobs" / "replay.py"
+PACKS = '["python", "cuda", "nccl", "vllm", "tqdm", "transformers"]'
+FLOOR_S = 6.0
+
+
+@pytest.fixture
+def alerting_daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AlertSink)
+    AlertSink.received = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    daemon_env["SUPERVISE_POLL_INTERVAL_S"] = "3600"
+    daemon_env["SUPERVISE_ALERT_URLS"] = f"json://127.0.0.1:{server.server_port}/alert"
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    yield daemon
+    daemon.close()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
+        alerting_daemon: DaemonProcess, home: Path, daemon_env: dict[str, str]) -> None:
+    spec = home / "load.toml"
+    command = json.dumps([sys.executable, str(REPLAY), str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
+                          "--collapse-gaps-over", "0.5", "--freeze-after", "42"])
+    spec.write_text(f'name = "load"\ncommand = {command}\nprobes = {PACKS}\nstop_grace_s = 1\n'
+                    f"[health]\nstall_floor_s = {FLOOR_S}\n"
+                    "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
+    client = alerting_daemon.client()
+    client.start(str(spec), {})
+
+    def frozen_bound():  # the first attempt at 5/13: its bar's bound is the floor, and says so
+        job = client.status("load").jobs[0]
+        progress = job.attempt.progress if job.attempt is not None else None
+        return job.stall_bounds if progress is not None and progress.done == 5 and job.attempt.n == 1 else None
+
+    [bound] = wait_until(frozen_bound, timeout=60)
+    assert (bound.bound_s, bound.kind, bound.source) == (FLOOR_S, "default_floor", "default floor")
+    assert 0 < bound.in_s <= FLOOR_S and bound.history_runs is None
+    assert "Loading safetensors checkpoint shards" in bound.bar
+    shown = supervise({**daemon_env, "SUPERVISE_HOME": str(home)}, "status", "load").stdout
+    assert "stall bound 6s (default floor) for Loading safetensors checkpoint shards" in shown, shown
+    wait_until(lambda: len(client.attempts("load").attempts) == 2 and client.status("load").jobs[0].state == "failed",
+               timeout=90)
+    events = client.events("load").events
+
+    def stalled(n: int):
+        return next(e for e in events if e.attempt == n and e.kind == "verdict" and e.data.get("verdict") == "stalled")
+
+    def detection(n: int) -> float:
+        last = max(e.ts for e in events if e.attempt == n and e.kind == "progress")
+        return stalled(n).ts - last
+
+    first, second = stalled(1), stalled(2)
+    assert first.data["bound_source"] == "default floor" and first.data["bound_s"] == FLOOR_S
+    assert second.data["bound_source"].startswith("history (") and "from 1 run)" in second.data["bound_source"]
+    assert "5/13" in second.message
+    assert detection(2) < FLOOR_S / 2 < detection(1)
+    # Slow before stalled, as an alert (the process was not killed for it) and an event.
+    slow = [a for a in AlertSink.received if "slow" in json.dumps(a)]
+    assert len(slow) == 1, AlertSink.received
+    body = json.dumps(slow[0])
+    assert "load: slow at shard 5/13" in body and "history p95" in body and "stalled if no step for" in body
+    slow_event = next(e for e in events if e.attempt == 2 and e.kind == "action" and e.data.get("slow"))
+    assert slow_event.ts <= second.ts
+    assert not [e for e in events if e.attempt == 1 and e.kind == "action" and e.data.get("slow")]
