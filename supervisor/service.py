@@ -47,6 +47,9 @@ _LOGGED_KINDS = {EventKind.FAILURE, EventKind.VERDICT, EventKind.ACTION, EventKi
                  EventKind.ALERT}
 
 
+_HEARTBEAT_S = 2.0  # how often the store hears that the daemon is alive
+
+
 class Service:
     """The daemon's lifecycle: start-up (lock, recovery pass, listening), the runners, shutdown."""
 
@@ -64,6 +67,7 @@ class Service:
         self.runners: dict[str, JobRunner | ShardedJob] = {}
         self.pipelines = Pipelines(self.store, self.hosts, self.runners, self.start_runner)
         self.recovery_notes: list[str] = []
+        self.down_since: float | None = None  # the previous daemon's last heartbeat, during recovery
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.bus.subscribe(self._log_event)
@@ -79,8 +83,8 @@ class Service:
         slot = self.hosts.get(host_name)
         gpu = slot.gpu
         return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
-                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest),
-                             records_seen=self.metrics.records_seen)
+                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
+                             records_seen=self.metrics.records_seen, down_since=self.down_since)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""
@@ -92,8 +96,12 @@ class Service:
 
     async def serve(self) -> None:
         self._lock()
+        # Read before this daemon beats: how long the jobs it re-adopts went unwatched.
+        self.down_since = self.store.last_beat()
+        self._tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
         await self.hosts.local.gpu.sample()
         await self.recover()
+        self.down_since = None  # runners started from now on launch; only the recovered ones say it
         self.recovery_notes += self.pipelines.resume_waiting()  # jobs waiting for their `after`
         # A client that never finishes its request is disconnected after request_timeout_s:
         # aiohttp's idle timer runs from the connection's start until a whole request is parsed,
@@ -121,6 +129,14 @@ class Service:
             await self._stopping.wait()
         finally:
             await self.shutdown(runner)
+
+    async def _heartbeat(self) -> None:
+        """Store that the daemon is alive, every few seconds: after a crash, the next daemon says
+        how long jobs went unwatched (to within this interval)."""
+        while True:
+            with contextlib.suppress(SuperviseError):  # a full disk: the next beat tries again
+                self.store.beat(time.time())
+            await asyncio.sleep(_HEARTBEAT_S)
 
     def request_stop(self) -> None:
         self._stopping.set()

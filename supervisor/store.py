@@ -278,6 +278,18 @@ class Store:
         args.append(limit)
         return [_event(r) for r in self._db.execute(sql, args)]
 
+    # -- the daemon's heartbeat ----------------------------------------------------------
+
+    def beat(self, ts: float) -> None:
+        """The daemon is alive at ``ts`` (wall clock)."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO daemon_heartbeat(id, ts) VALUES(1, ?)", (ts,))
+
+    def last_beat(self) -> float | None:
+        """When a daemon was last known alive (None: never, in this store)."""
+        row = self._db.execute("SELECT ts FROM daemon_heartbeat WHERE id=1").fetchone()
+        return None if row is None else float(row[0])
+
     # -- GPU samples ------------------------------------------------------------------
 
     def record_gpu(self, host: str, ts: float, rows: Iterable[tuple[int, int, int, int | None]]) -> None:

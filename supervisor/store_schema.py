@@ -110,4 +110,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN shard INTEGER;
     """,
+    # The daemon's heartbeat (one row): when the daemon was last known alive, so that the next
+    # one can say how long jobs went unwatched after a crash or a SIGKILL (service.py).
+    """
+    CREATE TABLE daemon_heartbeat (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        ts REAL NOT NULL
+    );
+    """,
 )

@@ -116,7 +116,7 @@ class Watching(Notifying, Queueing):
                     self.ctx.records_seen(self.spec.name, len(batch))
                 live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
                 matched = self._matched(live, await engine.feed(batch))
-                unsaved.extend(self._observe(live, matched, records=len(batch)))
+                unsaved.extend(self._observe(live, matched, records=len(batch), last=batch[-1]))
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
                 if self._save(live, unsaved, engine.resume_offset, force=force):
@@ -155,23 +155,38 @@ class Watching(Notifying, Queueing):
         return max(0.0, min(waits) - quiet_for)
 
     def _observe(self, live: Live, probe_events: list[ProbeEvent], *, output: bool = True,
-                 records: int = 0) -> list[Event]:
+                 records: int = 0, last: Record | None = None) -> list[Event]:
         """Feed the watchdog (output seen, each event) and return the events to store.
-        ``records``: how many records brought these events.  ``output=False``: events completed
-        later from records already seen, which date from the last output, not from now."""
+        ``records``: how many records brought these events, ``last`` the last of them.
+        ``output=False``: events completed later from records already seen, which date from the
+        last output, not from now.  Records written while the daemon was down date from then."""
+        backlog = live.backlog if output else None
+        wall = time.time()
+        if backlog is not None and last is not None and backlog.covers(last.offset, last.generation):
+            wall = backlog.wall_at(last.offset)
+        elif backlog is not None:
+            live.backlog = None  # read past what was written while no daemon watched
         if output:
-            now = self.ctx.clock()
+            now = self._clock_at(wall)
             heartbeats = sum(1 for pe in probe_events if pe.kind is ProbeKind.INFO and pe.fields.get("heartbeat"))
             live.watchdog.output_seen(now, heartbeats_only=0 < records <= heartbeats)
-            live.last_output = time.time()
+            live.last_output = wall
         else:
             now = live.watchdog.last_output_at
         events = [self._from_probe(live.row.n, pe) for pe in probe_events]
         for event in events:
             event.generation = live.row.log_generation
-            self._note(live, event, now)
+            at = now
+            if backlog is not None and event.offset is not None and backlog.covers(event.offset, event.generation):
+                event.ts = backlog.wall_at(event.offset)  # stored with when it was written, not read
+                at = self._clock_at(event.ts)
+            self._note(live, event, at)
         self._notify_observed(live, events)
         return events
+
+    def _clock_at(self, wall: float) -> float:
+        """A wall-clock time on the watchdog's clock."""
+        return self.ctx.clock() - (time.time() - wall)
 
     def _save(self, live: Live, events: list[Event], offset: int, *, force: bool) -> bool:
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""

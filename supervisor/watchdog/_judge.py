@@ -31,10 +31,13 @@ class WatchdogState:
 class Watchdog:
     """Judges one attempt; feed it events in arrival order."""
 
-    def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic,
+                 started_at: float | None = None) -> None:
+        """``started_at``: the attempt's start on ``clock`` (now when not given; a re-adopted
+        attempt gives its true start, so rules measured from it are not reset by a restart)."""
         self._health = health
         self._clock = clock
-        self._facts = Facts(started_at=clock())
+        self._facts = Facts(started_at=clock() if started_at is None else started_at)
         self._final: Judgement | None = None
         self._last_unhealthy: Judgement | None = None
 

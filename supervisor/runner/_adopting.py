@@ -1,0 +1,74 @@
+"""Re-adopting an attempt after a daemon restart.
+
+The watchdog is rebuilt from the stored events *at their own times*: the attempt's start, each
+phase and progress step, as they were stored.  Replayed at the restart's time instead, every
+interval would read zero (a rate of 0.00 s/it, then one far too fast) and every deadline
+(stall, silence, phase) would start again from the restart.  The log written while no daemon
+watched is dated by its place in the log (``_backlog``).  A ``daemon_restarted`` event says how
+long the attempt went unwatched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..events import Event, EventKind, JobState, ProbeKind
+from ..hosts.base import ProcessHandle
+from ..store import AttemptRow
+from ..watchdog import Watchdog, format_duration
+from ._backlog import Backlog, backlog_of
+from ._context import Live
+from ._watching import Watching
+
+_PROBE_KINDS = frozenset(EventKind(k.value) for k in ProbeKind)
+
+
+class Adopting(Watching):
+    """The half of a job runner that takes over an attempt a previous daemon launched."""
+
+    def _readopt(self, row: AttemptRow) -> Live:
+        handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
+                               tag=row.tag, log_path=row.log_path, status_path=row.status_path,
+                               scheduler_id=row.scheduler_id)
+        stored = self.ctx.store.events(self.spec.name, attempt=row.n)
+        watchdog = Watchdog(self.spec.health, clock=self.ctx.clock, started_at=self._clock_at(row.started))
+        live = Live(row=row, handle=handle, watchdog=watchdog)
+        # Replay what was already stored, each at its own time, so that phase, progress, rate,
+        # failure and every deadline are what they were, not reset by the restart.
+        probe_events = [e for e in stored if e.kind in _PROBE_KINDS]
+        for event in probe_events:
+            self._note(live, event, self._clock_at(event.ts))
+        if probe_events:
+            live.last_output = probe_events[-1].ts
+        live.backlog = self._backlog(row, probe_events)
+        self._say_restarted(live, stored)
+        return live
+
+    def _backlog(self, row: AttemptRow, probe_events: list[Event]) -> Backlog | None:
+        """What the log gained while no daemon watched.  Only a local log can be looked at
+        without a round trip; a remote attempt's backlog is dated when it is read."""
+        if self.ctx.host.name != "local":
+            return None
+        try:
+            info = os.stat(row.log_path)
+        except OSError:
+            return None
+        known = [e for e in probe_events if e.generation == row.log_generation and e.offset is not None]
+        anchor = (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)
+        return backlog_of(row.log_generation, row.log_offset, anchor, info.st_size, info.st_mtime, time.time())
+
+    def _say_restarted(self, live: Live, stored: list[Event]) -> None:
+        """One event and the job's reason: the attempt is watched again, and for how long it was not.
+        The previous daemon was last known alive at its last heartbeat or at the last event it
+        stored of this attempt, whichever came later."""
+        n = live.row.n
+        known = [t for t in (self.ctx.down_since, stored[-1].ts if stored else None) if t is not None]
+        down_since = max(known) if known else None
+        down_s = None if down_since is None else max(0.0, time.time() - down_since)
+        for_how_long = "for an unknown time" if down_s is None else f"for {format_duration(down_s)}"
+        what = f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
+        self._publish([self._event(n, EventKind.DAEMON_RESTARTED,
+                                   f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}; re-adopted",
+                                   {"down_s": down_s, "down_since": down_since, "pid": live.row.pid})])
+        self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")

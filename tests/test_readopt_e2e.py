@@ -1,0 +1,93 @@
+"""A daemon killed (SIGKILL) and started again: the attempt it re-adopts keeps its true rate,
+its deadlines run from its true last progress, and its history says the daemon restarted and
+for how long it was down.  A real daemon process, real jobs."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import time
+from itertools import pairwise
+from pathlib import Path
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import PROGRESS_JOB, job_state
+
+from supervisor.client import Client
+
+
+def _progress(client: Client, job: str) -> dict[int, float]:
+    """done -> stored time of the progress event that said it."""
+    return {int(e.data["done"]): e.ts for e in client.events(job, kinds=["progress"]).events}
+
+
+def _rate(client: Client, job: str) -> float | None:
+    attempt = client.status(job).jobs[0].attempt
+    return None if attempt is None or attempt.progress is None else attempt.progress.rate_s_per_it
+
+
+def test_restart_keeps_the_stall_clock_and_the_rate_and_says_how_long_it_was_down(
+        daemon: DaemonProcess, make_job, home: Path) -> None:
+    # 0.2 s/it; halfway (20/40) it holds until the gate file exists: stalled since its 20th step.
+    gate = home / "gate"
+    spec = make_job("steady", PROGRESS_JOB, params=f', "40", "0.2", "{gate}"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    last_step_at = wait_until(lambda: _progress(client, "steady").get(20))
+    assert isinstance(last_step_at, float)
+    wait_until(lambda: time.time() - last_step_at > 2.0)  # it has not moved for 2 s
+    killed_at = time.time()
+    daemon.kill(signal.SIGKILL)
+    wait_until(lambda: time.time() - killed_at > 1.0)  # down for at least 1 s
+    daemon.start()
+    up_at = time.time()
+    client = daemon.client()
+
+    # The stall rule's clock runs from the 20th step, not from the restart.
+    status = client.status("steady").jobs[0]
+    still_for = time.time() - last_step_at
+    upcoming = status.next_verdict
+    assert upcoming is not None and upcoming.verdict == "stalled" and upcoming.bound_s is not None, upcoming
+    measured = upcoming.bound_s - upcoming.in_s
+    assert abs(measured - still_for) < 0.5, (measured, still_for)
+    assert status.last_output_age_s is not None and status.last_output_age_s > still_for - 0.5
+
+    # One event says the daemon restarted and for how long: from its last heartbeat (2 s apart) on.
+    restarted = client.events("steady", kinds=["daemon_restarted"]).events
+    assert len(restarted) == 1, restarted
+    down_s = restarted[0].data["down_s"]
+    assert up_at - killed_at - 0.1 <= down_s + 0.1 and down_s <= time.time() - killed_at + 2.5, (down_s, up_at - killed_at)
+    assert "re-adopted; the daemon was down for" in status.reason, status.reason
+
+    # Moving again, its rate is the true one (0.2 s/it), neither 0 nor many times too fast.
+    gate.write_text("go")
+    wait_until(lambda: max(_progress(client, "steady")) >= 26, timeout=30)
+    rate = _rate(client, "steady")
+    assert rate is not None and 0.1 < rate < 0.4, rate
+    wait_until(lambda: job_state(client, "steady") == "done", timeout=30)
+
+
+def test_the_log_written_while_the_daemon_was_down_keeps_its_own_times(daemon: DaemonProcess, make_job) -> None:
+    # 0.05 s/it for 12 s: while the daemon is down for 1.5 s, some 30 steps go unwatched.
+    spec = make_job("busy", PROGRESS_JOB, params=', "240", "0.05"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: len(_progress(client, "busy")) >= 10)
+    killed_at = time.time()
+    daemon.kill(signal.SIGKILL)
+    wait_until(lambda: time.time() - killed_at > 1.5)
+    daemon.start()
+    up_at = time.time()
+    client = daemon.client()
+    wait_until(lambda: max(_progress(client, "busy")) >= 80, timeout=30)
+
+    rate = _rate(client, "busy")
+    assert rate is not None and 0.025 < rate < 0.1, rate
+    steps = _progress(client, "busy")
+    unwatched = [ts for ts in steps.values() if killed_at < ts < up_at]
+    # Stored with when they were written (by their place in the log), not when they were read.
+    assert len(unwatched) >= 10, sorted(steps.items())
+    times = [steps[d] for d in sorted(steps)]
+    gaps = [b - a for a, b in pairwise(times)]
+    assert 0.025 < statistics.median(gaps) < 0.1, gaps
+    wait_until(lambda: job_state(client, "busy") == "done", timeout=30)
