@@ -67,7 +67,7 @@ class Service:
         self.runners: dict[str, JobRunner | ShardedJob] = {}
         self.pipelines = Pipelines(self.store, self.hosts, self.runners, self.start_runner)
         self.recovery_notes: list[str] = []
-        self.down_since: float | None = None  # the previous daemon's last heartbeat, during recovery
+        self.down_since: float | None = None  # the previous daemon's last heartbeat (what re-adoptions say)
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.bus.subscribe(self._log_event)
@@ -101,7 +101,6 @@ class Service:
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
         await self.hosts.local.gpu.sample()
         await self.recover()
-        self.down_since = None  # runners started from now on launch; only the recovered ones say it
         self.recovery_notes += self.pipelines.resume_waiting()  # jobs waiting for their `after`
         # A client that never finishes its request is disconnected after request_timeout_s:
         # aiohttp's idle timer runs from the connection's start until a whole request is parsed,

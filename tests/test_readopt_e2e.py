@@ -91,3 +91,44 @@ def test_the_log_written_while_the_daemon_was_down_keeps_its_own_times(daemon: D
     gaps = [b - a for a, b in pairwise(times)]
     assert 0.025 < statistics.median(gaps) < 0.1, gaps
     wait_until(lambda: job_state(client, "busy") == "done", timeout=30)
+
+
+# 10,000 quick steps, then 5 slow ones (0.3 s apart), then it holds until the gate file exists.
+LONG_THEN_SLOW_JOB = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(1, 10_006):
+    print(f"Loading checkpoint shards: {i * 100 // 10_010}%|###| {i}/10010 [00:00<00:01, 5.0it/s]", flush=i > 9_990)
+    if i > 10_000:
+        time.sleep(0.3)
+while not os.path.exists(gate):
+    time.sleep(0.01)
+"""
+
+
+def test_a_long_history_is_replayed_up_to_its_last_step(daemon: DaemonProcess, make_job, home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("long", LONG_THEN_SLOW_JOB, params=f', "{gate}"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    last_step_at = wait_until(lambda: _progress_tail(client, "long").get(10_005), timeout=60)
+    assert isinstance(last_step_at, float)
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    client = daemon.client()
+    upcoming = client.status("long").jobs[0].next_verdict
+    assert upcoming is not None and upcoming.verdict == "stalled" and upcoming.bound_s is not None, upcoming
+    # Measured from step 10,005, not from an earlier one the first page of events ends with.
+    assert abs((upcoming.bound_s - upcoming.in_s) - (time.time() - last_step_at)) < 0.4, upcoming
+    gate.write_text("go")
+    wait_until(lambda: job_state(client, "long") == "done", timeout=30)
+
+
+def _progress_tail(client: Client, job: str) -> dict[int, float]:
+    events = client.events(job, kinds=["progress"]).events
+    while len(events) == 10_000:  # a page: ask for the next
+        more = client.events(job, kinds=["progress"], after=events[-1].id).events
+        if not more:
+            break
+        events = more
+    return {int(e.data["done"]): e.ts for e in events}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..events import Event, EventKind, JobState, ProbeKind
+from ..events import Event, EventKind, JobState
 from ..hosts.base import ProcessHandle
 from ..store import AttemptRow
 from ..watchdog import Watchdog, format_duration
@@ -21,7 +21,13 @@ from ._backlog import Backlog, backlog_of
 from ._context import Live
 from ._watching import Watching
 
-_PROBE_KINDS = frozenset(EventKind(k.value) for k in ProbeKind)
+# What the watchdog folds: every phase and failure (few, and each one counts), and the latest
+# steps, metrics and heartbeats (a long run stores millions; a rate is the median of the last
+# 256 steps, a deadline runs from the last one).
+_RARE_KINDS = [EventKind.PHASE.value, EventKind.FAILURE.value]
+_FREQUENT_KINDS = [[EventKind.PROGRESS.value], [EventKind.METRIC.value, EventKind.INFO.value]]  # each its own window
+_FREQUENT_REPLAYED = 4096
+_PAGE = 10_000
 
 
 class Adopting(Watching):
@@ -31,19 +37,32 @@ class Adopting(Watching):
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
                                scheduler_id=row.scheduler_id)
-        stored = self.ctx.store.events(self.spec.name, attempt=row.n)
         watchdog = Watchdog(self.spec.health, clock=self.ctx.clock, started_at=self._clock_at(row.started))
         live = Live(row=row, handle=handle, watchdog=watchdog)
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
-        probe_events = [e for e in stored if e.kind in _PROBE_KINDS]
+        probe_events = self._replayed(row.n)
         for event in probe_events:
             self._note(live, event, self._clock_at(event.ts))
         if probe_events:
             live.last_output = probe_events[-1].ts
         live.backlog = self._backlog(row, probe_events)
-        self._say_restarted(live, stored)
+        self._say_restarted(live, self.ctx.store.events(self.spec.name, attempt=row.n, limit=1, latest=True))
         return live
+
+    def _replayed(self, n: int) -> list[Event]:
+        """The stored events of attempt ``n`` the watchdog is fed again, in the order they came."""
+        store, job = self.ctx.store, self.spec.name
+        rare: list[Event] = []
+        while True:
+            after = rare[-1].id or 0 if rare else 0
+            page = store.events(job, attempt=n, kinds=_RARE_KINDS, after_id=after, limit=_PAGE)
+            rare += page
+            if len(page) < _PAGE:
+                break
+        recent = [e for kinds in _FREQUENT_KINDS
+                  for e in store.events(job, attempt=n, kinds=kinds, limit=_FREQUENT_REPLAYED, latest=True)]
+        return sorted(rare + recent, key=lambda e: e.id or 0)
 
     def _backlog(self, row: AttemptRow, probe_events: list[Event]) -> Backlog | None:
         """What the log gained while no daemon watched.  Only a local log can be looked at
@@ -58,12 +77,12 @@ class Adopting(Watching):
         anchor = (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)
         return backlog_of(row.log_generation, row.log_offset, anchor, info.st_size, info.st_mtime, time.time())
 
-    def _say_restarted(self, live: Live, stored: list[Event]) -> None:
+    def _say_restarted(self, live: Live, last: list[Event]) -> None:
         """One event and the job's reason: the attempt is watched again, and for how long it was not.
         The previous daemon was last known alive at its last heartbeat or at the last event it
         stored of this attempt, whichever came later."""
         n = live.row.n
-        known = [t for t in (self.ctx.down_since, stored[-1].ts if stored else None) if t is not None]
+        known = [t for t in (self.ctx.down_since, last[-1].ts if last else None) if t is not None]
         down_since = max(known) if known else None
         down_s = None if down_since is None else max(0.0, time.time() - down_since)
         for_how_long = "for an unknown time" if down_s is None else f"for {format_duration(down_s)}"
