@@ -132,3 +132,52 @@ def _progress_tail(client: Client, job: str) -> dict[int, float]:
             break
         events = more
     return {int(e.data["done"]): e.ts for e in events}
+
+
+def test_a_stall_that_came_due_while_the_daemon_was_down_is_judged_at_once(
+        daemon: DaemonProcess, make_job, home: Path) -> None:
+    gate = home / "gate"  # never written: it holds at 10/20 for good
+    spec = make_job("stuck", PROGRESS_JOB, params=f', "20", "0.05", "{gate}"',
+                    extra="[health]\nstall_floor_s = 4\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: _progress(client, "stuck").get(10))
+    daemon.kill(signal.SIGKILL)
+    wait_until(lambda: time.time() - _progress_at(home, "stuck", 10) > 5.0, timeout=30)  # overdue by 1 s
+    daemon.start()
+    client = daemon.client()
+    verdicts = wait_until(lambda: client.events("stuck", kinds=["verdict"]).events)
+    restarted = client.events("stuck", kinds=["daemon_restarted"]).events
+    assert isinstance(verdicts, list) and "stalled" in verdicts[0].message, verdicts
+    # Judged as soon as it was re-adopted, not a whole stall bound (4 s) after the restart.
+    assert verdicts[0].ts - restarted[0].ts < 2.0, (verdicts[0].ts, restarted[0].ts)
+
+
+def test_a_job_that_moved_while_the_daemon_was_down_is_not_taken_for_stalled(
+        daemon: DaemonProcess, make_job) -> None:
+    spec = make_job("moving", PROGRESS_JOB, params=', "100", "0.1"',
+                    extra="[health]\nstall_floor_s = 2\nstall_k = 3\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: len(_progress(client, "moving")) >= 10)
+    killed_at = time.time()
+    daemon.kill(signal.SIGKILL)
+    wait_until(lambda: time.time() - killed_at > 3.0)  # longer than its stall bound, while it moves on
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "moving") in ("done", "failed"), timeout=30)
+    assert [e.message for e in client.events("moving", kinds=["verdict"]).events] == ["done: exited 0"], \
+        client.events("moving", kinds=["verdict"]).events
+    assert len(client.attempts("moving").attempts) == 1 and job_state(client, "moving") == "done"
+
+
+def _progress_at(home: Path, job: str, done: int) -> float:
+    """The stored time of a progress step, read from the store while no daemon runs."""
+    from supervisor.config import Paths
+    from supervisor.store import Store
+
+    store = Store(Paths(home).db)
+    try:
+        return next(e.ts for e in store.events(job, kinds=["progress"]) if int(e.data["done"]) == done)
+    finally:
+        store.close()

@@ -28,6 +28,9 @@ _RARE_KINDS = [EventKind.PHASE.value, EventKind.FAILURE.value]
 _FREQUENT_KINDS = [[EventKind.PROGRESS.value], [EventKind.METRIC.value, EventKind.INFO.value]]  # each its own window
 _FREQUENT_REPLAYED = 4096
 _PAGE = 10_000
+# The longest a re-adopted attempt waits for its backlog to be read before it is judged: reading
+# takes well under a second even for megabytes; this bounds a log that cannot be read to its end.
+_CATCH_UP_MAX_S = 5.0
 
 
 class Adopting(Watching):
@@ -47,6 +50,9 @@ class Adopting(Watching):
         if probe_events:
             live.last_output = probe_events[-1].ts
         live.backlog = self._backlog(row, probe_events)
+        live.judge_at_once = True
+        if live.backlog is not None:
+            live.catch_up_until = self.ctx.clock() + _CATCH_UP_MAX_S
         self._say_restarted(live, self.ctx.store.events(self.spec.name, attempt=row.n, limit=1, latest=True))
         return live
 
@@ -88,6 +94,6 @@ class Adopting(Watching):
         for_how_long = "for an unknown time" if down_s is None else f"for {format_duration(down_s)}"
         what = f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
         self._publish([self._event(n, EventKind.DAEMON_RESTARTED,
-                                   f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}; re-adopted",
+                                   f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}",
                                    {"down_s": down_s, "down_since": down_since, "pid": live.row.pid})])
         self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")

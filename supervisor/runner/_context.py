@@ -64,6 +64,10 @@ class Live:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     contained: set[str] = field(default_factory=set)  # faults already reported (once each)
     backlog: Backlog | None = None  # re-adopted: the log written while no daemon watched, until read
+    # Re-adopted, its deadlines may have passed while no daemon watched: judged at once, but only
+    # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
+    judge_at_once: bool = False
+    catch_up_until: float | None = None
 
 
 class Recording:

@@ -65,8 +65,13 @@ class Watching(Notifying, Queueing):
                 if reader in done:
                     # The log cannot be read (removed, unreadable disk): keep watching the process.
                     reader_reported = True
+                    live.catch_up_until = None
                     error = reader.exception()
                     self._action(live, f"log following stopped ({error}); still watching the process", {})
+                if live.catch_up_until is not None:
+                    if self.ctx.clock() < live.catch_up_until:
+                        continue  # not judged on its stored past while its backlog is unread
+                    live.catch_up_until = None
                 judgement = live.watchdog.check()
                 # Stalled, silent, or hung after a failure: judged while alive, killed next
                 # (or warned about first: health.action, a hold).
@@ -83,6 +88,11 @@ class Watching(Notifying, Queueing):
             await follower.aclose()
 
     def _time_to_next_check(self, live: Live) -> float | None:
+        if live.catch_up_until is not None:  # the reader wakes the loop once the backlog is read
+            return max(0.0, live.catch_up_until - self.ctx.clock())
+        if live.judge_at_once:  # re-adopted: a deadline that passed while no daemon watched is due now
+            live.judge_at_once = False
+            return 0.0
         at = live.watchdog.next_check_at()
         live.check_at = at
         kill_at = self._kill_deadline(live)
@@ -117,6 +127,7 @@ class Watching(Notifying, Queueing):
                 live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
                 matched = self._matched(live, await engine.feed(batch))
                 unsaved.extend(self._observe(live, matched, records=len(batch), last=batch[-1]))
+            self._caught_up(live, follower, quiet=batch is None)
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
                 if self._save(live, unsaved, engine.resume_offset, force=force):
@@ -129,6 +140,16 @@ class Watching(Notifying, Queueing):
                     log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
                     disk_warned = True
                 del unsaved[:-_MAX_UNSAVED_EVENTS]
+
+    @staticmethod
+    def _caught_up(live: Live, follower: Follower, *, quiet: bool) -> None:
+        """A re-adopted attempt's backlog is read once the follower has passed its end, or the log
+        has gone quiet (its unterminated tail is read then): judge it now."""
+        if live.catch_up_until is None:
+            return
+        if quiet or live.backlog is None or follower.offset >= live.backlog.end_offset:
+            live.catch_up_until = None
+            live.wake.set()
 
     def _matched(self, live: Live, matched: Any) -> list[ProbeEvent]:
         """The events matched; each pack the matcher disabled (too slow, or raising) is reported."""
