@@ -176,6 +176,26 @@ def test_a_wait_for_gpus_is_said_at_once_and_ends_with_the_sample_that_shows_the
         holder.wait()
 
 
+def test_a_sharded_job_says_at_once_which_shards_wait_for_gpus(tmp_path: Path) -> None:
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    holder = _foreign_holder(holders, 60)
+    spec = tmp_path / "sharded.toml"
+    spec.write_text(f'name = "sharded"\nshards = 2\ncommand = ["{sys.executable}", "-c", "print(1)"]\n'
+                    '[gpu]\nforeign_wait_s = 60\n')
+    try:
+        with in_process_daemon(ProcessBoundNvml(holders)) as client:
+            wait_until(lambda: client.gpus().devices and client.gpus().devices[0].used_mib > HOLD_MIB)
+            message = client.start(str(spec), {}).message
+            assert message.startswith("sharded: shard ") and f"waiting for GPU 0: pid {holder.pid} (" in message, message
+            holder.kill()
+            holder.wait()
+            wait_until(lambda: client.status("sharded").jobs[0].state == "done", timeout=30)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

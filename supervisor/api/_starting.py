@@ -38,9 +38,8 @@ async def wait_for_attempt(store: Store, job: str, runner: JobRunner | ShardedJo
 
 
 def gpu_wait(runner: JobRunner | ShardedJob) -> str | None:
-    """What the runner's launch waits for on the GPUs, if it waits (a sharded job's shards each
-    say it in their events and status)."""
-    return runner.gpu_wait if isinstance(runner, JobRunner) else None
+    """What the runner's launch waits for on the GPUs, if it waits."""
+    return runner.gpu_wait
 
 
 def _start_failure(job: str, runner: JobRunner | ShardedJob, reason: str) -> SuperviseError:
