@@ -181,3 +181,41 @@ def _progress_at(home: Path, job: str, done: int) -> float:
         return next(e.ts for e in store.events(job, kinds=["progress"]) if int(e.data["done"]) == done)
     finally:
         store.close()
+
+
+# Plain lines no probe reads, 1.2 s apart (each read is stored with its offset: the old daemon
+# has read the log to its end), until the first gate file exists, then nothing until the second.
+TICKS_JOB = """\
+import os, sys, time
+quiet, end = sys.argv[1], sys.argv[2]
+while not os.path.exists(quiet):
+    print("tick", flush=True)
+    time.sleep(1.2)
+while not os.path.exists(end):
+    time.sleep(0.01)
+"""
+
+
+def test_the_silence_clock_runs_from_the_last_line_read_not_from_the_last_event(
+        daemon: DaemonProcess, make_job, home: Path) -> None:
+    quiet, end = home / "quiet", home / "end"
+    spec = make_job("ticks", TICKS_JOB, params=f', "{quiet}", "{end}"',
+                    extra="[health]\nsilence_s = 10\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    started = client.status("ticks").jobs[0].attempt.started
+    # Longer than its silence bound, all ticks; the bound is longer than a restart takes on a busy machine.
+    wait_until(lambda: time.time() - started > 11.0, timeout=30)
+    quiet.write_text("")
+    log = Path(client.status("ticks").jobs[0].attempt.log_path)
+    wait_until(lambda: time.time() - log.stat().st_mtime > 1.5)  # it has gone quiet
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    client = daemon.client()
+    status = client.status("ticks").jobs[0]
+    upcoming = status.next_verdict
+    assert status.state == "running" and upcoming is not None and upcoming.verdict == "silent", status
+    assert upcoming.bound_s is not None
+    assert abs((upcoming.bound_s - upcoming.in_s) - (time.time() - log.stat().st_mtime)) < 0.5, upcoming
+    end.write_text("")
+    wait_until(lambda: job_state(client, "ticks") == "done", timeout=30)

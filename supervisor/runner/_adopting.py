@@ -49,10 +49,13 @@ class Adopting(Watching):
             self._note(live, event, self._clock_at(event.ts))
         if probe_events:
             live.last_output = probe_events[-1].ts
-        live.backlog = self._backlog(row, probe_events)
+        log_stat = self._log_stat(row)
+        live.backlog = None if log_stat is None else self._backlog(row, probe_events, *log_stat)
         live.judge_at_once = True
         if live.backlog is not None:
             live.catch_up_until = self.ctx.clock() + _CATCH_UP_MAX_S
+        else:
+            self._last_output_read(live, log_stat)
         self._say_restarted(live, self.ctx.store.events(self.spec.name, attempt=row.n, limit=1, latest=True))
         return live
 
@@ -70,18 +73,31 @@ class Adopting(Watching):
                   for e in store.events(job, attempt=n, kinds=kinds, limit=_FREQUENT_REPLAYED, latest=True)]
         return sorted(rare + recent, key=lambda e: e.id or 0)
 
-    def _backlog(self, row: AttemptRow, probe_events: list[Event]) -> Backlog | None:
-        """What the log gained while no daemon watched.  Only a local log can be looked at
-        without a round trip; a remote attempt's backlog is dated when it is read."""
+    def _log_stat(self, row: AttemptRow) -> tuple[int, float] | None:
+        """The attempt's log's size and last change, when it can be looked at without a round
+        trip (a local log); None for a remote one (its backlog is dated when it is read)."""
         if self.ctx.host.name != "local":
             return None
         try:
             info = os.stat(row.log_path)
         except OSError:
             return None
+        return info.st_size, info.st_mtime
+
+    def _backlog(self, row: AttemptRow, probe_events: list[Event], size: int, mtime: float) -> Backlog | None:
+        """What the log gained while no daemon watched."""
         known = [e for e in probe_events if e.generation == row.log_generation and e.offset is not None]
         anchor = (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)
-        return backlog_of(row.log_generation, row.log_offset, anchor, info.st_size, info.st_mtime, time.time())
+        return backlog_of(row.log_generation, row.log_offset, anchor, size, mtime, time.time())
+
+    def _last_output_read(self, live: Live, log_stat: tuple[int, float] | None) -> None:
+        """The old daemon read the log to its end, lines no probe matched included: its last line
+        was written at the log's last change.  A remote log's is not known: the silence clock
+        starts again from now, rather than from an older event that would make it look silent."""
+        wall = time.time() if log_stat is None else min(log_stat[1], time.time())
+        if live.last_output is None or wall > live.last_output:
+            live.watchdog.output_seen(self._clock_at(wall), heartbeats_only=True)  # it shows no activity
+            live.last_output = wall
 
     def _say_restarted(self, live: Live, last: list[Event]) -> None:
         """One event and the job's reason: the attempt is watched again, and for how long it was not.
