@@ -2,7 +2,9 @@
 
 Start-up runs a recovery pass (said in the log and in `supervise status`): every attempt
 the store believes running is re-adopted if its pid *and* start time still match, else
-finished from its exit-status file, else marked lost.  Shutdown (SIGTERM/SIGINT) detaches
+finished from its exit-status file, else marked lost; a re-adopted attempt's runner rebuilds its
+watchdog from the stored events' own times and says how long it went unwatched (from the old
+daemon's heartbeat, stored every few seconds).  Shutdown (SIGTERM/SIGINT) detaches
 from jobs without touching them — they live in their own sessions and the next daemon
 re-adopts them.
 """
