@@ -88,6 +88,8 @@ class EventKind(StrEnum):
     ACTION = "action"  # the policy did something (kill, wait for GPUs, relaunch, give up)
     GPU = "gpu"  # a GPU sample
     ALERT = "alert"  # an alert was sent
+    DAEMON_RESTARTED = "daemon_restarted"  # a new daemon re-adopted the attempt (data: how long it went unwatched)
+    GPU_WAIT = "gpu_wait"  # the launch waits for GPU memory other processes hold (data: the holders)
 
 
 class BoundKind(StrEnum):

@@ -2,7 +2,9 @@
 
 Start-up runs a recovery pass (said in the log and in `supervise status`): every attempt
 the store believes running is re-adopted if its pid *and* start time still match, else
-finished from its exit-status file, else marked lost.  Shutdown (SIGTERM/SIGINT) detaches
+finished from its exit-status file, else marked lost; a re-adopted attempt's runner rebuilds its
+watchdog from the stored events' own times and says how long it went unwatched (from the old
+daemon's heartbeat, stored every few seconds).  Shutdown (SIGTERM/SIGINT) detaches
 from jobs without touching them — they live in their own sessions and the next daemon
 re-adopts them.
 """
@@ -47,6 +49,9 @@ _LOGGED_KINDS = {EventKind.FAILURE, EventKind.VERDICT, EventKind.ACTION, EventKi
                  EventKind.ALERT}
 
 
+_HEARTBEAT_S = 2.0  # how often the store hears that the daemon is alive
+
+
 class Service:
     """The daemon's lifecycle: start-up (lock, recovery pass, listening), the runners, shutdown."""
 
@@ -64,6 +69,7 @@ class Service:
         self.runners: dict[str, JobRunner | ShardedJob] = {}
         self.pipelines = Pipelines(self.store, self.hosts, self.runners, self.start_runner)
         self.recovery_notes: list[str] = []
+        self.down_since: float | None = None  # the previous daemon's last heartbeat (what re-adoptions say)
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.bus.subscribe(self._log_event)
@@ -79,8 +85,8 @@ class Service:
         slot = self.hosts.get(host_name)
         gpu = slot.gpu
         return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
-                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest),
-                             records_seen=self.metrics.records_seen)
+                             alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
+                             records_seen=self.metrics.records_seen, down_since=self.down_since)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""
@@ -92,6 +98,9 @@ class Service:
 
     async def serve(self) -> None:
         self._lock()
+        # Read before this daemon beats: how long the jobs it re-adopts went unwatched.
+        self.down_since = self.store.last_beat()
+        self._tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
         await self.hosts.local.gpu.sample()
         await self.recover()
         self.recovery_notes += self.pipelines.resume_waiting()  # jobs waiting for their `after`
@@ -121,6 +130,14 @@ class Service:
             await self._stopping.wait()
         finally:
             await self.shutdown(runner)
+
+    async def _heartbeat(self) -> None:
+        """Store that the daemon is alive, every few seconds: after a crash, the next daemon says
+        how long jobs went unwatched (to within this interval)."""
+        while True:
+            with contextlib.suppress(SuperviseError):  # a full disk: the next beat tries again
+                self.store.beat(time.time())
+            await asyncio.sleep(_HEARTBEAT_S)
 
     def request_stop(self) -> None:
         self._stopping.set()

@@ -135,6 +135,11 @@ class ShardedJob:
         return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
 
     @property
+    def gpu_wait(self) -> str | None:
+        """While any shard's launch waits for GPU memory other processes hold: for what (`start` says it)."""
+        return "; ".join(f"shard {r.index}: {r.gpu_wait}" for r in self.shards if r.gpu_wait) or None
+
+    @property
     def error(self) -> SuperviseError | None:
         """What ended a shard's runner, if an error did (`start` reports the first)."""
         return next((r.error for r in [*self.shards, self.gather] if r is not None and r.error is not None), None)

@@ -259,10 +259,12 @@ class Store:
         db.execute(f"UPDATE attempts SET {', '.join(sets)} WHERE job=? AND n=?", (*values, job, n))
 
     def events(self, job: str, *, attempt: int | None = None, after_id: int = 0,
-               kinds: list[str] | None = None, min_attempt: int | None = None, limit: int = 10_000) -> list[Event]:
-        return self.query_events(EventQuery(job, attempt, min_attempt, after_id, kinds), limit)
+               kinds: list[str] | None = None, min_attempt: int | None = None, limit: int = 10_000,
+               latest: bool = False) -> list[Event]:
+        return self.query_events(EventQuery(job, attempt, min_attempt, after_id, kinds), limit, latest=latest)
 
-    def query_events(self, query: EventQuery, limit: int = 10_000) -> list[Event]:
+    def query_events(self, query: EventQuery, limit: int = 10_000, *, latest: bool = False) -> list[Event]:
+        """The first ``limit`` events that match, in id order; ``latest``: the last ``limit``."""
         sql = "SELECT * FROM events WHERE job=? AND id>?"
         args: list[Any] = [query.job, query.after_id]
         if query.attempt is not None:
@@ -275,9 +277,22 @@ class Store:
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             args.extend(kinds)
-        sql += " ORDER BY id LIMIT ?"
+        sql += f" ORDER BY id {'DESC' if latest else 'ASC'} LIMIT ?"
         args.append(limit)
-        return [_event(r) for r in self._db.execute(sql, args)]
+        found = [_event(r) for r in self._db.execute(sql, args)]
+        return found[::-1] if latest else found
+
+    # -- the daemon's heartbeat ----------------------------------------------------------
+
+    def beat(self, ts: float) -> None:
+        """The daemon is alive at ``ts`` (wall clock)."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO daemon_heartbeat(id, ts) VALUES(1, ?)", (ts,))
+
+    def last_beat(self) -> float | None:
+        """When a daemon was last known alive (None: never, in this store)."""
+        row = self._db.execute("SELECT ts FROM daemon_heartbeat WHERE id=1").fetchone()
+        return None if row is None else float(row[0])
 
     # -- GPU samples ------------------------------------------------------------------
 

@@ -125,4 +125,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX bar_paces_history ON bar_paces(job, spec_fingerprint, host_kind, bar, attempt);
     """,
+    # The daemon's heartbeat (one row): when the daemon was last known alive, so that the next
+    # one can say how long jobs went unwatched after a crash or a SIGKILL (service.py).
+    """
+    CREATE TABLE daemon_heartbeat (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        ts REAL NOT NULL
+    );
+    """,
 )

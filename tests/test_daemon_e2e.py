@@ -99,8 +99,9 @@ def test_stop_kills_escaped_grandchild(daemon: DaemonProcess, make_job, home: Pa
 
 def test_daemon_sigkill_and_restart_readopts_without_loss_or_doubles(
         daemon: DaemonProcess, make_job, home: Path) -> None:
-    # 4 s of work, killed at 0.8 s: a restarted daemon must find it still running, even on a busy machine.
-    spec = make_job("steady", PROGRESS_JOB, params=', "40", "0.1"')
+    # 8 s of work, killed at 0.8 s: a restarted daemon must find it still running, even on a busy machine
+    # (a daemon's start has taken 3.5 s on 2 cores under a load of 24).
+    spec = make_job("steady", PROGRESS_JOB, params=', "80", "0.1"')
     client = daemon.client()
     client.start(str(spec), {})
     wait_until(lambda: any(e.kind == "progress" and e.data.get("done", 0) >= 8 for e in client.events("steady").events))
@@ -112,12 +113,12 @@ def test_daemon_sigkill_and_restart_readopts_without_loss_or_doubles(
     wait_until(lambda: job_state(client, "steady") == "done", timeout=30)
     interrupted = probe_events(client, "steady")
 
-    spec2 = make_job("steady2", PROGRESS_JOB, params=', "40", "0.1"')
+    spec2 = make_job("steady2", PROGRESS_JOB, params=', "80", "0.1"')
     client.start(str(spec2), {})
     wait_until(lambda: job_state(client, "steady2") == "done", timeout=30)
     uninterrupted = probe_events(client, "steady2")
     assert interrupted == uninterrupted
-    assert [d for _, _, d in interrupted if d is not None] == list(range(1, 41))
+    assert [d for _, _, d in interrupted if d is not None] == list(range(1, 81))
     attempts = client.attempts("steady").attempts
     assert len(attempts) == 1 and attempts[0].pid == job_pid  # re-adopted, not relaunched
     assert "re-adopted" in daemon.log_text()

@@ -131,23 +131,66 @@ def test_prelaunch_refuses_gpus_held_by_others_and_says_whose(tmp_path: Path) ->
             with pytest.raises(RequestRejected) as info:
                 client.start(str(_plain_spec(tmp_path, "refused", "refuse")), {})
             message = str(info.value)
-            assert f"pid {holder.pid}" in message and f"{HOLD_MIB} MiB" in message and "sleep" in message
+            assert f"GPU 0: pid {holder.pid} (" in message and f"holds {HOLD_MIB:,} MiB" in message and "sleep" in message
             assert client.attempts("refused").attempts == []  # nothing was launched
     finally:
         holder.kill()
         holder.wait()
 
 
-def test_prelaunch_waits_until_others_free_the_gpus(tmp_path: Path) -> None:
+def test_a_wait_for_gpus_is_said_at_once_and_ends_with_the_sample_that_shows_them_free(tmp_path: Path) -> None:
     holders = tmp_path / "holders"
     holders.mkdir()
-    holder = _foreign_holder(holders, 1.0)
+    holder = _foreign_holder(holders, 60)
     try:
         with in_process_daemon(ProcessBoundNvml(holders)) as client:
             wait_until(lambda: client.gpus().devices and client.gpus().devices[0].used_mib > HOLD_MIB)
-            client.start(str(_plain_spec(tmp_path, "patient", "wait")), {})  # returns once launched
-            assert holder.poll() is not None, "launched while another process still held the GPU"
-            wait_until(lambda: client.status("patient").jobs[0].state == "done", timeout=30)
+            # `start` answers at once, naming whose memory it waits for; nothing launches meanwhile.
+            response = client.start(str(_plain_spec(tmp_path, "patient", "wait")), {})
+            assert response.message.startswith(f"patient: waiting for GPU 0: pid {holder.pid} ("), response.message
+            assert f"holds {HOLD_MIB:,} MiB" in response.message and "sleep" in response.message
+            assert response.attempt == 1 and client.attempts("patient").attempts == []
+            status = client.status("patient").jobs[0]
+            assert status.state == "waiting" and f"pid {holder.pid}" in status.reason, status
+            waits = client.events("patient", kinds=["gpu_wait"]).events
+            assert len(waits) == 1 and waits[0].attempt == 1, waits
+            assert waits[0].data["holders"] == [{"pid": holder.pid, "gpu": 0, "used_mib": HOLD_MIB,
+                                                 "command": waits[0].data["holders"][0]["command"]}]
+            assert "sleep" in waits[0].data["holders"][0]["command"]
+
+            killed_at = time.time()
+            holder.kill()
+            holder.wait()
+            # Followed from the attempt that waited: the wait, its end, the launch, the exit.
+            kinds = [e.kind for e in client.follow_events("patient", min_attempt=response.attempt, until_done=True)]
+            assert kinds[:1] == ["gpu_wait"] and "launched" in kinds, kinds
+            assert client.status("patient").jobs[0].state == "done"
+            # The GPU sample that showed the memory free woke the launch (no timer of its own), and
+            # that sample was taken after the holder had gone.
+            free = [e for e in client.events("patient", kinds=["action"]).events if e.message.startswith("GPUs free")]
+            assert len(free) == 1 and free[0].data["woken_by"] == "gpu_sample", free
+            assert free[0].data["sample_ts"] >= killed_at
+            assert client.attempts("patient").attempts[0].started >= free[0].data["sample_ts"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_sharded_job_says_at_once_which_shards_wait_for_gpus(tmp_path: Path) -> None:
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    holder = _foreign_holder(holders, 60)
+    spec = tmp_path / "sharded.toml"
+    spec.write_text(f'name = "sharded"\nshards = 2\ncommand = ["{sys.executable}", "-c", "print(1)"]\n'
+                    '[gpu]\nforeign_wait_s = 60\n')
+    try:
+        with in_process_daemon(ProcessBoundNvml(holders)) as client:
+            wait_until(lambda: client.gpus().devices and client.gpus().devices[0].used_mib > HOLD_MIB)
+            message = client.start(str(spec), {}).message
+            assert message.startswith("sharded: shard ") and f"waiting for GPU 0: pid {holder.pid} (" in message, message
+            holder.kill()
+            holder.wait()
+            wait_until(lambda: client.status("sharded").jobs[0].state == "done", timeout=30)
     finally:
         holder.kill()
         holder.wait()

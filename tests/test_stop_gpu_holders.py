@@ -3,6 +3,8 @@ daemon with a fake NVML (tests/fakes/gpu_daemon.py) whose process list the jobs 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,35 @@ def test_stop_of_a_gpu_job_whose_memory_is_freed_is_a_success(gpu_daemon: FakeGp
     _start_holding(client, make_job, holders, "clean", "0 4096")
     response = client.stop("clean", grace_s=0.5)  # the driver's 0.3 s teardown lag is no survivor
     assert "STILL" not in response.message and response.processes, response
+
+
+def test_start_says_at_once_whose_gpu_memory_it_waits_for_and_follow_launches_when_free(
+        gpu_daemon: FakeGpuDaemon, make_job, home: Path, daemon_env: dict[str, str]) -> None:  # noqa: F811
+    holders = home / "holders"
+    client = gpu_daemon.client()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (holders / str(holder.pid)).write_text("0 40960\n")
+        wait_until(lambda: _listed(client, holder.pid))
+        wait_extra = '[gpu]\nforeign_memory = "wait"\nforeign_wait_s = 120\n'
+        result = supervise(daemon_env, "start", str(make_job("extract", "print('extracted')", extra=wait_extra)))
+        line = result.stdout.strip()
+        assert result.returncode == 0 and "\n" not in line, result
+        assert line.startswith(f"supervise: extract: waiting for GPU 0: pid {holder.pid} (") and \
+            line.endswith("time.sleep(120)) holds 40,960 MiB"), line
+        assert client.status("extract").jobs[0].state == "waiting"
+        # --follow keeps following the attempt that waits, through its launch to its end.
+        follow = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "start", "--follow",
+                                   str(make_job("extract2", "print('extracted')", extra=wait_extra))],
+                                  env=daemon_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_until(lambda: any(j.name == "extract2" and j.state == "waiting" for j in client.status().jobs))
+        assert follow.poll() is None  # still following while it waits
+        holder.kill()
+        holder.wait()
+        out, _ = follow.communicate(timeout=60)
+        assert follow.returncode == 0, out
+        assert "gpu_wait" in out and "GPUs free" in out and "launched" in out and "extract2 done" in out, out
+        wait_until(lambda: client.status("extract").jobs[0].state == "done")
+    finally:
+        holder.kill()
+        holder.wait()

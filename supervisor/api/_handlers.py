@@ -23,12 +23,8 @@ from ..errors import (
     NotFound,
     RequestRejected,
     SpecError,
-    SuperviseError,
-    error_of,
-    http_status,
-    row_of,
 )
-from ..events import AttemptState, JobState
+from ..events import JobState
 from ..gpu_holders import attempt_pids, still_held
 from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
@@ -36,11 +32,9 @@ from ..hosts.reach import refuse_if_nothing_listens
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
-from ..runner import JobRunner
-from ..sharding import ShardedJob
 from ..spec import JobSpec, load_spec
 from ..spec_notes import spec_change, unreachable_health
-from ..store import AttemptRow, EventQuery, Store
+from ..store import AttemptRow, EventQuery
 from ..strays import StrayStop, merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
 from ._http import (
@@ -59,6 +53,7 @@ from ._http import (
 from ._openapi import openapi_schema
 from ._routes import ROUTES
 from ._service import Service
+from ._starting import gpu_wait, wait_for_attempt
 
 if TYPE_CHECKING:
     from ..hosts.registry import Hosts
@@ -103,7 +98,11 @@ class Api:
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
         self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
         runner = self.service.start_runner(spec)
-        n = await _wait_for_attempt(self.service.store, spec.name, runner)
+        n = await wait_for_attempt(self.service.store, spec.name, runner)
+        if n == 0 and (waiting := gpu_wait(runner)) is not None:
+            # Said at once, never after a silent minute; `--follow` follows the attempt that waits.
+            return protocol.StartResponse(job=spec.name, attempt=self.service.store.next_attempt_number(spec.name),
+                                          log_path="", message=f"{spec.name}: {waiting}")
         if n == 0:  # held by its `after`
             job = self.service.store.job(spec.name)
             return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}")
@@ -416,34 +415,3 @@ def _stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
     except ValidationError as exc:
         raise SpecError(f"job '{name}': its stored spec no longer validates ({exc.errors()[0]['msg']}); "
                         f"`supervise start` its spec file") from exc
-
-
-async def _wait_for_attempt(store: Store, job: str, runner: JobRunner | ShardedJob) -> int:
-    """Wait until the runner has launched (or failed to launch) the job's new attempt; 0 when
-    its `after` holds it (waiting, or cancelled)."""
-    before = store.latest_attempt(job)
-    previous = before.n if before else 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        latest = store.latest_attempt(job)
-        # No pid: the launch failed (the attempt ended at once); the runner's error says why.
-        if latest is not None and latest.n > previous and latest.state is not AttemptState.LAUNCHING and latest.pid is not None:
-            return latest.n
-        if not runner.running:
-            if store.job(job).state is JobState.CANCELLED:
-                return 0
-            raise _start_failure(job, runner, store.job(job).reason)
-        if runner.spec.after and store.job(job).state is JobState.WAITING:
-            return 0  # waits for the jobs it runs after: `status` says for which
-        await asyncio.sleep(0.02)
-    raise RequestRejected(f"{job} did not launch within 60s (waiting for GPUs?): `supervise status {job}`", 504)
-
-
-def _start_failure(job: str, runner: JobRunner | ShardedJob, reason: str) -> SuperviseError:
-    """Why the runner ended before its first attempt ran, as the class of the error that ended it
-    (a host that cannot be reached: ConnectionLost, 69).  No error: it refused to launch (GPUs
-    held by other processes, or a stop while it waited for them): the request is refused (69)."""
-    cause = runner.error
-    if cause is None:
-        return RequestRejected(f"could not start {job}: {reason}", 503)
-    return error_of(row_of(cause).kind, f"could not start {job}: {cause}", http_status(cause))

@@ -64,7 +64,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     response = client.restart(args.job, args.grace)
     if response.stopped is not None:
         _print_stopped(response.stopped)
-    print(f"supervise: {response.started.message}; log {response.started.log_path}")
+    started = response.started
+    print(f"supervise: {started.message}" + (f"; log {started.log_path}" if started.log_path else ""))
     if not args.follow:
         return 0
     return follow_job(client, args.job, response.started.attempt)

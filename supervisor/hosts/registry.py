@@ -54,17 +54,29 @@ class GpuMonitor:
         self.latest: GpuSample | None = None
         self._last_stored = 0.0
         self._lock = asyncio.Lock()
+        self._waiters: list[asyncio.Future[GpuSample]] = []
 
     async def sample(self) -> GpuSample:
         async with self._lock:  # one reading at a time per host
             sample = await self._host.sample_gpus()
         self.latest = sample
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(sample)
         if sample.available and sample.ts - self._last_stored >= self.settings.gpu_store_every_s:
             self._last_stored = sample.ts
             with contextlib.suppress(SuperviseError):
                 rows = [(d.index, d.used_mib, d.total_mib, d.util_pct) for d in sample.devices]
                 self.store.record_gpu(self.host_name, sample.ts, rows)
         return sample
+
+    async def next_sample(self) -> GpuSample:
+        """The next sample taken (by the steady loop, or by anyone): what a wait for GPU memory
+        wakes on, instead of sleeping on a timer of its own."""
+        waiter: asyncio.Future[GpuSample] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return await waiter
 
     async def run(self) -> None:
         said_off = False

@@ -19,14 +19,18 @@ from ..pending_writes import PendingWrites
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
 from ..watchdog import ProgressState, Watchdog
+from ._backlog import Backlog
 
 
 class GpuView:
     """What a runner needs of the daemon's GPU sampler."""
 
-    def __init__(self, sample: Callable[[], Any], latest: Callable[[], GpuSample | None]) -> None:
-        self.sample = sample  # async () -> GpuSample
+    def __init__(self, sample: Callable[[], Any], latest: Callable[[], GpuSample | None],
+                 next_sample: Callable[[], Any] | None = None) -> None:
+        self.sample = sample  # async () -> GpuSample: one taken now
         self.latest = latest
+        # async () -> GpuSample: the next one the sampler takes on its own (default: one taken now)
+        self.next_sample = next_sample or sample
 
 
 @dataclass
@@ -37,6 +41,9 @@ class RunnerContext:
     alerter: Alerter
     gpu: GpuView
     clock: Callable[[], float] = time.monotonic
+    # Wall-clock time the previous daemon was last known alive (its heartbeat), during the
+    # recovery pass only: what a re-adopted attempt's `daemon_restarted` event says.
+    down_since: float | None = None
     records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
 
 
@@ -56,6 +63,11 @@ class Live:
     check_at: float | None = None  # when the watch loop will next ask the watchdog
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     contained: set[str] = field(default_factory=set)  # faults already reported (once each)
+    backlog: Backlog | None = None  # re-adopted: the log written while no daemon watched, until read
+    # Re-adopted, its deadlines may have passed while no daemon watched: judged at once, but only
+    # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
+    judge_at_once: bool = False
+    catch_up_until: float | None = None
 
 
 class Recording:

@@ -15,8 +15,8 @@ import structlog
 
 from ..errors import LaunchError, StoreError, SuperviseError
 from ..events import AttemptState, EventKind, JobState, Verdict
-from ..gpu import foreign_processes, wait_for_release
-from ..hosts.base import ExitStatus, KillReport, LaunchRequest, ProcessHandle
+from ..gpu import wait_for_release
+from ..hosts.base import ExitStatus, KillReport, LaunchRequest
 from ..pending_writes import PendingWrites
 from ..policy import RestartPolicy
 from ..probes import load_packs
@@ -24,16 +24,17 @@ from ..snapshot import RunnerSnapshot, watching
 from ..spec import JobSpec
 from ..store import AttemptRow
 from ..watchdog import Judgement
+from ._adopting import Adopting
 from ._after import wait_for_after
-from ._context import Live, RunnerContext, cmdline, describe_exit
-from ._watching import Watching
+from ._context import Live, RunnerContext, describe_exit
+from ._gpu_wait import GpuWaiting
 
 log = structlog.get_logger("supervise.runner")
 
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
 
 
-class JobRunner(Watching):
+class JobRunner(Adopting, GpuWaiting):
     shard: int | None = None  # stored with each attempt; a shard's runner (sharding.py) sets it
 
     def __init__(self, spec: JobSpec, ctx: RunnerContext) -> None:
@@ -272,16 +273,8 @@ class JobRunner(Watching):
         return Live(row=row, handle=handle, watchdog=self._new_watchdog(n))
 
     def _adopt(self, row: AttemptRow) -> Live:
-        handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
-                               tag=row.tag, log_path=row.log_path, status_path=row.status_path,
-                               scheduler_id=row.scheduler_id)
         self._baseline = self._gpu_baseline()
-        live = Live(row=row, handle=handle, watchdog=self._new_watchdog(row.n))
-        self._current = live
-        # Replay what was already stored so phase, progress and failure are known again.
-        for event in self.ctx.store.events(self.spec.name, attempt=row.n):
-            self._note(live, event)
-        self._set_job(JobState.RUNNING, f"attempt {row.n} (re-adopted)")
+        live = self._current = self._readopt(row)
         return live
 
     def _gpu_baseline(self) -> dict[int, int]:
@@ -289,28 +282,6 @@ class JobRunner(Watching):
         if sample is None or not sample.available:
             return {}
         return {d.index: d.used_mib for d in sample.devices}
-
-    async def _prelaunch_gpu_check(self) -> bool:
-        gpu = self.spec.gpu
-        if gpu.foreign_memory == "ignore":
-            return True
-        devices = None if gpu.devices == "all" else list(gpu.devices)
-        deadline = time.monotonic() + gpu.foreign_wait_s
-        while True:
-            sample = await self.ctx.gpu.sample()
-            if not sample.available:
-                return True
-            foreign = foreign_processes(sample, devices, set())
-            if not foreign:
-                return True
-            who = ", ".join(f"pid {p.pid} {cmdline(p.pid)} {p.used_mib or '?'} MiB on GPU {p.gpu_index}" for p in foreign)
-            if gpu.foreign_memory == "refuse" or time.monotonic() >= deadline:
-                self._set_job(JobState.FAILED, f"GPUs hold memory of other processes: {who}; free them or set gpu.foreign_memory='ignore'")
-                return False
-            self._set_job(JobState.WAITING, f"waiting for GPUs held by other processes: {who}")
-            if await self._sleep_unless_stopped(5.0):
-                self._set_job(JobState.STOPPED, "stopped by user while waiting for GPUs")
-                return False
 
     def snapshot(self) -> RunnerSnapshot:
         """What the runner shows readers (status, metrics) now: a frozen copy, never live state."""

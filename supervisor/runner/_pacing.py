@@ -37,8 +37,8 @@ class Pacing(Notifying):
             log.warning("cannot read earlier bar paces", job=self.spec.name, error=str(exc))
             return PaceHistory()
 
-    def _new_watchdog(self, n: int) -> Watchdog:
-        return Watchdog(self.spec.health, clock=self.ctx.clock, history=self._pace_history(n))
+    def _new_watchdog(self, n: int, started_at: float | None = None) -> Watchdog:
+        return Watchdog(self.spec.health, clock=self.ctx.clock, history=self._pace_history(n), started_at=started_at)
 
     def _store_paces(self, live: Live) -> None:
         """This attempt's intervals, for the next attempt's bounds (replaced as it goes on)."""

@@ -65,8 +65,13 @@ class Watching(Pacing, Queueing):
                 if reader in done:
                     # The log cannot be read (removed, unreadable disk): keep watching the process.
                     reader_reported = True
+                    live.catch_up_until = None
                     error = reader.exception()
                     self._action(live, f"log following stopped ({error}); still watching the process", {})
+                if live.catch_up_until is not None:
+                    if self.ctx.clock() < live.catch_up_until:
+                        continue  # not judged on its stored past while its backlog is unread
+                    live.catch_up_until = None
                 judgement = live.watchdog.check()
                 self._report_slow(live)
                 # Stalled, silent, or hung after a failure: judged while alive, killed next
@@ -85,6 +90,11 @@ class Watching(Pacing, Queueing):
             await follower.aclose()
 
     def _time_to_next_check(self, live: Live) -> float | None:
+        if live.catch_up_until is not None:  # the reader wakes the loop once the backlog is read
+            return max(0.0, live.catch_up_until - self.ctx.clock())
+        if live.judge_at_once:  # re-adopted: a deadline that passed while no daemon watched is due now
+            live.judge_at_once = False
+            return 0.0
         at = live.watchdog.next_check_at()
         live.check_at = at
         kill_at = self._kill_deadline(live)
@@ -118,7 +128,8 @@ class Watching(Pacing, Queueing):
                     self.ctx.records_seen(self.spec.name, len(batch))
                 live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
                 matched = self._matched(live, await engine.feed(batch))
-                unsaved.extend(self._observe(live, matched, records=len(batch)))
+                unsaved.extend(self._observe(live, matched, records=len(batch), last=batch[-1]))
+            self._caught_up(live, follower, quiet=batch is None)
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
                 if self._save(live, unsaved, engine.resume_offset, force=force):
@@ -131,6 +142,16 @@ class Watching(Pacing, Queueing):
                     log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
                     disk_warned = True
                 del unsaved[:-_MAX_UNSAVED_EVENTS]
+
+    @staticmethod
+    def _caught_up(live: Live, follower: Follower, *, quiet: bool) -> None:
+        """A re-adopted attempt's backlog is read once the follower has passed its end, or the log
+        has gone quiet (its unterminated tail is read then): judge it now."""
+        if live.catch_up_until is None:
+            return
+        if quiet or live.backlog is None or follower.offset >= live.backlog.end_offset:
+            live.catch_up_until = None
+            live.wake.set()
 
     def _matched(self, live: Live, matched: Any) -> list[ProbeEvent]:
         """The events matched; each pack the matcher disabled (too slow, or raising) is reported."""
@@ -157,23 +178,38 @@ class Watching(Pacing, Queueing):
         return max(0.0, min(waits) - quiet_for)
 
     def _observe(self, live: Live, probe_events: list[ProbeEvent], *, output: bool = True,
-                 records: int = 0) -> list[Event]:
+                 records: int = 0, last: Record | None = None) -> list[Event]:
         """Feed the watchdog (output seen, each event) and return the events to store.
-        ``records``: how many records brought these events.  ``output=False``: events completed
-        later from records already seen, which date from the last output, not from now."""
+        ``records``: how many records brought these events, ``last`` the last of them.
+        ``output=False``: events completed later from records already seen, which date from the
+        last output, not from now.  Records written while the daemon was down date from then."""
+        backlog = live.backlog if output else None
+        wall = time.time()
+        if backlog is not None and last is not None and backlog.covers(last.offset, last.generation):
+            wall = backlog.wall_at(last.offset)
+        elif backlog is not None:
+            live.backlog = None  # read past what was written while no daemon watched
         if output:
-            now = self.ctx.clock()
+            now = self._clock_at(wall)
             heartbeats = sum(1 for pe in probe_events if pe.kind is ProbeKind.INFO and pe.fields.get("heartbeat"))
             live.watchdog.output_seen(now, heartbeats_only=0 < records <= heartbeats)
-            live.last_output = time.time()
+            live.last_output = wall
         else:
             now = live.watchdog.last_output_at
         events = [self._from_probe(live.row.n, pe) for pe in probe_events]
         for event in events:
             event.generation = live.row.log_generation
-            self._note(live, event, now)
+            at = now
+            if backlog is not None and event.offset is not None and backlog.covers(event.offset, event.generation):
+                event.ts = backlog.wall_at(event.offset)  # stored with when it was written, not read
+                at = self._clock_at(event.ts)
+            self._note(live, event, at)
         self._notify_observed(live, events)
         return events
+
+    def _clock_at(self, wall: float) -> float:
+        """A wall-clock time on the watchdog's clock."""
+        return self.ctx.clock() - (time.time() - wall)
 
     def _save(self, live: Live, events: list[Event], offset: int, *, force: bool) -> bool:
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""

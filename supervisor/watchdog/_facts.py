@@ -89,8 +89,9 @@ class Facts:
             self.last_active_at = at
 
     def observe(self, event: Event, at: float) -> None:
-        # Every probe event comes from a record, so it is output too.
-        self.last_output_at = at
+        # Every probe event comes from a record, so it is output too.  The batch it came in may
+        # have been dated later than it (a log read back after a daemon restart): never earlier.
+        self.last_output_at = max(self.last_output_at, at)
         if event.kind == EventKind.INFO and event.data.get("heartbeat"):
             self.heartbeat = (at, event.message)
         else:

@@ -33,11 +33,13 @@ class Watchdog:
     """Judges one attempt; feed it events in arrival order."""
 
     def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic,
-                 history: PaceHistory | None = None) -> None:
-        """``history``: what earlier attempts of the same job showed of each bar's pace."""
+                 history: PaceHistory | None = None, started_at: float | None = None) -> None:
+        """``history``: what earlier attempts of the same job showed of each bar's pace.
+        ``started_at``: the attempt's start on ``clock`` (now when not given; a re-adopted
+        attempt gives its true start, so rules measured from it are not reset by a restart)."""
         self._health = health
         self._clock = clock
-        self._facts = Facts(started_at=clock())
+        self._facts = Facts(started_at=clock() if started_at is None else started_at)
         if history is not None:
             self._facts.history = history
         self._final: Judgement | None = None
