@@ -3,7 +3,9 @@
 Served at `/metrics` on the control socket, and over TCP on a loopback address when
 `metrics_addr` is set (`SUPERVISE_METRICS_ADDR=127.0.0.1:9464`).  Names follow Prometheus
 conventions: prefix `supervise_`, base units (seconds, bytes), `_total` for counters,
-labels `job`, `gpu`, `host`, `kind`.
+labels `job`, `gpu`, `host`, `kind`.  A sharded job's `supervise_job_*` gauges follow its latest
+attempt, whichever shard ran it; `supervise_shard_*` gauges carry each shard (`shard`: its index,
+`gather` for the gather step) from the job's latest run.
 
 Two sources:
 - counters fed by the event bus (failures by kind, verdicts, launches) and by the runner
@@ -37,6 +39,7 @@ from . import __version__
 from .events import Event, EventKind, FailureKind, JobState, Phase
 from .gpu import GpuSample
 from .hosts.base import Host, ProcessHandle
+from .shard_views import GATHER, ShardRows
 from .snapshot import BarProgress, RunnerSnapshot
 from .store import AttemptRow, JobRow
 
@@ -57,6 +60,7 @@ class JobReading:
     job: JobRow
     latest: AttemptRow | None  # its latest attempt
     runner: RunnerSnapshot | None  # its runner now; None when no runner watches it
+    shards: tuple[ShardRows, ...] = ()  # a sharded job: each shard in its latest run; () unsharded
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +189,9 @@ class _StateCollector(Collector):
         started = GaugeMetricFamily("supervise_daemon_start_time_seconds", "When the daemon started (Unix time)")
         started.add_metric([], self.metrics.started)
         yield started
-        yield from self._jobs(source.job_readings())
+        readings = source.job_readings()
+        yield from self._jobs(readings)
+        yield from _shards(readings)
         yield from self._gpus(source.host_readings())
 
     def _jobs(self, jobs: list[JobReading]) -> Iterator[Metric]:
@@ -263,6 +269,49 @@ class _StateCollector(Collector):
                 if device.util_pct is not None:
                     util.add_metric(labels, device.util_pct / 100.0)
         yield from f
+
+
+def _shards(jobs: list[JobReading]) -> Iterator[Metric]:
+    """The `supervise_shard_*` gauges: each shard of each sharded job, labelled with its index."""
+    f = _Families()
+    state = f.gauge("supervise_shard_state", "The shard's state in the job's latest run: 1 for the current one, 0 for the others",
+                    ["job", "shard", "state"])
+    attempts = f.gauge("supervise_shard_attempts", "The shard's attempts in the job's latest run", ["job", "shard"])
+    phase = f.gauge("supervise_shard_phase", "The shard's latest attempt's phase: 1 for the current one, 0 for the others",
+                    ["job", "shard", "phase"])
+    done = f.gauge("supervise_shard_progress_done", "Items done by the active progress bar of the shard's latest attempt",
+                   ["job", "shard", "probe"])
+    expected = f.gauge("supervise_shard_progress_expected", "Items the shard's active progress bar counts to (its total)",
+                       ["job", "shard", "probe"])
+    eta = f.gauge("supervise_shard_progress_eta_seconds", "Estimated seconds until the shard's active progress bar completes",
+                  ["job", "shard", "probe"])
+    stall = f.gauge("supervise_shard_stall_seconds", "Seconds since the shard's running attempt last moved forward",
+                    ["job", "shard"])
+    for reading in jobs:
+        snapshots = {s.shard: s for s in reading.runner.shards} if reading.runner is not None else {}
+        for shard in reading.shards:
+            name = "gather" if shard.shard == GATHER else str(shard.shard)
+            labels = [reading.job.name, name]
+            attempts.add_metric(labels, float(len(shard.rows)))
+            for s in JobState:
+                state.add_metric([*labels, s.value], 1.0 if shard.state is s else 0.0)
+            row = shard.latest
+            if row is None:
+                continue
+            snap = snapshots.get(shard.shard)
+            live = snap if snap is not None and snap.attempt == row.n else None
+            current = live.phase if live is not None and live.phase else row.phase
+            for p in Phase:
+                phase.add_metric([*labels, p.value], 1.0 if current is p else 0.0)
+            if (progress := _progress(row, live)) is not None:
+                done.add_metric([*labels, progress.probe], float(progress.done))
+                if progress.total is not None:
+                    expected.add_metric([*labels, progress.probe], float(progress.total))
+                if progress.eta_s is not None:
+                    eta.add_metric([*labels, progress.probe], float(progress.eta_s))
+            if live is not None and live.still_for_s is not None:
+                stall.add_metric(labels, live.still_for_s)
+    yield from f
 
 
 class _Families:

@@ -115,6 +115,8 @@ class ShardStatus(BaseModel):
     attempts: int = Field(description="its attempts in the job's current run")
     attempt: AttemptInfo | None
     next_relaunch_in_s: float | None = None
+    next_verdict: NextVerdict | None = Field(default=None, description="the shard's watchdog rule that comes due first")
+    last_output_age_s: float | None = Field(default=None, description="seconds since the shard's running attempt wrote")
 
 
 class ShardsStatus(BaseModel):

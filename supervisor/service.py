@@ -35,10 +35,11 @@ from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .pipelines import Pipelines
 from .retention import Retention, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
+from .shard_views import ShardRows, shard_rows
 from .sharding import ShardedJob
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
-from .store import AttemptRow, Store
+from .store import AttemptRow, JobRow, Store
 from .web import WebUi
 
 log = structlog.get_logger("supervise.daemon")
@@ -255,7 +256,12 @@ class Service:
         return runner.snapshot() if runner is not None else None
 
     def job_readings(self) -> list[JobReading]:
-        return [JobReading(job, self.store.latest_attempt(job.name), self.snapshot(job.name)) for job in self.store.jobs()]
+        return [JobReading(job, self.store.latest_attempt(job.name), self.snapshot(job.name), self._shard_rows(job))
+                for job in self.store.jobs()]
+
+    def _shard_rows(self, job: JobRow) -> tuple[ShardRows, ...]:
+        shards = job.spec.get("shards", 1)
+        return tuple(shard_rows(shards, job.state, self.store.attempts(job.name))) if shards > 1 else ()
 
     def host_readings(self) -> list[HostReading]:
         return [HostReading(name, slot.gpu.latest, slot.host) for name, slot in self.hosts.items()]

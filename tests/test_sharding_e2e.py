@@ -1,5 +1,6 @@
 """Sharded jobs through a real daemon: shards at once, a failed shard relaunched alone, the gather
-step, a deterministic failure on two shards stopping the job, status and bad values."""
+step, a deterministic failure on two shards stopping the job, a daemon SIGKILL mid-job, status,
+the metrics and the report per shard, and bad values."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ import json
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor import report
+from supervisor.events import EventKind
 
 # argv: shard, num_shards, out dir, gate.  Shard 1 crashes on its first attempt; the others hold
 # at the gate until the test has seen shard 1 relaunched, so all three run at once.
@@ -69,6 +75,17 @@ def _spec(home: Path, name: str, script: str, body: str, *, gather: str | None =
     return path
 
 
+def _shard_metrics(home: Path) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(home / "daemon.sock")), base_url="http://supervise") as http:
+        text = http.get("/metrics").text
+    return {(s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name.startswith("supervise_shard_")}
+
+
+def _shard_value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
+    return samples.get((f"supervise_shard_{name}", frozenset(labels.items())))
+
+
 def _attempts_by_shard(daemon: DaemonProcess, job: str) -> dict[int | None, list[int]]:
     found: dict[int | None, list[int]] = {}
     for a in daemon.client().attempts(job).attempts:
@@ -102,6 +119,13 @@ def test_three_shards_one_relaunched_alone_then_gather(daemon: DaemonProcess, ho
     assert (shards["total"], shards["done"], shards["running"]) == (3, 1, 2)
     assert [s["shard"] for s in shards["shards"]] == [0, 1, 2]
     assert shards["shards"][1]["attempt"]["shard"] == 1
+    # The metrics carry each shard: its state, its attempts in this run, its bar.
+    samples = _shard_metrics(home)
+    assert _shard_value(samples, "state", job="sh", shard="1", state="done") == 1.0
+    assert _shard_value(samples, "state", job="sh", shard="0", state="running") == 1.0
+    assert _shard_value(samples, "state", job="sh", shard="0", state="done") == 0.0
+    assert [_shard_value(samples, "attempts", job="sh", shard=str(i)) for i in range(3)] == [1.0, 2.0, 1.0]
+    assert _shard_value(samples, "progress_done", job="sh", shard="1", probe="transformers.checkpoint_shards") == 4.0
 
     (home / "gate").write_text("")
     wait_until(lambda: job_state(client, "sh") == "done")
@@ -115,6 +139,21 @@ def test_three_shards_one_relaunched_alone_then_gather(daemon: DaemonProcess, ho
     final = supervise(daemon_env, "status", "sh").stdout.splitlines()
     assert final[0].startswith("sh: done  shards 3/3 done, 0 running, 0 failed")
     assert final[4].split()[:2] == ["gather", "done"] and final[5].startswith("GPUs:")
+    samples = _shard_metrics(home)
+    assert _shard_value(samples, "state", job="sh", shard="gather", state="done") == 1.0
+    assert _shard_value(samples, "state", job="sh", shard="2", state="done") == 1.0
+
+    # The report labels each attempt's lane with its shard, and its table has a shard column.
+    page = home / "sh-report.html"
+    supervise(daemon_env, "report", "sh", "--out", str(page))
+    text = page.read_text()
+    assert "<th>shard</th>" in text and text.count("<tr><td>#") == 5
+    for a in attempts:
+        assert f"<tr><td>#{a.n}</td><td>{'gather' if a.shard == -1 else a.shard}</td>" in text
+    figure = report.build_figure(report.fetch_history(client, "sh"))
+    ticks = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert sorted(ticks) == sorted(report.lane_label(a) for a in attempts) and "#5 gather" in ticks, ticks
+    assert f"#{crashed.n} shard 1" in ticks
 
 
 def test_same_failure_on_two_shards_stops_the_job(daemon: DaemonProcess, home: Path, daemon_env) -> None:
