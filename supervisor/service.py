@@ -42,6 +42,7 @@ from .spec import JobSpec
 from .store import AttemptRow, JobRow, Store
 from .web import WebUi
 
+_TAKEN_UP = (JobState.RUNNING, JobState.BACKOFF)  # a sharded job's states that a restarted daemon goes on with
 log = structlog.get_logger("supervise.daemon")
 
 _LOGGED_KINDS = {EventKind.FAILURE, EventKind.VERDICT, EventKind.ACTION, EventKind.EXITED, EventKind.LAUNCHED,
@@ -149,6 +150,7 @@ class Service:
         rows = self.store.live_attempts()
         for row in [r for r in rows if r.shard is not None]:
             self.recovery_notes.append(self._recover_shard(row))
+        self.recovery_notes += self._resume_idle_sharded_jobs()
         for row in [r for r in rows if r.shard is None]:
             try:
                 note = await self._recover_one(row)
@@ -227,6 +229,25 @@ class Service:
         if not job.running:
             job.start(job.resume)  # the resume map fills before the loop runs: recovery does not await
         return f"{where}: re-adopted with its job's shards"
+
+    def _resume_idle_sharded_jobs(self) -> list[str]:
+        """Sharded jobs the daemon stopped under while none of their attempts ran (a shard in its
+        backoff, the others done, or the gather not launched yet): their run goes on."""
+        notes = []
+        for job in self.store.jobs():
+            if job.spec.get("shards", 1) <= 1 or job.state not in _TAKEN_UP or job.name in self.runners:
+                continue
+            if not any(a.shard is not None for a in self.store.attempts(job.name)):
+                continue  # never launched: `start` failed before any shard, nothing to go on with
+            try:
+                sharded = self.runners[job.name] = ShardedJob(JobSpec.model_validate(job.spec), self.context)
+            except (ValidationError, SuperviseError) as exc:
+                self.store.set_job_state(job.name, JobState.FAILED, f"not taken up again on recovery: {exc}")
+                notes.append(f"{job.name}: not taken up again ({exc})")
+                continue
+            sharded.start({})
+            notes.append(f"{job.name}: no shard was running; its run goes on")
+        return notes
 
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner | ShardedJob:
         if spec.shards > 1:

@@ -173,6 +173,110 @@ def test_same_failure_on_two_shards_stops_the_job(daemon: DaemonProcess, home: P
     assert not any(a.shard == -1 for a in attempts)  # no gather after a failure
 
 
+# argv: shard, num_shards, out dir, gate dir.  Every attempt is logged to out/runs; shard 0 ends at
+# once, shard 1 crashes on its first attempt and then holds at gate-1, shard 2 holds at gate-2.
+RESTART_JOB = """\
+import os, sys, time
+shard, num, out, gates = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+with open(os.path.join(out, "runs"), "a") as f:
+    f.write(f"shard{shard}\\n")
+marker = os.path.join(out, "crashed-once")
+if shard == 1 and not os.path.exists(marker):
+    open(marker, "w").close()
+    raise KeyError("layers.0.weight_scale")
+while shard and not os.path.exists(os.path.join(gates, f"gate-{shard}")):
+    time.sleep(0.02)
+print(f"Loading checkpoint shards: 100%|###| 4/4 [00:00<00:00, 5.0it/s]", flush=True)
+with open(os.path.join(out, f"part-{shard}-of-{num}"), "w") as f:
+    f.write(f"{shard}\\n")
+"""
+
+RESTART_GATHER = """\
+import os, sys
+out = sys.argv[1]
+with open(os.path.join(out, "runs"), "a") as f:
+    f.write("gather\\n")
+print("gathered", flush=True)
+"""
+
+
+def test_daemon_sigkill_mid_sharded_job_readopts_every_shard(daemon: DaemonProcess, home: Path, daemon_env) -> None:
+    spec = _spec(home, "rs", RESTART_JOB, "shards = 3\n[restart]\nbackoff_initial_s = 0.1\nbackoff_jitter_s = 0\n",
+                 gather=RESTART_GATHER)
+    (home / "gates").mkdir()
+    spec.write_text(spec.read_text().replace(f'"{home}/gate"]', f'"{home}/gates"]'))
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+
+    def standing() -> bool:
+        attempts = client.attempts("rs").attempts
+        running = {a.shard for a in attempts if a.state == "running"}
+        return running == {1, 2} and any(a.shard == 0 and a.verdict == "done" for a in attempts) \
+            and len([a for a in attempts if a.shard == 1]) == 2
+
+    wait_until(standing)  # shard 0 done, shard 1 relaunched after its crash, shard 2 on its first attempt
+    before = client.attempts("rs").attempts
+    events_before = client.events("rs").events
+    daemon.kill()  # SIGKILL: nothing is said to the store
+    (home / "gates" / "gate-2").touch()  # shard 2 ends while no daemon watches it
+    wait_until(lambda: (home / "out" / "part-2-of-3").exists())
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "rs") == "running" and
+               {a.shard for a in client.attempts("rs").attempts if a.verdict == "done"} == {0, 2})
+    (home / "gates" / "gate-1").touch()
+    wait_until(lambda: job_state(client, "rs") == "done")
+
+    attempts = client.attempts("rs").attempts
+    # Nothing lost, nothing doubled: the same attempts (numbers, pids, run), each ended once, one gather.
+    assert [(a.n, a.shard, a.pid, a.run) for a in attempts[:len(before)]] == [(a.n, a.shard, a.pid, a.run) for a in before]
+    assert {s: len(ns) for s, ns in _attempts_by_shard(daemon, "rs").items()} == {0: 1, 1: 2, 2: 1, -1: 1}
+    assert len({a.run for a in attempts}) == 1
+    crashed = next(a for a in attempts if a.shard == 1 and a.run_attempt == 1)
+    assert crashed.verdict == "crashed" and all(a.verdict == "done" for a in attempts if a is not crashed)
+    assert sorted((home / "out" / "runs").read_text().split()) == ["gather", "shard0", "shard1", "shard1", "shard2"]
+    events = client.events("rs").events
+    assert [e.id for e in events[:len(events_before)]] == [e.id for e in events_before]
+    for kind in (EventKind.LAUNCHED, EventKind.EXITED, EventKind.VERDICT):
+        per_attempt = [e.attempt for e in events if e.kind is kind]
+        assert sorted(per_attempt) == sorted(a.n for a in attempts), (kind, per_attempt)
+    progress = [(e.attempt, e.data.get("done")) for e in events if e.kind is EventKind.PROGRESS]
+    assert len(progress) == len(set(progress)), progress  # no line read twice across the restart
+
+
+# Shard 1 fails on each attempt, each time another way (no "same failure twice"); the others end at once.
+FAILING_SHARD_JOB = """\
+import os, sys
+shard, out = int(sys.argv[1]), sys.argv[3]
+with open(os.path.join(out, "runs"), "a") as f:
+    f.write(f"shard{shard}\\n")
+if shard == 1:
+    tries = len([l for l in open(os.path.join(out, "runs")) if l.strip() == "shard1"])
+    raise [KeyError, ValueError, TypeError, OSError][tries - 1](f"attempt {tries}")
+"""
+
+
+def test_daemon_sigkill_during_a_shards_backoff_keeps_its_attempt_budget(daemon: DaemonProcess, home: Path,
+                                                                         daemon_env) -> None:
+    spec = _spec(home, "bk", FAILING_SHARD_JOB,
+                 "shards = 3\n[restart]\nmax_attempts = 2\nbackoff_initial_s = 30\nbackoff_jitter_s = 0\n",
+                 gather=RESTART_GATHER)
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (s := client.status("bk").jobs[0].shards) is not None and s.shards[1].state == "backoff"
+               and s.done == 2)
+    daemon.kill()  # SIGKILL during shard 1's backoff: no attempt of the job is live
+    daemon.start()
+    client = daemon.client()
+    # The restarted daemon takes the job up again: shard 1's second (last) attempt, then the job fails.
+    wait_until(lambda: job_state(client, "bk") == "failed", timeout=60)
+    attempts = client.attempts("bk").attempts
+    assert {s: len(ns) for s, ns in _attempts_by_shard(daemon, "bk").items()} == {0: 1, 1: 2, 2: 1}
+    assert [a.run_attempt for a in attempts if a.shard == 1] == [1, 2] and len({a.run for a in attempts}) == 1
+    assert (home / "out" / "runs").read_text().split().count("shard1") == 2  # the budget held across the restart
+    assert "shard 1" in client.status("bk").jobs[0].reason
+
+
 @pytest.mark.parametrize("body, args, words", [
     ("shards = 0\n", [], "shards"),
     ("", ["--shards", "-1"], "shards"),
