@@ -162,6 +162,8 @@ class PipelineStatus(BaseModel):
     reason: str
     current: str | None = Field(default=None, description="the step that decides the pipeline's state")
     started: float
+    eta_s: float | None = Field(default=None, description="seconds until the last step is done, from the steps' history")
+    eta_note: str = Field(default="", description="why there is no ETA while steps are left, e.g. 'ETA unknown: no history for step X'")
     steps: list[PipelineStepStatus]
 
 
