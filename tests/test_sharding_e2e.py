@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -78,6 +80,10 @@ def _spec(home: Path, name: str, script: str, body: str, *, gather: str | None =
 def _shard_metrics(home: Path) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(home / "daemon.sock")), base_url="http://supervise") as http:
         text = http.get("/metrics").text
+    if shutil.which("promtool"):
+        lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30,
+                              check=False)
+        assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
     return {(s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text)
             for s in family.samples if s.name.startswith("supervise_shard_")}
 
