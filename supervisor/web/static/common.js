@@ -76,7 +76,7 @@ function jobCard(job, readOnly) {
     sh ? el("span", { class: "attempt", text: `shards ${sh.done}/${sh.total} done, ${sh.running} running, ${sh.failed} failed` })
       : el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
     sh ? null : el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
-    health(job),
+    sh ? null : health(job),  // a sharded job's health is each shard's, on its card
     job.last_output_age_s !== null && job.last_output_age_s !== undefined && ACTIVE.has(job.state)
       ? el("span", { class: "age", text: `output ${dur(job.last_output_age_s + elapsed())} ago` }) : null,
     job.host !== "local" ? el("span", { text: job.host }) : null);
