@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -66,8 +67,32 @@ class ShardRunner(JobRunner):
             return super()._run_so_far(resume)
         # A daemon restart found this shard between attempts (a backoff, a launch it died in): its
         # run goes on with the attempts it has spent and its last failure.
-        mine = [a for a in self.ctx.store.attempts(self.spec.name) if a.shard == self.shard and a.run == self.coordinator.run]
+        mine = self._mine()
         return self.coordinator.run, len(mine), mine[-1].fingerprint if mine else None
+
+    def _mine(self) -> list[AttemptRow]:
+        """This shard's attempts in the job's current run."""
+        return [a for a in self.ctx.store.attempts(self.spec.name) if a.shard == self.shard and a.run == self.coordinator.run]
+
+    async def _attempts(self, resume: AttemptRow | None) -> None:
+        if resume is None and self.coordinator.continuing and await self._rest_of_backoff():
+            self._set_job(JobState.STOPPED, "stopped by user during backoff")
+            return
+        await super()._attempts(resume)
+
+    async def _rest_of_backoff(self) -> bool:
+        """After a daemon restart in this shard's backoff: the rest of the wait (the policy's, from
+        the failed attempt's end) before its next launch.  True when a stop came meanwhile."""
+        mine = self._mine()
+        last = mine[-1] if mine else None
+        if last is None or last.ended is None or not (last.action or "").startswith("relaunch"):
+            return False
+        wait = 0.0 if last.verdict is Verdict.PREEMPTED else self.policy.wait_after(len(mine))
+        left = last.ended + wait - time.time()
+        if left <= 0:
+            return False
+        self._set_job(JobState.BACKOFF, f"relaunching in {left:.0f}s (the backoff the daemon restarted in)")
+        return await self._sleep_unless_stopped(left)
 
     async def _launch(self, run: int) -> Live:
         # One at a time across the job's shards: an attempt is numbered, then stored after an await.

@@ -265,7 +265,7 @@ if shard == 1:
 def test_daemon_sigkill_during_a_shards_backoff_keeps_its_attempt_budget(daemon: DaemonProcess, home: Path,
                                                                          daemon_env) -> None:
     spec = _spec(home, "bk", FAILING_SHARD_JOB,
-                 "shards = 3\n[restart]\nmax_attempts = 2\nbackoff_initial_s = 30\nbackoff_jitter_s = 0\n",
+                 "shards = 3\n[restart]\nmax_attempts = 2\nbackoff_initial_s = 4\nbackoff_jitter_s = 0\n",
                  gather=RESTART_GATHER)
     supervise(daemon_env, "start", str(spec))
     client = daemon.client()
@@ -274,9 +274,15 @@ def test_daemon_sigkill_during_a_shards_backoff_keeps_its_attempt_budget(daemon:
     daemon.kill()  # SIGKILL during shard 1's backoff: no attempt of the job is live
     daemon.start()
     client = daemon.client()
-    # The restarted daemon takes the job up again: shard 1's second (last) attempt, then the job fails.
+    # The restarted daemon takes the job up again: the rest of shard 1's backoff, counted down ...
+    shard = client.status("bk").jobs[0].shards.shards[1]  # type: ignore[union-attr]
+    if len(client.attempts("bk").attempts) == 3:  # not relaunched yet (a slow restart may take the whole wait)
+        assert shard.state == "backoff" and shard.next_relaunch_in_s is not None and shard.next_relaunch_in_s <= 4
+    # ... then its second (last) attempt, and the job fails.
     wait_until(lambda: job_state(client, "bk") == "failed", timeout=60)
     attempts = client.attempts("bk").attempts
+    first, second = [a for a in attempts if a.shard == 1]
+    assert second.started >= (first.ended or 0) + 4 - 0.05  # the backoff held across the restart
     assert {s: len(ns) for s, ns in _attempts_by_shard(daemon, "bk").items()} == {0: 1, 1: 2, 2: 1}
     assert [a.run_attempt for a in attempts if a.shard == 1] == [1, 2] and len({a.run for a in attempts}) == 1
     assert (home / "out" / "runs").read_text().split().count("shard1") == 2  # the budget held across the restart
