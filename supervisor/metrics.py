@@ -5,7 +5,8 @@ Served at `/metrics` on the control socket, and over TCP on a loopback address w
 conventions: prefix `supervise_`, base units (seconds, bytes), `_total` for counters,
 labels `job`, `gpu`, `host`, `kind`.  A sharded job's `supervise_job_*` gauges follow its latest
 attempt, whichever shard ran it; `supervise_shard_*` gauges carry each shard (`shard`: its index,
-`gather` for the gather step) from the job's latest run.
+`gather` for the gather step) from the job's latest run, and `supervise_shard_*_total` counters
+count each shard's failures, verdicts and launches (the job's counters count them all).
 
 Two sources:
 - counters fed by the event bus (failures by kind, verdicts, launches) and by the runner
@@ -79,6 +80,10 @@ class MetricsSource(Protocol):
 
     def host_readings(self) -> list[HostReading]: ...
 
+    def shard_of(self, job: str, attempt: int) -> int | None:
+        """The shard an attempt ran (GATHER for the gather step); None when unsharded or unknown."""
+        ...
+
 
 class Metrics:
     """The daemon's metrics registry; subscribe `on_events` to the bus, pass `records_seen`
@@ -99,6 +104,13 @@ class Metrics:
         self.loop_lag = Histogram("supervise_event_loop_lag_seconds",
                                   "How late the daemon's event loop woke from a timed sleep", buckets=LAG_BUCKETS,
                                   registry=self.registry)
+        shard = ["job", "shard"]
+        self.shard_failures = Counter("supervise_shard_failures", "Failures the probes recognised in a shard's log, by kind",
+                                      [*shard, "kind"], registry=self.registry)
+        self.shard_verdicts = Counter("supervise_shard_verdicts", "Verdicts the watchdog recorded on a shard's attempts",
+                                      [*shard, "verdict"], registry=self.registry)
+        self.shard_launches = Counter("supervise_shard_launches", "A shard's attempts launched by this daemon",
+                                      shard, registry=self.registry)
         self.registry.register(_StateCollector(self))
         self._job_gpu: dict[tuple[str, str, int], int] = {}  # (job, host, gpu) -> bytes
         self._job_gpu_at = 0.0
@@ -111,11 +123,23 @@ class Metrics:
             if event.kind is EventKind.FAILURE:
                 kind = event.failure.kind if event.failure else FailureKind.OTHER
                 self.failures.labels(event.job, kind.value).inc()
+                if (shard := self._shard(event)) is not None:
+                    self.shard_failures.labels(event.job, shard, kind.value).inc()
             elif event.kind is EventKind.VERDICT:
-                self.verdicts.labels(event.job, str(event.data.get("verdict", "unknown"))).inc()
+                verdict = str(event.data.get("verdict", "unknown"))
+                self.verdicts.labels(event.job, verdict).inc()
+                if (shard := self._shard(event)) is not None:
+                    self.shard_verdicts.labels(event.job, shard, verdict).inc()
             elif event.kind is EventKind.LAUNCHED:
                 self.launches.labels(event.job).inc()
                 self.records.labels(event.job)  # the series exists (at 0) from launch on
+                if (shard := self._shard(event)) is not None:
+                    self.shard_launches.labels(event.job, shard).inc()
+
+    def _shard(self, event: Event) -> str | None:
+        """The `shard` label of the attempt an event belongs to; None for an unsharded job's."""
+        shard = self.source.shard_of(event.job, event.attempt)
+        return None if shard is None else shard_label(shard)
 
     def records_seen(self, job: str, n: int) -> None:
         self.records.labels(job).inc(n)
@@ -271,6 +295,10 @@ class _StateCollector(Collector):
         yield from f
 
 
+def shard_label(shard: int) -> str:
+    return "gather" if shard == GATHER else str(shard)
+
+
 def _shards(jobs: list[JobReading]) -> Iterator[Metric]:
     """The `supervise_shard_*` gauges: each shard of each sharded job, labelled with its index."""
     f = _Families()
@@ -290,8 +318,7 @@ def _shards(jobs: list[JobReading]) -> Iterator[Metric]:
     for reading in jobs:
         snapshots = {s.shard: s for s in reading.runner.shards} if reading.runner is not None else {}
         for shard in reading.shards:
-            name = "gather" if shard.shard == GATHER else str(shard.shard)
-            labels = [reading.job.name, name]
+            labels = [reading.job.name, shard_label(shard.shard)]
             attempts.add_metric(labels, float(len(shard.rows)))
             for s in JobState:
                 state.add_metric([*labels, s.value], 1.0 if shard.state is s else 0.0)

@@ -280,6 +280,12 @@ class Service:
         return [JobReading(job, self.store.latest_attempt(job.name), self.snapshot(job.name), self._shard_rows(job))
                 for job in self.store.jobs()]
 
+    def shard_of(self, job: str, attempt: int) -> int | None:
+        try:
+            return self.store.attempt(job, attempt).shard
+        except SuperviseError:  # gone (`supervise rm`): its events count for the job only
+            return None
+
     def _shard_rows(self, job: JobRow) -> tuple[ShardRows, ...]:
         shards = job.spec.get("shards", 1)
         return tuple(shard_rows(shards, job.state, self.store.attempts(job.name))) if shards > 1 else ()

@@ -147,6 +147,12 @@ def test_three_shards_one_relaunched_alone_then_gather(daemon: DaemonProcess, ho
     assert final[4].split()[:2] == ["gather", "done"] and final[5].startswith("GPUs:")
     samples = _shard_metrics(home)
     assert _shard_value(samples, "state", job="sh", shard="gather", state="done") == 1.0
+    # The counters of failures, verdicts and launches, per shard (the crash was shard 1's first attempt).
+    assert _shard_value(samples, "failures_total", job="sh", shard="1", kind="key_error") == 1.0
+    assert _shard_value(samples, "failures_total", job="sh", shard="0", kind="key_error") is None
+    assert _shard_value(samples, "verdicts_total", job="sh", shard="1", verdict="crashed") == 1.0
+    assert _shard_value(samples, "verdicts_total", job="sh", shard="1", verdict="done") == 1.0
+    assert [_shard_value(samples, "launches_total", job="sh", shard=s) for s in ("0", "1", "2", "gather")] == [1, 2, 1, 1]
     assert _shard_value(samples, "state", job="sh", shard="2", state="done") == 1.0
 
     # The report labels each attempt's lane with its shard, and its table has a shard column.
