@@ -3,7 +3,10 @@
 Served at `/metrics` on the control socket, and over TCP on a loopback address when
 `metrics_addr` is set (`SUPERVISE_METRICS_ADDR=127.0.0.1:9464`).  Names follow Prometheus
 conventions: prefix `supervise_`, base units (seconds, bytes), `_total` for counters,
-labels `job`, `gpu`, `host`, `kind`.
+labels `job`, `gpu`, `host`, `kind`.  A sharded job's `supervise_job_*` gauges follow its latest
+attempt, whichever shard ran it; `supervise_shard_*` gauges carry each shard (`shard`: its index,
+`gather` for the gather step) from the job's latest run, and `supervise_shard_*_total` counters
+count each shard's failures, verdicts and launches (the job's counters count them all).
 
 Two sources:
 - counters fed by the event bus (failures by kind, verdicts, launches) and by the runner
@@ -37,6 +40,7 @@ from . import __version__
 from .events import Event, EventKind, FailureKind, JobState, Phase
 from .gpu import GpuSample
 from .hosts.base import Host, ProcessHandle
+from .shard_views import GATHER, ShardRows
 from .snapshot import BarProgress, RunnerSnapshot
 from .store import AttemptRow, JobRow
 
@@ -57,6 +61,7 @@ class JobReading:
     job: JobRow
     latest: AttemptRow | None  # its latest attempt
     runner: RunnerSnapshot | None  # its runner now; None when no runner watches it
+    shards: tuple[ShardRows, ...] = ()  # a sharded job: each shard in its latest run; () unsharded
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,10 @@ class MetricsSource(Protocol):
     def job_readings(self) -> list[JobReading]: ...
 
     def host_readings(self) -> list[HostReading]: ...
+
+    def shard_of(self, job: str, attempt: int) -> int | None:
+        """The shard an attempt ran (GATHER for the gather step); None when unsharded or unknown."""
+        ...
 
 
 class Metrics:
@@ -95,6 +104,13 @@ class Metrics:
         self.loop_lag = Histogram("supervise_event_loop_lag_seconds",
                                   "How late the daemon's event loop woke from a timed sleep", buckets=LAG_BUCKETS,
                                   registry=self.registry)
+        shard = ["job", "shard"]
+        self.shard_failures = Counter("supervise_shard_failures", "Failures the probes recognised in a shard's log, by kind",
+                                      [*shard, "kind"], registry=self.registry)
+        self.shard_verdicts = Counter("supervise_shard_verdicts", "Verdicts the watchdog recorded on a shard's attempts",
+                                      [*shard, "verdict"], registry=self.registry)
+        self.shard_launches = Counter("supervise_shard_launches", "A shard's attempts launched by this daemon",
+                                      shard, registry=self.registry)
         self.registry.register(_StateCollector(self))
         self._job_gpu: dict[tuple[str, str, int], int] = {}  # (job, host, gpu) -> bytes
         self._job_gpu_at = 0.0
@@ -107,11 +123,23 @@ class Metrics:
             if event.kind is EventKind.FAILURE:
                 kind = event.failure.kind if event.failure else FailureKind.OTHER
                 self.failures.labels(event.job, kind.value).inc()
+                if (shard := self._shard(event)) is not None:
+                    self.shard_failures.labels(event.job, shard, kind.value).inc()
             elif event.kind is EventKind.VERDICT:
-                self.verdicts.labels(event.job, str(event.data.get("verdict", "unknown"))).inc()
+                verdict = str(event.data.get("verdict", "unknown"))
+                self.verdicts.labels(event.job, verdict).inc()
+                if (shard := self._shard(event)) is not None:
+                    self.shard_verdicts.labels(event.job, shard, verdict).inc()
             elif event.kind is EventKind.LAUNCHED:
                 self.launches.labels(event.job).inc()
                 self.records.labels(event.job)  # the series exists (at 0) from launch on
+                if (shard := self._shard(event)) is not None:
+                    self.shard_launches.labels(event.job, shard).inc()
+
+    def _shard(self, event: Event) -> str | None:
+        """The `shard` label of the attempt an event belongs to; None for an unsharded job's."""
+        shard = self.source.shard_of(event.job, event.attempt)
+        return None if shard is None else shard_label(shard)
 
     def records_seen(self, job: str, n: int) -> None:
         self.records.labels(job).inc(n)
@@ -185,7 +213,9 @@ class _StateCollector(Collector):
         started = GaugeMetricFamily("supervise_daemon_start_time_seconds", "When the daemon started (Unix time)")
         started.add_metric([], self.metrics.started)
         yield started
-        yield from self._jobs(source.job_readings())
+        readings = source.job_readings()
+        yield from self._jobs(readings)
+        yield from _shards(readings)
         yield from self._gpus(source.host_readings())
 
     def _jobs(self, jobs: list[JobReading]) -> Iterator[Metric]:
@@ -263,6 +293,52 @@ class _StateCollector(Collector):
                 if device.util_pct is not None:
                     util.add_metric(labels, device.util_pct / 100.0)
         yield from f
+
+
+def shard_label(shard: int) -> str:
+    return "gather" if shard == GATHER else str(shard)
+
+
+def _shards(jobs: list[JobReading]) -> Iterator[Metric]:
+    """The `supervise_shard_*` gauges: each shard of each sharded job, labelled with its index."""
+    f = _Families()
+    state = f.gauge("supervise_shard_state", "The shard's state in the job's latest run: 1 for the current one, 0 for the others",
+                    ["job", "shard", "state"])
+    attempts = f.gauge("supervise_shard_attempts", "The shard's attempts in the job's latest run", ["job", "shard"])
+    phase = f.gauge("supervise_shard_phase", "The shard's latest attempt's phase: 1 for the current one, 0 for the others",
+                    ["job", "shard", "phase"])
+    done = f.gauge("supervise_shard_progress_done", "Items done by the active progress bar of the shard's latest attempt",
+                   ["job", "shard", "probe"])
+    expected = f.gauge("supervise_shard_progress_expected", "Items the shard's active progress bar counts to (its total)",
+                       ["job", "shard", "probe"])
+    eta = f.gauge("supervise_shard_progress_eta_seconds", "Estimated seconds until the shard's active progress bar completes",
+                  ["job", "shard", "probe"])
+    stall = f.gauge("supervise_shard_stall_seconds", "Seconds since the shard's running attempt last moved forward",
+                    ["job", "shard"])
+    for reading in jobs:
+        snapshots = {s.shard: s for s in reading.runner.shards} if reading.runner is not None else {}
+        for shard in reading.shards:
+            labels = [reading.job.name, shard_label(shard.shard)]
+            attempts.add_metric(labels, float(len(shard.rows)))
+            for s in JobState:
+                state.add_metric([*labels, s.value], 1.0 if shard.state is s else 0.0)
+            row = shard.latest
+            if row is None:
+                continue
+            snap = snapshots.get(shard.shard)
+            live = snap if snap is not None and snap.attempt == row.n else None
+            current = live.phase if live is not None and live.phase else row.phase
+            for p in Phase:
+                phase.add_metric([*labels, p.value], 1.0 if current is p else 0.0)
+            if (progress := _progress(row, live)) is not None:
+                done.add_metric([*labels, progress.probe], float(progress.done))
+                if progress.total is not None:
+                    expected.add_metric([*labels, progress.probe], float(progress.total))
+                if progress.eta_s is not None:
+                    eta.add_metric([*labels, progress.probe], float(progress.eta_s))
+            if live is not None and live.still_for_s is not None:
+                stall.add_metric(labels, live.still_for_s)
+    yield from f
 
 
 class _Families:

@@ -10,6 +10,7 @@ the waiting jobs in the store and gives each its runner again (`resume_waiting`)
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from . import protocol
 from .dependencies import GIVEN_UP, check_after
 from .errors import AlreadyRunning, HostError, NotFound, SpecError
-from .events import JobState
+from .events import JobState, Verdict
 from .hosts.registry import Hosts
 from .pipeline import (
     ResolvedPipeline,
@@ -28,6 +29,7 @@ from .pipeline import (
     load_pipeline,
     resolve,
 )
+from .pipeline_eta import overall_eta
 from .pipeline_store import PipelineRow, PipelineStore, StepRow
 from .probes import load_packs
 from .runner import JobRunner
@@ -118,9 +120,13 @@ class Pipelines:
         if current is None:
             return protocol.PipelineStatus(name=row.name, state=JobState.DONE, reason="every step done",
                                            started=row.started, steps=steps)
+        eta = overall_eta(steps, self._done_durations, time.time())
         return protocol.PipelineStatus(name=row.name, state=current.state, current=current.step, started=row.started,
                                        reason=f"step {current.step}: {current.reason}" if current.reason else f"step {current.step}",
-                                       steps=steps)
+                                       steps=steps, eta_s=eta.eta_s, eta_note=eta.note)
+
+    def _done_durations(self, job: str) -> list[float]:
+        return [a.ended - a.started for a in self.store.attempts(job) if a.verdict is Verdict.DONE and a.ended is not None]
 
     def _step_status(self, step: StepRow) -> protocol.PipelineStepStatus:
         try:

@@ -126,6 +126,8 @@ class ShardStatus(BaseModel):
     attempts: int = Field(description="its attempts in the job's current run")
     attempt: AttemptInfo | None
     next_relaunch_in_s: float | None = None
+    next_verdict: NextVerdict | None = Field(default=None, description="the shard's watchdog rule that comes due first")
+    last_output_age_s: float | None = Field(default=None, description="seconds since the shard's running attempt wrote")
 
 
 class ShardsStatus(BaseModel):
@@ -183,6 +185,8 @@ class PipelineStatus(BaseModel):
     reason: str
     current: str | None = Field(default=None, description="the step that decides the pipeline's state")
     started: float
+    eta_s: float | None = Field(default=None, description="seconds until the last step is done, from the steps' history")
+    eta_note: str = Field(default="", description="why there is no ETA while steps are left, e.g. 'ETA unknown: no history for step X'")
     steps: list[PipelineStepStatus]
 
 

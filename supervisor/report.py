@@ -3,7 +3,7 @@
 Three panels on one time axis:
 - attempts: one lane per attempt, coloured by phase, with markers where a failure was
   recognised and where the watchdog acted (verdicts, process-tree kills, relaunches,
-  giving up);
+  giving up); a sharded job's lanes are labelled with their shard (`#4 shard 1`, `#7 gather`);
 - progress: each progress bar of each attempt, as percent done;
 - GPU memory per device, from the samples the daemon stored over the job's time span.
 
@@ -167,7 +167,7 @@ def _draw_attempts(axis: Any, history: History) -> None:
             _event_marker(axis, event, a.n)
     for a in history.relaunched():
         axis.plot(_d(a.ended or history.now), a.n + 0.38, marker=">", color=_RELAUNCH_COLOUR, markersize=8, linestyle="")
-    axis.set_yticks([a.n for a in history.attempts], [f"#{a.n}" for a in history.attempts])
+    axis.set_yticks([a.n for a in history.attempts], [lane_label(a) for a in history.attempts])
     axis.set_ylim(0.4, max((a.n for a in history.attempts), default=1) + 0.6)
     axis.invert_yaxis()
     axis.set_ylabel("attempt")
@@ -182,6 +182,13 @@ def _draw_attempts(axis: Any, history: History) -> None:
     axis.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     axis.set_title("attempts and phases; markers where a failure was seen and where the watchdog acted",
                    fontsize=9, loc="left")
+
+
+def lane_label(attempt: protocol.AttemptInfo) -> str:
+    """`#4`, or `#4 shard 1` / `#7 gather` for a sharded job's attempts."""
+    if attempt.shard is None:
+        return f"#{attempt.n}"
+    return f"#{attempt.n} " + ("gather" if attempt.shard < 0 else f"shard {attempt.shard}")
 
 
 def _event_marker(axis: Any, event: protocol.EventInfo, lane: int) -> None:
@@ -228,13 +235,14 @@ def _draw_progress(axis: Any, history: History) -> None:
             continue
         curves[(event.attempt, event.probe or "progress")].append((event.ts, 100.0 * done / total))
     styles = ("-", "--", ":", "-.")
+    lanes = {a.n: lane_label(a) for a in history.attempts}
     probe_style: dict[str, str] = {}
     for (n, probe), points in sorted(curves.items()):
         style = probe_style.setdefault(probe, styles[len(probe_style) % len(styles)])
         points = _thin(points)
         axis.step([_d(t) for t, _ in points], [v for _, v in points], where="post", linestyle=style,
                   color=_ATTEMPT_COLOURS[(n - 1) % len(_ATTEMPT_COLOURS)], linewidth=1.6,
-                  label=f"#{n} {probe.split('.')[-1]}")
+                  label=f"{lanes.get(n, f'#{n}')} {probe.split('.')[-1]}")
     axis.set_ylim(-3, 103)
     axis.set_ylabel("progress (%)")
     if curves:
@@ -281,15 +289,19 @@ def _mark_actions(history: History, axes: tuple[Any, ...]) -> None:
 
 def render_html(history: History, png: bytes) -> str:
     rows = []
+    sharded = any(a.shard is not None for a in history.attempts)
     for a in history.attempts:
         progress = f"{_num(a.progress.done)}/{_num(a.progress.total)}" if a.progress else "-"
         exit_text = "-" if a.exit_code is None else (f"signal {a.exit_signal}" if a.exit_signal else str(a.exit_code))
         cells = [f"#{a.n}", _fmt.attempt(a.run_attempt, history.max_attempts, a.n), _stamp(a.started), _duration((a.ended or history.now) - a.started), a.phase or "-", progress,
                  a.verdict or a.state, exit_text, (a.fingerprint or "-")[:12], a.action or "-",
                  (a.failure.line if a.failure else a.reason) or "-"]
+        if sharded:
+            cells.insert(1, "-" if a.shard is None else ("gather" if a.shard < 0 else str(a.shard)))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    header = "".join(f"<th>{h}</th>" for h in ("attempt", "in its run", "started", "duration", "phase reached", "progress", "verdict",
-                                               "exit", "fingerprint", "action", "failure / reason"))
+    names = ["attempt", "in its run", "started", "duration", "phase reached", "progress", "verdict",
+             "exit", "fingerprint", "action", "failure / reason"]
+    header = "".join(f"<th>{h}</th>" for h in names[:1] + ["shard"] * sharded + names[1:])
     image = base64.b64encode(png).decode()
     title = html.escape(_title(history))
     return f"""<!doctype html>

@@ -37,12 +37,14 @@ from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .pipelines import Pipelines
 from .retention import Retention, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
+from .shard_views import ShardRows, shard_rows
 from .sharding import ShardedJob
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
-from .store import AttemptRow, Store
+from .store import AttemptRow, JobRow, Store
 from .web import WebUi
 
+_TAKEN_UP = (JobState.RUNNING, JobState.BACKOFF)  # a sharded job's states that a restarted daemon goes on with
 log = structlog.get_logger("supervise.daemon")
 
 _LOGGED_KINDS = {EventKind.FAILURE, EventKind.VERDICT, EventKind.ACTION, EventKind.EXITED, EventKind.LAUNCHED,
@@ -165,6 +167,7 @@ class Service:
         rows = self.store.live_attempts()
         for row in [r for r in rows if r.shard is not None]:
             self.recovery_notes.append(self._recover_shard(row))
+        self.recovery_notes += self._resume_idle_sharded_jobs()
         for row in [r for r in rows if r.shard is None]:
             try:
                 note = await self._recover_one(row)
@@ -244,6 +247,25 @@ class Service:
             job.start(job.resume)  # the resume map fills before the loop runs: recovery does not await
         return f"{where}: re-adopted with its job's shards"
 
+    def _resume_idle_sharded_jobs(self) -> list[str]:
+        """Sharded jobs the daemon stopped under while none of their attempts ran (a shard in its
+        backoff, the others done, or the gather not launched yet): their run goes on."""
+        notes = []
+        for job in self.store.jobs():
+            if job.spec.get("shards", 1) <= 1 or job.state not in _TAKEN_UP or job.name in self.runners:
+                continue
+            if not any(a.shard is not None for a in self.store.attempts(job.name)):
+                continue  # never launched: `start` failed before any shard, nothing to go on with
+            try:
+                sharded = self.runners[job.name] = ShardedJob(JobSpec.model_validate(job.spec), self.context)
+            except (ValidationError, SuperviseError) as exc:
+                self.store.set_job_state(job.name, JobState.FAILED, f"not taken up again on recovery: {exc}")
+                notes.append(f"{job.name}: not taken up again ({exc})")
+                continue
+            sharded.start({})
+            notes.append(f"{job.name}: no shard was running; its run goes on")
+        return notes
+
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner | ShardedJob:
         if spec.shards > 1:
             try:
@@ -272,7 +294,18 @@ class Service:
         return runner.snapshot() if runner is not None else None
 
     def job_readings(self) -> list[JobReading]:
-        return [JobReading(job, self.store.latest_attempt(job.name), self.snapshot(job.name)) for job in self.store.jobs()]
+        return [JobReading(job, self.store.latest_attempt(job.name), self.snapshot(job.name), self._shard_rows(job))
+                for job in self.store.jobs()]
+
+    def shard_of(self, job: str, attempt: int) -> int | None:
+        try:
+            return self.store.attempt(job, attempt).shard
+        except SuperviseError:  # gone (`supervise rm`): its events count for the job only
+            return None
+
+    def _shard_rows(self, job: JobRow) -> tuple[ShardRows, ...]:
+        shards = job.spec.get("shards", 1)
+        return tuple(shard_rows(shards, job.state, self.store.attempts(job.name))) if shards > 1 else ()
 
     def host_readings(self) -> list[HostReading]:
         return [HostReading(name, slot.gpu.latest, slot.host) for name, slot in self.hosts.items()]

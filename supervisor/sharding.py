@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -60,6 +61,38 @@ class ShardRunner(JobRunner):
 
     def _new_run(self) -> int:
         return self.coordinator.run
+
+    def _run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
+        if resume is not None or not self.coordinator.continuing:
+            return super()._run_so_far(resume)
+        # A daemon restart found this shard between attempts (a backoff, a launch it died in): its
+        # run goes on with the attempts it has spent and its last failure.
+        mine = self._mine()
+        return self.coordinator.run, len(mine), mine[-1].fingerprint if mine else None
+
+    def _mine(self) -> list[AttemptRow]:
+        """This shard's attempts in the job's current run."""
+        return [a for a in self.ctx.store.attempts(self.spec.name) if a.shard == self.shard and a.run == self.coordinator.run]
+
+    async def _attempts(self, resume: AttemptRow | None) -> None:
+        if resume is None and self.coordinator.continuing and await self._rest_of_backoff():
+            self._set_job(JobState.STOPPED, "stopped by user during backoff")
+            return
+        await super()._attempts(resume)
+
+    async def _rest_of_backoff(self) -> bool:
+        """After a daemon restart in this shard's backoff: the rest of the wait (the policy's, from
+        the failed attempt's end) before its next launch.  True when a stop came meanwhile."""
+        mine = self._mine()
+        last = mine[-1] if mine else None
+        if last is None or last.ended is None or not (last.action or "").startswith("relaunch"):
+            return False
+        wait = 0.0 if last.verdict is Verdict.PREEMPTED else self.policy.wait_after(len(mine))
+        left = last.ended + wait - time.time()
+        if left <= 0:
+            return False
+        self._set_job(JobState.BACKOFF, f"relaunching in {left:.0f}s (the backoff the daemon restarted in)")
+        return await self._sleep_unless_stopped(left)
 
     async def _launch(self, run: int) -> Live:
         # One at a time across the job's shards: an attempt is numbered, then stored after an await.
@@ -115,12 +148,16 @@ class ShardedJob:
         self._stop_requested = False
         self._writes = PendingWrites(spec.name)
         self.resume: dict[int, AttemptRow] = {}  # the live attempts a daemon restart re-adopts, by shard
+        self.continuing = False  # a daemon restart took the job's latest run up again
 
     def _shard_runner(self, spec: JobSpec, shard: int) -> ShardRunner:
         return ShardRunner(spec, self._context(spec.host), self, shard)
 
     def start(self, resume: dict[int, AttemptRow] | None = None) -> None:
-        """Start every shard; a shard in ``resume`` re-adopts that attempt (a daemon restart)."""
+        """Start every shard in a new run; with ``resume`` (a daemon restart, even with no live
+        attempt) the latest run goes on: a shard in it re-adopts that attempt, a shard done in the
+        run stays done, any other launches its next attempt within the run's budget."""
+        self.continuing = resume is not None
         self.task = asyncio.create_task(self._run(resume if resume is not None else {}), name=f"job:{self.spec.name}")
 
     @property
@@ -148,8 +185,10 @@ class ShardedJob:
         try:
             # A re-adopted shard continues its run; a fresh `start` opens a new run for every shard.
             rows = self.ctx.store.attempts(self.spec.name)
-            self.run = max((r.run for r in resume.values()), default=0) or max((r.run for r in rows), default=0) + 1
-            done_before = self._done_before(resume)
+            latest_run = max((r.run for r in rows), default=0)
+            self.run = max((r.run for r in resume.values()), default=0) or (
+                latest_run if self.continuing and latest_run else latest_run + 1)
+            done_before = self._done_before()
             for runner in self.shards:
                 if runner.shard in done_before:
                     runner.state, runner.reason = JobState.DONE, "done before the daemon restarted"
@@ -157,22 +196,25 @@ class ShardedJob:
                     runner.start(resume.get(runner.index))
             await asyncio.gather(*(r.task for r in self.shards if r.task is not None), return_exceptions=True)
             if all(r.state is JobState.DONE for r in self.shards) and self.spec.gather and not self._stop_requested:
-                await self._gather(resume.get(GATHER_SHARD))
+                await self._gather(resume.get(GATHER_SHARD), GATHER_SHARD in done_before)
             self._finish()
         finally:
             await self._writes.drained()
 
-    def _done_before(self, resume: dict[int, AttemptRow]) -> set[int]:
-        """After a daemon restart: the shards whose attempt in this run already ended done."""
-        if not resume:
+    def _done_before(self) -> set[int]:
+        """After a daemon restart: the shards (and gather) whose attempt in this run already ended done."""
+        if not self.continuing:
             return set()
         return {a.shard for a in self.ctx.store.attempts(self.spec.name)
                 if a.run == self.run and a.verdict is Verdict.DONE and a.shard is not None}
 
-    async def _gather(self, resume: AttemptRow | None) -> None:
+    async def _gather(self, resume: AttemptRow | None, done: bool) -> None:
         placement = Placement(GATHER_SHARD, self.spec.host, None)
         spec = self.spec.for_shard(placement).model_copy(update={"command": self.spec.gather})
         self.gather = self._shard_runner(spec, GATHER_SHARD)
+        if done:  # it ran to its end before the daemon restarted: never twice
+            self.gather.state, self.gather.reason = JobState.DONE, "done before the daemon restarted"
+            return
         self.shard_moved()
         self.gather.start(resume)
         if self.gather.task is not None:

@@ -140,3 +140,27 @@ def test_usage_errors_exit_2_in_one_line(argv: list[str], code: int, message: st
     else:
         assert message in result.stderr.strip().splitlines()[-1], result.stderr
     assert not (tmp_path / "daemon.sock").exists()  # refused before any daemon was started
+
+
+def _step(name: str, state: str, attempt: protocol.AttemptInfo | None = None) -> protocol.PipelineStepStatus:
+    return protocol.PipelineStepStatus(step=name, job=f"p.{name}", state=state, reason="", attempt=attempt)
+
+
+def test_the_pipelines_overall_eta_adds_the_running_bar_and_the_usual_durations_to_come() -> None:
+    from supervisor.pipeline_eta import overall_eta
+
+    now = 1000.0
+    running = protocol.AttemptInfo(job="p.b", n=2, state="running", host="local", pid=1, started=now - 5, ended=None,
+                                   exit_code=None, exit_signal=None, log_path="x", phase=None, verdict=None, reason=None,
+                                   progress=protocol.ProgressInfo(probe="tqdm", done=1, total=4, eta_s=30.0),
+                                   failure=None, fingerprint=None, action=None, argv=[])
+    history = {"p.a": [1.0], "p.b": [40.0], "p.c": [10.0, 20.0, 100.0]}
+    steps = [_step("a", "done"), _step("b", "running", running), _step("c", "waiting")]
+    assert overall_eta(steps, lambda job: history.get(job, []), now).eta_s == 30.0 + 20.0  # the bar, then c's median
+    no_bar = running.model_copy(update={"progress": None})
+    steps[1] = _step("b", "running", no_bar)
+    assert overall_eta(steps, lambda job: history.get(job, []), now).eta_s == 35.0 + 20.0  # b's usual 40 s less 5 s run
+    unknown = overall_eta(steps, lambda job: history.get(job, []) if job != "p.c" else [], now)
+    assert unknown.eta_s is None and unknown.note == "ETA unknown: no history for step c"
+    steps[1] = _step("b", "failed")
+    assert overall_eta(steps, lambda job: history.get(job, []), now) == overall_eta([], lambda job: [], now)

@@ -4,6 +4,7 @@ skips the steps done with the same inputs, bad pipelines are refused with nothin
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -128,6 +129,38 @@ def test_three_steps_run_in_order_and_a_rerun_skips_those_done(daemon: DaemonPro
     assert _runs(home) == ["prepare", "work", "final", "work2", "final"]
     assert (home / "out" / "final" / "result.txt").read_text() == "prepare work2 final "
     assert [s.skipped for s in _pipeline(client).steps] == [True, False, False]
+
+
+def test_status_gives_an_overall_eta_from_the_steps_history(daemon: DaemonProcess, home: Path, trio: Path,
+                                                            daemon_env: dict[str, str]) -> None:
+    client = daemon.client()
+    first_gate, second_gate = home / "gate1", home / "gate2"
+    client.start_pipeline(str(trio), {"gate": str(first_gate)})
+    # A first run: the middle step has never ended done, so there is no ETA, and --json says why.
+    wait_until(lambda: _pipeline(client).current == "work" and _runs(home) == ["prepare", "work"])
+    status = _pipeline(client)
+    assert status.eta_s is None and status.eta_note == "ETA unknown: no history for step work"
+    assert "ETA" not in supervise(daemon_env, "status", "trio").stdout.splitlines()[0]
+    first_gate.touch()
+    _ends(client, JobState.DONE)
+    assert _pipeline(client).eta_s is None and _pipeline(client).eta_note == ""  # nothing left
+
+    # Again with another input for the middle step: it and the last run again, with history now.
+    usual = {step: client.attempts(f"trio.{step}").attempts[-1] for step in ("work", "final")}
+    work_s, final_s = ((a.ended or 0) - a.started for a in usual.values())
+    rerun = client.start_pipeline(str(trio), {"gate": str(second_gate), "work.label": "work2"})
+    assert rerun.started == ["work", "final"]
+    wait_until(lambda: _runs(home)[-1] == "work2" and _pipeline(client).current == "work")
+    status = _pipeline(client)
+    # What is left of the middle step (its last duration less the time it has run) plus the last step.
+    assert status.eta_s is not None and status.eta_note == "", status
+    assert final_s - 0.01 <= status.eta_s <= work_s + final_s + 0.01, (status.eta_s, work_s, final_s)
+    line = supervise(daemon_env, "status", "trio").stdout.splitlines()[0]
+    assert line.startswith("trio (pipeline): running  step 2/3 work  ETA ") and " overall" in line, line
+    shown = json.loads(supervise(daemon_env, "status", "trio", "--json").stdout)["pipelines"][0]
+    assert shown["eta_s"] is not None and shown["eta_note"] == ""
+    second_gate.touch()
+    _ends(client, JobState.DONE)
 
 
 def test_a_failing_middle_step_cancels_the_last_with_one_reason(daemon: DaemonProcess, home: Path, trio: Path,

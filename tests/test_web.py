@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -226,6 +227,63 @@ def test_390px_wide_no_horizontal_scroll(web: Web, browser: WebDriver, make_job:
     widths = _script(browser, "const j = document.getElementById('jobs');"
                               "return [document.documentElement.scrollWidth, j.scrollWidth, j.clientWidth]")
     assert widths[0] <= 390 and widths[1] <= widths[2], widths  # type: ignore[index]
+
+
+# argv: shard, gate.  Shard i counts to 10*(i+2) and holds at half its bar until the gate exists.
+SHARDED_PROGRESS = """\
+import os, sys, time
+shard, gate = int(sys.argv[1]), sys.argv[2]
+n = 10 * (shard + 2)
+for i in range(1, n + 1):
+    print(f"Loading checkpoint shards: {100*i//n}%|###| {i}/{n} [00:00<00:01, 5.0it/s]", flush=True)
+    time.sleep(0.02)
+    while i == n // 2 and not os.path.exists(gate):
+        time.sleep(0.01)
+"""
+
+
+def _shard_cards(browser: WebDriver, job: str) -> list[dict[str, object]]:
+    return _script(browser, f"return [...document.querySelectorAll('.card[data-job=\"{job}\"] .card.shard')].map(c => ({{"  # type: ignore[return-value]
+                            "shard: Number(c.dataset.shard), state: c.dataset.state, text: c.innerText,"
+                            "done: c.querySelector('.bar') ? Number(c.querySelector('.bar').dataset.done) : null,"
+                            "total: c.querySelector('.bar') ? Number(c.querySelector('.bar').dataset.total) : null}))")
+
+
+@pytest.mark.parametrize("width", [1200, 390])
+def test_one_card_per_shard_under_its_job_updated_live(web: Web, browser: WebDriver, make_job: Callable[..., Path],
+                                                       tmp_path: Path, width: int) -> None:
+    gate = tmp_path / "gate"
+    spec = make_job("sharded", SHARDED_PROGRESS, params=f', "{{shard}}", "{gate}"',
+                    extra="[health]\nstall_floor_s = 60\n[restart]\nmax_attempts = 2\n")
+    spec.write_text("shards = 3\n" + spec.read_text())  # a top-level key: before the spec's tables
+    web.daemon.client().start(str(spec), {})
+    if width != 1200:
+        browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                {"width": width, "height": 844, "deviceScaleFactor": 2, "mobile": True})
+    _open(browser, web)
+    # Each shard held at half its own bar: three cards under the job's, each with its state and its bar.
+    wait_until(lambda: [(c["done"], c["total"]) for c in _shard_cards(browser, "sharded")] == [(10, 20), (15, 30), (20, 40)])
+    cards = _shard_cards(browser, "sharded")
+    assert [c["shard"] for c in cards] == [0, 1, 2] and {c["state"] for c in cards} == {"running"}
+    for card in cards:
+        text = str(card["text"])
+        assert f"shard {card['shard']}" in text and "running" in text and "attempt 1/2 (#" in text, text
+        # The rate is measured from the redraws' arrival ("–" while a busy box read them in one batch).
+        assert "phase weight_loading" in text and re.search(r"checkpoint_shards\n(\S+ it/s|–)\nETA ", text), text
+        assert "healthy" in text or "→" in text, text
+    job = '.card[data-job="sharded"]'
+    assert "shards 0/3 done, 3 running, 0 failed" in _text(browser, f"{job} > .row")
+    wait_until(lambda: _script(browser, f"return document.querySelector('{job} > .progress .bar').dataset.done") == "45")
+    widths = _script(browser, "const j = document.getElementById('jobs');"
+                              "return [document.documentElement.scrollWidth, j.scrollWidth, j.clientWidth]")
+    assert widths[0] <= width and widths[1] <= widths[2], widths  # type: ignore[index]
+    if shots := os.environ.get("SUPERVISE_WEB_SHOTS"):
+        browser.save_screenshot(str(Path(shots) / f"web-shards-{width}.png"))
+    gate.touch()
+    wait_until(lambda: [c["state"] for c in _shard_cards(browser, "sharded")] == ["done"] * 3)
+    assert [c["done"] for c in _shard_cards(browser, "sharded")] == [20, 30, 40]
+    assert _text(browser, '.card[data-job="sharded"] > h3 .badge') == "done"
+    assert _script(browser, "return window.notReloaded") is True
 
 
 def _page_event_ids(browser: WebDriver) -> list[int]:

@@ -1,4 +1,5 @@
-"""`supervise start PIPELINE` and how `status` shows a pipeline: one line, then each step."""
+"""`supervise start PIPELINE` and how `status` shows a pipeline: one line (state, current step, its
+progress, the overall ETA when the steps' history gives one), then each step."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def pipeline_line(p: protocol.PipelineStatus) -> str:
         position = f"  step {index}/{len(p.steps)} {p.current}"
         step = p.steps[index - 1]
         position += _progress(step.attempt)
+    if p.eta_s is not None:  # from the steps' history; nothing is said without it (--json: eta_note)
+        position += f"  ETA {_fmt.duration(p.eta_s)} overall"
     return f"{p.name} (pipeline): {p.state}{position}  ({p.reason})"
 
 

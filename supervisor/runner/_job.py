@@ -109,9 +109,7 @@ class JobRunner(Adopting, GpuWaiting):
     async def _attempts(self, resume: AttemptRow | None) -> None:
         # A re-adopted attempt continues the run it belonged to; a fresh `start` opens a new run
         # with a fresh budget.
-        previous_fp = self._previous_fingerprint(resume) if resume else None
-        run = resume.run if resume else self._new_run()
-        run_attempts = resume.run_attempt - 1 if resume else 0
+        run, run_attempts, previous_fp = self._run_so_far(resume)
         if resume is None and self.spec.after and not await wait_for_after(self, self._stop_requested):
             return
         while True:
@@ -214,6 +212,13 @@ class JobRunner(Adopting, GpuWaiting):
             self._set_job(JobState.DONE, f"exited 0; {reason}")
         else:
             self._set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
+
+    def _run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
+        """The run the coming attempts belong to, the attempts of it already spent, and the
+        fingerprint of the last one (the policy's "same failure twice")."""
+        if resume is None:
+            return self._new_run(), 0, None
+        return resume.run, resume.run_attempt - 1, self._previous_fingerprint(resume)
 
     def _new_run(self) -> int:
         return self.ctx.store.next_run_number(self.spec.name)

@@ -71,19 +71,40 @@ function jobCard(job, readOnly) {
   const release = !readOnly && ACTIVE.has(job.state)
     ? el("button", { class: "release", "data-job": job.name, text: "Release" }) : null;
   if (release) release.addEventListener("click", () => act(job.name, "release", release));
+  const sh = job.shards;  // a sharded job: its shards at a glance and their summed bar, each shard below
   const facts = el("div", { class: "row" },
-    el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
-    el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
-    health(job),
+    sh ? el("span", { class: "attempt", text: `shards ${sh.done}/${sh.total} done, ${sh.running} running, ${sh.failed} failed` })
+      : el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
+    sh ? null : el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
+    sh ? null : health(job),  // a sharded job's health is each shard's, on its card
     job.last_output_age_s !== null && job.last_output_age_s !== undefined && ACTIVE.has(job.state)
       ? el("span", { class: "age", text: `output ${dur(job.last_output_age_s + elapsed())} ago` }) : null,
     job.host !== "local" ? el("span", { text: job.host }) : null);
   return el("div", { class: "card job", "data-job": job.name, "data-state": job.state },
     el("h3", {}, el("a", { href: "/job/" + encodeURIComponent(job.name), text: job.name }),
       el("span", { class: "badge " + job.state, text: job.state }), stop, hold, release, restart),
-    facts, progressBar(a && a.progress),
+    facts, sh ? progressBar(sh.progress_done === null ? null : { probe: "all shards", done: sh.progress_done,
+      total: sh.progress_total, rate_s_per_it: null, eta_s: sh.eta_s }) : progressBar(a && a.progress),
     job.reason ? el("div", { class: "reason", text: job.reason }) : null,
+    job.shards ? el("div", { class: "shards" }, ...job.shards.shards.map((s) => shardCard(job, s))) : null,
     el("div", { class: "msg" }));
+}
+
+// A sharded job's shard (or its gather step), under its job's card: the same facts as a job's.
+function shardCard(job, shard) {
+  const a = shard.attempt;
+  const name = shard.shard < 0 ? "gather" : "shard " + shard.shard;
+  const facts = el("div", { class: "row" },
+    el("span", { class: "attempt", text: a ? `attempt ${a.run_attempt}/${job.max_attempts} (#${a.n})` : "no attempt" }),
+    el("span", { class: "phase", text: "phase " + ((a && a.phase) || "–") }),
+    health(shard),
+    shard.last_output_age_s !== null && shard.last_output_age_s !== undefined && ACTIVE.has(shard.state)
+      ? el("span", { class: "age", text: `output ${dur(shard.last_output_age_s + elapsed())} ago` }) : null,
+    shard.host !== "local" && shard.host !== "-" ? el("span", { text: shard.host }) : null);
+  const failed = a && shard.state === "failed" ? (a.failure ? a.failure.line : a.reason) : null;
+  return el("div", { class: "card shard", "data-shard-of": job.name, "data-shard": shard.shard, "data-state": shard.state },
+    el("h4", {}, el("span", { text: name }), el("span", { class: "badge " + shard.state, text: shard.state })),
+    facts, progressBar(a && a.progress), failed ? el("div", { class: "reason", text: failed }) : null);
 }
 
 // Redraw a card in place: only the parts that changed are replaced, so a button under the
