@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 pytest_plugins = ["sshd"]  # the session-scoped sshd_server fixture
 
 T = TypeVar("T")
+# A remote python3 that is not there: the host falls back to one channel per followed log.
+NO_AGENT = {"SUPERVISE_SSH_PYTHON": "no-such-python3"}
 
 
 @pytest.fixture
@@ -516,7 +518,11 @@ def test_follow_a_growing_log_across_dropped_connections(ssh_env, sshd_server: S
             reader = asyncio.create_task(read())
             writer = asyncio.create_task(write())
             for _ in range(4):
-                await asyncio.sleep(0.25)
+                # Drop only once following has (re)started, so that each drop lands on a live follow.
+                seen, deadline = len(offsets), time.monotonic() + 5
+                while len(offsets) == seen and not writer.done() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.1)
                 await asyncio.to_thread(sshd_server.drop_connections)
             await writer
             await asyncio.sleep(0.2)
@@ -567,10 +573,10 @@ def test_follow_a_file_that_never_appears_ends_on_finish(ssh_env, tmp_path: Path
     assert run(go) == []
 
 
-def test_closing_a_follower_stops_its_remote_tail(ssh_env, tmp_path: Path, url: str) -> None:
+def test_closing_a_follower_stops_its_remote_tail_without_the_agent(ssh_env, tmp_path: Path, url: str) -> None:
     path = tmp_path / "closed.log"
     path.write_text("a\n")
-    host = SshHost(url, env=ssh_env)
+    host = SshHost(url, env={**ssh_env, **NO_AGENT})
 
     def tails() -> list[int]:
         found = []
@@ -598,13 +604,32 @@ def test_closing_a_follower_stops_its_remote_tail(ssh_env, tmp_path: Path, url: 
     assert running and not left
 
 
+def test_closing_a_follower_ends_its_follow_in_the_agent(ssh_env, tmp_path: Path, url: str) -> None:
+    path = tmp_path / "closed.log"
+    path.write_text("a\n")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[int, int]:
+        try:
+            follower = host.follow(str(path), 0)
+            it = follower.records().__aiter__()
+            await asyncio.wait_for(it.__anext__(), 10)
+            running = (await host.mux.stats()).follows
+            await follower.aclose()
+            return running, (await host.mux.stats()).follows
+        finally:
+            await host.close()
+
+    assert run(go) == (1, 0)
+
+
 def test_a_full_session_budget_waits_for_a_free_session_then_names_max_sessions(ssh_env, tmp_path: Path) -> None:
     from sshd import SshServer  # the plugin module, imported (and assertion-rewritten) by now
 
     path = tmp_path / "a.log"
     path.write_text("a\n")
     with SshServer(tmp_path / "sshd2", max_sessions=2) as server:
-        host = SshHost(server.url, env={**ssh_env, **server.env(), "SUPERVISE_SSH_RETRY_S": "1"})
+        host = SshHost(server.url, env={**ssh_env, **server.env(), "SUPERVISE_SSH_RETRY_S": "1", **NO_AGENT})
 
         async def go() -> str:
             try:
