@@ -49,7 +49,6 @@ Remote side
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import time
 from collections.abc import Mapping
@@ -75,6 +74,7 @@ from .ssh_follow import SshFollower
 from .ssh_mux import SshMux
 from .ssh_mux_follow import MuxFollower
 from .ssh_target import (
+    _ENV_NAME,
     DEFAULT_LOG_ROOT,
     ENV_LOG_ROOT,
     ENV_NVIDIA_SMI,
@@ -86,7 +86,6 @@ from .ssh_target import (
 __all__ = ["MuxFollower", "SshFollower", "SshHost", "SshTarget", "parse_target"]
 
 log = structlog.get_logger("supervise.ssh")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class SshHost(SshConnection):
@@ -208,6 +207,10 @@ class SshHost(SshConnection):
             if not self._home:
                 raise HostError(f"cannot tell the home directory on {self.target.display}: $HOME is empty")
         return self._home
+
+    async def run_op(self, body: str, *args: str) -> tuple[int | None, bytes, bytes]:
+        """Run a short script in the resident shell; (exit status, what it printed after its marker, stderr)."""
+        return await self._exec(body, *args)
 
     async def run_script(self, body: str, *args: str, timeout: float = 60.0) -> tuple[int | None, bytes, bytes]:
         """Run one of _remote's scripts; what it printed after its marker (used by doctor)."""
