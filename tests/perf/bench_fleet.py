@@ -9,7 +9,10 @@ Two phases, in one run and one daemon:
 
 1. a single local job, alone: the baseline;
 2. H x N jobs on the local host: what the daemon's own share of the fleet's cost is;
-3. the fleet: H x N jobs on the SSH hosts (and nothing local).
+3. the fleet: H x N jobs on the SSH hosts (and nothing local);
+4. H x ``--small`` jobs on the SSH hosts, then the same in a second daemon with the agent
+   off (``SUPERVISE_SSH_PYTHON`` naming no program: ``tail -F`` on a channel per followed
+   log, as before the agent), a size that fits under MaxSessions for both.
 
 Each job is tests/perf/_writer.py: stamped lines (``time.time()`` first) at ``--rate`` lines/s
 for ``--seconds``, every ``--event-every``-th a transformers shard bar (a progress event); the
@@ -20,8 +23,9 @@ their last line.  Per phase:
 - the daemon's CPU (psutil user+system of its pid over the window, % of one core);
 - per host, from the sshd side: TCP connections from the daemon to that sshd's port, and
   sessions (channels that run a command: the session processes sshd started), the most seen
-  in samples every 0.5 s over the window; and the remote agents' CPU (their processes'
-  user+system over the window, all hosts together, % of one core).
+  in samples every 0.5 s over the window; and the CPU of everything those sessions run (the
+  agents or the tails, the resident shells), user+system over the window, all hosts together,
+  % of one core.
 
 Prints markdown tables.
 """
@@ -107,7 +111,7 @@ def tree_cpu(procs: list[psutil.Process]) -> dict[int, float]:
 
 def run_phase(daemon: Daemon, phase: Phase, hosts: list[str], servers: list[SshServer], args: argparse.Namespace) -> None:
     home = daemon.home
-    tag = phase.label.split()[0]
+    tag = phase.label.split()[0].rstrip(":")
     go, ready = home / f"go-{tag}", home / f"ready-{tag}"
     ready.mkdir()
     lines = int(args.rate * args.seconds)
@@ -181,6 +185,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--event-every", type=int, default=1)
     parser.add_argument("--max-sessions", type=int, default=10, help="each sshd's MaxSessions (default 10, sshd's own)")
+    parser.add_argument("--small", type=int, default=6,
+                        help="jobs per host for the agent-vs-channel-per-log comparison, which must fit under "
+                             "MaxSessions (default 6; 0 skips it)")
     args = parser.parse_args()
 
     note = machine_note()
@@ -197,12 +204,20 @@ def main() -> int:
     }
     local = Phase("local (1 job)", 1)
     local_fleet = Phase(f"local-fleet ({args.hosts * args.per_host} jobs)", args.hosts * args.per_host)
-    fleet = Phase(f"ssh ({args.hosts} hosts x {args.per_host} jobs)", args.hosts * args.per_host)
+    fleet = Phase(f"fleet: ssh, agent ({args.hosts} hosts x {args.per_host} jobs)", args.hosts * args.per_host)
+    small = Phase(f"ssh-agent ({args.hosts} hosts x {args.small} jobs)", args.hosts * args.small)
+    tails = Phase(f"ssh-tails: ssh, a channel per log ({args.hosts} hosts x {args.small} jobs)", args.hosts * args.small)
+    urls = [s.url for s in servers]
     try:
         with Daemon(env=env) as daemon:
             run_phase(daemon, local, ["local"], servers, args)
             run_phase(daemon, local_fleet, ["local"], servers, args)
-            run_phase(daemon, fleet, [s.url for s in servers], servers, args)
+            run_phase(daemon, fleet, urls, servers, args)
+            if args.small:
+                run_phase(daemon, small, urls, servers, args)
+        if args.small:  # the same tree with the agent off: `tail -F` on a channel per followed log
+            with Daemon(env={**env, "SUPERVISE_SSH_PYTHON": "no-such-python3"}) as daemon:
+                run_phase(daemon, tails, urls, servers, args)
     finally:
         for server in servers:
             server.stop()
@@ -211,14 +226,15 @@ def main() -> int:
     print(f"Fleet over SSH vs one local job: {args.rate:g} lines/s per job for {args.seconds:g} s, every "
           f"{args.event_every} line(s) a progress event; sshd MaxSessions {args.max_sessions}\n")
     rows = []
-    for p in (local, local_fleet, fleet):
-        per_host = (f"{min(p.connections)}-{max(p.connections)}" if p is fleet else "-",
-                    f"{min(p.sessions)}-{max(p.sessions)}" if p is fleet else "-")
+    for p in (local, local_fleet, fleet, *((small, tails) if args.small else ())):
+        remote = p.label.startswith(("fleet", "ssh"))
+        per_host = (f"{min(p.connections)}-{max(p.connections)}" if remote else "-",
+                    f"{min(p.sessions)}-{max(p.sessions)}" if remote else "-")
         rows.append((p.label, f"{p.stored}/{p.expected}", ms(percentile(p.latencies, 50)), ms(percentile(p.latencies, 99)),
                      ms(max(p.latencies) if p.latencies else float("nan")), f"{p.cpu_pct:.1f}", per_host[0], per_host[1],
-                     f"{fleet.agent_cpu_pct:.1f}" if p is fleet else "-"))
+                     f"{p.agent_cpu_pct:.1f}" if remote else "-"))
     print(table(["phase", "events", "p50 ms", "p99 ms", "max ms", "daemon CPU %", "connections/host",
-                 "sessions/host (max)", "remote agents CPU %"], rows))
+                 "sessions/host (max)", "remote sessions CPU %"], rows))
     print(f"\n{note}")
     return 0
 
