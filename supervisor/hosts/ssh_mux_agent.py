@@ -30,10 +30,10 @@ POLL_S = 0.25  # how often followed files are looked at without an inotify event
 NO_PYTHON = b"nopython"
 
 AGENT_PY = r'''
-import ctypes, json, os, select, sys, time
+import ctypes, json, os, select, struct, sys, time
 out = sys.stdout.buffer
 CHUNK = 1 << 18
-follows, watches, dirs = {}, set(), {}
+follows, watches, dirs, by_wd = {}, set(), {}, {}
 def send(msg, data=b""):
     out.write(json.dumps(msg).encode() + b"\n" + data)
 try:
@@ -45,6 +45,21 @@ def watch_dir(path):
     d = os.path.dirname(path) or "."
     if ino >= 0 and d not in dirs:
         dirs[d] = libc.inotify_add_watch(ino, d.encode(), 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200)
+        by_wd[dirs[d]] = d
+def touched_dirs():
+    """The directories inotify reported changes in; None for all (the queue overflowed)."""
+    try:
+        buf = os.read(ino, 1 << 16)
+    except OSError:
+        return set()
+    found, pos = set(), 0
+    while pos + 16 <= len(buf):
+        wd, mask, _, n = struct.unpack_from("iIII", buf, pos)
+        pos += 16 + n
+        if wd < 0 or mask & 0x4000:
+            return None
+        found.add(by_wd.get(wd))
+    return found
 def ident(st):
     return (st.st_dev, st.st_ino)
 def start(msg, drain):
@@ -56,11 +71,11 @@ def start(msg, drain):
             off = 0
     except OSError:
         seen = None
-    follows[i] = [path, off, seen, drain]
+    follows[i] = [path, off, seen, drain, os.path.dirname(path) or "."]
     watch_dir(path)
     send({"ev": "start", "id": i, "offset": off})
 def pump(i, f):
-    path, off, seen, drain = f
+    path, off, seen, drain, _ = f
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -123,15 +138,13 @@ while True:
             line, pending = pending.split(b"\n", 1)
             if line.strip():
                 handle(json.loads(line))
-    if ino in ready:
-        try:
-            os.read(ino, 1 << 16)
-        except OSError:
-            pass
-    if ready or now - last_scan >= (POLL_S if ino >= 0 else 0.1):
+    touched = touched_dirs() if ino in ready else set()
+    if touched is None or 0 in ready or now - last_scan >= (POLL_S if ino >= 0 else 0.1):
         last_scan = now
+        touched = None  # look at every file: a new follow, a lost event, a file system without events
+    if touched != set():
         for i, f in list(follows.items()):
-            if i in follows:
+            if i in follows and (touched is None or f[4] in touched):
                 pump(i, f)
     if watches and now - last_watch >= 0.1:
         last_watch = now
