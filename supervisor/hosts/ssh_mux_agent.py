@@ -154,10 +154,11 @@ while True:
     out.flush()
 '''.replace("POLL_S", repr(POLL_S))
 
-# $1 python command, $2 the program.  The program reads the rest of the channel's stdin.
+# $1 python command, $2 the program.  The program reads the rest of the channel's stdin; its
+# stdout is buffered and flushed once a round, so that one round's frames travel in one packet.
 MUX_SH = r"""
 if ! command -v "$1" >/dev/null 2>&1; then echo nopython; exit 0; fi
-exec "$1" -u -c "$2"
+exec "$1" -c "$2"
 """
 
 

@@ -19,6 +19,7 @@ from .ssh_mux_agent import Data, Ended, Reset, Started
 
 log = structlog.get_logger("supervise.ssh")
 T = TypeVar("T")
+_END = object()  # a drain reached the end of the file
 
 
 class MuxFollower:
@@ -121,22 +122,39 @@ class MuxFollower:
                         if self._finishing and not drain:
                             break
                         continue
-                    if isinstance(event, Dropped):
-                        if event.fatal is not None:
-                            raise event.fatal
+                    # Everything queued meanwhile is taken at once: one batch, however far behind.
+                    events = [event]
+                    while not queue.empty():
+                        events.append(queue.get_nowait())
+                    batch, stop = self._take_all(events)
+                    if batch:
+                        drops = 0
+                        yield batch
+                    if stop is _END:
+                        return
+                    if isinstance(stop, Dropped):
+                        if stop.fatal is not None:
+                            raise stop.fatal
                         drops += 1
                         self.restarts += 1
                         break
                     drops = 0
-                    batch = self._take(event)
-                    if batch:
-                        yield batch
-                    if isinstance(event, Ended):
-                        return
             finally:
                 self._mux.unsubscribe(sub_id)
             if drops > 1 and await self._woken_or(asyncio.sleep(_CHANNEL.wait(drops), True)) is None and self._closed:
                 return
+
+    def _take_all(self, events: list[FollowEvent]) -> tuple[list[Record], Dropped | object | None]:
+        """The records of ``events`` in order, and what stopped them: a ``Dropped``, ``_END``
+        (the drain's end, its tail flushed), or None."""
+        batch: list[Record] = []
+        for event in events:
+            if isinstance(event, Dropped):
+                return batch, event
+            batch += self._take(event)
+            if isinstance(event, Ended):
+                return batch, _END
+        return batch, None
 
     def _take(self, event: FollowEvent) -> list[Record]:
         if isinstance(event, Started):
