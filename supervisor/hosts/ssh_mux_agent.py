@@ -44,8 +44,9 @@ except Exception:
 def watch_dir(path):
     d = os.path.dirname(path) or "."
     if ino >= 0 and d not in dirs:
-        dirs[d] = libc.inotify_add_watch(ino, d.encode(), 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200)
-        by_wd[dirs[d]] = d
+        wd = libc.inotify_add_watch(ino, d.encode(), 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200)
+        if wd >= 0:  # else (no such directory yet) the regular look finds the file; asked again next follow
+            dirs[d], by_wd[wd] = wd, d
 def touched_dirs():
     """The directories inotify reported changes in; None for all (the queue overflowed)."""
     try:
