@@ -178,8 +178,10 @@ def _shell_checks(v: dict[str, str], where: str, *, remote: bool) -> list[Check]
                   Check("MISSING", "sleep", f"`sleep 0.01` fails on {where}: install coreutils", required=remote))
     python = v.get("python3", "")
     checks.append(Check("ok", "python3", python) if python.startswith("Python 3") else
-                  Check("MISSING", "python3", f"python3 not found on the PATH of {where}: install it, or name the "
-                                              "job's interpreter with `python = \"/path/to/bin/python\"` in the spec",
+                  Check("MISSING", "python3", f"python3 not found on the PATH of {where}: install it (the SSH "
+                                              "host's agent follows all of a box's logs on one session with it; "
+                                              "without, one session per log), or name the job's interpreter with "
+                                              "`python = \"/path/to/bin/python\"` in the spec",
                         required=False))
     if remote:
         checks.append(_nvidia_check(v, where))

@@ -33,8 +33,9 @@ INSTALL_HINT = "apt-get update && apt-get install -y openssh-server"
 
 
 class SshServer:
-    def __init__(self, root: Path | None = None, *, max_sessions: int = 64) -> None:
+    def __init__(self, root: Path | None = None, *, max_sessions: int = 64, extra_config: str = "") -> None:
         self.max_sessions = max_sessions
+        self.extra_config = extra_config  # more sshd_config lines (SetEnv for a Slurm login node)
         self.root = Path(root or tempfile.mkdtemp(prefix="sv-sshd-", dir="/tmp"))
         self._own_root = root is None
         self.user = getpass.getuser()
@@ -77,6 +78,7 @@ class SshServer:
             f"MaxSessions {self.max_sessions}\n"
             "MaxStartups 100:30:200\n"
             "LogLevel VERBOSE\n"
+            + self.extra_config
         )
         host_pub = self.host_key.with_suffix(".pub").read_text().split()
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n")

@@ -327,7 +327,7 @@ def test_connect_maps_a_host_url_scheme_to_its_module() -> None:
     host = connect("ssh://alice@box.example:2222")  # made, not connected: nothing is dialled yet
     assert isinstance(host, SshHost) and host.target.user == "alice" and host.target.port == 2222
     for name in ("k8s://cluster", "box.example", "local2"):
-        with pytest.raises(SpecError, match=f"unknown host '{name}': use 'local', 'ssh://.*' or 'slurm:'"):
+        with pytest.raises(SpecError, match=f"unknown host '{name}': use 'local', 'ssh://.*', 'slurm:' or 'slurm\\+ssh://.*'"):
             connect(name)
     with pytest.raises(SpecError, match="a Slurm host is written 'slurm:'"):
         connect("slurm://cluster")

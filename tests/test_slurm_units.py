@@ -92,6 +92,6 @@ def test_bad_slurm_table_is_refused(bad: dict[str, object]) -> None:
 
 def test_slurm_host_addresses() -> None:
     assert connect("slurm:").name == "slurm:"
-    assert str(connect("slurm:?log_root=/shared/logs").log_root) == "/shared/logs"  # type: ignore[attr-defined]
+    assert str(connect("slurm:?log_root=/shared/logs").files.root) == "/shared/logs"  # type: ignore[attr-defined]
     with pytest.raises(SpecError, match="'slurm:'"):
         connect("slurm:login-node")

@@ -10,9 +10,14 @@
     ssh_connection  the one connection per SSH host: reconnects, short scripts, streams
     ssh_agent     the resident remote shell that runs the short scripts
     ssh_exits     waiting for remote exits, all on one channel
-    ssh_follow    following a remote log (tail -F over a channel)
+    ssh_mux_agent the resident remote agent (python3) and its framed protocol's typed messages
+    ssh_mux       the one agent channel per SSH host that carries every follow and exit watch
+    ssh_mux_follow  following a remote log through that channel
+    ssh_follow    following a remote log (tail -F over a channel of its own: a box without python3)
     slurm         a Slurm cluster: each attempt one sbatch job (the same wrapper), scancel, srun nvidia-smi
     slurm_jobs    Slurm's commands (sbatch, scontrol, sacct, scancel) and how their states map onto ours
+    slurm_files   where the Slurm host reads its logs and exit files (here, on a shared file system)
+    slurm_ssh     a Slurm cluster through its login node (slurm+ssh://): commands and files over SSH
     _remote       the POSIX scripts the SSH host runs there, and their parsers
     registry      `connect` (host URL scheme -> module), and one live host and GPU monitor per
                   host name, made on first use

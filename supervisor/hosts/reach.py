@@ -18,7 +18,10 @@ _PROBE_TIMEOUT_S = 3.0
 async def refuse_if_nothing_listens(host: str) -> None:
     """ConnectionLost('connection refused (user@host:port)') when the port is closed; silent otherwise.
     Only an explicit port is tried: without one, the user's ssh config may name another."""
-    if urlsplit(host).scheme != "ssh":
+    scheme = urlsplit(host).scheme
+    if scheme == "slurm+ssh":
+        host = "ssh" + host[len(scheme):]  # the login node's address
+    elif scheme != "ssh":
         return
     target = parse_target(host)
     if target.port is None:

@@ -29,8 +29,9 @@ log = structlog.get_logger("supervise.hosts")
 _KINDS: dict[str, tuple[str, str]] = {
     "ssh": ("ssh", "SshHost"),  # ssh://[user@]host[:port]
     "slurm": ("slurm", "SlurmHost"),  # slurm: (sbatch on this machine)
+    "slurm+ssh": ("slurm_ssh", "SlurmSshHost"),  # slurm+ssh://[user@]login-node[:port] (sbatch there)
 }
-_USAGE = "use 'local', 'ssh://[user@]host[:port]' or 'slurm:'"
+_USAGE = "use 'local', 'ssh://[user@]host[:port]', 'slurm:' or 'slurm+ssh://[user@]login-node[:port]'"
 
 
 def connect(name: str) -> Host:

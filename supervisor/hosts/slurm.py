@@ -1,7 +1,9 @@
 """The Slurm host: each attempt is one Slurm batch job.
 
 ``SlurmHost("slurm:[?log_root=PATH]")`` submits with `sbatch` from this machine (it must be
-able to: Slurm's client commands on the PATH, `SLURM_CONF` or the usual config).  The batch
+able to: Slurm's client commands on the PATH, `SLURM_CONF` or the usual config).  Where it
+runs them (``SlurmCommands``) and where it reads the attempts' files (``slurm_files``) are
+given to it: ``slurm+ssh://`` (slurm_ssh.py) runs them on a login node over SSH.  The batch
 script runs the same wrapper as every host (base.WRAPPER_SH), so the attempt's tag and its
 exit-status file exist on the node too; it waits for the command and exits with its code.
 Slurm's `--output` is the attempt's log (appended to, never truncated), on a file system the
@@ -28,7 +30,6 @@ SUPERVISE_SLURM_POLL_S, how often a running job's state is read (default 0.5).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shlex
 import time
@@ -45,13 +46,13 @@ from .base import (
     TAG_VAR,
     WRAPPER_SH,
     ExitStatus,
+    Follower,
     KillReport,
     LaunchRequest,
     ProcessHandle,
     QueueState,
-    log_paths,
 )
-from .local_follow import LogFollower
+from .slurm_files import LocalFiles, SlurmFiles
 from .slurm_jobs import JobInfo, SlurmCommands
 
 log = structlog.get_logger("supervise.slurm")
@@ -86,32 +87,31 @@ def batch_script(request: LaunchRequest) -> str:
             f"{WRAPPER_SH}{_BATCH_TAIL}")
 
 
+def _local_root(name: str) -> Path:
+    """The log root of a ``slurm:`` host; SpecError for any other spelling."""
+    parts = urlsplit(name)
+    if parts.scheme != "slurm" or parts.netloc or parts.path:
+        raise SpecError(f"host '{name}': a Slurm host is written 'slurm:' (optionally 'slurm:?log_root=PATH')")
+    root = (parse_qs(parts.query).get("log_root") or [os.environ.get(ENV_LOG_ROOT, "")])[0]
+    return Path(root).expanduser() if root else default_paths().logs / "slurm"
+
+
 class SlurmHost:
     """Attempts as Slurm batch jobs submitted from this machine."""
 
-    def __init__(self, name: str, *, commands: SlurmCommands | None = None) -> None:
-        parts = urlsplit(name)
-        if parts.scheme != "slurm" or parts.netloc or parts.path:
-            raise SpecError(f"host '{name}': a Slurm host is written 'slurm:' (optionally 'slurm:?log_root=PATH')")
-        query = parse_qs(parts.query)
+    def __init__(self, name: str, *, commands: SlurmCommands | None = None, files: SlurmFiles | None = None) -> None:
         self.name = name
-        root = (query.get("log_root") or [os.environ.get(ENV_LOG_ROOT, "")])[0]
-        self.log_root = Path(root).expanduser() if root else default_paths().logs / "slurm"
+        self.files: SlurmFiles = files if files is not None else LocalFiles(_local_root(name))
         self.poll_s = float(os.environ.get(ENV_POLL_S, "0.5"))
         self.nvidia_smi = os.environ.get(ENV_NVIDIA_SMI, "nvidia-smi")
         self.slurm = commands or SlurmCommands()
         self._seen: dict[str, JobInfo] = {}  # job id -> its latest state, for GPU sampling
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
-        suffix = 0
-        while Path(log_paths(self.log_root, job, attempt, suffix)[0]).exists():
-            suffix += 1
-        return log_paths(self.log_root, job, attempt, suffix)
+        return await self.files.log_paths(job, attempt)
 
     async def launch(self, request: LaunchRequest) -> ProcessHandle:
-        Path(request.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(request.status_path)  # a stale status must never be read as this attempt's
+        await self.files.prepare(request.log_path, request.status_path)
         args = [f"--job-name={request.tag}", f"--output={request.log_path}", "--open-mode=append",
                 f"--chdir={request.workdir}", "--requeue", "--export=ALL", *request.scheduler_args]
         try:
@@ -155,7 +155,7 @@ class SlurmHost:
                 continue
             if info is None or info.ended:
                 return await self._exit_of(handle, info)
-            if settle_until is None and Path(handle.status_path).exists():
+            if settle_until is None and await self.files.read(handle.status_path) is not None:
                 # The command's exit is recorded; Slurm's final word (TIMEOUT, OUT_OF_MEMORY)
                 # follows as the job completes: wait a little for it, not for the epilog.
                 settle_until = time.monotonic() + _SETTLE_S
@@ -175,10 +175,7 @@ class SlurmHost:
         return info is not None and not info.ended
 
     async def exit_status(self, handle: ProcessHandle) -> ExitStatus | None:
-        try:
-            text = Path(handle.status_path).read_text().strip()
-        except OSError:
-            return None
+        text = (await self.files.read(handle.status_path) or "").strip()
         return ExitStatus.from_wrapper_code(int(text)) if text.lstrip("-").isdigit() else None
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
@@ -211,7 +208,7 @@ class SlurmHost:
         """Whether the job's processes end within ``seconds`` (its exit file, or Slurm says so)."""
         deadline = time.monotonic() + seconds
         while True:
-            if Path(handle.status_path).exists():
+            if await self.files.read(handle.status_path) is not None:
                 return True  # the command's end is recorded: what is left is Slurm's cleanup
             info = await self._info(handle)
             if info is None or not info.active:
@@ -220,9 +217,8 @@ class SlurmHost:
                 return False
             await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
-    def follow(self, path: str, offset: int, generation: int = 0) -> LogFollower:
-        # A shared file system may not deliver inotify events for writes made on a node: poll too.
-        return LogFollower(Path(path), offset, generation, poll_interval=self.poll_s, safety_interval=self.poll_s)
+    def follow(self, path: str, offset: int, generation: int = 0) -> Follower:
+        return self.files.follow(path, offset, generation, self.poll_s)
 
     async def sample_gpus(self) -> GpuSample:
         """nvidia-smi on the node of a running job of this daemon's that holds GPUs; never raises."""

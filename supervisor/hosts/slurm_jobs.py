@@ -114,18 +114,21 @@ def _int(text: str | None) -> int | None:
 
 
 class SlurmCommands:
-    """Slurm's client commands on this machine (`slurm:`): each one process, never a shell."""
+    """Slurm's client commands on this machine (`slurm:`): each one process, never a shell.
+    ``run`` is the one way they are run: slurm_ssh's subclass runs them on a login node."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = dict(env) if env is not None else None
 
     async def run(self, argv: list[str], *, stdin: bytes | None = None,
                   env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+        """``argv`` with ``env`` added to the environment; (exit status, stdout, stderr)."""
+        base = self._env if self._env is not None else os.environ
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=dict(env) if env is not None else self._env)
+                env={**base, **env} if env else self._env)
         except OSError as exc:
             raise HostError(f"cannot run {argv[0]} ({exc.strerror or exc}): is Slurm's client installed and on "
                             "the daemon's PATH?") from exc
@@ -139,7 +142,7 @@ class SlurmCommands:
 
     async def submit(self, args: list[str], script: str, env: Mapping[str, str]) -> str:
         """sbatch; the new job's id."""
-        rc, out, err = await self.run(["sbatch", "--parsable", *args], stdin=script.encode(), env={**os.environ, **env})
+        rc, out, err = await self.run(["sbatch", "--parsable", *args], stdin=script.encode(), env=env)
         job_id = out.strip().split(";")[0]
         if rc != 0 or not job_id.isdigit():
             raise HostError(f"sbatch refused the job: {(err.strip() or out.strip() or f'exit {rc}')[:400]}")

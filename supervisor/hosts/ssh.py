@@ -3,10 +3,13 @@
 ``SshHost("ssh://[user@]host[:port][?accept_new_host_key=1&log_root=PATH]")`` implements the
 ``Host`` protocol (base.py) with asyncssh.  It keeps ONE connection per host, with its
 channels multiplexed on it: a resident shell that runs the short operations (and one for
-GPU sampling), one channel per followed log, one for all of the host's exit waits, and a
-channel of its own for a kill (it lasts its grace period).  sshd allows MaxSessions
-(default 10) channels per connection: about eight jobs followed at once per host.  When
-sshd refuses one more, a short operation waits for a session to free up, then says so.
+GPU sampling), one resident agent (python3 on the box, ssh_mux) that follows every log and
+watches every exit of the host's attempts, and a channel of its own for a kill (it lasts its
+grace period).  A host thus carries any number of attempts on three channels plus one per
+kill in progress, well within sshd's MaxSessions (default 10).  Where the box has no
+python3, each followed log takes a channel of its own and the exit waits share one: about
+eight jobs per host then.  When sshd refuses one more session, a short operation waits for
+one to free up, then says so.
 
 Connection
     ``~/.ssh/config`` and the user's keys and agent are used as OpenSSH would (asyncssh reads
@@ -32,6 +35,8 @@ Environment (read when the SshHost is made; the daemon's environment):
                                  ``~/.local/state/supervise/logs``, ``~`` expanded there)
     SUPERVISE_SSH_RETRY_S        how long one-shot operations retry a lost connection (default 60)
     SUPERVISE_SSH_NVIDIA_SMI     the remote nvidia-smi command (default ``nvidia-smi`` on the PATH)
+    SUPERVISE_SSH_PYTHON         the remote python3 that runs the agent (default ``python3`` on the
+                                 PATH; a command that is not there turns the agent off)
 
 Remote side
     Each operation is one ``/bin/sh`` script (see _remote.py), never one round trip per
@@ -44,7 +49,6 @@ Remote side
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import time
 from collections.abc import Mapping
@@ -67,18 +71,21 @@ from .base import (
 from .ssh_connection import SshConnection
 from .ssh_exits import _ExitWatcher
 from .ssh_follow import SshFollower
+from .ssh_mux import SshMux
+from .ssh_mux_follow import MuxFollower
 from .ssh_target import (
+    _ENV_NAME,
     DEFAULT_LOG_ROOT,
     ENV_LOG_ROOT,
     ENV_NVIDIA_SMI,
+    ENV_PYTHON,
     SshTarget,
     parse_target,
 )
 
-__all__ = ["SshFollower", "SshHost", "SshTarget", "parse_target"]
+__all__ = ["MuxFollower", "SshFollower", "SshHost", "SshTarget", "parse_target"]
 
 log = structlog.get_logger("supervise.ssh")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class SshHost(SshConnection):
@@ -90,7 +97,8 @@ class SshHost(SshConnection):
         self._log_root_spec = self.target.log_root or env.get(ENV_LOG_ROOT) or DEFAULT_LOG_ROOT
         self.nvidia_smi = env.get(ENV_NVIDIA_SMI) or "nvidia-smi"
         self._home: str | None = None
-        self._watcher = _ExitWatcher(self)
+        self.mux = SshMux(self, env.get(ENV_PYTHON) or "python3")
+        self._watcher = _ExitWatcher(self, self.mux)
 
     def __repr__(self) -> str:
         return f"SshHost({self.name!r})"
@@ -152,12 +160,13 @@ class SshHost(SshConnection):
                                      timeout=grace_s + 60, lane=None)
         return _remote_parse.parse_kill(out)
 
-    def follow(self, path: str, offset: int, generation: int = 0) -> SshFollower:
-        return SshFollower(self, path, offset, generation)
+    def follow(self, path: str, offset: int, generation: int = 0) -> MuxFollower:
+        return MuxFollower(self, self.mux, path, offset, generation)
 
     async def close(self) -> None:
         self._closed = True
         await self._watcher.close()
+        await self.mux.close()
         await super().close()
 
     # -- GPUs ---------------------------------------------------------------------------------
@@ -198,6 +207,10 @@ class SshHost(SshConnection):
             if not self._home:
                 raise HostError(f"cannot tell the home directory on {self.target.display}: $HOME is empty")
         return self._home
+
+    async def run_op(self, body: str, *args: str) -> tuple[int | None, bytes, bytes]:
+        """Run a short script in the resident shell; (exit status, what it printed after its marker, stderr)."""
+        return await self._exec(body, *args)
 
     async def run_script(self, body: str, *args: str, timeout: float = 60.0) -> tuple[int | None, bytes, bytes]:
         """Run one of _remote's scripts; what it printed after its marker (used by doctor)."""

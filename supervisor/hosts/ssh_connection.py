@@ -268,8 +268,9 @@ class SshConnection:
     def _channel_error(self, exc: BaseException) -> HostError:
         if isinstance(exc, asyncssh.ChannelOpenError):
             return HostError(f"{self.target.display} refused a new SSH session ({exc.reason or exc}): its sshd "
-                             "allows MaxSessions (default 10) per connection and each running job holds one for "
-                             "its log: raise MaxSessions in the box's sshd_config")
+                             "allows MaxSessions (default 10) per connection and, without python3 there, each running "
+                             "job holds one for its log: install python3 there or raise MaxSessions in the box's "
+                             "sshd_config")
         return HostError(f"SSH channel to {self.target.display} failed: {exc}")
 
     async def _wait_for_session(self, exc: BaseException, refusals: int, deadline: float | None) -> None:

@@ -12,20 +12,26 @@ from ..errors import SuperviseError
 from . import _remote
 from .ssh_agent import _close_process
 from .ssh_connection import _CHANNEL, _DROPS, SshConnection
+from .ssh_mux import SshMux
 
 
 class _ExitWatcher:
-    """All of a host's exit waits on one channel (see _remote.WATCH_EXITS for why it polls
-    remotely).  The remote script is restarted with the new set when a wait is added; it
-    reports each pid as it ends, and the waiters for it wake at once."""
+    """All of a host's exit waits on one channel: the agent's (ssh_mux) where the box runs it,
+    else a channel of their own (see _remote.WATCH_EXITS for why it polls remotely), whose
+    script is restarted with the new set when a wait is added; it reports each pid as it
+    ends, and the waiters for it wake at once."""
 
-    def __init__(self, host: SshConnection) -> None:
+    def __init__(self, host: SshConnection, mux: SshMux) -> None:
         self._host = host
+        self._mux = mux
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def wait(self, key: str) -> None:
+        if await self._mux.usable():
+            await self._mux.watch(key)
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(key, set()).add(future)
         self._changed.set()

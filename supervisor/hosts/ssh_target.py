@@ -9,6 +9,7 @@ whole SSH host.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -27,9 +28,11 @@ ENV_ACCEPT_NEW = "SUPERVISE_SSH_ACCEPT_NEW_HOST_KEYS"
 ENV_LOG_ROOT = "SUPERVISE_SSH_LOG_ROOT"
 ENV_RETRY_S = "SUPERVISE_SSH_RETRY_S"
 ENV_NVIDIA_SMI = "SUPERVISE_SSH_NVIDIA_SMI"
+ENV_PYTHON = "SUPERVISE_SSH_PYTHON"
 
 DEFAULT_LOG_ROOT = "~/.local/state/supervise/logs"
 _TRUE = {"1", "yes", "true", "on"}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # what may be passed as a remote environment variable
 _QUERY_KEYS = {"accept_new_host_key", "log_root"}
 
 
