@@ -31,10 +31,11 @@ class Phase(StrEnum):
 
     @property
     def rank(self) -> int:
-        return PHASE_ORDER.index(self)
+        return _PHASE_RANK[self]  # asked for every phase event: a lookup, not a search
 
 
 PHASE_ORDER: tuple[Phase, ...] = tuple(Phase)
+_PHASE_RANK: dict[Phase, int] = {phase: rank for rank, phase in enumerate(PHASE_ORDER)}
 
 
 class FailureKind(StrEnum):

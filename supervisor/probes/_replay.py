@@ -91,7 +91,8 @@ class EventModel(BaseModel):
         fields = event.fields
         if failure is not None and failure.level is not None:
             fields = {**fields, "level": failure.level}
-        return cls(
+        # Built from the engine's own typed values: nothing to validate (a listed event each).
+        return cls.model_construct(
             kind=event.kind,
             probe=event.probe,
             offset=event.offset,
@@ -316,7 +317,8 @@ class _FailureCandidates:
         self._survivable: list[tuple[int, int, Failure]] = []
 
     def ready_at(self, offset: int) -> None:
-        self._survivable = [c for c in self._survivable if c[1] >= offset]
+        if self._survivable:
+            self._survivable = [c for c in self._survivable if c[1] >= offset]
 
     def add(self, failure: Failure, offset: int) -> None:
         self._seq += 1
