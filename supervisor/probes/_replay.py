@@ -45,7 +45,7 @@ from ..events import (
 )
 from ..records import split_records
 from ._engine import ProbeEngine
-from ._identity import BarBook
+from ._identity import BarBook, BarRun
 from ._pack import load_packs, search_dirs
 from ._rootcause import root_cause
 
@@ -242,7 +242,9 @@ class _Summary:
         self.last_phase: Phase | None = None
         self.ready = False
         self._bars = BarBook()
-        self.progress: dict[int, ProgressSummary] = {}  # by bar id: in order of first appearance
+        # By bar id, in order of first appearance; summarised once, at the end (a bar's run only
+        # changes when a line of it is placed, so its final state is its summary).
+        self.progress: dict[int, BarRun] = {}
         self.failures = _FailureCandidates()
         self._run_end: ProbeEvent | None = None  # the latest of a run of one probe's progress, unlisted
 
@@ -266,8 +268,7 @@ class _Summary:
         if not isinstance(done, (int, float)):
             return
         run, _ = self._bars.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
-        self.progress[run.id] = ProgressSummary(probe=event.probe, bar=run.bar.label, process=run.bar.process,
-                                                done=run.done, total=run.total)
+        self.progress[run.id] = run
 
     def _list(self, event: ProbeEvent) -> None:
         last = self.events[-1] if self.events else None
@@ -298,7 +299,8 @@ class _Summary:
             failure=None if failure is None else FailureSummary(
                 kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint
             ),
-            progress=list(self.progress.values()),
+            progress=[ProgressSummary(probe=run.bar.probe, bar=run.bar.label, process=run.bar.process,
+                                      done=run.done, total=run.total) for run in self.progress.values()],
             events=self.events,
             events_omitted=self.omitted,
             counts=self.counts,
