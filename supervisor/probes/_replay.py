@@ -171,7 +171,7 @@ def replay_file(
     path: str | os.PathLike[str],
     pack_names: Sequence[str] | None = None,
     pack_paths: Sequence[str | os.PathLike[str]] = (),
-    spool: EventSpool | None = None,
+    spool: EventSpool[EventModel] | None = None,
 ) -> ReplayReport:
     """Replay a log file through the probe packs (``pack_names=None``: all built-in packs).
     With a ``spool`` the listed events go there, not into the report's ``events``."""
@@ -241,7 +241,7 @@ def _bar_key(text: str) -> str:
 class _Summary:
     """The report, kept as events come: bounded whatever their number."""
 
-    def __init__(self, spool: EventSpool | None = None) -> None:
+    def __init__(self, spool: EventSpool[EventModel] | None = None) -> None:
         self.events: list[EventModel] = []
         self._spool = spool
         self._listed = 0
@@ -372,7 +372,8 @@ def probe_command(path: str, packs: list[str], pack_paths: list[str], as_json: b
     or ``oom``), 0 for any other outcome.  Errors are one line on stderr: 65 when no pack
     loads (a broken pack, an unknown name, none found at all), 66 when the log cannot be read.
     """
-    spool = EventSpool(keep_json=as_json)  # memory stays flat however many events are listed
+    # Memory stays flat however many events are listed.
+    spool: EventSpool[EventModel] = EventSpool(keep_json=as_json)
     try:
         report = replay_file(path, packs or None, pack_paths, spool)
         if as_json:

@@ -14,14 +14,29 @@ from __future__ import annotations
 import functools
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, Generic, Protocol, TextIO, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from ..events import Phase, ProbeKind
 
-if TYPE_CHECKING:
-    from ._replay import EventModel, ReplayReport
+
+class EventModel(Protocol):
+    """What the spool reads of a listed event (``_replay.EventModel``, a pydantic model)."""
+
+    kind: ProbeKind
+    phase: Phase | None
+    line: str
+    traceback: str | None
+
+
+Listed = TypeVar("Listed", bound=EventModel)
+
+
+class ReplayReport(Protocol):
+    """The report without its events (``_replay.ReplayReport``)."""
+
+    def to_json(self) -> str: ...
 
 _BATCH = 1024  # events dumped to the file at a time
 _MAX_TRACEBACK_LINES = 10_000  # failure lines whose first traceback is kept for the text report
@@ -29,25 +44,27 @@ _EMPTY_EVENTS = '\n  "events": []'  # how the report's JSON (indent 2) shows no 
 
 
 @functools.cache
-def _adapter(model: type) -> TypeAdapter[Any]:
+def _adapter(model: type[BaseModel]) -> TypeAdapter[Any]:
     return TypeAdapter(list[model])  # type: ignore[valid-type]
 
 
-def _as_list(events: list[EventModel]) -> TypeAdapter[Any]:
-    return _adapter(type(events[0]))
+def _as_list(events: list[Listed]) -> TypeAdapter[Any]:
+    return _adapter(type(events[0]))  # type: ignore[arg-type]  # the events are the report's models
 
 
-class EventSpool:
+class EventSpool(Generic[Listed]):
     def __init__(self, *, keep_json: bool) -> None:
-        self._file: TextIO | None = tempfile.TemporaryFile("w+", encoding="utf-8") if keep_json else None
+        self._file: TextIO | None = None
+        if keep_json:  # closed by close(), after the report is printed
+            self._file = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
         self.count = 0
-        self.highlights: list[EventModel] = []
+        self.highlights: list[Listed] = []
         self._phases: set[Phase] = set()
         self._failure_lines: set[str] = set()
-        self._pending: list[EventModel] = []
+        self._pending: list[Listed] = []
         self._written = 0
 
-    def add(self, event: EventModel) -> None:
+    def add(self, event: Listed) -> None:
         if self._file is not None:
             self._pending.append(event)
             if len(self._pending) >= _BATCH:
@@ -65,7 +82,7 @@ class EventSpool:
         self._written += len(self._pending)
         self._pending.clear()
 
-    def _highlight(self, event: EventModel) -> None:
+    def _highlight(self, event: Listed) -> None:
         if event.phase is not None and event.phase not in self._phases:
             self._phases.add(event.phase)
             self.highlights.append(event)

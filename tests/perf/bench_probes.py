@@ -154,7 +154,7 @@ def _hyperscan_db(hyperscan: Any) -> Any:
 
 def run_hyperscan(path: Path, size: int, per_line: bool) -> Timing | None:
     try:
-        import hyperscan  # noqa: PLC0415 - optional: tests/perf/requirements.txt
+        import hyperscan  # optional: tests/perf/requirements.txt
     except ImportError:
         return None
     db = _hyperscan_db(hyperscan)
