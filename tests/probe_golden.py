@@ -8,7 +8,7 @@ fed one record at a time and from one resumed at every resume point; and the off
 (``replay_file(...).to_json()``).  tests/test_probes_golden.py compares the engine against
 the stored file; regenerate it only for an intended change of behaviour:
 
-    PYTHONPATH=$PWD .venv/bin/python -m tests.probe_golden
+    PYTHONPATH=$PWD .venv/bin/python tests/probe_golden.py
 """
 
 from __future__ import annotations

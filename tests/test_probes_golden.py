@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.probe_golden import GOLDEN, corpus_logs, snapshot
+from probe_golden import GOLDEN, corpus_logs, snapshot
 
 STORED: dict[str, dict[str, Any]] = {
     entry["log"]: entry for entry in map(json.loads, GOLDEN.read_text(encoding="utf-8").splitlines())

@@ -15,7 +15,7 @@ import pytest
 from supervisor.probes import _replay
 from supervisor.probes._replay import replay_file
 from supervisor.probes._spool import EventSpool
-from tests.probe_golden import corpus_logs
+from probe_golden import corpus_logs
 
 REPO = Path(__file__).resolve().parents[1]
 
