@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Phase(StrEnum):
@@ -31,10 +31,11 @@ class Phase(StrEnum):
 
     @property
     def rank(self) -> int:
-        return PHASE_ORDER.index(self)
+        return _PHASE_RANK[self]  # asked for every phase event: a lookup, not a search
 
 
 PHASE_ORDER: tuple[Phase, ...] = tuple(Phase)
+_PHASE_RANK: dict[Phase, int] = {phase: rank for rank, phase in enumerate(PHASE_ORDER)}
 
 
 class FailureKind(StrEnum):
@@ -196,9 +197,8 @@ class AttemptState(StrEnum):
         return self in (AttemptState.LAUNCHING, AttemptState.RUNNING)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record read from a log.
+class Record(NamedTuple):
+    """One record read from a log (immutable).
 
     ``offset`` is the byte offset where the record starts and ``end`` the offset just past
     its terminator, so following can resume at ``end``.  ``generation`` counts the times the
@@ -206,6 +206,10 @@ class Record:
     log only together with it.  ``redraw`` is true when the record
     was ended by a carriage return (a tqdm redraw) rather than a newline; ``cut`` is true
     when an over-long line was split to bound memory.
+
+    A named tuple rather than a frozen dataclass: one is made for every line of every log
+    followed, and a frozen dataclass costs several times as much to make (its ``__init__``
+    goes through ``object.__setattr__`` for each field).
     """
 
     text: str

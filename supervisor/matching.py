@@ -236,6 +236,8 @@ class Matcher:
 
 
 def _chunks(records: Sequence[Record]) -> list[Sequence[Record]]:
+    if not records or records[-1].end - records[0].offset <= _CHUNK_BYTES:
+        return [records] if records else []  # the usual batch: no look at each record
     chunks: list[Sequence[Record]] = []
     start = 0
     for i, record in enumerate(records):

@@ -12,7 +12,6 @@ can resume at any record's end.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from .events import Record
 
@@ -22,6 +21,15 @@ MAX_RECORD_BYTES = 1 << 20
 
 _TERMINATOR = re.compile(rb"[\r\n]")
 _LF = 0x0A
+
+# One record per log line: made by tuple.__new__ directly, which skips the named tuple's
+# Python-level __new__ (it handles defaults and keywords) and costs a third as much.
+_new = tuple.__new__
+
+
+def _record(text: str, offset: int, end: int, redraw: bool = False) -> Record:
+    """``Record(text, offset, end, redraw)``, made faster (see above)."""
+    return _new(Record, (text, offset, end, redraw, False, 0))
 
 
 def unterminated_text(pending: bytes | bytearray, limit: int = 4096) -> str:
@@ -107,7 +115,7 @@ class RecordBuffer:
         # Generation 0 is the splitter's default: copies are made only after a restart (rare).
         if not self.generation:
             return batch
-        return [replace(r, generation=self.generation) for r in batch]
+        return [r._replace(generation=self.generation) for r in batch]
 
     def reset(self, offset: int) -> None:
         """Drop the held bytes and continue at ``offset`` (``self.offset`` to read them again
@@ -158,7 +166,7 @@ def split_records(data: bytes, base_offset: int, final: bool = False) -> tuple[l
             pos = _carriage_returns(line, pos, records)
         else:
             end = pos + len(line) + 1
-            append(Record(line.decode("utf-8", "replace"), pos, end))
+            append(_new(Record, (line.decode("utf-8", "replace"), pos, end, False, False, 0)))
             pos = end
     if tail:
         pos = _partial_tail(tail, pos, records, final)
@@ -175,10 +183,10 @@ def _carriage_returns(line: bytes, pos: int, records: list[Record]) -> int:
     last = parts.pop()
     for part in parts:
         end = pos + len(part) + 1
-        records.append(Record(part.decode("utf-8", "replace"), pos, end, redraw=True))
+        records.append(_record(part.decode("utf-8", "replace"), pos, end, True))
         pos = end
     end = pos + len(last) + (2 if crlf else 1)
-    records.append(Record(last.decode("utf-8", "replace"), pos, end))
+    records.append(_record(last.decode("utf-8", "replace"), pos, end))
     return end
 
 
@@ -190,10 +198,10 @@ def _partial_tail(tail: bytes, pos: int, records: list[Record], final: bool) -> 
         parts.pop()  # that \r may be the first half of a \r\n still to come: held back
     for part in parts:
         end = pos + len(part) + 1
-        records.append(Record(part.decode("utf-8", "replace"), pos, end, redraw=True))
+        records.append(_record(part.decode("utf-8", "replace"), pos, end, True))
         pos = end
     if final and rest:
-        records.append(Record(rest.decode("utf-8", "replace"), pos, pos + len(rest)))
+        records.append(_record(rest.decode("utf-8", "replace"), pos, pos + len(rest)))
         pos += len(rest)
     return pos
 

@@ -561,3 +561,23 @@ def test_parse_events_reads_names_and_padding() -> None:
         _inotify.InotifyEvent(2, _inotify.IN_MODIFY, 0, b""),
     ]
 
+
+
+def test_inotify_read_gives_each_distinct_event_once(tmp_path: Path) -> None:
+    """Logs written in turn queue one IN_MODIFY per write (the kernel merges only repeats in a
+    row); a read hands each distinct event over once, so busy logs cost one dispatch each."""
+    inotify = _inotify.Inotify()
+    try:
+        paths = [tmp_path / "a.log", tmp_path / "b.log"]
+        wds = []
+        for path in paths:
+            path.write_bytes(b"")
+            wds.append(inotify.add_watch(path, _inotify.IN_MODIFY))
+        for _ in range(50):
+            for path in paths:
+                with open(path, "ab") as f:
+                    f.write(b"line\n")
+        events = inotify.read_events()
+        assert [(e.wd, e.mask) for e in events] == [(wd, _inotify.IN_MODIFY) for wd in wds]
+    finally:
+        inotify.close()

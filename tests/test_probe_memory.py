@@ -43,3 +43,19 @@ def test_probe_on_a_million_redraws_peaks_under_200_mb(tmp_path: Path) -> None:
     assert report["outcome"] in ("crashed", "oom")
     assert [(p["bar"], p["done"], p["total"]) for p in report["progress"]] == [("Training", REDRAWS, REDRAWS)]
     assert measured["maxrss_kib"] < LIMIT_MB * 1024, f"peak RSS {measured['maxrss_kib'] // 1024} MB"
+
+
+def test_probe_listing_many_events_peaks_under_200_mb(tmp_path: Path) -> None:
+    """Every line an event (150,000 listed): held as objects until the JSON was printed they
+    peaked at 306 MB; spooled to disk as they come, memory stays flat."""
+    log = tmp_path / "steps.log"
+    with open(log, "w", encoding="utf-8") as f:
+        f.writelines(f"[INFO|trainer.py:100] step {i} loss 0.{i % 97} lr 1e-4\n" for i in range(150_000))
+    result = subprocess.run([sys.executable, "-c", _MEASURE, "probe", "--json", str(log)], capture_output=True,
+                            text=True, timeout=600, cwd=REPO, check=True)
+    measured = json.loads(result.stdout)
+    assert measured["rc"] == 0, measured["err"]
+    report = json.loads(measured["out"])
+    assert len(report["events"]) == 100_000 and report["events_omitted"] == 50_000
+    assert report["events"][-1]["fields"]["step"] == 99_999
+    assert measured["maxrss_kib"] < LIMIT_MB * 1024, f"peak RSS {measured['maxrss_kib'] // 1024} MB"

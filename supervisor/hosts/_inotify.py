@@ -49,15 +49,20 @@ class InotifyEvent:
 
 
 def parse_events(buf: bytes) -> list[InotifyEvent]:
-    events: list[InotifyEvent] = []
+    return [InotifyEvent(*fields) for fields in _parse_raw(buf)]
+
+
+def _parse_raw(buf: bytes) -> list[tuple[int, int, int, bytes]]:
+    raw: list[tuple[int, int, int, bytes]] = []
     pos = 0
-    while pos + _EVENT_HEADER.size <= len(buf):
-        wd, mask, cookie, length = _EVENT_HEADER.unpack_from(buf, pos)
-        start = pos + _EVENT_HEADER.size
-        name = buf[start : start + length].rstrip(b"\0")
-        events.append(InotifyEvent(wd, mask, cookie, name))
+    size = _EVENT_HEADER.size
+    unpack = _EVENT_HEADER.unpack_from
+    while pos + size <= len(buf):
+        wd, mask, cookie, length = unpack(buf, pos)
+        start = pos + size
+        raw.append((wd, mask, cookie, buf[start : start + length].rstrip(b"\0") if length else b""))
         pos = start + length
-    return events
+    return raw
 
 
 class _Libc:
@@ -112,15 +117,22 @@ class Inotify:
             raise OSError(code, f"inotify_rm_watch: {os.strerror(code)}")
 
     def read_events(self) -> list[InotifyEvent]:
-        events: list[InotifyEvent] = []
+        """The events queued, each distinct one once (in order of its first occurrence).
+
+        Busy logs written in turn queue one IN_MODIFY per write, which the kernel merges only
+        when the same event is queued twice in a row; every subscriber treats a repeat as a
+        no-op (it only says "look again"), so repeats are dropped before any object is made.
+        """
+        raw: list[tuple[int, int, int, bytes]] = []
         while True:
             try:
                 buf = os.read(self.fd, _READ_SIZE)
             except BlockingIOError:
-                return events
+                break
             if not buf:
-                return events
-            events += parse_events(buf)
+                break
+            raw += _parse_raw(buf)
+        return [InotifyEvent(*fields) for fields in dict.fromkeys(raw)]
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -19,7 +19,8 @@ Memory stays bounded whatever the log (a day of tqdm redraws is millions of reco
 file is streamed, a run of redraws of one bar is read as its first and its last redraw, a
 run of progress events of one probe is listed as its first and last, the summary is kept
 as it goes (never from a list of every event), and at most ``_MAX_EVENTS`` events are listed
-(``events_omitted`` then says how many more there were).
+(``events_omitted`` then says how many more there were).  ``supervise probe`` keeps even
+those listed events on disk until it prints them (``_spool``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from ..events import (
 )
 from ..records import split_records
 from ._engine import ProbeEngine
-from ._identity import BarBook
+from ._identity import BarBook, BarRun
 from ._pack import load_packs, search_dirs
 from ._rootcause import root_cause
+from ._spool import EventSpool
 
 _CHUNK = 4 << 20
 _MAX_EVENTS = 100_000  # listed in a report; the summary counts every event
@@ -91,7 +93,8 @@ class EventModel(BaseModel):
         fields = event.fields
         if failure is not None and failure.level is not None:
             fields = {**fields, "level": failure.level}
-        return cls(
+        # Built from the engine's own typed values: nothing to validate (a listed event each).
+        return cls.model_construct(
             kind=event.kind,
             probe=event.probe,
             offset=event.offset,
@@ -112,6 +115,8 @@ class ReplayReport(BaseModel):
     events: list[EventModel]
     events_omitted: int = 0  # events beyond _MAX_EVENTS, counted but not listed
     counts: dict[str, int] = Field(default_factory=dict, exclude=True)  # every event, by kind
+    # What the text report reads when the events went to a spool instead (see _spool).
+    highlights: list[EventModel] = Field(default_factory=list, exclude=True)
 
     def to_json(self) -> str:
         # The documented shape; events_omitted only appears when the list was cut.
@@ -133,7 +138,7 @@ class ReplayReport(BaseModel):
 
     def _timeline(self) -> list[str]:
         first: dict[Phase, EventModel] = {}
-        for event in self.events:
+        for event in self.events or self.highlights:
             if event.phase is not None and event.phase not in first:
                 first[event.phase] = event
         if not first:
@@ -150,7 +155,7 @@ class ReplayReport(BaseModel):
             return ["failure: none"]
         out = [f"failure: {self.failure.kind.value}  (fingerprint {self.failure.fingerprint or '-'})",
                f"  {_clip(self.failure.line, 200)}"]
-        source = next((e for e in self.events if e.kind is ProbeKind.FAILURE and e.line == self.failure.line
+        source = next((e for e in self.events or self.highlights if e.kind is ProbeKind.FAILURE and e.line == self.failure.line
                        and e.traceback), None)
         if source is not None and source.traceback:
             tail = source.traceback.splitlines()[-_TRACEBACK_TAIL:]
@@ -166,14 +171,16 @@ def replay_file(
     path: str | os.PathLike[str],
     pack_names: Sequence[str] | None = None,
     pack_paths: Sequence[str | os.PathLike[str]] = (),
+    spool: EventSpool[EventModel] | None = None,
 ) -> ReplayReport:
-    """Replay a log file through the probe packs (``pack_names=None``: all built-in packs)."""
+    """Replay a log file through the probe packs (``pack_names=None``: all built-in packs).
+    With a ``spool`` the listed events go there, not into the report's ``events``."""
     packs = load_packs(pack_names, pack_paths)
     if not packs:  # nothing could match: "no failure" would be a lie
         searched = ", ".join(str(d) for d in search_dirs())
         raise ProbePackError(f"no probe pack found (searched {searched}); reinstall supervise or pass --pack-file")
     engine = ProbeEngine(packs)
-    summary = _Summary()
+    summary = _Summary(spool)
     bars = _RedrawCoalescer()
     offset = 0
     pending = b""
@@ -234,14 +241,19 @@ def _bar_key(text: str) -> str:
 class _Summary:
     """The report, kept as events come: bounded whatever their number."""
 
-    def __init__(self) -> None:
+    def __init__(self, spool: EventSpool[EventModel] | None = None) -> None:
         self.events: list[EventModel] = []
+        self._spool = spool
+        self._listed = 0
+        self._last: EventModel | None = None  # the last event listed
         self.omitted = 0
         self.counts: dict[str, int] = {}
         self.last_phase: Phase | None = None
         self.ready = False
         self._bars = BarBook()
-        self.progress: dict[int, ProgressSummary] = {}  # by bar id: in order of first appearance
+        # By bar id, in order of first appearance; summarised once, at the end (a bar's run only
+        # changes when a line of it is placed, so its final state is its summary).
+        self.progress: dict[int, BarRun] = {}
         self.failures = _FailureCandidates()
         self._run_end: ProbeEvent | None = None  # the latest of a run of one probe's progress, unlisted
 
@@ -265,11 +277,10 @@ class _Summary:
         if not isinstance(done, (int, float)):
             return
         run, _ = self._bars.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
-        self.progress[run.id] = ProgressSummary(probe=event.probe, bar=run.bar.label, process=run.bar.process,
-                                                done=run.done, total=run.total)
+        self.progress[run.id] = run
 
     def _list(self, event: ProbeEvent) -> None:
-        last = self.events[-1] if self.events else None
+        last = self._last
         if (event.kind is ProbeKind.PROGRESS and last is not None and last.kind is ProbeKind.PROGRESS
                 and last.probe == event.probe):
             self._run_end = event  # the middle of a run: only its last is listed
@@ -283,8 +294,13 @@ class _Summary:
             self._run_end = None
 
     def _append(self, event: ProbeEvent) -> None:
-        if len(self.events) < _MAX_EVENTS:
-            self.events.append(EventModel.of(event))
+        if self._listed < _MAX_EVENTS:
+            self._last = EventModel.of(event)
+            self._listed += 1
+            if self._spool is not None:
+                self._spool.add(self._last)
+            else:
+                self.events.append(self._last)
         else:
             self.omitted += 1
 
@@ -297,10 +313,12 @@ class _Summary:
             failure=None if failure is None else FailureSummary(
                 kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint
             ),
-            progress=list(self.progress.values()),
+            progress=[ProgressSummary(probe=run.bar.probe, bar=run.bar.label, process=run.bar.process,
+                                      done=run.done, total=run.total) for run in self.progress.values()],
             events=self.events,
             events_omitted=self.omitted,
             counts=self.counts,
+            highlights=self._spool.highlights if self._spool is not None else [],
         )
 
 
@@ -316,7 +334,8 @@ class _FailureCandidates:
         self._survivable: list[tuple[int, int, Failure]] = []
 
     def ready_at(self, offset: int) -> None:
-        self._survivable = [c for c in self._survivable if c[1] >= offset]
+        if self._survivable:
+            self._survivable = [c for c in self._survivable if c[1] >= offset]
 
     def add(self, failure: Failure, offset: int) -> None:
         self._seq += 1
@@ -353,15 +372,22 @@ def probe_command(path: str, packs: list[str], pack_paths: list[str], as_json: b
     or ``oom``), 0 for any other outcome.  Errors are one line on stderr: 65 when no pack
     loads (a broken pack, an unknown name, none found at all), 66 when the log cannot be read.
     """
+    # Memory stays flat however many events are listed.
+    spool: EventSpool[EventModel] = EventSpool(keep_json=as_json)
     try:
-        report = replay_file(path, packs or None, pack_paths)
+        report = replay_file(path, packs or None, pack_paths, spool)
+        if as_json:
+            spool.write_json(report, sys.stdout)
+        else:
+            print(report.render_text())
     except SuperviseError as exc:
         print(f"supervise probe: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
         print(f"supervise probe: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return _EX_NOINPUT
-    print(report.to_json() if as_json else report.render_text())
+    finally:
+        spool.close()
     return 1 if report.outcome in _CRASHED else 0
 
 

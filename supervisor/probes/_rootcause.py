@@ -46,6 +46,9 @@ class FailureReader:
         self._fatal = _either([p.regex for pack in packs for p in pack.probes if p.fatal])
         self._frames = [(re2.compile(r.regex, re2_options(capture=False)), r.phase)
                         for pack in packs for r in pack.frames if r.phase is not None]
+        # One search tells whether any rule knows a frame; most frames are library code none knows.
+        self._any_frame = re2.compile("|".join(f"(?:{r.pattern})" for r, _ in self._frames),
+                                      re2_options(capture=False)) if self._frames else None
         self.phase: Phase | None = None  # the furthest phase the log's lines have shown
 
     def saw(self, events: Iterable[ProbeEvent]) -> None:
@@ -73,7 +76,11 @@ class FailureReader:
 
     def frame_phase(self, frames: Sequence[str]) -> Phase | None:
         """The phase the innermost frame that some rule knows tells."""
+        if self._any_frame is None:
+            return None
         for frame in reversed(frames):
+            if self._any_frame.search(frame) is None:
+                continue
             for regex, phase in self._frames:
                 if regex.search(frame):
                     return phase

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..events import Failure, FailureKind, ProbeEvent, ProbeKind
 from ._fingerprint import fingerprint
@@ -98,8 +98,10 @@ class Capture:
     idle: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class TracebackLine:
+class TracebackLine(NamedTuple):
+    """One line as a traceback reads it (a tuple: made for every line while one is open,
+    and a frozen dataclass costs twice as much to make)."""
+
     offset: int
     key: Key
     line: str  # prefixes stripped

@@ -1,24 +1,33 @@
-"""Probe throughput: all built-in packs vs ``grep -E -f`` on the same patterns and data.
+"""Probe throughput: all built-in packs vs ``grep -E -f`` and Hyperscan on the same patterns and data.
 
-    .venv/bin/python tests/perf/bench_probes.py [--mb 100] [--keep DIR]
+    .venv/bin/python tests/perf/bench_probes.py [--mb 100] [--keep DIR] [--redraws 1000000]
 
 Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up to
 ``--mb`` megabytes, then in one run measures:
 
+- ``supervise probe --json`` on it (the offline reader with full event output, as a user runs
+  it: a child process; its CPU time and peak RSS);
 - the probe engine with every built-in pack, reading the file the way the daemon does:
   chunks of bytes, ``records.split_records``, then the engine, both record by record
   (``feed``) and batch by batch (``feed_many``);
 - ``grep -E -c -f patterns.txt`` over the same file, where patterns.txt holds the same
-  probe regexes exported as POSIX ERE (those that have an ERE form), in the default
-  locale and in the C locale.
+  probe regexes exported as POSIX ERE (those that have an ERE form), in the C locale (and
+  with ``--grep-default`` in the default locale too, which is 5-6x slower);
+- Hyperscan (the ``hyperscan`` package, tests/perf/requirements.txt) with a database of the
+  same probe regexes: a block scan of each 1 MiB chunk (every match reported, nothing done
+  with it: the ceiling for reading the bytes), and a Python loop scanning line by line (the
+  floor any per-line Python reader pays before doing anything with a line);
+- peak RSS of ``supervise probe --json`` on a log of ``--redraws`` tqdm redraws (the memory target).
 
 Times are wall-clock and CPU seconds (the machine may be shared); ratios use CPU time.
-Prints a markdown table.
+Prints a markdown table and the targets (offline >= 50 MB/s and >= 8x grep in the C locale;
+<= 200 MB RSS), met or missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -27,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -36,9 +46,22 @@ from supervisor.probes._ere import to_posix_ere  # noqa: E402
 from supervisor.records import split_records  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "corpus"
+TARGET_MB_S = 50.0
+TARGET_VS_GREP_C = 8.0
+TARGET_RSS_MB = 200.0
+# Runs a command as this helper's only child and prints the child's CPU time and peak RSS.
+_MEASURE = """\
+import json, resource, subprocess, sys, time
+wall = time.perf_counter()
+proc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": proc.returncode, "err": proc.stderr.decode()[-500:], "wall": time.perf_counter() - wall,
+                  "cpu": usage.ru_utime + usage.ru_stime, "maxrss_kib": usage.ru_maxrss}))
+"""
 CHUNK = 1 << 20  # what the follower reads at a time when a log is busy
 # The engine also recognises tracebacks (not a probe regex); grep gets their markers too.
 TRACEBACK_ERE = [r"Traceback \(most recent call last\):", r'^[[:space:]]+File "[^"]*", line [0-9]+']
+TRACEBACK_RE = [r"Traceback \(most recent call last\):", r'^\s+File "[^"]*", line [0-9]+']
 
 
 @dataclass
@@ -48,6 +71,7 @@ class Timing:
     cpu: float
     size: int
     note: str
+    engine: bool = False  # a run of ours (compared with grep), not a reference
 
     @property
     def mb_s(self) -> float:
@@ -99,7 +123,69 @@ def run_engine(path: Path, size: int, batched: bool) -> Timing:
     events += len(engine.flush())
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     label = "probe engine, `feed_many` per batch" if batched else "probe engine, `feed` per record"
-    return Timing(label, wall, cpu, size, f"{events} events")
+    return Timing(label, wall, cpu, size, f"{events} events", engine=True)
+
+
+def measure_child(command: list[str]) -> dict[str, float]:
+    """CPU seconds, wall seconds and peak RSS of ``command`` (output discarded)."""
+    result = subprocess.run([sys.executable, "-c", _MEASURE, *command], capture_output=True, text=True,
+                            cwd=ROOT, check=True)
+    measured = json.loads(result.stdout)
+    if measured["rc"] not in (0, 1):  # 1: the log shows a crash
+        raise SystemExit(f"{' '.join(command)} failed: {measured['err']}")
+    return measured
+
+
+def run_cli_probe(path: Path, size: int) -> Timing:
+    measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(path)])
+    return Timing("`supervise probe --json` (offline, full event output)", measured["wall"], measured["cpu"], size,
+                  f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB", engine=True)
+
+
+def _hyperscan_db(hyperscan: Any) -> Any:
+    patterns = [probe.regex.encode() for pack in load_packs() for probe in pack.probes]
+    patterns += [p.encode() for p in TRACEBACK_RE]
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    flags = hyperscan.HS_FLAG_MULTILINE | hyperscan.HS_FLAG_ALLOWEMPTY
+    db.compile(expressions=patterns, ids=list(range(len(patterns))), elements=len(patterns),
+               flags=[flags] * len(patterns))
+    return db
+
+
+def run_hyperscan(path: Path, size: int, per_line: bool) -> Timing | None:
+    try:
+        import hyperscan  # optional: tests/perf/requirements.txt
+    except ImportError:
+        return None
+    db = _hyperscan_db(hyperscan)
+    hits = [0]
+
+    def on_match(_id: int, _start: int, _end: int, _flags: int, _context: Any) -> None:
+        hits[0] += 1
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            if per_line:
+                for line in chunk.split(b"\n"):  # a line cut at a chunk's end: no matter for a cost figure
+                    db.scan(line, match_event_handler=on_match)
+            else:
+                db.scan(chunk, match_event_handler=on_match)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    label = "Hyperscan, a Python loop scanning each line (floor)" if per_line else \
+        "Hyperscan block scan of 1 MiB chunks (ceiling)"
+    return Timing(label, wall, cpu, size, f"{hits[0]} matches")
+
+
+def redraw_log(path: Path, redraws: int) -> int:
+    """tqdm's file output: every redraw starts with \\r and none ends; then a crash."""
+    with path.open("wb") as f:
+        for start in range(0, redraws, 10_000):
+            f.write("".join(f"\rTraining:  {100 * i // redraws}%|#####     | {i}/{redraws} [01:02<03:04, 5.00it/s]"
+                            for i in range(start + 1, min(redraws, start + 10_000) + 1)).encode())
+        f.write(b"\nTraceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
+                b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    return path.stat().st_size
 
 
 def run_grep(path: Path, patterns: Path, size: int, locale: str | None) -> Timing:
@@ -122,27 +208,40 @@ def run_grep(path: Path, patterns: Path, size: int, locale: str | None) -> Timin
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log (default 100)")
+    parser.add_argument("--redraws", type=int, default=1_000_000, help="redraws in the memory log (default 10^6)")
     parser.add_argument("--keep", type=Path, help="write the log and patterns here and keep them")
+    parser.add_argument("--grep-default", action="store_true",
+                        help="also grep in the default locale (UTF-8: 5-6x slower than the C locale)")
     args = parser.parse_args()
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-probes-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    log, patterns = workdir / "big.log", workdir / "patterns.txt"
+    log, patterns, redraws = workdir / "big.log", workdir / "patterns.txt", workdir / "redraws.log"
     size = build_log(log, args.mb)
     total, translated, missing = export_patterns(patterns)
     print(f"log: {size / 1e6:.1f} MB of corpus logs repeated; patterns: {translated} of {total} probe regexes "
           f"have a POSIX ERE form (not: {', '.join(missing) or 'none'}), plus {len(TRACEBACK_ERE)} traceback markers\n")
-    timings = [run_engine(log, size, batched=False), run_engine(log, size, batched=True),
-               run_grep(log, patterns, size, None), run_grep(log, patterns, size, "C")]
-    engine_best = max(timings[:2], key=lambda t: t.mb_s)
+    greps = [run_grep(log, patterns, size, "C")] + ([run_grep(log, patterns, size, None)] if args.grep_default else [])
+    timings = [run_cli_probe(log, size), run_engine(log, size, batched=False), run_engine(log, size, batched=True),
+               *greps]
+    timings += [t for t in (run_hyperscan(log, size, per_line=True), run_hyperscan(log, size, per_line=False)) if t]
     print("| run | wall s | CPU s | MB/s (CPU) | vs grep | |")
     print("|---|---:|---:|---:|---:|---|")
-    greps = timings[2:]
     for t in timings:
-        ratio = " / ".join(f"{t.mb_s / g.mb_s:.1f}x" for g in greps) if t in timings[:2] else "-"
+        ratio = " / ".join(f"{t.mb_s / g.mb_s:.1f}x" for g in greps) if t.engine else "-"
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
-    print(f"\n(vs grep: engine speed over grep's, default locale / C locale; best engine run: {engine_best.label})")
+    print("\n(vs grep: speed over grep's, C locale" + (" / default locale)" if args.grep_default else ")"))
+    offline, grep_c = timings[0], greps[0]
+    met = offline.mb_s >= TARGET_MB_S and offline.mb_s >= TARGET_VS_GREP_C * grep_c.mb_s
+    print(f"\ntarget offline >= {TARGET_MB_S:.0f} MB/s and >= {TARGET_VS_GREP_C:.0f}x grep (C locale): "
+          f"{offline.mb_s:.1f} MB/s, {offline.mb_s / grep_c.mb_s:.1f}x -> {'met' if met else 'MISSED'}")
+    redraw_size = redraw_log(redraws, args.redraws)
+    measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(redraws)])
+    rss = measured["maxrss_kib"] / 1024
+    print(f"target `supervise probe --json` <= {TARGET_RSS_MB:.0f} MB RSS on {args.redraws} redraws "
+          f"({redraw_size / 1e6:.0f} MB, {measured['cpu']:.1f} CPU s): {rss:.0f} MiB -> "
+          f"{'met' if rss <= TARGET_RSS_MB else 'MISSED'}")
     if args.keep is None:
-        for path in (log, patterns):
+        for path in (log, patterns, redraws):
             path.unlink(missing_ok=True)
         workdir.rmdir()
     return 0
