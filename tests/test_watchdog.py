@@ -542,6 +542,18 @@ def test_exit_zero_after_a_recovered_failure_is_done_with_the_failure_kept() -> 
     assert j.evidence["line"] == "ValueError: retrying with a smaller batch"
 
 
+def test_shutdown_lines_after_a_failure_are_no_recovery() -> None:
+    # vLLM 0.23, TP=2, a worker SIGKILLed: the client still logs `[shutdown] MPClient: complete` (a
+    # `done` phase line) on its way out, then exits 0.  The attempt crashed in the phase it was in.
+    w, _ = make()
+    w.observe(phase(Phase.ENGINE_READY))
+    w.observe(failure(kind="other", line="Worker proc VllmWorker-1 died unexpectedly, shutting down executor."))
+    w.observe(phase(Phase.DONE))
+    j = w.exited(0, None, killed_by_us=False)
+    assert j.verdict == Verdict.CRASHED, j.reason
+    assert w.phase == Phase.ENGINE_READY
+
+
 def test_exit_zero_right_after_a_failure_is_a_crash() -> None:
     # `vllm serve` with TP=2, one worker SIGKILLed: the engine dies and the server exits 0.
     w, _ = make()

@@ -115,6 +115,11 @@ class Facts:
         # phase lines at slightly different times, and a late rank must not rewind the job.
         if self.phase is not None and phase.rank <= self.phase.rank:
             return
+        if phase is Phase.DONE and not self.advanced_since_failure:
+            # A program that logged a failure passes its shutdown lines on the way out too (vLLM's
+            # `[shutdown] MPClient: complete` after a dead worker): that is no recovery, and the
+            # attempt stays in the phase it failed in.  Progress or a phase of work would show one.
+            return
         self.phase = phase
         self.phase_entered_at = at
         self.phase_has_progress = False
