@@ -1,7 +1,10 @@
 """A tiny random-init Llama with a word-level tokenizer, written as a Hugging Face model folder (no
 download) for the older-vLLM and SGLang start-up runs of other_runs.sh.
 
-    python tiny_model_dir.py DIR
+    python tiny_model_dir.py DIR [--v4-tokenizer-class]
+
+transformers 5 names the tokenizer class "TokenizersBackend", which the 4.x releases cannot load;
+--v4-tokenizer-class writes "PreTrainedTokenizerFast" instead, as transformers 4 would have.
 """
 import json
 import os
@@ -32,4 +35,11 @@ with open(path) as f:
 saved.update(torch_dtype="bfloat16", rope_theta=10000.0)
 with open(path, "w") as f:
     json.dump(saved, f, indent=2)
+if "--v4-tokenizer-class" in sys.argv:
+    path = os.path.join(sys.argv[1], "tokenizer_config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(path, "w") as f:
+        json.dump(saved, f, indent=2)
 print("wrote", sys.argv[1], flush=True)
