@@ -296,6 +296,8 @@ class ProbeEngine:
             fields = self._lent_fields(records, i)
         events: list[ProbeEvent] = []
         if self._tb_probe is not None and (self._tracker.active or _may_start_traceback(line)):
+            if TB_START in line and not line.startswith(TB_START):
+                line, fields = self._split.unglue(line, TB_START) or (line, fields)
             consumed = self._traceback_line(record, line, fields, events, probe=probe)
             if consumed or not probe:
                 self._hold(events, out)

@@ -130,6 +130,9 @@ class _Rules:
         return sorted(gated + self._ungated)  # rule order decides between several matches
 
 
+_MAX_GLUED_PREFIX = 80  # characters of prefixes looked for before a marker found mid-line
+
+
 class LineSplitter:
     def __init__(self, prefixes: Sequence[Rule], headers: Sequence[Rule]) -> None:
         self._prefixes = _Rules(prefixes)
@@ -155,6 +158,20 @@ class LineSplitter:
             for name, value in hit[1].items():
                 fields[name] = int(value) if name in _INT_FIELDS and value.isdigit() else value
         return text, fields
+
+    def unglue(self, line: str, marker: str) -> tuple[str, dict[str, Any]] | None:
+        """The line from a prefix that stands right before ``marker`` mid-line, and its fields.
+
+        A progress bar drawn without a newline (tqdm's last ``\\r`` frame) runs into the next
+        write: ``Processed prompts: 0%|...| 0/4 [...][rank0]: Traceback (most recent call
+        last):``.  The prefix in front of the marker, not the bar, says whose line it is.
+        """
+        idx = line.find(marker)
+        for start in range(max(0, idx - _MAX_GLUED_PREFIX), idx):
+            rest, fields = self.strip(line[start:])
+            if fields and rest.startswith(marker):
+                return rest, fields
+        return None
 
     def header(self, line: str) -> Header:
         """Split a (prefix-stripped) line into its log header and message."""

@@ -35,10 +35,8 @@ from ._fingerprint import fingerprint
 
 TB_START = "Traceback (most recent call last):"
 _DURING_HANDLING = "During handling of the above exception, another exception occurred:"
-_CHAIN_MARKERS = (
-    _DURING_HANDLING,
-    "The above exception was the direct cause of the following exception:",
-)
+_DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
+_CHAIN_MARKERS = (_DURING_HANDLING, _DIRECT_CAUSE)
 # A frame of a with-block's cleanup: an exception raised there while an earlier one was
 # unwinding through the block (a writer's __exit__ failing on the same full disk) is an echo.
 _CLEANUP_FRAME = re.compile(r", in __exit__\s*$")
@@ -73,6 +71,7 @@ class Segment:
     exc_line: str | None = None
     continuation: list[str] = field(default_factory=list)
     during_handling: bool = False  # raised while handling the previous segment's exception
+    caused: bool = False  # raised `from` the previous segment's exception (its direct cause)
 
     def in_cleanup(self) -> bool:
         """Raised by a with-block's cleanup while the previous exception was unwinding."""
@@ -187,7 +186,8 @@ class TracebackTracker:
             return True, False
         if cap.state == "chain":
             if TB_START in msg:
-                cap.segments.append(Segment(during_handling=cap.chained_by == _DURING_HANDLING))
+                cap.segments.append(Segment(during_handling=cap.chained_by == _DURING_HANDLING,
+                                            caused=cap.chained_by == _DIRECT_CAUSE))
                 cap.state = "frames"
                 self._add(cap, msg)
                 return True, False
@@ -240,8 +240,10 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
     """The exception of a chain that says most about the root cause.
 
     An infrastructure kind (CUDA OOM, NCCL, timeout, SIGKILL) anywhere in the chain wins,
-    the earliest first; otherwise the last exception, unless it only points elsewhere,
-    merely wraps an earlier one (its message quotes that one's line: huggingface_hub's
+    the earliest first; otherwise the last exception, unless it only points elsewhere, was
+    raised ``from`` the one before it (``raise X from Y`` translates its direct cause: vLLM's
+    "Failed to load the tokenizer" over transformers' ValueError), merely wraps an earlier one
+    (its message quotes that one's line: huggingface_hub's
     ``StrictDataclassClassValidationError`` around the config's ``ValueError``), or was
     raised by a with-block's ``__exit__`` while the earlier one unwound through it
     (torch.save's zip writer failing to close after the write itself failed).
@@ -255,7 +257,7 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
             return seg, kind
     for index in reversed(range(len(ended))):
         seg = ended[index]
-        if _UNINFORMATIVE.search(seg.exc_line or "") or (index > 0 and seg.in_cleanup()):
+        if _UNINFORMATIVE.search(seg.exc_line or "") or (index > 0 and (seg.in_cleanup() or seg.caused)):
             continue
         message = "\n".join(seg.continuation)
         quoted = next((i for i in range(index) if (line := ended[i].exc_line) and line in message), None)
