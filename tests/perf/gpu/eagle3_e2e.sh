@@ -5,7 +5,10 @@
 # draft and with the quarter draft, each under supervise, measured by e2e_bench.py (vLLM's own
 # speculative-decoding counters; tokens/s at batch 1 and 8, greedy and temperature 0.7).
 # Run from the repo root on the GPU machine, after the vLLM wheels were copied to /tmp/parts (with the
-# supervise venv's wheels in /tmp/parts/sv), in three calls (each under 10 minutes):
+# supervise venv's wheels in /tmp/parts/sv: on a networked machine, `pip download -d DIR --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any` of
+# pydantic structlog tenacity psutil asyncssh nvidia-ml-py google-re2 aiohttp httpx apprise prometheus-client
+# rich, carried over with the vLLM parts), in three calls (each under 10 minutes):
 #   PHASES="setup target" OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
 #   PHASES="full quarter" OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
 #   PHASES="serve table"  OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
