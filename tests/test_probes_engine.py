@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from probe_helpers import events_of
 
 from supervisor.events import FailureKind, Outcome, Phase, ProbeEvent, ProbeKind, Record
 from supervisor.probes import ProbeEngine, load_packs
@@ -17,12 +18,7 @@ CORPUS = Path(__file__).parent / "data" / "corpus"
 HDR = "ERROR 04-19 16:21:20 [multiproc_executor.py:857] "
 
 
-def run(text: str | bytes, packs: list | None = None) -> list[ProbeEvent]:
-    data = text.encode() if isinstance(text, str) else text
-    records, used = split_records(data, 0, final=True)
-    assert used == len(data)
-    engine = ProbeEngine(PACKS if packs is None else packs)
-    return engine.feed_many(records) + engine.flush()
+run = events_of  # every event of a whole text, flushed
 
 
 def only(events: list[ProbeEvent], probe: str) -> list[ProbeEvent]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from probe_helpers import events_of as events_of_text
 
 from supervisor.errors import ProbePackError
 from supervisor.events import Event, EventKind, FailureKind, Phase, ProbeEvent, Verdict
@@ -39,9 +40,7 @@ EXPECTED = {
 
 
 def events_of(path: Path) -> list[ProbeEvent]:
-    records, _ = split_records(path.read_bytes(), 0, final=True)
-    engine = ProbeEngine(PACKS)
-    return engine.feed_many(records) + engine.flush()
+    return events_of_text(path.read_bytes())
 
 
 def as_event(pe: ProbeEvent) -> Event:

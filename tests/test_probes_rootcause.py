@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from probe_helpers import events_of
 
 from supervisor.errors import ProbePackError
-from supervisor.events import Event, EventKind, FailureKind, Phase, ProbeEvent, Verdict
-from supervisor.probes import ProbeEngine, load_packs, replay_file
+from supervisor.events import Event, EventKind, FailureKind, Phase, Verdict
+from supervisor.probes import load_packs, replay_file
 from supervisor.probes._pack import parse_pack
 from supervisor.probes._replay import build_report
-from supervisor.records import split_records
 from supervisor.spec import HealthSpec
 from supervisor.watchdog import Watchdog
 
@@ -41,12 +41,6 @@ VLLM_STARTUP_FAILURE = [
     f'{API}    raise RuntimeError("Engine core initialization failed. "',
     f"{API}RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}",
 ]
-
-
-def events_of(lines: list[str]) -> list[ProbeEvent]:
-    records, _ = split_records(("\n".join(lines) + "\n").encode(), 0, final=True)
-    engine = ProbeEngine(PACKS)
-    return engine.feed_many(records) + engine.flush()
 
 
 # ---- root cause ------------------------------------------------------------------------

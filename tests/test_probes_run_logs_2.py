@@ -9,20 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.events import FailureKind, Phase, ProbeEvent
-from supervisor.probes import ProbeEngine, load_packs, replay_file
-from supervisor.probes._replay import build_report
-from supervisor.records import split_records
+from probe_helpers import report_of
+
+from supervisor.events import FailureKind, Phase
+from supervisor.probes import replay_file
 
 RUNS = Path(__file__).parent / "data" / "corpus" / "run-logs-2"
-PACKS = load_packs()
-
-
-def report_of(lines: list[str]):
-    records, _ = split_records(("\n".join(lines) + "\n").encode(), 0, final=True)
-    engine = ProbeEngine(PACKS)
-    events: list[ProbeEvent] = engine.feed_many(records) + engine.flush()
-    return build_report(events)
 
 
 # ---- a progress bar left without a newline runs into a rank's traceback ----------------------

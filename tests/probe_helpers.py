@@ -1,0 +1,26 @@
+"""Feeding text through the probe engine with the built-in packs, as the tests of the packs do."""
+
+from __future__ import annotations
+
+from supervisor.events import ProbeEvent
+from supervisor.probes import ProbeEngine, load_packs
+from supervisor.probes._replay import ReplayReport, build_report
+from supervisor.records import split_records
+
+PACKS = load_packs()
+
+
+def events_of(text: str | bytes | list[str], packs: list | None = None) -> list[ProbeEvent]:
+    """Every event the engine reads from ``text`` (a whole log, or its lines), flushed at the end."""
+    if isinstance(text, list):
+        text = "\n".join(text) + "\n"
+    data = text.encode() if isinstance(text, str) else text
+    records, used = split_records(data, 0, final=True)
+    assert used == len(data)
+    engine = ProbeEngine(PACKS if packs is None else packs)
+    return engine.feed_many(records) + engine.flush()
+
+
+def report_of(lines: list[str]) -> ReplayReport:
+    """The offline report of ``lines``, as `supervise probe` would give it."""
+    return build_report(events_of(lines))
