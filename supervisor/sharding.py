@@ -30,7 +30,7 @@ from .pending_writes import PendingWrites
 from .placement import Placement
 from .policy import Decision, RestartPolicy
 from .runner import JobRunner, RunnerContext
-from .runner._context import Live
+from .runner._context import Live, cancel_until_done
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow
@@ -287,11 +287,7 @@ class ShardedJob:
             if runner is not None:
                 await runner.detach()
         if self.task is not None:
-            while not self.task.done():
-                self.task.cancel()
-                await asyncio.wait({self.task}, timeout=0.1)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+            await cancel_until_done(self.task)
 
     def snapshot(self) -> RunnerSnapshot:
         shards = tuple(r.snapshot() for r in [*self.shards, self.gather] if r is not None)

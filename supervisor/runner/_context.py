@@ -5,6 +5,7 @@ helpers that turn values into what is stored."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,3 +132,13 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+async def cancel_until_done(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` until it has ended: a cancellation that lands just as an awaited result
+    completes is swallowed (asyncio.wait_for before 3.12, suppress(CancelledError))."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -26,7 +26,7 @@ from ..store import AttemptRow
 from ..watchdog import Judgement
 from ._adopting import Adopting
 from ._after import wait_for_after
-from ._context import Live, RunnerContext, describe_exit
+from ._context import Live, RunnerContext, cancel_until_done, describe_exit
 from ._gpu_wait import GpuWaiting
 
 log = structlog.get_logger("supervise.runner")
@@ -85,13 +85,7 @@ class JobRunner(Adopting, GpuWaiting):
         """The daemon is shutting down: stop watching, leave the job running for the next daemon."""
         self._writes.close()  # what is not stored yet, the next daemon's recovery redoes
         if self.task is not None:
-            # Cancel until it has ended: a cancellation that lands just as an awaited result
-            # completes is swallowed (asyncio.wait_for before 3.12, suppress(CancelledError)).
-            while not self.task.done():
-                self.task.cancel()
-                await asyncio.wait({self.task}, timeout=0.1)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+            await cancel_until_done(self.task)
 
     async def _run(self, resume: AttemptRow | None) -> None:
         try:
