@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import SpecError, one_line, shown
 from .spec import JobSpec, _describe_validation, load_spec, spec_search_path
@@ -48,32 +48,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _valid_name(value: str) -> str:
+    if not _NAME_RE.fullmatch(value):
+        raise ValueError("1 to 32 letters, digits, '_' and '-', starting with a letter or digit")
+    return value
+
+
+_Name = Annotated[str, AfterValidator(_valid_name)]  # a pipeline's or a step's name
+
+
 class StepSpec(_Strict):
-    name: str
+    name: _Name
     job: str
     set: dict[str, str] = Field(default_factory=dict)
     after: list[str] | None = None  # step names; None: the step before it in the file
 
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not _NAME_RE.fullmatch(value):
-            raise ValueError("1 to 32 letters, digits, '_' and '-', starting with a letter or digit")
-        return value
-
 
 class PipelineSpec(_Strict):
-    name: str
+    name: _Name
     description: str = ""
     params: dict[str, str] = Field(default_factory=dict)
     steps: Annotated[list[StepSpec], Field(min_length=1)]
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not _NAME_RE.fullmatch(value):
-            raise ValueError("1 to 32 letters, digits, '_' and '-', starting with a letter or digit")
-        return value
 
 
 @dataclass(frozen=True)
