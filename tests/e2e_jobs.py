@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from http.server import BaseHTTPRequestHandler
@@ -91,6 +92,12 @@ def escaping_job(pid_file: Path) -> str:
     while True:
         time.sleep(1)
     """
+
+
+def scheduler_ids(home: Path, job: str) -> list[str | None]:
+    """The scheduler (Slurm) job ids stored for ``job``'s attempts, in order (None: not submitted)."""
+    with sqlite3.connect(home / "supervise.db") as db:
+        return [r[0] for r in db.execute("SELECT scheduler_id FROM attempts WHERE job=? ORDER BY n", (job,))]
 
 
 def job_state(client: Client, job: str) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, job_state, probe_events, progress_done, supervise
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, job_state, probe_events, progress_done, scheduler_ids, supervise
 
 if TYPE_CHECKING:
     from slurm import SlurmCluster
@@ -50,11 +50,6 @@ def slurm_job(make_job: Callable[..., Path], home: Path) -> Callable[..., Path]:
     return make
 
 
-def _scheduler_ids(home: Path, job: str) -> list[str | None]:
-    with sqlite3.connect(home / "supervise.db") as db:
-        return [r[0] for r in db.execute("SELECT scheduler_id FROM attempts WHERE job=? ORDER BY n", (job,))]
-
-
 def test_slurm_job_is_submitted_followed_and_done(daemon: DaemonProcess, slurm_job, daemon_env, home: Path,
                                                   slurm_cluster: SlurmCluster) -> None:
     spec = slurm_job("sl-done", PROGRESS_JOB, params=', "10", "0.01"', slurm='time = "5"\nextra = ["--cpus-per-task=1"]\n')
@@ -65,7 +60,7 @@ def test_slurm_job_is_submitted_followed_and_done(daemon: DaemonProcess, slurm_j
     attempt = client.attempts("sl-done").attempts[0]
     assert attempt.exit_code == 0 and attempt.verdict == "done" and attempt.host == "slurm:"
     assert attempt.log_path == str(home / "shared-logs" / "sl-done" / "attempt-1.log")
-    [job_id] = _scheduler_ids(home, "sl-done")
+    [job_id] = scheduler_ids(home, "sl-done")
     assert job_id is not None and slurm_cluster.job_field(job_id, "JobState") == "COMPLETED"
     with sqlite3.connect(home / "supervise.db") as db:
         [(tag,)] = db.execute("SELECT tag FROM attempts WHERE job='sl-done'").fetchall()
@@ -89,7 +84,7 @@ def test_slurm_crash_is_relaunched_then_stopped_on_the_same_failure_twice(daemon
     assert [a.verdict for a in attempts] == ["crashed", "crashed"]
     assert all(a.exit_code == 1 for a in attempts)
     assert "same failure twice" in (client.status("sl-crash").jobs[0].reason or "")
-    ids = _scheduler_ids(home, "sl-crash")
+    ids = scheduler_ids(home, "sl-crash")
     assert len(set(ids)) == 2 and None not in ids  # two Slurm jobs, one per attempt
 
 
@@ -103,7 +98,7 @@ def test_slurm_stalled_job_is_cancelled(daemon: DaemonProcess, slurm_job, home: 
     attempt = client.attempts("sl-stall").attempts[0]
     assert attempt.verdict == "stalled"
     assert attempt.exit_signal == 15  # scancel's TERM reached the command; the batch script recorded it
-    [job_id] = _scheduler_ids(home, "sl-stall")
+    [job_id] = scheduler_ids(home, "sl-stall")
     assert slurm_cluster.job_field(job_id, "JobState") in ("COMPLETED", "CANCELLED", "FAILED")
     actions = [e.message for e in client.events("sl-stall").events if e.kind == "action"]
     assert any(m.startswith("killed the process tree: 1 ended on SIGTERM") for m in actions), actions
@@ -118,7 +113,7 @@ def test_slurm_held_job_shows_pending_and_its_reason_and_is_never_judged(
     client.start(str(spec), {})
     wait_until(lambda: job_state(client, "sl-held") == "waiting", timeout=20)
     status = client.status("sl-held").jobs[0]
-    [job_id] = _scheduler_ids(home, "sl-held")
+    [job_id] = scheduler_ids(home, "sl-held")
     assert f"scheduler job {job_id} PENDING (JobHeldUser)" in (status.reason or "")
     assert "JobHeldUser" in supervise(daemon.env, "status", "sl-held").stdout
     time.sleep(3)  # three times waiting_s (a wait for nothing to happen): still waiting, no verdict
@@ -137,7 +132,7 @@ def test_slurm_requeue_is_a_preemption_that_spends_no_attempt(daemon: DaemonProc
     client = daemon.client()
     client.start(str(spec), {})
     wait_until(lambda: progress_done(client, "sl-requeue") >= 5, timeout=30)
-    [job_id] = _scheduler_ids(home, "sl-requeue")
+    [job_id] = scheduler_ids(home, "sl-requeue")
     slurm_cluster.command(["scontrol", "requeue", job_id])
     wait_until(lambda: len(client.attempts("sl-requeue").attempts) == 2, timeout=30)
     gate.write_text("")
@@ -156,7 +151,7 @@ def test_slurm_daemon_sigkill_and_restart_readopts_by_job_id(daemon: DaemonProce
     client = daemon.client()
     client.start(str(spec), {})
     wait_until(lambda: progress_done(client, "sl-steady") >= 10, timeout=30)
-    [job_id] = _scheduler_ids(home, "sl-steady")
+    [job_id] = scheduler_ids(home, "sl-steady")
     daemon.kill(signal.SIGKILL)
     assert slurm_cluster.job_field(job_id, "JobState") == "RUNNING"  # it runs on without its daemon
     daemon.start()
@@ -167,4 +162,4 @@ def test_slurm_daemon_sigkill_and_restart_readopts_by_job_id(daemon: DaemonProce
     assert [d for _, _, d in probe_events(client, "sl-steady") if d is not None] == list(range(1, 41))
     attempts = client.attempts("sl-steady").attempts
     assert len(attempts) == 1 and attempts[0].exit_code == 0
-    assert _scheduler_ids(home, "sl-steady") == [job_id]
+    assert scheduler_ids(home, "sl-steady") == [job_id]

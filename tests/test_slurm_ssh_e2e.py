@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, job_state, progress_done, supervise
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, job_state, progress_done, scheduler_ids, supervise
 
 from supervisor.hosts.base import LaunchRequest
 
@@ -66,11 +65,6 @@ def job(make_job: Callable[..., Path], url: str) -> Callable[..., Path]:
     return make
 
 
-def _scheduler_ids(home: Path, name: str) -> list[str | None]:
-    with sqlite3.connect(home / "supervise.db") as db:
-        return [r[0] for r in db.execute("SELECT scheduler_id FROM attempts WHERE job=? ORDER BY n", (name,))]
-
-
 def test_slurm_over_ssh_job_is_submitted_followed_and_done(daemon: DaemonProcess, job, home: Path, url: str,
                                                            daemon_env: dict[str, str],
                                                            slurm_cluster: SlurmCluster) -> None:
@@ -82,7 +76,7 @@ def test_slurm_over_ssh_job_is_submitted_followed_and_done(daemon: DaemonProcess
     attempt = client.attempts("ss-done").attempts[0]
     assert attempt.exit_code == 0 and attempt.verdict == "done" and attempt.host == url
     assert attempt.log_path == str(home / "shared-logs" / "ss-done" / "attempt-1.log")
-    [job_id] = _scheduler_ids(home, "ss-done")
+    [job_id] = scheduler_ids(home, "ss-done")
     assert job_id is not None and slurm_cluster.job_field(job_id, "JobState") == "COMPLETED"
     assert slurm_cluster.job_field(job_id, "TimeLimit") == "00:05:00"  # the [slurm] table reached sbatch
     assert progress_done(client, "ss-done") == 10
@@ -99,7 +93,7 @@ def test_slurm_over_ssh_crash_is_relaunched_then_stopped_on_the_same_failure_twi
     assert [a.verdict for a in attempts] == ["crashed", "crashed"]
     assert all(a.exit_code == 1 for a in attempts)
     assert "same failure twice" in (client.status("ss-crash").jobs[0].reason or "")
-    ids = _scheduler_ids(home, "ss-crash")
+    ids = scheduler_ids(home, "ss-crash")
     assert len(set(ids)) == 2 and None not in ids
 
 
