@@ -8,9 +8,11 @@
 # supervise venv's wheels in /tmp/parts/sv: on a networked machine, `pip download -d DIR --only-binary=:all:
 # --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any` of
 # pydantic structlog tenacity psutil asyncssh nvidia-ml-py google-re2 aiohttp httpx apprise prometheus-client
-# rich, carried over with the vLLM parts), in three calls (each under 10 minutes):
+# rich, carried over with the vLLM parts), in four calls of under 5 minutes each on an H200 (140, 165, 71 and
+# 297 s in the run of tests/perf/results/eagle3-e2e-h200/):
 #   PHASES="setup target" OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
-#   PHASES="full quarter" OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
+#   PHASES="full"         OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
+#   PHASES="quarter"      OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
 #   PHASES="serve table"  OUT=/dir bash tests/perf/gpu/eagle3_e2e.sh
 # Knobs: TARGET_STEPS (1200), EXTRACT_N (3000), EPOCHS (6), BATCH (32), K (3 speculative tokens),
 # SERVE_LABELS ("none draft quarter"), SERVE_EAGER (set: --enforce-eager), BENCH_ARGS (e2e_bench.py options).
