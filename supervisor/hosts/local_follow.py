@@ -184,6 +184,7 @@ class LogFollower:
         self._start()
         try:
             while not self._closed:
+                await self._gather()
                 self._wakeup.clear()  # before reading, so a write during the read re-wakes us
                 batch = self._pump_or_raise()
                 if batch:
@@ -213,9 +214,18 @@ class LogFollower:
         self._waiting = True
         try:
             await self._wakeup.wait()
-            delay = self._coalesce_delay()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        finally:
+            self._waiting = False
+
+    async def _gather(self) -> None:
+        # Before every read, not only after a wait: a daemon slower than a busy log finds new
+        # lines after each batch and would otherwise read a few lines at a time, forever.
+        delay = self._coalesce_delay()
+        if delay <= 0:
+            return
+        self._waiting = True
+        try:
+            await asyncio.sleep(delay)
         finally:
             self._waiting = False
 
