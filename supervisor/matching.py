@@ -70,6 +70,10 @@ class _Worker:
         self._calls.put((fn, loop, future))
         return await future
 
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` in turn, nobody waiting for it (it must contain its own errors)."""
+        self._calls.put((fn, None, None))
+
     def close(self) -> None:
         self._calls.put(None)
 
@@ -80,6 +84,8 @@ class _Worker:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
             except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
                 outcome = (None, exc)
+            if loop is None or future is None:  # posted: nobody waits
+                continue
             try:
                 loop.call_soon_threadsafe(_settle, future, *outcome)
             except RuntimeError:  # the loop is closed: nobody waits any more
@@ -105,6 +111,11 @@ class Matcher:
         self._start = start_offset
         self._tail: ProbeEngine | None = None
         self._worker = _Worker(f"match:{name}")
+        # Compiled now, in the worker, rather than on the first line: the attempt's first
+        # output is matched at once, and the compile's cost is the attempt's, not its lines'.
+        self._early = Matched()  # what building it disabled, handed out with the first feed
+        self._early_unused = True
+        self._worker.post(self._build_early)
 
     @property
     def resume_offset(self) -> int:
@@ -129,8 +140,17 @@ class Matcher:
 
     # ---- in the worker thread ------------------------------------------------------------
 
+    def _build_early(self) -> None:
+        try:
+            self._built(self._early, self._start)
+        except Exception as exc:  # noqa: BLE001 - every pack failed: the first feed raises it again
+            log.warning("the probe engine could not be built", error=repr(exc))
+
     def _feed(self, records: Sequence[Record]) -> Matched:
-        out = Matched()
+        out, self._early = self._early, Matched()
+        if self._early_unused and records and records[0].offset != self._start:
+            self._engine = None  # the log restarted before its first line was read: built again there
+        self._early_unused = False
         for chunk in _chunks(records):
             self._feed_chunk(chunk, out)
         return out
