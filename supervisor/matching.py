@@ -59,7 +59,9 @@ class _Worker:
     never holds up the daemon's exit)."""
 
     def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]] | None]
+        # (call, loop, future): loop and future None for a call nobody waits for; None: stop
+        self._calls: queue.SimpleQueue[
+            tuple[Callable[[], Any], asyncio.AbstractEventLoop | None, asyncio.Future[Any] | None] | None]
         self._calls = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()

@@ -41,7 +41,7 @@ async def _batch_sizes(path: Path, lines: int, rate: float, work_s: float) -> li
         async with follower:
             async for batch in follower.records():
                 sizes.append(len(batch))
-                time.sleep(work_s)  # the daemon's loop busy with this batch (and other jobs)
+                time.sleep(work_s)  # noqa: ASYNC251 - the loop busy with this batch (and other jobs), on purpose
                 if sum(sizes) >= lines:
                     break
     finally:
