@@ -27,21 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from types import TracebackType
 
 import structlog
 
-from . import _inotify
 from ..errors import HostError
 from ..events import Record
 from ..records import RecordBuffer
+from . import _inotify
+from ._busy import BusyPacer
 
 log = structlog.get_logger()
-
-_RATE_WINDOW_S = 0.1  # a log's line rate is measured over windows this long
 
 _FILE_MASK = (
     _inotify.IN_MODIFY
@@ -97,15 +95,7 @@ class LogFollower:
         self._waiting = False
         self._inotify_active = False
         self._iterator: AsyncGenerator[list[Record], None] | None = None
-        # Adaptive batching: the cost of following is per read, not per byte.  A log written
-        # faster than busy_lines_per_s is read at most every busy_read_interval (many lines
-        # per wake-up); a quieter log is read the moment it is written.
-        self.busy_lines_per_s = busy_lines_per_s
-        self.busy_read_interval = busy_read_interval
-        self._last_read_at = 0.0
-        self._lines_per_s = 0.0
-        self._window_start = 0.0
-        self._window_records = 0
+        self._pacer = BusyPacer(busy_lines_per_s, busy_read_interval)  # many lines a read when busy
 
     # -- public surface -------------------------------------------------------------------
 
@@ -188,7 +178,7 @@ class LogFollower:
                 self._wakeup.clear()  # before reading, so a write during the read re-wakes us
                 batch = self._pump_or_raise()
                 if batch:
-                    self._note_rate(len(batch))
+                    self._pacer.read(len(batch))
                     yield batch
                     if self._more:
                         await asyncio.sleep(0)  # catching up on a large backlog: stay fair
@@ -220,7 +210,7 @@ class LogFollower:
     async def _gather(self) -> None:
         # Before every read, not only after a wait: a daemon slower than a busy log finds new
         # lines after each batch and would otherwise read a few lines at a time, forever.
-        delay = self._coalesce_delay()
+        delay = 0.0 if self._finishing or self._closed else self._pacer.delay()
         if delay <= 0:
             return
         self._waiting = True
@@ -228,24 +218,6 @@ class LogFollower:
             await asyncio.sleep(delay)
         finally:
             self._waiting = False
-
-    def _note_rate(self, records: int) -> None:
-        # The rate over windows of at least 0.1 s: two lines landing in one read are jitter,
-        # not a busy log, and must not delay the next line.
-        now = time.monotonic()
-        self._last_read_at = now
-        self._window_records += records
-        elapsed = now - self._window_start
-        if elapsed >= _RATE_WINDOW_S:
-            self._lines_per_s = self._window_records / elapsed
-            self._window_start, self._window_records = now, 0
-        elif elapsed < 0 or self._window_start == 0.0:
-            self._window_start = now
-
-    def _coalesce_delay(self) -> float:
-        if self._finishing or self._closed or self._lines_per_s < self.busy_lines_per_s:
-            return 0.0
-        return self.busy_read_interval - (time.monotonic() - self._last_read_at)
 
     def _start(self) -> None:
         if self._want_inotify is not False:
