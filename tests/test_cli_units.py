@@ -122,9 +122,16 @@ def test_retention_keeps_the_newest_and_never_a_running_attempt() -> None:
 
 @pytest.mark.parametrize("argv, code, message", [
     (["--version"], 0, None),
-    (["status", "-w", "--every", "-1"], 2, "argument --every: must be greater than 0, got -1"),
-    (["status", "-w", "--every", "0"], 2, "argument --every: must be greater than 0, got 0"),
-    (["logs", "j", "-n", "0"], 2, "argument -n/--lines: must be greater than 0, got 0"),
+    (["status", "-w", "--every", "-1"], 2, "argument --every: must be from 0.1 to 86400 seconds, got -1"),
+    (["status", "-w", "--every", "0"], 2, "argument --every: must be from 0.1 to 86400 seconds, got 0"),
+    (["status", "-w", "--every", "inf"], 2, "argument --every: must be from 0.1 to 86400 seconds, got inf"),
+    (["status", "-w", "--every", "nan"], 2, "argument --every: must be from 0.1 to 86400 seconds, got nan"),
+    (["status", "-w", "--every", "1e-9"], 2, "argument --every: must be from 0.1 to 86400 seconds, got 1e-9"),
+    (["status", "-w", "--every", "x" * 100], 2, f"argument --every: expected a number of seconds, got '{'x' * 40}'"),
+    (["logs", "j", "-n", "0"], 2, "argument -n/--lines: must be from 1 to 1,000,000,000, got 0"),
+    (["events", "j", "-n", "1" * 30], 2, f"argument -n/--lines: must be from 1 to 1,000,000,000, got {'1' * 30}"),
+    (["events", "j", "-n", "2.5"], 2, "argument -n/--lines: expected a whole number, got '2.5'"),
+    (["stop", "j", "--grace", "inf"], 2, "argument --grace: must be from 0 to 86400 seconds (a day), got inf"),
     (["events", "j", "--since", "soon"], 2, "argument --since: expected a duration"),
     (["events", "j", "--kind", "nope"], 2, "argument --kind: invalid choice: 'nope'"),
 ])

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from .. import __version__
 from ..errors import SuperviseError
 from ..events import EventKind
-from ._args import add_since, grace_seconds, positive_float, positive_int
+from ._args import add_since, every_seconds, grace_seconds, line_count
 from .jobs import cmd_attempts, cmd_hold, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
@@ -115,14 +115,14 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--json", action="store_true")
     p.add_argument("-w", "--watch", action="store_true",
                    help="a live view, redrawn twice a second (plain lines every few seconds when not a terminal)")
-    p.add_argument("--every", type=positive_float, default=5.0, metavar="S",
-                   help="with --watch and no terminal: seconds between plain status lines (> 0)")
+    p.add_argument("--every", type=every_seconds, default=5.0, metavar="S",
+                   help="with --watch and no terminal: seconds between plain status lines (0.1 to 86400)")
 
     p = add("logs", cmd_logs, "print an attempt's log (tqdm redraws shown as one updating line)")
     p.add_argument("job")
     p.add_argument("--attempt", type=int, default=None)
     p.add_argument("-f", "--follow", action="store_true")
-    p.add_argument("-n", "--lines", type=positive_int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("-n", "--lines", type=line_count, default=None, metavar="N", help="only the last N lines")
     add_since(p, "lines written since then (log lines are timed by the events the probes stored)")
     p.add_argument("--events", action="store_true", help="show probe events instead of raw lines")
 
@@ -133,7 +133,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--kind", dest="kinds", action="append", default=[], choices=[k.value for k in EventKind],
                    metavar="K", help="only events of this kind (repeatable): " + ", ".join(k.value for k in EventKind))
     add_since(p, "events since then")
-    p.add_argument("-n", "--lines", type=positive_int, default=None, metavar="N", help="only the last N events")
+    p.add_argument("-n", "--lines", type=line_count, default=None, metavar="N", help="only the last N events")
     p.add_argument("--json", action="store_true")
 
     p = add("gpus", cmd_gpus, "GPU memory and processes as the daemon sees them")

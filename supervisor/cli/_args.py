@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
+from typing import TypeVar
 
 from ..client import Client
 from ..config import default_paths
@@ -14,6 +16,7 @@ from ..protocol import MAX_GRACE_S
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+N = TypeVar("N", int, float)
 
 
 def client() -> Client:
@@ -23,35 +26,30 @@ def client() -> Client:
     return c
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
+def bounded(kind: Callable[[str], N], low: N, high: N, what: str, unit: str = "") -> Callable[[str], N]:
+    """An argparse type: ``kind(text)`` from ``low`` to ``high`` (which refuses nan and inf), else a
+    usage error in one line, the value cut to 40 characters."""
+    def parse(text: str) -> N:
+        shown = text[:40]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {shown!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {_shown(low)} to {_shown(high)}{unit}, got {shown}")
+        return value
+    return parse
 
 
-def grace_seconds(text: str) -> float:
-    """`--grace`: finite, from 0 to a day (protocol.MAX_GRACE_S), as the daemon accepts it."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text[:40]!r}") from None
-    if not 0 <= value <= MAX_GRACE_S:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_GRACE_S:g} seconds (a day), got {text[:40]}")
-    return value
+def _shown(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else f"{value:,}"
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
+# `status -w --every`: a status request each time, so not a busy loop; at least a line a day.
+every_seconds = bounded(float, 0.1, 86400.0, "a number of seconds", " seconds")
+# `--grace`: as the daemon accepts it (protocol.MAX_GRACE_S).
+grace_seconds = bounded(float, 0.0, MAX_GRACE_S, "a number of seconds", " seconds (a day)")
+line_count = bounded(int, 1, 1_000_000_000, "a whole number")  # `-n`: lines or events
 
 
 def since_time(text: str, now: float | None = None) -> float:
