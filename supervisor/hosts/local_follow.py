@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
-from types import TracebackType
 
 import structlog
 
@@ -38,6 +37,7 @@ from ..events import Record
 from ..records import RecordBuffer
 from . import _inotify
 from ._busy import BusyPacer
+from ._iterated import IteratedOnce
 
 log = structlog.get_logger()
 
@@ -53,7 +53,7 @@ _DATA_MASK = _inotify.IN_MODIFY | _inotify.IN_CLOSE_WRITE
 _DIR_MASK = _inotify.IN_CREATE | _inotify.IN_MOVED_TO | _inotify.IN_ONLYDIR
 
 
-class LogFollower:
+class LogFollower(IteratedOnce):
     """Follow ``path`` from byte ``offset``; iterate ``records()`` for batches of records."""
 
     def __init__(
@@ -130,13 +130,6 @@ class LogFollower:
         """Whether this follower is driven by inotify (False: polling), once iteration began."""
         return self._inotify_active
 
-    def records(self) -> AsyncIterator[list[Record]]:
-        """Batches of complete records, in file order, as they are written (one iteration only)."""
-        if self._iterator is not None:
-            raise RuntimeError("LogFollower.records() can be iterated only once")
-        self._iterator = self._iterate()
-        return self._iterator
-
     def finish(self) -> None:
         """The writer has exited: read to EOF, emit the trailing partial line, then end."""
         self._finishing = True
@@ -148,25 +141,9 @@ class LogFollower:
         self._closed = True
         self._wakeup.set()
         self._stop()
-        iterator = self._iterator
         # A generator parked in its wait ends by itself on the wakeup; one suspended at a
         # yield (or never started) must be closed here so its cleanup runs.
-        if iterator is not None and not self._waiting:
-            try:
-                await iterator.aclose()
-            except RuntimeError:
-                pass  # it is running in another task right now; it will see _closed
-
-    async def __aenter__(self) -> LogFollower:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        await self._close_iterator(parked=self._waiting)
 
     # -- the loop -------------------------------------------------------------------------
 

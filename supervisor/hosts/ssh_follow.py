@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from types import TracebackType
-from typing import Self, TypeVar
+from collections.abc import AsyncGenerator, Awaitable
+from typing import TypeVar
 
 import asyncssh
 import structlog
@@ -15,6 +14,7 @@ from ..errors import HostError
 from ..events import Record
 from ..records import RecordBuffer
 from . import _remote
+from ._iterated import IteratedOnce
 from .ssh_agent import _close_process
 from .ssh_connection import _CHANNEL, _DROPS, SshConnection
 
@@ -25,7 +25,7 @@ _NOTICES = (b"file truncated", b"has been replaced", b"has appeared")
 _DRAIN_ERRORS: tuple[type[BaseException], ...] = (*_DROPS, TimeoutError)
 
 
-class SshFollower:
+class SshFollower(IteratedOnce):
     """Follow a remote log from a byte offset: the same interface and the same records as
     ``LogFollower`` (both feed the bytes they read to a ``records.RecordBuffer``).
 
@@ -80,12 +80,6 @@ class SshFollower:
         """The unterminated tail received after the last record (see ``LogFollower.partial_text``)."""
         return self._buffer.partial_text(limit)
 
-    def records(self) -> AsyncIterator[list[Record]]:
-        if self._iterator is not None:
-            raise RuntimeError("SshFollower.records() can be iterated only once")
-        self._iterator = self._iterate()
-        return self._iterator
-
     def finish(self) -> None:
         """The writer has exited: read to EOF, emit the trailing partial line, then end."""
         self._finishing = True
@@ -98,19 +92,7 @@ class SshFollower:
         self._wakeup.set()
         proc, self._proc = self._proc, None
         await _close_process(proc)
-        iterator = self._iterator
-        if iterator is not None and not self._waiting:
-            try:
-                await iterator.aclose()
-            except RuntimeError:
-                pass  # running in another task right now; it will see _closed
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.aclose()
+        await self._close_iterator(parked=self._waiting)
 
     # -- the loop -------------------------------------------------------------------------
 

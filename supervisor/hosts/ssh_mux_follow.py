@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from types import TracebackType
-from typing import Self, TypeVar
+from collections.abc import AsyncGenerator, Awaitable
+from typing import TypeVar
 
 import structlog
 
 from ..events import Record
 from ..records import RecordBuffer
+from ._iterated import IteratedOnce
 from .ssh_connection import _CHANNEL, SshConnection
 from .ssh_follow import SshFollower
 from .ssh_mux import Dropped, FollowEvent, SshMux
@@ -22,7 +22,7 @@ T = TypeVar("T")
 _END = object()  # a drain reached the end of the file
 
 
-class MuxFollower:
+class MuxFollower(IteratedOnce):
     """Follow a remote log from a byte offset, as ``SshFollower`` does, but as one subscription
     on the host's agent channel instead of a channel of its own.
 
@@ -63,12 +63,6 @@ class MuxFollower:
     def partial_text(self, limit: int = 4096) -> str:
         return self._fallback.partial_text(limit) if self._fallback else self._buffer.partial_text(limit)
 
-    def records(self) -> AsyncIterator[list[Record]]:
-        if self._iterator is not None:
-            raise RuntimeError("MuxFollower.records() can be iterated only once")
-        self._iterator = self._iterate()
-        return self._iterator
-
     def finish(self) -> None:
         self._finishing = True
         self._wakeup.set()
@@ -80,19 +74,7 @@ class MuxFollower:
         self._wakeup.set()
         if self._fallback is not None:
             await self._fallback.aclose()
-        iterator = self._iterator
-        if iterator is not None:
-            try:
-                await iterator.aclose()  # its subscription ends now, not when the generator is collected
-            except RuntimeError:
-                pass  # running in another task right now: the wakeup ends it
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.aclose()
+        await self._close_iterator()  # its subscription ends now, not when the generator is collected
 
     # -- the loop -------------------------------------------------------------------------
 
