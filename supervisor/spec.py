@@ -52,7 +52,8 @@ class JobSpec(_Strict):
     command: Annotated[list[str], Field(min_length=1)]
     env: dict[str, str] = Field(default_factory=dict)
     params: dict[str, str] = Field(default_factory=dict)
-    probes: list[str] = Field(default_factory=lambda: ["python"])
+    # None: every pack found (built in, and in $SUPERVISE_PROBE_PATH), as `supervise probe` reads a log.
+    probes: list[str] | None = None
     probe_files: list[str] = Field(default_factory=list)
     # Where the job writes its results (templates, as in `command`): shown by `status` and `--follow`.
     outputs: list[str] = Field(default_factory=list)
@@ -88,8 +89,8 @@ class JobSpec(_Strict):
 
     @field_validator("probes")
     @classmethod
-    def _valid_pack_names(cls, value: list[str]) -> list[str]:
-        for name in value:
+    def _valid_pack_names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or []:
             if not _PACK_NAME_RE.fullmatch(name):
                 raise ValueError(f"probe pack name {shown(name)}: letters, digits, '_' and '-' only "
                                  "(a pack file goes in probe_files)")

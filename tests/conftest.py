@@ -132,7 +132,9 @@ def _kill_leftover_jobs(home: Path) -> None:
 def make_job(home: Path) -> Callable[..., Path]:
     """Write a job spec whose command runs a Python script; returns the spec path."""
 
-    def make(name: str, script: str, *, extra: str = "", probes: str = '["python", "tqdm", "transformers"]', params: str = "") -> Path:
+    def make(name: str, script: str, *, extra: str = "", probes: str | None = '["python", "tqdm", "transformers"]',
+             params: str = "") -> Path:
+        """``probes=None``: the spec names none (every pack found reads the log)."""
         jobs = home / "specs"
         jobs.mkdir(exist_ok=True)
         script_path = jobs / f"{name}.py"
@@ -141,7 +143,7 @@ def make_job(home: Path) -> Callable[..., Path]:
         spec.write_text(textwrap.dedent(f"""\
             name = "{name}"
             command = ["{{python}}", "{script_path}"{params}]
-            probes = {probes}
+            {"" if probes is None else f"probes = {probes}"}
             stop_grace_s = 2
             [env]
             SUPERVISE_HOME = "{home}"

@@ -42,6 +42,22 @@ def test_start_status_logs_and_done(daemon: DaemonProcess, make_job, daemon_env)
     assert json.loads(status)["jobs"][0]["state"] == "done"
 
 
+def test_a_spec_naming_no_packs_is_read_as_probe_reads_its_log(daemon: DaemonProcess, make_job, daemon_env) -> None:
+    """A spec without `probes` is read by every pack found, as `supervise probe` reads its log
+    afterwards: the live events are the offline ones (it was the python pack alone: no progress)."""
+    spec = make_job("plain", PROGRESS_JOB, params=', "6", "0.01"', probes=None)
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "plain") == "done")
+    events = client.events("plain").events
+    log = client.attempts("plain").attempts[0].log_path
+    offline = json.loads(supervise(daemon_env, "probe", log, "--json").stdout)
+    bars = [(e.probe, e.data["done"], e.data["total"]) for e in events if e.kind == "progress"]
+    assert bars == [("transformers.checkpoint_shards", n, 6) for n in range(1, 7)]
+    assert [(b["probe"], b["done"], b["total"]) for b in offline["progress"]] == [bars[-1]]
+    assert client.attempts("plain").attempts[0].phase == offline["last_phase"] == "running"
+
+
 def test_start_follow_exits_with_job_result(daemon: DaemonProcess, make_job, daemon_env) -> None:
     spec = make_job("crashy", CRASHING_JOB,
                     extra="[restart]\nmax_attempts = 1\n")
