@@ -291,8 +291,14 @@ def test_status_watch_without_a_terminal_prints_plain_lines(daemon: DaemonProces
     spec = make_job("slowbar", "import time\nfor i in range(1, 41):\n    print(f'extract: {5 * i // 2}%|#| {i}/40 "
                     "[00:01<00:02, 4.00it/s]', flush=True)\n    time.sleep(0.25)\n", probes='["python", "tqdm"]')
     _cli(daemon_env, "start", str(spec))
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "status", "--watch", "--every", "0.5"],
-                            env=daemon_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    # Tests started in the background (`&`, no job control) pass SIGINT on ignored, and a Python
+    # started so never raises KeyboardInterrupt: the CLI gets SIGINT as a terminal would give it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "status", "--watch", "--every", "0.5"],
+                                env=daemon_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # Ctrl-C once three views are out (not after a fixed time: a busy machine starts the CLI slowly).
     seen: list[str] = []
     assert proc.stdout is not None
