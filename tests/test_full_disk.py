@@ -36,11 +36,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _command_alive(wrapper_pid: int) -> bool:
+def _command_alive(wrapper_pid: int, script: Path) -> bool:
+    """Whether the job's own command still runs under its wrapper.  Not "the wrapper has a child":
+    while the disk is full the wrapper retries writing the exit status with a `sleep 1` child,
+    so a child is there nearly all the time after the command ended."""
     import psutil
 
     try:
-        return _alive(wrapper_pid) and bool(psutil.Process(wrapper_pid).children())
+        children = psutil.Process(wrapper_pid).children() if _alive(wrapper_pid) else []
+        return any(str(script) in child.cmdline() and _alive(child.pid) for child in children)
     except psutil.Error:
         return False
 
@@ -80,7 +84,7 @@ def test_daemon_survives_a_full_disk_and_keeps_what_it_stored(small_home: Path, 
         gate.write_text("")  # the job goes on writing; neither its log nor the store has room
         # The command ends; its wrapper waits for room to write the exit status.
         wait_until(lambda: client.attempts("fill").attempts[0].pid is not None
-                   and not _command_alive(client.attempts("fill").attempts[0].pid), timeout=60)
+                   and not _command_alive(client.attempts("fill").attempts[0].pid, script), timeout=60)
         assert client.ping().pid == daemon.proc.pid  # the same daemon, still answering while the disk is full
         filler.unlink()  # room again: the run's end reaches the store
         wait_until(lambda: job_state(client, "fill") in ("done", "failed"), timeout=60)
