@@ -20,6 +20,7 @@ from ..config import DaemonSettings
 from ..errors import SpecError, SuperviseError
 from ..gpu import GpuSample
 from ..store import Store
+from ..tasks import cancel_and_wait
 from .base import Host
 
 log = structlog.get_logger("supervise.hosts")
@@ -143,7 +144,5 @@ class Hosts:
     async def close(self) -> None:
         for slot in self._slots.values():
             if slot.task is not None:
-                slot.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await slot.task
+                await cancel_and_wait(slot.task)
             await slot.host.close()

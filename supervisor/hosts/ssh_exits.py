@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import asyncssh
 
 from ..errors import SuperviseError
+from ..tasks import cancel_and_wait
 from . import _remote
 from .ssh_agent import _close_process
 from .ssh_connection import _CHANNEL, _DROPS, SshConnection
@@ -47,10 +47,8 @@ class _ExitWatcher:
                     del self._waiters[key]
 
     async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        if self._task is not None:
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         failures = 0

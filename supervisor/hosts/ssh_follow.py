@@ -13,6 +13,7 @@ import structlog
 from ..errors import HostError
 from ..events import Record
 from ..records import RecordBuffer
+from ..tasks import cancel_and_wait
 from . import _remote
 from ._iterated import IteratedOnce
 from .ssh_agent import _close_process
@@ -188,10 +189,7 @@ class SshFollower(IteratedOnce):
             await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await cancel_and_wait(task)
         if task.cancelled():
             raise _Closed
         return task.result()
@@ -218,9 +216,7 @@ class SshFollower(IteratedOnce):
     async def _stop(self, proc: asyncssh.SSHClientProcess[bytes] | None) -> None:
         notices, self._notices = self._notices, None
         if notices is not None:
-            notices.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await notices
+            await cancel_and_wait(notices)
         if proc is not None and self._proc is proc:
             self._proc = None
         await _close_process(proc)

@@ -18,6 +18,7 @@ import asyncssh
 import structlog
 
 from ..errors import SuperviseError
+from ..tasks import cancel_and_wait
 from . import _remote
 from .ssh_agent import _close_process
 from .ssh_connection import _CHANNEL, _DROPS, SshConnection
@@ -132,9 +133,7 @@ class SshMux:
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
 
     # -- the channel --------------------------------------------------------------------------
 

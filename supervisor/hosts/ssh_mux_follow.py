@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
@@ -11,6 +10,7 @@ import structlog
 
 from ..events import Record
 from ..records import RecordBuffer
+from ..tasks import cancel_and_wait
 from ._iterated import IteratedOnce
 from .ssh_connection import _CHANNEL, SshConnection
 from .ssh_follow import SshFollower
@@ -185,10 +185,7 @@ class MuxFollower(IteratedOnce):
                 finally:
                     woken.cancel()
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await cancel_and_wait(task)
         if task.cancelled():
             return None
         return task.result()

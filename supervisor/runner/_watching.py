@@ -6,7 +6,6 @@ fixed tick."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +17,7 @@ from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record
 from ..hosts import kernel_log
 from ..hosts.base import ExitStatus, Follower
 from ..matching import Matcher, PackDisabled, TailReader
+from ..tasks import cancel_and_wait
 from ..watchdog import Judgement
 from ._context import Live, progress_dict
 from ._pacing import Pacing
@@ -82,10 +82,7 @@ class Watching(Pacing, Queueing):
         finally:
             self._store_paces(live)
             for task in (exit_task, reader):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+                await cancel_and_wait(task)
             engine.close()
             await follower.aclose()
 
