@@ -36,7 +36,7 @@ from ..errors import HostError
 from ..events import Record
 from ..records import RecordBuffer
 from . import _inotify
-from ._busy import BusyPacer
+from ._busy import BUSY_LINES_PER_S, BUSY_READ_INTERVAL_S, BusyPacer
 from ._iterated import IteratedOnce
 
 log = structlog.get_logger()
@@ -66,8 +66,8 @@ class LogFollower(IteratedOnce):
         chunk_size: int = 1 << 20,
         use_inotify: bool | None = None,
         safety_interval: float = 30.0,
-        busy_lines_per_s: float = 500.0,
-        busy_read_interval: float = 0.02,
+        busy_lines_per_s: float = BUSY_LINES_PER_S,
+        busy_read_interval: float = BUSY_READ_INTERVAL_S,
     ) -> None:
         if offset < 0 or chunk_size <= 0 or poll_interval <= 0 or safety_interval <= 0:
             raise ValueError("offset must be >= 0; chunk_size and intervals must be > 0")

@@ -26,11 +26,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ._busy import BUSY_LINES_PER_S, BUSY_READ_INTERVAL_S
+
 POLL_S = 0.25  # how often followed files are looked at without an inotify event
 # A host whose logs run above BUSY_LINES lines/s in all is read at most every GATHER_S: many lines a
-# frame, as the local follower does; quieter logs are sent the moment they are written.
-GATHER_S = 0.02
-BUSY_LINES = 500.0
+# frame, as the local follower does (the same numbers); quieter logs are sent the moment they are written.
+GATHER_S = BUSY_READ_INTERVAL_S
+BUSY_LINES = BUSY_LINES_PER_S
 NO_PYTHON = b"nopython"
 
 AGENT_PY = r'''
