@@ -94,7 +94,6 @@ class LogFollower(IteratedOnce):
         self._closed = False
         self._waiting = False
         self._inotify_active = False
-        self._iterator: AsyncGenerator[list[Record], None] | None = None
         self._pacer = BusyPacer(busy_lines_per_s, busy_read_interval)  # many lines a read when busy
 
     # -- public surface -------------------------------------------------------------------

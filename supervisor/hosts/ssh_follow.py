@@ -61,7 +61,6 @@ class SshFollower(IteratedOnce):
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._notices: asyncio.Task[None] | None = None
         self._last_error = ""
-        self._iterator: AsyncGenerator[list[Record], None] | None = None
 
     @property
     def offset(self) -> int:

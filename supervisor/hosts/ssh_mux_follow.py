@@ -46,7 +46,6 @@ class MuxFollower(IteratedOnce):
         self._closed = False
         self._wakeup = asyncio.Event()
         self._fallback: SshFollower | None = None
-        self._iterator: AsyncGenerator[list[Record], None] | None = None
 
     @property
     def offset(self) -> int:
