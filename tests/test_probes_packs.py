@@ -14,7 +14,8 @@ from supervisor.errors import ProbePackError
 from supervisor.events import Phase, ProbeKind, Record
 from supervisor.probes import ProbeEngine, _limits, load_packs, probe_command
 from supervisor.probes._literals import required_literals
-from supervisor.probes._pack import BUILTIN_DIR, PROBE_PATH_ENV, re2_options
+from supervisor.probes._loading import BUILTIN_DIR, PROBE_PATH_ENV
+from supervisor.probes._pack import re2_options
 
 GOOD_PROBE = """
 [[probes]]
@@ -85,6 +86,21 @@ def test_a_pack_file_replaces_the_named_pack_of_the_same_name(tmp_path: Path) ->
     mine = write_pack(tmp_path, GOOD_PROBE, name="cuda")
     packs = load_packs(["cuda", "nccl"], [mine])
     assert sorted((p.name, p.source) for p in packs) == [("cuda", str(mine)), ("nccl", str(BUILTIN_DIR / "nccl.toml"))]
+
+
+def test_a_pack_file_is_read_again_once_it_changes_and_not_before(tmp_path: Path) -> None:
+    path = write_pack(tmp_path, GOOD_PROBE)
+    (first,) = load_packs([], [path])
+    (again,) = load_packs([], [path])
+    assert again is first  # unchanged: not read or validated again (each runner loads its packs)
+    path.write_text(path.read_text().replace("step (", "iter ("))
+    os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)  # a later edit, whatever the clock's grain
+    (edited,) = load_packs([], [path])
+    assert edited.probes[0].regex.startswith("iter (")
+    path.write_text("not = [toml")
+    os.utime(path, ns=(path.stat().st_mtime_ns + 2 * 10**9,) * 2)
+    with pytest.raises(ProbePackError, match="not valid TOML"):
+        load_packs([], [path])
 
 
 def test_unknown_pack_name() -> None:

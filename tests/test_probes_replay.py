@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.events import FailureKind, Outcome, Phase
-from supervisor.probes import _pack, _replay, probe_command, replay_file
+from supervisor.probes import _loading, _replay, probe_command, replay_file
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 CRASH = CORPUS / "full-logs" / "03-unsloth-vllm-rocm-lora-profile-crash.log"
@@ -94,8 +94,8 @@ def test_probe_command_errors_are_one_line_with_the_readme_exit_codes(
 def test_probe_with_no_pack_to_load_is_an_error_not_a_clean_log(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # What a wheel without its probes/ did: "failure: none ... events: 0", exit 0.
-    monkeypatch.setattr(_pack, "BUILTIN_DIR", tmp_path / "no-packs-here")
-    monkeypatch.delenv(_pack.PROBE_PATH_ENV, raising=False)
+    monkeypatch.setattr(_loading, "BUILTIN_DIR", tmp_path / "no-packs-here")
+    monkeypatch.delenv(_loading.PROBE_PATH_ENV, raising=False)
     assert probe_command(str(CRASH), [], [], False) == 65
     captured = capsys.readouterr()
     assert captured.out == ""

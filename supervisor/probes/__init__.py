@@ -13,7 +13,8 @@
 from ._engine import ProbeEngine
 from ._fingerprint import fingerprint
 from ._identity import BarBook, process_of
-from ._pack import Pack, load_packs
+from ._loading import load_packs
+from ._pack import Pack
 from ._replay import ReplayReport, probe_command, replay_file
 from ._rootcause import root_cause
 

@@ -65,10 +65,7 @@ and what is wrong.  A pack that would cost too much to match is refused too (``_
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import re2
@@ -76,12 +73,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ProbePackError, one_line, shown
 from ..events import FailureKind, Phase, ProbeKind
-from ..resources import probes_dir
-from ..textfile import read_toml
 from . import _limits
-
-PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
-BUILTIN_DIR = probes_dir()
 
 FIELD_TYPES = ("int", "float", "str", "bool", "duration", "rate")
 AUTO_FAILURE = "auto"
@@ -187,66 +179,6 @@ class Pack:
 
 
 # ---- loading --------------------------------------------------------------------------
-
-
-def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.PathLike[str]] = ()) -> list[Pack]:
-    """Load probe packs: the named ones (``None``: every pack found) plus pack files.
-
-    Named packs are looked up as ``<name>.toml`` in the directories of
-    ``$SUPERVISE_PROBE_PATH`` (``os.pathsep``-separated), then in the built-in ``probes/``
-    directory; the first hit wins.  ``paths`` are pack files loaded as given; a pack file
-    whose ``name`` equals a named pack replaces it.  The result is sorted by priority.
-    """
-    explicit = [load_pack_file(Path(p)) for p in paths]
-    overridden = {pack.name for pack in explicit}
-    dirs = search_dirs()
-    if names is None:
-        found = _all_packs(dirs)
-    else:
-        found = [_find_pack(name, dirs) for name in dict.fromkeys(names) if name not in overridden]
-    packs = [p for p in found if p.name not in overridden] + explicit
-    _check_unique(packs)
-    return sorted(packs, key=lambda p: (p.priority, p.name))
-
-
-def search_dirs() -> list[Path]:
-    extra = os.environ.get(PROBE_PATH_ENV, "")
-    dirs = [Path(d) for d in extra.split(os.pathsep) if d]
-    return dirs + [BUILTIN_DIR]
-
-
-def _all_packs(dirs: list[Path]) -> list[Pack]:
-    by_name: dict[str, Pack] = {}
-    for directory in dirs:
-        for path in sorted(directory.glob("*.toml")) if directory.is_dir() else []:
-            pack = load_pack_file(path)
-            by_name.setdefault(pack.name, pack)  # an earlier directory shadows a later one
-    return list(by_name.values())
-
-
-def _find_pack(name: str, dirs: list[Path]) -> Pack:
-    for directory in dirs:
-        candidate = directory / f"{name}.toml"
-        if candidate.is_file():
-            pack = load_pack_file(candidate)
-            if pack.name != name:
-                raise ProbePackError(f"{candidate}: pack file declares name '{pack.name}', expected '{name}'")
-            return pack
-    searched = ", ".join(str(d) for d in dirs)
-    raise ProbePackError(f"unknown probe pack '{name}' (searched {searched})")
-
-
-def _check_unique(packs: list[Pack]) -> None:
-    seen: dict[str, str] = {}
-    for pack in packs:
-        if pack.name in seen:
-            raise ProbePackError(f"{pack.source}: pack name '{pack.name}' is also used by {seen[pack.name]}")
-        seen[pack.name] = pack.source
-
-
-def load_pack_file(path: Path) -> Pack:
-    """Read and validate one pack file."""
-    return parse_pack(read_toml(path, "probe pack", ProbePackError), str(path))
 
 
 def parse_pack(raw: dict[str, Any], source: str) -> Pack:

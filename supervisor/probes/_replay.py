@@ -47,7 +47,7 @@ from ..events import (
 from ..records import split_records
 from ._engine import ProbeEngine
 from ._identity import BarBook, BarRun
-from ._pack import load_packs, search_dirs
+from ._loading import load_packs, search_dirs
 from ._rootcause import root_cause
 from ._spool import EventSpool
 
