@@ -99,6 +99,7 @@ class BoundKind(StrEnum):
     HISTORY = "history"  # earlier attempts' intervals of the same bar
     THIS_RUN = "this_run"  # k x this attempt's median interval
     DEFAULT_FLOOR = "default_floor"  # the spec's stall floor
+    LEARNED_MIN = "learned_min"  # the spec's learned_min_s: history allowed under the floor, down to it
     FIRST_PROGRESS = "first_progress"  # the phase's first_progress_s, before any interval
 
 

@@ -42,6 +42,9 @@ class HealthSpec(_Strict):
     stall_k: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 3.0
     stall_floor_s: PositiveSeconds = 60.0
     stall_floor_by_phase: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
+    # Earlier attempts' pace only ever loosens the floor.  Set, it lets a bar's history tighten the
+    # bound below the floor, never below this (and never below stall_k x this run's own pace).
+    learned_min_s: PositiveSeconds | None = None
     # Before the first progress interval is known, a progress probe must advance within this.
     first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     silence_s: PositiveSeconds | None = None

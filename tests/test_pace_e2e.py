@@ -1,6 +1,8 @@
 """Stall bounds from history and the ``slow`` alert, through a real daemon: the real paced
 13-shard vLLM load (tests/data/pacing/) replayed and frozen at 5/13 twice as two attempts of one
-job; the relaunch starts from the first attempt's stored shard intervals."""
+job; the relaunch starts from the first attempt's stored shard intervals (its spec lets history
+tighten the floor: ``learned_min_s``).  And the other way round: a second run slower than the
+first is never killed for it while it moves."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
     command = json.dumps([sys.executable, str(REPLAY), str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
                           "--collapse-gaps-over", "0.5", "--freeze-after", "42"])
     spec.write_text(f'name = "load"\ncommand = {command}\nprobes = {PACKS}\nstop_grace_s = 1\n'
-                    f"[health]\nstall_floor_s = {FLOOR_S}\n"
+                    f"[health]\nstall_floor_s = {FLOOR_S}\nlearned_min_s = 0.5\n"
                     "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
     client = alerting_daemon.client()
     client.start(str(spec), {})
@@ -83,3 +85,46 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
     slow_event = next(e for e in events if e.attempt == 2 and e.kind == "action" and e.data.get("slow"))
     assert slow_event.ts <= second.ts
     assert not [e for e in events if e.attempt == 1 and e.kind == "action" and e.data.get("slow")]
+
+
+# A shard bar whose pace is read from a file, so that two runs of one command (one pace history) can
+# go at different speeds: a warm page cache one day, a slow filesystem the next.
+PACED_LOAD = """\
+import sys, time
+delay = float(open(sys.argv[1]).read())
+n = 5
+print("starting", flush=True)
+for i in range(n + 1):
+    print(f"Loading checkpoint shards: {100*i//n}%|###| {i}/{n} [00:00<00:01, 5.0it/s]", flush=True)
+    if i < n:
+        time.sleep(delay)
+print("all good", flush=True)
+"""
+
+
+def test_a_second_run_slower_than_the_first_is_slow_never_stalled(
+        alerting_daemon: DaemonProcess, home: Path, make_job) -> None:
+    pace = home / "pace"
+    pace.write_text("0.05")
+    spec = make_job("paced", PACED_LOAD, params=f', "{pace}"',
+                    extra="[health]\nstall_floor_s = 20\n[restart]\nmax_attempts = 2\n")
+    client = alerting_daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: client.status("paced").jobs[0].state == "done", timeout=30)
+    pace.write_text("1.3")  # 26 x slower: the first run's bound (1 s) would kill it at its first shard
+    client.start(str(spec), {})
+
+    def moving_bound():
+        job = client.status("paced").jobs[0]
+        moving = job.attempt is not None and job.attempt.n == 2 and job.attempt.progress is not None
+        return job.stall_bounds if moving and job.attempt.progress.done >= 1 else None
+
+    [bound] = wait_until(moving_bound, timeout=30)
+    assert (bound.bound_s, bound.kind) == (20.0, "default_floor")
+    wait_until(lambda: client.status("paced").jobs[0].state in ("done", "failed", "backoff"), timeout=60)
+    job = client.status("paced").jobs[0]
+    events = client.events("paced").events
+    verdicts = [(e.attempt, e.data.get("verdict")) for e in events if e.kind == "verdict"]
+    assert job.state == "done" and verdicts == [(1, "done"), (2, "done")], (job, verdicts)
+    # It was slow against the first run, and said so: an action event, never a kill.
+    assert [e for e in events if e.attempt == 2 and e.kind == "action" and e.data.get("slow")]

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 
 from ..events import BoundKind
 
-# A bound from history is k x this percentile of the intervals seen, at least _MIN_BOUND_S and at
-# least _MAX_MARGIN x the longest interval seen: a pause that happened before (a checkpoint
-# written every N steps) is no stall when it happens again.
+# A bound from history is _DAY_MARGIN x k x this percentile of the intervals seen, at least
+# _MIN_BOUND_S and at least _MAX_MARGIN x the longest interval seen: a pause that happened before (a
+# checkpoint written every N steps) is no stall when it happens again, and one step three times the
+# 95th percentile (one slow shard on a shared filesystem) is not a stall either: the history only
+# says how the bar went on the days measured, and today may be slower.
 _HIGH_PERCENTILE = 0.95
 _MAX_MARGIN = 1.5
+_DAY_MARGIN = 1.5
 _MIN_BOUND_S = 1.0
-# Intervals of its own an attempt needs before its median says more than the history.
+# Intervals of its own an attempt needs before its median says more than the history of how slow
+# a step is (``slow`` reports).
 OWN_WINDOW = 3
 # A step taking this many times the history's high percentile is reported as slow.
 SLOW_FACTOR = 2.0
@@ -43,6 +47,8 @@ class BoundSource:
         if self.kind is BoundKind.HISTORY:
             n, runs = self.intervals, self.runs
             return f"history ({n} interval{'s' * (n != 1)} from {runs} run{'s' * (runs != 1)})"
+        if self.kind is BoundKind.LEARNED_MIN:
+            return "learned_min_s"  # the field that set it
         return self.kind.value.replace("_", " ")
 
 
@@ -68,7 +74,7 @@ class BarPace:
 
     def bound(self, k: float) -> float:
         """How long a step may take before it is a stall, by this history alone."""
-        return max(k * self.high, _MAX_MARGIN * self.intervals[-1], _MIN_BOUND_S)
+        return max(_DAY_MARGIN * k * self.high, _MAX_MARGIN * self.intervals[-1], _MIN_BOUND_S)
 
     def slow_after(self) -> float:
         """How long a step may take before it is reported as slow."""

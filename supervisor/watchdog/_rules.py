@@ -110,32 +110,37 @@ def _where(track: Track) -> str:
 def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
                  history: BarPace | None) -> tuple[float, str, BoundSource]:
     """The bound, how it reads in a reason, and its source (``history (…)``, ``this run``,
-    ``default floor``, ``first progress``)."""
+    ``default floor``, ``learned minimum``, ``first progress``).
+
+    The bound is the largest of what applies, so that nothing learned can kill a job that is
+    moving: the floor (``first_progress_s`` before the bar's first interval, when set), the
+    history's bound (earlier attempts loosen it: a bar known to take 90 s a step is not a stall
+    at 60 s), and ``stall_k`` x this attempt's own median interval.  History replaces the floor
+    only where the spec asks for it (``learned_min_s``), never below that minimum, and only once
+    this attempt has measured an interval of its own: its first step (a cold cache, another
+    disk) is judged by the floor, and a slower run's own pace keeps raising its bound."""
     k = health.stall_k
     median = track.median_interval()
-    floor = health.stall_floor(phase)
+    terms: list[tuple[float, str, BoundSource]] = []
+    first = health.first_progress_s.get(phase) if phase is not None and median is None else None
+    if first is not None:
+        terms.append((first, f"bound {first:.1f}s: first advance expected within {format_duration(first)}",
+                      BoundSource(BoundKind.FIRST_PROGRESS)))
+    elif history is not None and median is not None and health.learned_min_s is not None:
+        least = health.learned_min_s
+        terms.append((least, f"bound {least:.1f}s = learned_min_s", BoundSource(BoundKind.LEARNED_MIN)))
+    else:
+        floor = health.stall_floor(phase)
+        said = "no interval measured yet" if median is None else f"{k:g} x median {median:.2f} s/it is less"
+        terms.append((floor, f"bound {floor:.1f}s = stall floor; {said}", BoundSource(BoundKind.DEFAULT_FLOOR)))
     if history is not None:
-        # Earlier attempts measured this bar: their intervals stand in for the floor, which only
-        # guards against a guess from too few intervals of this attempt's own.  History tightens
-        # the floor, never loosens it: a floor set tighter than the history's bound still holds.
-        base, base_source = history.bound(k), history.source()
-        if floor < base:
-            base, base_source = floor, BoundSource(BoundKind.DEFAULT_FLOOR)
-        if median is not None and track.measured >= OWN_WINDOW and k * median > base:
-            return k * median, f"bound {k * median:.1f}s = {k:g} x median {median:.1f} s/it", \
-                BoundSource(BoundKind.THIS_RUN)
-        return base, f"bound {base:.1f}s from {base_source}", base_source
-    if median is None:
-        first = health.first_progress_s.get(phase) if phase else None
-        if first is not None:
-            return first, f"bound {first:.1f}s: first advance expected within {format_duration(first)}", \
-                BoundSource(BoundKind.FIRST_PROGRESS)
-        return floor, f"bound {floor:.1f}s = stall floor, no interval measured yet", BoundSource(BoundKind.DEFAULT_FLOOR)
-    scaled = k * median
-    if scaled >= floor:
-        return scaled, f"bound {scaled:.1f}s = {k:g} x median {median:.1f} s/it", BoundSource(BoundKind.THIS_RUN)
-    return floor, f"bound {floor:.1f}s = stall floor; {k:g} x median {median:.2f} s/it is less", \
-        BoundSource(BoundKind.DEFAULT_FLOOR)
+        base = history.bound(k)
+        terms.append((base, f"bound {base:.1f}s from {history.source()}", history.source()))
+    if median is not None:
+        own = k * median
+        terms.append((own, f"bound {own:.1f}s = {k:g} x median {median:.1f} s/it", BoundSource(BoundKind.THIS_RUN)))
+    # Ties go to the earliest term: the floor the user set reads better than an equal product.
+    return max(terms, key=lambda term: term[0])
 
 
 def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
