@@ -49,6 +49,18 @@ def unreachable_health(spec: JobSpec, packs: list[Pack]) -> str | None:
             "that phase; add a pack that does or remove the setting")
 
 
+def idle_learned_min(spec: JobSpec) -> str | None:
+    """One line when ``learned_min_s`` can never let history tighten a bound: it is not under any
+    floor it would replace."""
+    health = spec.health
+    least = health.learned_min_s
+    floors = [health.stall_floor_s, *health.stall_floor_by_phase.values()]
+    if least is None or least < max(floors):
+        return None
+    return (f"never applies: health.learned_min_s ({least:g}s) is not under the stall floor ({max(floors):g}s): "
+            "history can only tighten a bound down to it; lower it or remove it")
+
+
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(value, dict):
         return {prefix: value}

@@ -45,3 +45,24 @@ def test_deeply_nested_toml_and_unlaunchable_env_are_one_line(daemon: DaemonProc
         client.start(str(env_key), {})
     assert client.status().jobs == []  # nothing stored, nothing launched
     assert client.ping().pid == daemon.proc.pid
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", '"soon"', "1e300", "[1]"])
+def test_a_bad_learned_min_is_one_line_exit_65_and_nothing_stored(daemon: DaemonProcess, home: Path,
+                                                                   daemon_env: dict[str, str], value: str) -> None:
+    spec = home / "lm.toml"
+    spec.write_text(f'name = "lm"\ncommand = ["true"]\n[health]\nlearned_min_s = {value}\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
+    assert "health.learned_min_s" in result.stderr
+    client = daemon.client()
+    assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid
+
+
+def test_a_learned_min_that_can_never_tighten_is_noted_at_start(daemon: DaemonProcess, home: Path,
+                                                                  daemon_env: dict[str, str]) -> None:
+    spec = home / "lm.toml"
+    spec.write_text('name = "lm"\ncommand = ["true"]\n[health]\nstall_floor_s = 30\nlearned_min_s = 45\n')
+    out = supervise(daemon_env, "start", str(spec)).stdout
+    [note] = [line for line in out.splitlines() if "never applies" in line]
+    assert "health.learned_min_s (45s) is not under the stall floor (30s)" in note

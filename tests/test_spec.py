@@ -127,6 +127,11 @@ def spec_error(path: Path) -> str:
     ('command = ["x"]\n[restart]\nbackoff_multiplier = nan', "restart.backoff_multiplier"),
     ('command = ["x"]\n[health]\nsilence_s = nan', "health.silence_s"),
     ('command = ["x"]\n[health]\nstall_k = inf', "health.stall_k"),
+    ('command = ["x"]\n[health]\nlearned_min_s = nan', "health.learned_min_s"),
+    ('command = ["x"]\n[health]\nlearned_min_s = -1', "health.learned_min_s"),
+    ('command = ["x"]\n[health]\nlearned_min_s = 0', "health.learned_min_s"),
+    ('command = ["x"]\n[health]\nlearned_min_s = "soon"', "health.learned_min_s"),
+    ('command = ["x"]\n[health]\nlearned_min_s = 1e300', "health.learned_min_s"),
     ('command = ["x"]\n[health.phase_deadline_s]\nrunning = inf', "health.phase_deadline_s.running"),
     ('command = ["x"]\n[gpu]\nforeign_wait_s = inf', "gpu.foreign_wait_s"),
 ])

@@ -101,6 +101,8 @@ def test_overview_bar_advances_without_reload(web: Web, browser: WebDriver, make
     web.daemon.client().start(str(spec), {})
     _open(browser, web)
     wait_until(lambda: _bar_done(browser, "loader") == 10)  # held at the gate, halfway
+    # The bound a stall would be judged at, and where it came from, as `status` says it.
+    wait_until(lambda: "stall bound 60s (default floor) for" in _text(browser, '.card[data-job="loader"] .bounds'))
     gate.touch()
     wait_until(lambda: (_bar_done(browser, "loader") or 0) > 10)
     assert _script(browser, "return window.notReloaded") is True

@@ -33,7 +33,7 @@ from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
 from ..spec import JobSpec, load_spec
-from ..spec_notes import spec_change, unreachable_health
+from ..spec_notes import idle_learned_min, spec_change, unreachable_health
 from ..store import AttemptRow, EventQuery
 from ..strays import StrayStop, merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
@@ -88,7 +88,7 @@ class Api:
         except NotFound:
             changed = None  # a new job
         packs = await asyncio.to_thread(load_packs, spec.probes, spec.probe_files)  # files: off the loop
-        return [note for note in (changed, unreachable_health(spec, packs)) if note]
+        return [note for note in (changed, unreachable_health(spec, packs), idle_learned_min(spec)) if note]
 
     async def start_pipeline(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.PipelineStartRequest)

@@ -57,6 +57,14 @@ function health(job) {
     text: `→ ${nv.verdict} in ${dur(left)}` });
 }
 
+// The bound a stall verdict (a kill, by default) would use for each watched bar, and where it came from.
+function stallBounds(job) {
+  const bounds = ACTIVE.has(job.state) ? job.stall_bounds || [] : [];
+  if (!bounds.length) return null;
+  return el("div", { class: "bounds" }, ...bounds.map((b) => el("div", { class: "bound",
+    text: `stall bound ${dur(b.bound_s)} (${b.source}) for ${b.bar}, ${dur(Math.max(0, b.in_s - elapsed()))} left` })));
+}
+
 function jobCard(job, readOnly) {
   const a = job.attempt;
   const stop = !readOnly && ACTIVE.has(job.state)
@@ -85,6 +93,7 @@ function jobCard(job, readOnly) {
       el("span", { class: "badge " + job.state, text: job.state }), stop, hold, release, restart),
     facts, sh ? progressBar(sh.progress_done === null ? null : { probe: "all shards", done: sh.progress_done,
       total: sh.progress_total, rate_s_per_it: null, eta_s: sh.eta_s }) : progressBar(a && a.progress),
+    sh ? null : stallBounds(job),
     job.reason ? el("div", { class: "reason", text: job.reason }) : null,
     job.shards ? el("div", { class: "shards" }, ...job.shards.shards.map((s) => shardCard(job, s))) : null,
     el("div", { class: "msg" }));
