@@ -14,7 +14,9 @@ loading was frozen for 45 s at 5/13 (tests/data/pacing: its real arrival times, 
   same bar's stored progress events (stall_k = 3, the default).  Ratio = detection / bound:
   1.00x means flagged exactly at the bound; below 1 would be early (wrong).
 - history: every frozen job has ``max_attempts = 2``, so it is relaunched once; the relaunch starts
-  from the first attempt's stored shard intervals (``PaceHistory``).  Side by side: each attempt's
+  from the first attempt's stored shard intervals (``PaceHistory``).  Every spec here sets
+  ``learned_min_s`` (a tenth of its floor), which lets history tighten the bound below the floor
+  (without it history only loosens: see bench_judgement.py).  Side by side: each attempt's
   bound (the verdict's ``bound_s`` and ``bound_source``) and detection, and when the ``slow``
   report came (after the last shard) on the relaunch, before its stall.
 - healthy: the same log, not frozen (the 45 s freeze collapsed like every other pause): it
@@ -79,7 +81,8 @@ def run_group(daemon: Daemon, runs: list[Run], timeout: float, *, attempts: int 
     once it has finished, this many times in all (each later run has the earlier runs' history)."""
     restart = f"max_attempts = {attempts}\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n"
     specs = [daemon.spec(r.name, r.argv, probes=PACKS,
-                         extra=f"[health]\nstall_floor_s = {r.floor}\nstall_k = {STALL_K}\n[restart]\n{restart}")
+                         extra=f"[health]\nstall_floor_s = {r.floor}\nlearned_min_s = {r.floor / 10:g}\n"
+                               f"stall_k = {STALL_K}\n[restart]\n{restart}")
              for r in runs]
     client = daemon.client()
     for n in range(1, runs_each + 1):
