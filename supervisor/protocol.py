@@ -217,6 +217,8 @@ class StartResponse(BaseModel):
     log_path: str
     message: str
     notes: list[str] = []  # what the user should know besides (a changed spec, a setting that never applies)
+    # `cancelled`: never launched, a job it runs `after` gave up (the CLI exits 1); None: launched or waiting.
+    held: JobState | None = Field(default=None, description="the job's state when its `after` holds it (waiting or cancelled)")
 
 
 class KilledProcess(BaseModel):

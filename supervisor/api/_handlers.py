@@ -105,7 +105,8 @@ class Api:
                                           log_path="", message=f"{spec.name}: {waiting}")
         if n == 0:  # held by its `after`
             job = self.service.store.job(spec.name)
-            return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}")
+            return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}",
+                                          held=job.state)
         row = self.service.store.attempt(spec.name, n)
         what = f"{spec.shards} shards, first attempt {n}" if spec.shards > 1 else f"attempt {n}"
         return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from .. import _format as _fmt
 from .. import protocol
-from ..events import Verdict
+from ..events import JobState, Verdict
 from ..dependencies import with_after
 from ..pipeline import find_pipeline
 from ..spec import find_spec, parse_overrides
@@ -26,6 +27,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
     response = client.start(spec.spec_path, overrides, args.after)
+    if _cancelled(response):
+        return 1
     for note in response.notes:
         print(f"supervise: note: {note}")
     print(f"supervise: {response.message}" + (f"; log {response.log_path}" if response.log_path else ""))
@@ -34,6 +37,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     for path in spec.output_paths():
         print(f"supervise: {spec.name} writes its output to {path}")
     return follow_job(client, spec.name, response.attempt)
+
+
+def _cancelled(response: protocol.StartResponse) -> bool:
+    """A job whose `after` already gave up is never launched: said in one line, and the command fails."""
+    if response.held is not JobState.CANCELLED:
+        return False
+    print(f"supervise: {response.message}", file=sys.stderr)
+    return True
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -65,6 +76,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     if response.stopped is not None:
         _print_stopped(response.stopped)
     started = response.started
+    if _cancelled(started):
+        return 1
     print(f"supervise: {started.message}" + (f"; log {started.log_path}" if started.log_path else ""))
     if not args.follow:
         return 0
