@@ -94,12 +94,15 @@ class ExitStatus:
     _: KW_ONLY  # what hosts may add, named: two optional facts of one type must never swap places
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
     scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
+    # When the command ended (wall time, this machine's clock): the wrapper wrote the status file
+    # then, so its mtime says, even if no daemon watched; None where the host cannot tell.
+    ended_at: float | None = None
 
     @classmethod
-    def from_wrapper_code(cls, code: int | None) -> ExitStatus:
+    def from_wrapper_code(cls, code: int | None, ended_at: float | None = None) -> ExitStatus:
         if code is not None and code > 128:
-            return cls(returncode=code, signal=code - 128)
-        return cls(returncode=code, signal=None)
+            return cls(returncode=code, signal=code - 128, ended_at=ended_at)
+        return cls(returncode=code, signal=None, ended_at=ended_at)
 
     def describe(self) -> str:
         if self.scheduler_end is not None:

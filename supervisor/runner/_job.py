@@ -121,7 +121,7 @@ class JobRunner(Adopting, GpuWaiting):
             fingerprint = live.failure.fingerprint if live.failure else None
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
-                self._update(live.row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", verdict=None,
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action="stopped by user", verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
                 self._action(live, "stopped by user", {})
                 self._set_job(JobState.STOPPED, "stopped by user")
@@ -195,7 +195,7 @@ class JobRunner(Adopting, GpuWaiting):
         live.exit_status = status
         stopped = self._stop_requested.is_set()
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
-                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=time.time(),
+                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
                      action="stopped by user" if stopped else "none: supervision failed",
                      reason=f"{reason}; the command {status.describe()}")
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
@@ -330,6 +330,6 @@ class JobRunner(Adopting, GpuWaiting):
         return result.released
 
     async def _end_attempt(self, live: Live, judgement: Judgement, action: str) -> None:
-        self._update(live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
+        self._update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
                      verdict=judgement.verdict.value, reason=judgement.reason)
         self._action(live, action, {})
