@@ -58,7 +58,7 @@ class Pipelines:
         for step in pipeline.steps:
             try:
                 self.hosts.check(step.spec.host)
-            except HostError as exc:
+            except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
                 raise SpecError(f"{pipeline.spec_path}: step {step.step}: field 'host': {exc}") from exc
         busy = [s.job for s in pipeline.steps if (r := self.runners.get(s.job)) is not None and r.running]
         if busy:
@@ -141,7 +141,7 @@ class Pipelines:
 
 def _load_checked(body: protocol.PipelineStartRequest) -> ResolvedPipeline:
     path = Path(body.spec_path)
-    pipeline = resolve(load_pipeline(path), path, body.overrides)
+    pipeline = resolve(load_pipeline(path), path, body.overrides, body.fields)
     for step in pipeline.steps:
         load_packs(step.spec.probes, step.spec.probe_files)
     return pipeline

@@ -13,20 +13,19 @@ from ..dependencies import with_after
 from ..pipeline import find_pipeline
 from ..spec import find_spec, parse_overrides
 from ._args import client as _client
+from ._args import field_overrides
 from .logs import follow_job
 from .pipelines import start_pipeline
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    overrides = parse_overrides(args.overrides)
+    overrides, fields = parse_overrides(args.overrides), field_overrides(args)
     if (pipeline := find_pipeline(args.job)) is not None:
-        return start_pipeline(args, pipeline, overrides)
-    if args.shards is not None:
-        overrides["shards"] = args.shards
-    spec = with_after(find_spec(args.job).with_overrides(overrides), args.after)
+        return start_pipeline(args, pipeline, overrides, fields)
+    spec = with_after(find_spec(args.job).with_overrides(overrides, fields), args.after)
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
-    response = client.start(spec.spec_path, overrides, args.after)
+    response = client.start(spec.spec_path, overrides, args.after, fields)
     if _cancelled(response):
         return 1
     for note in response.notes:
@@ -72,7 +71,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     client = _client()
-    response = client.restart(args.job, args.grace)
+    response = client.restart(args.job, args.grace, field_overrides(args))
     if response.stopped is not None:
         _print_stopped(response.stopped)
     started = response.started
