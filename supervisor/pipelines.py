@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from . import protocol
+from .command_check import check_local_command
 from .dependencies import GIVEN_UP, check_after
 from .errors import AlreadyRunning, HostError, NotFound, SpecError
 from .events import JobState, Verdict
@@ -144,6 +145,7 @@ def _load_checked(body: protocol.PipelineStartRequest) -> ResolvedPipeline:
     pipeline = resolve(load_pipeline(path), path, body.overrides, body.fields)
     for step in pipeline.steps:
         load_packs(step.spec.probes, step.spec.probe_files)
+        check_local_command(step.spec)  # the first step's (the others run after it: it may install theirs)
     return pipeline
 
 

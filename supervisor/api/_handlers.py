@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .. import __version__, protocol
+from ..command_check import check_local_command
 from ..config import config_changed, describe_settings
 from ..dependencies import check_after, with_after
 from ..errors import (
@@ -312,6 +313,7 @@ class Api:
             spec = spec.with_overrides({}, body.fields)
             _check_hosts(spec, self.service.hosts)
         load_packs(spec.probes, spec.probe_files)  # a pack gone since: refused before the job is stopped
+        await asyncio.to_thread(check_local_command, spec)  # so is a command gone since
         stopped = await self._stop(name, body.grace_s)
         return _json(protocol.RestartResponse(stopped=stopped, started=await self._launch(spec)))
 
@@ -411,6 +413,7 @@ def _check_hosts(spec: JobSpec, hosts: Hosts) -> None:
 def load_checked_spec(body: protocol.StartRequest) -> JobSpec:
     spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides, body.fields), body.after)
     spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+    check_local_command(spec)
     if spec.shards > 1 and spec.gather:
         spec.model_copy(update={"command": spec.gather}).argv(1)
     load_packs(spec.probes, spec.probe_files)

@@ -32,7 +32,7 @@ from ._gpu_wait import GpuWaiting
 log = structlog.get_logger("supervise.runner")
 
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
-
+LAUNCH_PACK = "launch"  # probes/launch.toml
 
 class JobRunner(Adopting, GpuWaiting):
     shard: int | None = None  # stored with each attempt; a shard's runner (sharding.py) sets it
@@ -46,7 +46,8 @@ class JobRunner(Adopting, GpuWaiting):
         self._stop_requested = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.error: SuperviseError | None = None  # what ended the loop, if an error did (`start` reports it)
-        self._engine_packs = load_packs(spec.probes, spec.probe_files)
+        # The wrapper's own lines (a command not found) are read whatever packs the spec names.
+        self._engine_packs = load_packs(None if spec.probes is None else [*spec.probes, LAUNCH_PACK], spec.probe_files)
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
         self._init_notifying()
@@ -131,7 +132,8 @@ class JobRunner(Adopting, GpuWaiting):
                 self._set_job(JobState.DONE, judgement.reason)
                 await self._alert_done(live, judgement)
                 return
-            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
+            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp,
+                                          live.failure.kind if live.failure else None)
             await self._cleanup(live, judgement)
             released = await self._wait_gpu_release(live)
             if not released:
