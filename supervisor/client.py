@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from . import protocol
 from .config import Paths, load_settings
+from .spec_fields import FieldOverrides
 from .errors import DaemonError, DaemonNotRunning, RequestRejected, error_of
 
 M = TypeVar("M", bound=BaseModel)
@@ -64,12 +65,15 @@ class Client:
 
     # -- requests ----------------------------------------------------------------------
 
-    def start(self, spec_path: str, overrides: dict[str, str], after: list[str] | None = None) -> protocol.StartResponse:
-        body = protocol.StartRequest(spec_path=spec_path, overrides=overrides, after=after or [])
+    def start(self, spec_path: str, overrides: dict[str, str], after: list[str] | None = None,
+              fields: FieldOverrides | None = None) -> protocol.StartResponse:
+        body = protocol.StartRequest(spec_path=spec_path, overrides=overrides, after=after or [],
+                                     fields=fields or FieldOverrides())
         return self._call("POST", "/v1/jobs", protocol.StartResponse, body)
 
-    def start_pipeline(self, spec_path: str, overrides: dict[str, str]) -> protocol.PipelineStartResponse:
-        body = protocol.PipelineStartRequest(spec_path=spec_path, overrides=overrides)
+    def start_pipeline(self, spec_path: str, overrides: dict[str, str],
+                       fields: FieldOverrides | None = None) -> protocol.PipelineStartResponse:
+        body = protocol.PipelineStartRequest(spec_path=spec_path, overrides=overrides, fields=fields or FieldOverrides())
         return self._call("POST", "/v1/pipelines", protocol.PipelineStartResponse, body)
 
     def stop(self, job: str, grace_s: float | None) -> protocol.StopResponse:
@@ -123,9 +127,9 @@ class Client:
         params = _params(attempt=attempt, follow="1" if follow else None, offset=offset or None)
         yield from self._stream(f"/v1/jobs/{job}/log", params, protocol.LogChunk)
 
-    def restart(self, job: str, grace_s: float | None) -> protocol.RestartResponse:
+    def restart(self, job: str, grace_s: float | None, fields: FieldOverrides | None = None) -> protocol.RestartResponse:
         return self._call("POST", f"/v1/jobs/{job}/restart", protocol.RestartResponse,
-                          protocol.RestartRequest(grace_s=grace_s))
+                          protocol.RestartRequest(grace_s=grace_s, fields=fields or FieldOverrides()))
 
     def remove(self, job: str, *, logs: bool) -> protocol.RemoveResponse:
         return self._call("DELETE", f"/v1/jobs/{job}", protocol.RemoveResponse, params=_params(logs="1" if logs else None))

@@ -53,6 +53,9 @@ class FailureKind(StrEnum):
     # A ValueError/KeyError/AssertionError/NotImplementedError raised during start-up: wrong
     # settings or code, not a broken box (so relaunching the same command will not help).
     CONFIG_ERROR = "config_error"
+    # The command itself could not be found (the launch wrapper's own line, exit 127): relaunching
+    # the same command cannot help.
+    COMMAND_NOT_FOUND = "command_not_found"
     KILLED = "killed"
     OTHER = "other"
 

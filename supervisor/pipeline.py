@@ -35,13 +35,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .errors import SpecError, one_line, shown
 from .spec import JobSpec, _describe_validation, load_spec, spec_search_path
+from .spec_fields import OVERRIDABLE, FieldOverrides
 from .textfile import read_toml
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # no '.': `{steps.S.params.P}` splits on it
 _STEP_REF = re.compile(r"\{steps\.([^{}]*)\}")
 _REF_PARTS = re.compile(r"([^.]+)\.params\.([A-Za-z_][A-Za-z0-9_]*)")
 _PARAM_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-TOP_LEVEL = ("host", "python", "workdir")  # `--set host=...` applies to every step
 
 
 class _Strict(BaseModel):
@@ -60,8 +60,16 @@ _Name = Annotated[str, AfterValidator(_valid_name)]  # a pipeline's or a step's 
 class StepSpec(_Strict):
     name: _Name
     job: str
-    set: dict[str, str] = Field(default_factory=dict)
+    set: dict[str, str] = Field(default_factory=dict)  # the job's [params] only
     after: list[str] | None = None  # step names; None: the step before it in the file
+    # The job's spec fields a step may change (spec_fields.py); `--host` and the like override them.
+    host: str | None = None
+    python: str | None = None
+    workdir: str | None = None
+    shards: int | None = None
+
+    def fields(self) -> FieldOverrides:
+        return FieldOverrides(host=self.host, python=self.python, workdir=self.workdir, shards=self.shards)
 
 
 class PipelineSpec(_Strict):
@@ -112,43 +120,50 @@ def fingerprint(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def resolve(pipeline: PipelineSpec, path: Path, overrides: dict[str, str]) -> ResolvedPipeline:
-    """Every step's job spec, references and `--set`s applied, in run order; every problem a SpecError."""
+def resolve(pipeline: PipelineSpec, path: Path, overrides: dict[str, str],
+            fields: FieldOverrides | None = None) -> ResolvedPipeline:
+    """Every step's job spec, references, `--set`s and field flags applied (`--host` to every
+    step), in run order; every problem a SpecError."""
     where = str(path)
-    params, top, per_step = _split_overrides(pipeline, where, overrides)
+    fields = fields or FieldOverrides()
+    if fields.shards is not None:
+        raise SpecError(f"{where}: --shards applies to a job; a pipeline step says its own `shards = N`")
+    params, per_step = _split_overrides(pipeline, where, overrides)
     order = _run_order(pipeline, where)
     names = {s.name for s in pipeline.steps}
     ancestors: dict[str, set[str]] = {}
     done: dict[str, ResolvedStep] = {}
     for step in order:
+        field = next((key for key in step.set if key in OVERRIDABLE), None)
+        if field is not None:
+            raise SpecError(f"{where}: step {step.name}: set: {shown(field)} is a spec field, not a parameter: "
+                            f"write `{field} = ...` in the step itself")
         after = _after(pipeline, step)
         ancestors[step.name] = set(after).union(*(ancestors[a] for a in after))
         values = {k: _substitute(v, step.name, params, done, ancestors[step.name], names, where)
                   for k, v in step.set.items()}
-        spec = _step_spec(pipeline, step, path, {**values, **per_step.get(step.name, {}), **top},
+        spec = _step_spec(pipeline, step, path, {**values, **per_step.get(step.name, {})}, step.fields().over(fields),
                           [done[a].job for a in after], where)
         done[step.name] = ResolvedStep(step.name, spec, tuple(after))
     return ResolvedPipeline(pipeline.name, str(path.resolve()), tuple(done[s.name] for s in order))
 
 
 def _split_overrides(pipeline: PipelineSpec, where: str, overrides: dict[str, str]
-                     ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, str]]]:
+                     ) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     params = dict(pipeline.params)
-    top: dict[str, str] = {}
     per_step: dict[str, dict[str, str]] = {}
     steps = {s.name for s in pipeline.steps}
     for key, value in overrides.items():
         step, dot, name = key.partition(".")
         if key in pipeline.params:
             params[key] = value
-        elif key in TOP_LEVEL:
-            top[key] = value
         elif dot and step in steps and name:
             per_step.setdefault(step, {})[name] = value
         else:
-            known = ", ".join([*sorted(pipeline.params), *TOP_LEVEL, "STEP.PARAM"])
-            raise SpecError(f"{where}: --set {shown(key)}: no such pipeline parameter (known: {one_line(known)})")
-    return params, top, per_step
+            known = ", ".join([*sorted(pipeline.params), "STEP.PARAM"])
+            flag = f"; {key} is a spec field: use --{key}" if key in OVERRIDABLE else ""
+            raise SpecError(f"{where}: --set {shown(key)}: no such pipeline parameter (known: {one_line(known)}){flag}")
+    return params, per_step
 
 
 def _after(pipeline: PipelineSpec, step: StepSpec) -> list[str]:
@@ -201,9 +216,9 @@ def _substitute(value: str, step: str, params: dict[str, str], done: dict[str, R
 
 
 def _step_spec(pipeline: PipelineSpec, step: StepSpec, path: Path, overrides: dict[str, str],
-               after_jobs: list[str], where: str) -> JobSpec:
+               fields: FieldOverrides, after_jobs: list[str], where: str) -> JobSpec:
     try:
-        base = load_spec(_find_job(step.job, path.parent)).with_overrides(overrides)
+        base = load_spec(_find_job(step.job, path.parent)).with_overrides(overrides, fields)
         spec = JobSpec.model_validate({**base.model_dump(), "name": f"{pipeline.name}.{step.name}", "after": after_jobs})
         spec.argv(1)  # a missing parameter is reported now, before anything runs
     except SpecError as exc:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from . import protocol
+from .command_check import check_local_command
 from .dependencies import GIVEN_UP, check_after
 from .errors import AlreadyRunning, HostError, NotFound, SpecError
 from .events import JobState, Verdict
@@ -58,7 +59,7 @@ class Pipelines:
         for step in pipeline.steps:
             try:
                 self.hosts.check(step.spec.host)
-            except HostError as exc:
+            except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
                 raise SpecError(f"{pipeline.spec_path}: step {step.step}: field 'host': {exc}") from exc
         busy = [s.job for s in pipeline.steps if (r := self.runners.get(s.job)) is not None and r.running]
         if busy:
@@ -141,9 +142,10 @@ class Pipelines:
 
 def _load_checked(body: protocol.PipelineStartRequest) -> ResolvedPipeline:
     path = Path(body.spec_path)
-    pipeline = resolve(load_pipeline(path), path, body.overrides)
+    pipeline = resolve(load_pipeline(path), path, body.overrides, body.fields)
     for step in pipeline.steps:
         load_packs(step.spec.probes, step.spec.probe_files)
+        check_local_command(step.spec)  # the first step's (the others run after it: it may install theirs)
     return pipeline
 
 

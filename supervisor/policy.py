@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .backoff import Backoff
-from .events import Verdict
+from .events import FailureKind, Verdict
 from .spec import RestartSpec
 
 Action = Literal["relaunch", "give_up", "none"]
@@ -40,7 +40,8 @@ class RestartPolicy:
         return self._backoff.wait(attempt)
 
     def decide(
-        self, verdict: Verdict, attempt: int, fingerprint: str | None, previous_fingerprint: str | None
+        self, verdict: Verdict, attempt: int, fingerprint: str | None, previous_fingerprint: str | None,
+        failure: FailureKind | None = None,
     ) -> Decision:
         restart = self._restart
         if verdict == Verdict.HEALTHY:
@@ -54,6 +55,9 @@ class RestartPolicy:
             # Relaunching onto GPUs that still hold the last attempt's memory would fail
             # (OOM) or, worse, share the device with a zombie.
             return Decision("give_up", 0.0, "GPU memory was not released after the attempt: not relaunching")
+        if failure is FailureKind.COMMAND_NOT_FOUND:
+            # The same command would not be found again: say so at once, no backoff, no budget spent.
+            return Decision("give_up", 0.0, "the command was not found: not relaunching (fix `command`, `python` or PATH)")
         if verdict not in restart.on:
             allowed = ", ".join(v.value for v in restart.on) or "nothing"
             return Decision("give_up", 0.0, f"{verdict.value} is not a verdict to relaunch on (restart.on: {allowed})")

@@ -22,6 +22,7 @@ from .events import (
     Phase,
     Verdict,
 )
+from .spec_fields import FieldOverrides
 
 API_VERSION = 1
 
@@ -39,7 +40,8 @@ class ErrorBody(BaseModel):
 
 class StartRequest(BaseModel):
     spec_path: str = Field(description="absolute path of the job spec file")
-    overrides: dict[str, str] = Field(default_factory=dict, description="--set KEY=VALUE pairs")
+    overrides: dict[str, str] = Field(default_factory=dict, description="--set KEY=VALUE pairs: [params] only")
+    fields: FieldOverrides = Field(default_factory=FieldOverrides, description="--host, --python, --workdir, --shards")
     after: list[str] = Field(default_factory=list, description="--after JOB: jobs whose current run must be done first")
 
 
@@ -193,6 +195,7 @@ class PipelineStatus(BaseModel):
 class PipelineStartRequest(BaseModel):
     spec_path: str = Field(description="absolute path of the pipeline file")
     overrides: dict[str, str] = Field(default_factory=dict, description="--set KEY=VALUE pairs (STEP.KEY for one step)")
+    fields: FieldOverrides = Field(default_factory=FieldOverrides, description="--host, --python, --workdir: every step")
 
 
 class PipelineStartResponse(BaseModel):
@@ -217,6 +220,8 @@ class StartResponse(BaseModel):
     log_path: str
     message: str
     notes: list[str] = []  # what the user should know besides (a changed spec, a setting that never applies)
+    # `cancelled`: never launched, a job it runs `after` gave up (the CLI exits 1); None: launched or waiting.
+    held: JobState | None = Field(default=None, description="the job's state when its `after` holds it (waiting or cancelled)")
 
 
 class KilledProcess(BaseModel):
@@ -315,6 +320,8 @@ class ConfigResponse(BaseModel):
 
 class RestartRequest(BaseModel):
     grace_s: GraceSeconds | None = Field(default=None, description="seconds between SIGTERM and SIGKILL (0 to a day); default from spec")
+    fields: FieldOverrides = Field(default_factory=FieldOverrides, description="--host, --python, --workdir, --shards: "
+                                                                                "changed in the stored spec")
 
 
 class RestartResponse(BaseModel):

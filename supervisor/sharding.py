@@ -24,7 +24,7 @@ from collections.abc import Callable
 import structlog
 
 from .errors import SuperviseError
-from .events import JobState, Verdict
+from .events import FailureKind, JobState, Verdict
 from .hosts.base import KillReport
 from .pending_writes import PendingWrites
 from .placement import Placement
@@ -119,8 +119,8 @@ class _ShardPolicy(RestartPolicy):
         return self._inner.wait_after(attempt)
 
     def decide(self, verdict: Verdict, attempt: int, fingerprint: str | None,
-               previous_fingerprint: str | None) -> Decision:
-        decision = self._inner.decide(verdict, attempt, fingerprint, previous_fingerprint)
+               previous_fingerprint: str | None, failure: FailureKind | None = None) -> Decision:
+        decision = self._inner.decide(verdict, attempt, fingerprint, previous_fingerprint, failure)
         if fingerprint is None or verdict in (Verdict.HEALTHY, Verdict.DONE):
             return decision
         other = self._coordinator.failure_seen(self._shard, fingerprint)

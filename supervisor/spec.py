@@ -26,6 +26,7 @@ from .config import default_paths
 from .errors import SpecError, one_line, shown
 from .placement import Placement, check_placement, place
 from .resources import jobs_dir
+from .spec_fields import OVERRIDABLE, FieldOverrides
 from .spec_tables import (
     AlertSpec,
     GpuSpec,
@@ -118,6 +119,10 @@ class JobSpec(_Strict):
     def _valid_params(cls, value: dict[str, str]) -> dict[str, str]:
         for item in value.values():
             _no_nul(item)
+        # `--set shards=3` once changed the field, not the job's own parameter: the names stay apart.
+        clash = sorted(set(value) & set(cls.model_fields))
+        if clash:
+            raise ValueError(f"parameter {shown(clash[0])} has the name of a spec field; rename the parameter")
         return value
 
     @field_validator("outputs")
@@ -167,22 +172,21 @@ class JobSpec(_Strict):
     def spec_dir(self) -> Path:
         return Path(self.spec_path).parent if self.spec_path else Path.cwd()
 
-    def with_overrides(self, overrides: dict[str, str]) -> JobSpec:
-        """Apply `--set` values: params by name, or a few top-level scalars (host, python, workdir)."""
+    def with_overrides(self, overrides: dict[str, str], fields: FieldOverrides | None = None) -> JobSpec:
+        """Apply `--set` values (params only, by name) and the spec fields' own flags (`--shards`, ...)."""
         params = dict(self.params)
-        top: dict[str, Any] = {}
         for key, value in overrides.items():
-            if key in ("host", "python", "workdir", "shards"):
-                top[key] = value
-            elif key in params or _is_referenced(self, key):
+            if key in params or (_is_referenced(self, key) and key not in JobSpec.model_fields):
                 params[key] = value
             else:
                 known = one_line(", ".join(sorted(params)) or "none")
+                flag = f"; {key} is a spec field: use --{key}" if key in OVERRIDABLE else ""
                 raise SpecError(
-                    f"{self.spec_path or self.name}: --set {shown(key)}: no such parameter (known: {known})"
+                    f"{self.spec_path or self.name}: --set {shown(key)}: no such parameter (known: {known}){flag}"
                 )
         try:  # validated again: an override may not bring in what the file could not (a NUL, a format spec)
-            return JobSpec.model_validate({**self.model_dump(), "params": params, **top})
+            return JobSpec.model_validate({**self.model_dump(), "params": params,
+                                           **(fields.given() if fields is not None else {})})
         except ValidationError as exc:
             raise SpecError(_describe_validation(self.spec_path or self.name, exc)) from exc
 

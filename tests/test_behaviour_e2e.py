@@ -133,8 +133,8 @@ def test_status_and_follow_say_where_the_output_goes_with_one_name_per_phase(dae
 def test_a_refused_ssh_host_is_said_at_once_in_one_line(daemon: DaemonProcess, daemon_env, make_job) -> None:
     spec = make_job("remote", "print(1)\n")
     began = time.monotonic()
-    result = supervise(daemon_env, "start", str(spec), "--set", "host=ssh://nobody@127.0.0.1:1",
-                       "--set", "python=/usr/bin/python3", "--set", "workdir=/tmp", check=False)
+    result = supervise(daemon_env, "start", str(spec), "--host", "ssh://nobody@127.0.0.1:1",
+                       "--python", "/usr/bin/python3", "--workdir", "/tmp", check=False)
     took = time.monotonic() - began
     assert result.returncode == 69, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -211,6 +211,23 @@ def test_after_holds_a_job_until_the_other_is_done(daemon: DaemonProcess, home: 
     assert _runs(home) == ["first", "second"]
 
 
+def test_start_after_a_job_that_gave_up_fails_in_one_line(daemon: DaemonProcess, home: Path,
+                                                         daemon_env: dict[str, str]) -> None:
+    directory = home / "specs"
+    directory.mkdir()
+    first = _step_spec(directory, home, "first")
+    second = _step_spec(directory, home, "second")
+    client = daemon.client()
+    client.start(str(first), {"fail": "1"})  # max_attempts = 1: it gives up
+    wait_until(lambda: client.status("first").jobs[0].state is JobState.FAILED)
+    result = supervise(daemon_env, "start", str(second), "--after", "first", check=False)
+    assert result.returncode == 1, result
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert "second cancelled: not launched" in result.stderr and "first" in result.stderr
+    assert client.status("second").jobs[0].state is JobState.CANCELLED and _runs(home) == ["first"]
+    assert client.ping().pid == daemon.proc.pid
+
+
 BAD_PIPELINES = {  # what is replaced in the good pipeline, by what, and what the one line says
     "unknown step reference": ("{steps.prepare.params.out}", "{steps.nope.params.out}",
                                "{steps.nope.params.out}: 'nope': no such step"),

@@ -219,3 +219,49 @@ def test_the_silence_clock_runs_from_the_last_line_read_not_from_the_last_event(
     assert abs((upcoming.bound_s - upcoming.in_s) - (time.time() - log.stat().st_mtime)) < 0.5, upcoming
     end.write_text("")
     wait_until(lambda: job_state(client, "ticks") == "done", timeout=30)
+
+
+# Prints a line, then ends (exit 0) once the gate file exists.
+GATED_JOB = """\
+import os, sys, time
+print("working", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+"""
+
+
+def test_an_attempt_that_ended_while_the_daemon_was_down_ends_when_its_command_did(
+        daemon: DaemonProcess, make_job, home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("gated", GATED_JOB, params=f', "{gate}"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    row = wait_until(lambda: (a := client.attempts("gated").attempts) and a[0].pid and a[0])
+    daemon.kill(signal.SIGKILL)
+    gate.touch()
+    status_file = Path(_status_path(home, "gated"))
+    wait_until(status_file.exists, timeout=30)
+    ended_at = status_file.stat().st_mtime
+    wait_until(lambda: time.time() - ended_at > 3.0)  # the daemon comes back 3 s after the command ended
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "gated") == "done", timeout=30)
+    attempt = client.attempts("gated").attempts[0]
+    assert attempt.ended is not None
+    # Its end is the exit-status file's time, not the re-adoption's (3 s or more later).
+    assert abs(attempt.ended - ended_at) < 0.5, (attempt.ended, ended_at, time.time())
+    assert attempt.ended - row.started < time.time() - row.started - 2.5
+
+
+def _status_path(home: Path, job: str) -> str:
+    """The attempt's exit-status path, read from the store while no daemon runs."""
+    from supervisor.config import Paths
+    from supervisor.store import Store
+
+    store = Store(Paths(home).db)
+    try:
+        latest = store.latest_attempt(job)
+        assert latest is not None
+        return latest.status_path
+    finally:
+        store.close()

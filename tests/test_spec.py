@@ -11,6 +11,7 @@ import pytest
 from supervisor.errors import SpecError
 from supervisor.pipeline import is_pipeline_file, load_pipeline, resolve
 from supervisor.spec import find_spec, load_spec, parse_overrides
+from supervisor.spec_fields import FieldOverrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,7 +163,7 @@ def test_brace_escapes_and_format_specs_elsewhere(tmp_path: Path) -> None:
         assert "without '!' or ':'" in spec_error(write(tmp_path, f'command = ["x"]\n{where}', name="w.toml"))
     base = load_spec(write(tmp_path, 'command = ["x"]\nworkdir = "{v}"\n[params]\nv = "."', name="o.toml"))
     with pytest.raises(SpecError, match="without '!' or ':'"):
-        base.with_overrides({"workdir": "{v:>99999999}"})
+        base.with_overrides({}, FieldOverrides(workdir="{v:>99999999}"))
 
 
 @pytest.mark.parametrize("text, field", [

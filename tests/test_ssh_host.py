@@ -138,6 +138,28 @@ def test_signal_death_and_start_time_against_pid_reuse(ssh_env, tmp_path: Path, 
     assert status.signal == signal.SIGSEGV
 
 
+def test_exit_status_read_later_carries_when_the_command_ended(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    # Read 3 s after the end (as a re-adopting daemon does): its time is the status file's, by the
+    # box's clock, not the time of the read.
+    cleanup_tags.append("s.3.abc")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[Any, float, float]:
+        try:
+            handle = await host.launch(request(tmp_path, "import sys; sys.exit(3)", "s.3.abc"))
+            await asyncio.wait_for(host.wait_exit(handle), timeout=10)
+            written = Path(handle.status_path).stat().st_mtime
+            await asyncio.sleep(3.0)
+            read_at = time.time()
+            return await host.exit_status(handle), written, read_at
+        finally:
+            await host.close()
+
+    status, written, read_at = run(go)
+    assert status is not None and status.returncode == 3
+    assert status.ended_at is not None and abs(status.ended_at - written) < 1.5, (status.ended_at, written, read_at)
+
+
 def test_short_operations_share_one_resident_shell_that_is_replaced_if_it_dies(ssh_env, url: str) -> None:
     host = SshHost(url, env=ssh_env)
 

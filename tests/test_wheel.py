@@ -6,7 +6,7 @@ none" and exited 0, and `start extract` found no spec.
 
 The wheel itself is installed with `--no-deps`; its dependencies come from the interpreter running the
 tests, through a .pth file in the fresh venv (offline and fast; the wheel's own files are what is under
-test).  The extract job runs under this interpreter too (`--set python=`): it has torch and transformers
+test).  The extract job runs under this interpreter too (`--python`): it has torch and transformers
 (jobs/requirements.txt), which the supervise venv never has, as in "Two Python environments".
 """
 
@@ -156,7 +156,7 @@ def test_probe_from_the_wheel_finds_the_crash(venv: Path, outside: Path, user_ho
 
 @pytest.mark.timeout(600)  # the whole default extraction: about a minute on 2 idle cores, more on busy ones
 def test_start_extract_from_the_wheel_runs_the_embedded_job(venv: Path, outside: Path, user_home: Path) -> None:
-    start = [venv / "bin" / "supervise", "start", "extract", "--follow", "--set", f"python={sys.executable}"]
+    start = [venv / "bin" / "supervise", "start", "extract", "--follow", "--python", sys.executable]
     result = _run(start, cwd=outside, env=_env(user_home), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"phase +done\b", result.stdout), result.stdout  # one phase name per phase line

@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .. import __version__, protocol
+from ..command_check import check_local_command
 from ..config import config_changed, describe_settings
 from ..dependencies import check_after, with_after
 from ..errors import (
@@ -105,7 +106,8 @@ class Api:
                                           log_path="", message=f"{spec.name}: {waiting}")
         if n == 0:  # held by its `after`
             job = self.service.store.job(spec.name)
-            return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}")
+            return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}",
+                                          held=job.state)
         row = self.service.store.attempt(spec.name, n)
         what = f"{spec.shards} shards, first attempt {n}" if spec.shards > 1 else f"attempt {n}"
         return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
@@ -307,7 +309,11 @@ class Api:
         name = request.match_info["name"]
         body = await _body(request, protocol.RestartRequest)
         spec = _stored_spec(self.service.store.job(name).spec, name)
+        if body.fields.given():  # `restart --shards 4`: the stored spec changed, checked before the job is stopped
+            spec = spec.with_overrides({}, body.fields)
+            _check_hosts(spec, self.service.hosts)
         load_packs(spec.probes, spec.probe_files)  # a pack gone since: refused before the job is stopped
+        await asyncio.to_thread(check_local_command, spec)  # so is a command gone since
         stopped = await self._stop(name, body.grace_s)
         return _json(protocol.RestartResponse(stopped=stopped, started=await self._launch(spec)))
 
@@ -388,11 +394,7 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     _checked_name(body.spec_path, "spec_path")
     # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
     spec = await asyncio.to_thread(load_checked_spec, body)
-    for field, host in [("host", spec.host), *(("hosts", h) for h in spec.hosts)]:
-        try:
-            hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
-        except HostError as exc:
-            raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
+    _check_hosts(spec, hosts)
     try:
         await refuse_if_nothing_listens(spec.host)
     except ConnectionLost as exc:
@@ -400,9 +402,18 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     return spec
 
 
+def _check_hosts(spec: JobSpec, hosts: Hosts) -> None:
+    for field, host in [("host", spec.host), *(("hosts", h) for h in spec.hosts)]:
+        try:
+            hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
+        except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
+            raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
+
+
 def load_checked_spec(body: protocol.StartRequest) -> JobSpec:
-    spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides), body.after)
+    spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides, body.fields), body.after)
     spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+    check_local_command(spec)
     if spec.shards > 1 and spec.gather:
         spec.model_copy(update={"command": spec.gather}).argv(1)
     load_packs(spec.probes, spec.probe_files)

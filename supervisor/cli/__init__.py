@@ -21,7 +21,7 @@ from collections.abc import Callable
 from .. import __version__
 from ..errors import SuperviseError
 from ..events import EventKind
-from ._args import add_since, every_seconds, grace_seconds, line_count
+from ._args import add_field_flags, add_since, every_seconds, grace_seconds, line_count
 from .jobs import cmd_attempts, cmd_hold, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
@@ -72,11 +72,11 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p = add("start", cmd_start, "start a job or a pipeline (a name from jobs/ or a path to a .toml file)")
     p.add_argument("job")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a parameter (one argv item; never seen by a shell); STEP.KEY for one pipeline step")
+                   help="override a [params] parameter (one argv item; never seen by a shell); STEP.KEY for one pipeline step")
     p.add_argument("--after", action="append", default=[], metavar="JOB",
                    help="launch only once JOB's current run is done (cancelled if it gives up); repeatable")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
-    p.add_argument("--shards", metavar="N", help="run it as N shards at once ({shard}, {num_shards}); as --set shards=N")
+    add_field_flags(p)
 
     p = add("stop", cmd_stop, "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")
@@ -92,6 +92,7 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("job")
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    add_field_flags(p)
 
     p = add("rm", cmd_rm, "forget a job that is not running (its attempt logs are kept unless --logs)")
     p.add_argument("job")

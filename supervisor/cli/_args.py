@@ -13,6 +13,7 @@ from typing import TypeVar
 from ..client import Client
 from ..config import default_paths
 from ..protocol import MAX_GRACE_S
+from ..spec_fields import FieldOverrides
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -50,6 +51,27 @@ every_seconds = bounded(float, 0.1, 86400.0, "a number of seconds", " seconds")
 # `--grace`: as the daemon accepts it (protocol.MAX_GRACE_S).
 grace_seconds = bounded(float, 0.0, MAX_GRACE_S, "a number of seconds", " seconds (a day)")
 line_count = bounded(int, 1, 1_000_000_000, "a whole number")  # `-n`: lines or events
+
+
+def whole_number(text: str) -> int:
+    """`--shards`: a whole number (its range is the spec's, so `--shards 0` is a spec error, exit 65)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
+
+
+def add_field_flags(p: argparse.ArgumentParser) -> None:
+    """The spec fields a user may change at start (spec_fields.py); `--set` is for [params] only."""
+    p.add_argument("--host", default=None, metavar="HOST", help="run it there: local, ssh://[user@]box[:port], slurm://...")
+    p.add_argument("--python", default=None, metavar="PATH", help="the job's interpreter ({python})")
+    p.add_argument("--workdir", default=None, metavar="DIR", help="its working directory (absolute on a remote host)")
+    p.add_argument("--shards", type=whole_number, default=None, metavar="N",
+                   help="run it as N shards at once ({shard}, {num_shards})")
+
+
+def field_overrides(args: argparse.Namespace) -> FieldOverrides:
+    return FieldOverrides(host=args.host, python=args.python, workdir=args.workdir, shards=args.shards)
 
 
 def since_time(text: str, now: float | None = None) -> float:

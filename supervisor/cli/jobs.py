@@ -3,29 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from .. import _format as _fmt
 from .. import protocol
-from ..events import Verdict
+from ..events import JobState, Verdict
 from ..dependencies import with_after
 from ..pipeline import find_pipeline
 from ..spec import find_spec, parse_overrides
 from ._args import client as _client
+from ._args import field_overrides
 from .logs import follow_job
 from .pipelines import start_pipeline
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    overrides = parse_overrides(args.overrides)
+    overrides, fields = parse_overrides(args.overrides), field_overrides(args)
     if (pipeline := find_pipeline(args.job)) is not None:
-        return start_pipeline(args, pipeline, overrides)
-    if args.shards is not None:
-        overrides["shards"] = args.shards
-    spec = with_after(find_spec(args.job).with_overrides(overrides), args.after)
+        return start_pipeline(args, pipeline, overrides, fields)
+    spec = with_after(find_spec(args.job).with_overrides(overrides, fields), args.after)
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
-    response = client.start(spec.spec_path, overrides, args.after)
+    response = client.start(spec.spec_path, overrides, args.after, fields)
+    if _cancelled(response):
+        return 1
     for note in response.notes:
         print(f"supervise: note: {note}")
     print(f"supervise: {response.message}" + (f"; log {response.log_path}" if response.log_path else ""))
@@ -34,6 +36,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     for path in spec.output_paths():
         print(f"supervise: {spec.name} writes its output to {path}")
     return follow_job(client, spec.name, response.attempt)
+
+
+def _cancelled(response: protocol.StartResponse) -> bool:
+    """A job whose `after` already gave up is never launched: said in one line, and the command fails."""
+    if response.held is not JobState.CANCELLED:
+        return False
+    print(f"supervise: {response.message}", file=sys.stderr)
+    return True
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -61,10 +71,12 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     client = _client()
-    response = client.restart(args.job, args.grace)
+    response = client.restart(args.job, args.grace, field_overrides(args))
     if response.stopped is not None:
         _print_stopped(response.stopped)
     started = response.started
+    if _cancelled(started):
+        return 1
     print(f"supervise: {started.message}" + (f"; log {started.log_path}" if started.log_path else ""))
     if not args.follow:
         return 0

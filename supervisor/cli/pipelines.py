@@ -12,17 +12,18 @@ from .. import protocol
 from ..errors import SpecError
 from ..events import JobState
 from ..pipeline import load_pipeline, resolve
+from ..spec_fields import FieldOverrides
 from ._args import client as _client
 
 FINAL = (JobState.DONE, JobState.FAILED, JobState.STOPPED, JobState.CANCELLED)
 
 
-def start_pipeline(args: argparse.Namespace, path: Path, overrides: dict[str, str]) -> int:
+def start_pipeline(args: argparse.Namespace, path: Path, overrides: dict[str, str], fields: FieldOverrides) -> int:
     if args.after:
         raise SpecError(f"{path}: --after applies to a job; a pipeline's steps say their own `after`")
-    resolve(load_pipeline(path), path, overrides)  # every problem said here, before the daemon is involved
+    resolve(load_pipeline(path), path, overrides, fields)  # every problem said here, before the daemon is involved
     client = _client()
-    response = client.start_pipeline(str(path.resolve()), overrides)
+    response = client.start_pipeline(str(path.resolve()), overrides, fields)
     print(f"supervise: {response.message}")
     if not args.follow:
         return 0

@@ -181,6 +181,16 @@ EXIT_STATUS = r"""
 if [ -e "$1" ]; then echo present; cat -- "$1"; else echo absent; fi
 """
 
+# $1 the exit-status file.  As EXIT_STATUS, then "age N": how many seconds ago the wrapper wrote
+# it, by the box's own clock (so a clock that differs from the supervisor's does not matter);
+# no age line where `stat -c` is missing.
+EXIT_STATUS_AGED = r"""
+if [ -e "$1" ]; then
+  echo present; cat -- "$1"; echo
+  m=$(stat -c %Y -- "$1" 2>/dev/null) && echo "age $(( $(date +%s) - m ))"
+else echo absent; fi
+"""
+
 ATTEMPT_PIDS = PROC_FUNCS + r"""
 _members "$1" "$2" "$3" "$4"
 """

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..gpu import GpuDevice, GpuProcess, GpuSample
-from .base import KillReport
+from .base import ExitStatus, KillReport
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,17 @@ def gpu_sample(ts: float, rc: int | None, lines: list[str], err: str, where: str
     devices = parse_gpus(lines[at_gpus + 1 : at_apps])
     processes = parse_apps(lines[at_apps + 1 :], devices)
     return GpuSample(ts, True, "", tuple(devices), tuple(processes))
+
+
+def parse_exit_status(out: bytes, now: float) -> ExitStatus | None:
+    """EXIT_STATUS_AGED's answer: None while the file is absent (or holds no number yet); its
+    age, when given, dates the command's end on this machine's clock (``now`` minus the age)."""
+    lines = out.decode(errors="replace").splitlines()
+    if not lines or lines[0].strip() != "present" or len(lines) < 2:
+        return None
+    code = lines[1].strip()
+    if not code.lstrip("-").isdigit():
+        return None
+    age = next((line.split()[1] for line in lines[2:] if line.startswith("age ") and len(line.split()) == 2), None)
+    ended_at = now - max(0, int(age)) if age is not None and age.lstrip("-").isdigit() else None
+    return ExitStatus.from_wrapper_code(int(code), ended_at=ended_at)

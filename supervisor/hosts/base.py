@@ -28,6 +28,9 @@ from ..gpu import GpuSample
 # process), so the command and all it starts are born inside.
 # A status that cannot be written (a full disk) is tried again each second for up to an hour:
 # the wrapper lives on meanwhile, so the daemon sees the attempt end once its true exit is known.
+# A command the shell cannot find is said in one line of our own (NOT_FOUND_LINE, exit 127), the
+# same from every shell; the inner shell is named "supervise" ($0), so that any message of its
+# own starts with that, not with the exit-status path it was once given as $0.
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
 ( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
@@ -35,21 +38,24 @@ cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $wo
 ( trap '' HUP
   [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
     echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
-  exec setsid sh -c '"$@"; rc=$?; n=0; until printf "%s\n" "$rc" > "$0.tmp" && mv -f "$0.tmp" "$0"; do
-    n=$((n+1)); [ $n -gt 3600 ] && exit "$rc"; sleep 1; done' "$status" "$@"
+  exec setsid sh -c 's=$1; shift; if command -v "$1" >/dev/null 2>&1; then "$@"; rc=$?; else
+    echo "supervise: command not found: $1" >&2; rc=127; fi; n=0
+    until printf "%s\n" "$rc" > "$s.tmp" && mv -f "$s.tmp" "$s"; do
+    n=$((n+1)); [ $n -gt 3600 ] && exit "$rc"; sleep 1; done' supervise "$status" "$@"
 ) </dev/null >>"$log" 2>&1 &
 echo $!
 """
 
 TAG_VAR = "SUPERVISE_ATTEMPT"
-_WRAPPER_SCRIPT_START = '"$@"; rc=$?;'
+_WRAPPER_SCRIPT_START = 's=$1; shift;'
+NOT_FOUND_LINE = "supervise: command not found: "  # + the command, as the wrapper writes it to the log
 
 
 def shown_command(cmdline: list[str]) -> str:
     """A process's command line as a user should read it: the wrapper's shell (``sh -c SCRIPT
-    STATUS ARGV...``) as the user's command it runs, marked as the wrapper, not its script."""
-    if len(cmdline) > 4 and cmdline[1] == "-c" and cmdline[2].startswith(_WRAPPER_SCRIPT_START):
-        return " ".join(cmdline[4:]) + "  (its wrapper)"
+    supervise STATUS ARGV...``) as the user's command it runs, marked as the wrapper, not its script."""
+    if len(cmdline) > 5 and cmdline[1] == "-c" and cmdline[2].startswith(_WRAPPER_SCRIPT_START):
+        return " ".join(cmdline[5:]) + "  (its wrapper)"
     return " ".join(cmdline)
 
 
@@ -94,12 +100,15 @@ class ExitStatus:
     _: KW_ONLY  # what hosts may add, named: two optional facts of one type must never swap places
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
     scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
+    # When the command ended (wall time, this machine's clock): the wrapper wrote the status file
+    # then, so its mtime says, even if no daemon watched; None where the host cannot tell.
+    ended_at: float | None = None
 
     @classmethod
-    def from_wrapper_code(cls, code: int | None) -> ExitStatus:
+    def from_wrapper_code(cls, code: int | None, ended_at: float | None = None) -> ExitStatus:
         if code is not None and code > 128:
-            return cls(returncode=code, signal=code - 128)
-        return cls(returncode=code, signal=None)
+            return cls(returncode=code, signal=code - 128, ended_at=ended_at)
+        return cls(returncode=code, signal=None, ended_at=ended_at)
 
     def describe(self) -> str:
         if self.scheduler_end is not None:

@@ -137,13 +137,15 @@ class LocalHost:
 
     async def exit_status(self, handle: ProcessHandle) -> ExitStatus | None:
         try:
-            text = Path(handle.status_path).read_text().strip()
+            with open(handle.status_path) as file:  # one open file: its mtime is this status's, not a newer one's
+                text = file.read().strip()
+                written = os.fstat(file.fileno()).st_mtime
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("exit status unreadable", path=handle.status_path, error=str(exc))
             return None
-        return ExitStatus.from_wrapper_code(int(text)) if text.lstrip("-").isdigit() else None
+        return ExitStatus.from_wrapper_code(int(text), ended_at=written) if text.lstrip("-").isdigit() else None
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         return {p.pid for p in _attempt_processes(handle, self.containment.cgroup_of(handle.tag))}

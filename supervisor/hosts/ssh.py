@@ -220,12 +220,8 @@ class SshHost(SshConnection):
         return str(max(0, handle.pid)), _start_arg(handle), str(max(0, handle.pgid)), handle.tag
 
     async def _read_status(self, handle: ProcessHandle, *, forever: bool) -> ExitStatus | None:
-        _, out, _ = await self._exec(_remote.EXIT_STATUS, handle.status_path, forever=forever)
-        first, _, text = out.partition(b"\n")
-        if first.strip() != b"present":
-            return None
-        value = text.decode(errors="replace").strip()
-        return ExitStatus.from_wrapper_code(int(value)) if value.lstrip("-").isdigit() else None
+        _, out, _ = await self._exec(_remote.EXIT_STATUS_AGED, handle.status_path, forever=forever)
+        return _remote_parse.parse_exit_status(out, time.time())
 
 
 def _start_arg(handle: ProcessHandle) -> str:

@@ -70,6 +70,13 @@ class Live:
     judge_at_once: bool = False
     catch_up_until: float | None = None
 
+    def ended_at(self) -> float:
+        """When the attempt's command ended: the time its exit status was written where the host
+        tells (a re-adopted attempt may have ended long before this daemon saw it), else now."""
+        now = time.time()
+        written = self.exit_status.ended_at if self.exit_status is not None else None
+        return now if written is None else min(now, max(self.row.started, written))
+
 
 class Recording:
     """How a runner records what happens: job state, attempt fields and events, each through the

@@ -32,7 +32,7 @@ from ._gpu_wait import GpuWaiting
 log = structlog.get_logger("supervise.runner")
 
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
-
+LAUNCH_PACK = "launch"  # probes/launch.toml
 
 class JobRunner(Adopting, GpuWaiting):
     shard: int | None = None  # stored with each attempt; a shard's runner (sharding.py) sets it
@@ -46,7 +46,8 @@ class JobRunner(Adopting, GpuWaiting):
         self._stop_requested = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.error: SuperviseError | None = None  # what ended the loop, if an error did (`start` reports it)
-        self._engine_packs = load_packs(spec.probes, spec.probe_files)
+        # The wrapper's own lines (a command not found) are read whatever packs the spec names.
+        self._engine_packs = load_packs(None if spec.probes is None else [*spec.probes, LAUNCH_PACK], spec.probe_files)
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
         self._init_notifying()
@@ -121,7 +122,7 @@ class JobRunner(Adopting, GpuWaiting):
             fingerprint = live.failure.fingerprint if live.failure else None
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
-                self._update(live.row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", verdict=None,
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action="stopped by user", verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
                 self._action(live, "stopped by user", {})
                 self._set_job(JobState.STOPPED, "stopped by user")
@@ -131,7 +132,8 @@ class JobRunner(Adopting, GpuWaiting):
                 self._set_job(JobState.DONE, judgement.reason)
                 await self._alert_done(live, judgement)
                 return
-            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp)
+            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp,
+                                          live.failure.kind if live.failure else None)
             await self._cleanup(live, judgement)
             released = await self._wait_gpu_release(live)
             if not released:
@@ -195,7 +197,7 @@ class JobRunner(Adopting, GpuWaiting):
         live.exit_status = status
         stopped = self._stop_requested.is_set()
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
-                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=time.time(),
+                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
                      action="stopped by user" if stopped else "none: supervision failed",
                      reason=f"{reason}; the command {status.describe()}")
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
@@ -330,6 +332,6 @@ class JobRunner(Adopting, GpuWaiting):
         return result.released
 
     async def _end_attempt(self, live: Live, judgement: Judgement, action: str) -> None:
-        self._update(live.row.n, state=AttemptState.ENDED, ended=time.time(), action=action,
+        self._update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
                      verdict=judgement.verdict.value, reason=judgement.reason)
         self._action(live, action, {})

@@ -57,7 +57,7 @@ class Notifying(Recording):
             await self._send(live, notices.gave_up(self._about(live), judgement, gave_up))
 
     async def _alert_done(self, live: Live, judgement: Judgement) -> None:
-        await self._send(live, notices.done(self._about(live), judgement, time.time() - live.row.started))
+        await self._send(live, notices.done(self._about(live), judgement, live.ended_at() - live.row.started))
 
     def _notify_observed(self, live: Live, events: list[Event]) -> None:
         """Milestones among the events just read: a phase the spec names, a bar's ETA."""

@@ -57,7 +57,7 @@ phase_target() {
 pipeline() {  # $1 label, $2 prompt set: the eagle3 pipeline (extract -> train) under supervise
   say "pipeline $1: extract (vllm) -> train, prompts $(wc -l < "$2")"
   local vocab; vocab=$($JOBPY -c "import json; print(json.load(open('$T/config.json'))['vocab_size'])")
-  SV start eagle3 --set model="$T" --set out="$W/$1" --set device="$DEVICE" --set python="$JOBPY" \
+  SV start eagle3 --set model="$T" --set out="$W/$1" --set device="$DEVICE" --python "$JOBPY" \
     --set extract.backend="$BACKEND" --set extract.prompts="$2" --set extract.pythonpath=/tmp/site \
     --set train.epochs="$EPOCHS" --set train.batch_size="$BATCH" --set train.draft_vocab="$vocab" \
     --set train.lr=3e-4 --set train.save_every=500 --follow 2>&1 | grep -v "progress" | tail -12

@@ -27,7 +27,7 @@ say "tiny model"
 (cd jobs && $JOBPY -m eagle3.tiny_model /tmp/models/tiny-llama) 2>&1 | tail -3
 
 say "A: extract with the vllm backend, verified against hf"
-SV start extract --set backend=vllm --set device=cuda --set python="$JOBPY" --set pythonpath=/tmp/site \
+SV start extract --set backend=vllm --set device=cuda --python "$JOBPY" --set pythonpath=/tmp/site \
    --set model=/tmp/models/tiny-llama --set out=/tmp/out-vllm --set verify=8 --follow 2>&1 | grep -v "progress extract" | tail -25
 cp "$SUPERVISE_HOME/logs/extract/attempt-1.log" "$OUT/extract-vllm.log" 2>/dev/null
 python3 - <<'PY' 2>&1 | tee "$OUT/extract-verify.txt"
