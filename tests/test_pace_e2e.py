@@ -121,7 +121,11 @@ def test_a_second_run_slower_than_the_first_is_slow_never_stalled(
 
     [bound] = wait_until(moving_bound, timeout=30)
     assert (bound.bound_s, bound.kind) == (20.0, "default_floor")
-    wait_until(lambda: client.status("paced").jobs[0].state in ("done", "failed", "backoff"), timeout=60)
+    def second_verdict():
+        found = [e for e in client.events("paced").events if e.kind == "verdict" and e.attempt == 2]
+        return found and client.status("paced").jobs[0].state in ("done", "failed", "backoff")
+
+    wait_until(second_verdict, timeout=60)
     job = client.status("paced").jobs[0]
     events = client.events("paced").events
     verdicts = [(e.attempt, e.data.get("verdict")) for e in events if e.kind == "verdict"]
