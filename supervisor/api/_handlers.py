@@ -30,6 +30,7 @@ from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
 from ..hosts.reach import refuse_if_nothing_listens
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..pending_writes import when_free
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
 from ..spec import JobSpec, load_spec
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
     from ..hosts.registry import Hosts
 
 log = structlog.get_logger("supervise.api")
+
+# A verb's write waits this long for a lock another process holds, then answers "store busy" (74).
+_VERB_STORE_WAIT_S = 2.0
 
 
 
@@ -96,7 +100,8 @@ class Api:
         return _json(await self.service.pipelines.start(body))
 
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
-        self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
+        await when_free(lambda: self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING),
+                        within_s=_VERB_STORE_WAIT_S)
         runner = self.service.start_runner(spec)
         n = await wait_for_attempt(self.service.store, spec.name, runner)
         if n == 0 and (waiting := gpu_wait(runner)) is not None:
@@ -142,7 +147,8 @@ class Api:
         pids = await attempt_pids(slot.host, unended, report, before.known_pids if before else ())
         held = await still_held(slot.gpu.sample, pids)
         if strays.attempts and not running:
-            self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
+            await when_free(lambda: self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)"),
+                            within_s=_VERB_STORE_WAIT_S)
         orphans = set(report.reparented)
         processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
                      for p, n in report.terminated]
@@ -319,7 +325,7 @@ class Api:
         runner = self.service.runners.get(name)
         if (runner is not None and runner.running) or any(a.state.active for a in attempts):
             raise AlreadyRunning(f"job '{name}' is running; `supervise stop {name}` first, then `supervise rm {name}`")
-        self.service.store.delete_job(name)
+        await when_free(lambda: self.service.store.delete_job(name), within_s=_VERB_STORE_WAIT_S)
         self.service.runners.pop(name, None)
         if request.query.get("logs") == "1":
             removed = remove_logs(attempts)

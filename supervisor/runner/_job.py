@@ -17,7 +17,7 @@ from ..errors import LaunchError, StoreError, SuperviseError
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import wait_for_release
 from ..hosts.base import ExitStatus, KillReport, LaunchRequest
-from ..pending_writes import PendingWrites
+from ..pending_writes import PendingWrites, when_free
 from ..policy import RestartPolicy
 from ..probes import load_packs
 from ..snapshot import RunnerSnapshot, watching
@@ -247,7 +247,7 @@ class JobRunner(Adopting, GpuWaiting):
             log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
             fingerprint=None, action=None, run=run, shard=self.shard,
         )
-        store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
+        await when_free(lambda: store.add_attempt(row))  # saved before launch: a crash here leaves a visible 'launching' row
         self._set_job(JobState.RUNNING, f"attempt {n}")
         self._baseline = self._gpu_baseline()
         try:
