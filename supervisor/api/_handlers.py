@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .. import __version__, protocol
+from .. import streams as _streams
 from ..config import config_changed, describe_settings
 from ..dependencies import check_after, with_after
 from ..errors import (
@@ -219,7 +220,7 @@ class Api:
                 try:
                     batch = sub.queue.get_nowait() if ended else await asyncio.wait_for(sub.queue.get(), timeout=0.5)
                 except (TimeoutError, asyncio.QueueEmpty):
-                    if ended:
+                    if ended or _streams.client_gone(request):  # a quiet stream writes nothing to notice it
                         break
                     continue
                 if batch is None:
@@ -248,7 +249,7 @@ class Api:
         follow = request.query.get("follow") == "1"
         response = await _ndjson(request)
         follower = self.service.hosts.get(row.host).host.follow(row.log_path, offset)
-        ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
+        ender = asyncio.create_task(self._finish_when_ended(request, row, follower, follow))
         try:
             async for batch in follower.records():
                 for record in batch:
@@ -266,9 +267,9 @@ class Api:
             await follower.aclose()
         return response
 
-    async def _finish_when_ended(self, row: AttemptRow, follower: Follower, follow: bool) -> None:
+    async def _finish_when_ended(self, request: web.Request, row: AttemptRow, follower: Follower, follow: bool) -> None:
         if follow:
-            while self.service.store.attempt(row.job, row.n).state.active:
+            while self.service.store.attempt(row.job, row.n).state.active and not _streams.client_gone(request):
                 await asyncio.sleep(0.25)
         follower.finish()
 
@@ -381,6 +382,7 @@ def build_app(service: Service) -> web.Application:
     handlers = Api(service)
     app = web.Application(middlewares=[_errors_middleware])
     app[REQUEST_TIMEOUT] = service.settings.request_timeout_s
+    _streams.track(app)
     for method, path, handler_name, _, _ in ROUTES:
         app.router.add_route(method, path, getattr(handlers, handler_name))
     app.router.add_get("/openapi.json", handlers.openapi)

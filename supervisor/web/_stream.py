@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .. import streams
 from ..store import EventQuery
 from ..views import event_info
 from ._status import PageStatus
@@ -59,6 +60,7 @@ class EventStream:
         sub = self.service.bus.stream()  # before the backlog: nothing falls in between
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         await response.prepare(request)
+        streams.opened(request)
         try:
             await response.write(f"retry: {_RETRY_MS}\n\n".encode())
             if self.after is not None:
