@@ -89,11 +89,11 @@ class Api:
 
     async def _start_notes(self, spec: JobSpec) -> list[str]:
         try:
-            changed = spec_change(spec.name, self.service.store.job(spec.name).spec, spec)
+            stored = self.service.store.job(spec.name).spec
         except NotFound:
-            changed = None  # a new job
-        packs = await asyncio.to_thread(load_packs, spec.probes, spec.probe_files)  # files: off the loop
-        return [note for note in (changed, unreachable_health(spec, packs)) if note]
+            stored = None  # a new job
+        # In a thread: a spec may be up to 1 MiB (comparing two such is slow), packs are files.
+        return await asyncio.to_thread(_start_notes, spec, stored)
 
     async def start_pipeline(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.PipelineStartRequest)
@@ -406,6 +406,12 @@ async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
     except ConnectionLost as exc:
         raise ConnectionLost(f"could not start {spec.name}: {exc}") from exc
     return spec
+
+
+def _start_notes(spec: JobSpec, stored: dict[str, Any] | None) -> list[str]:
+    changed = spec_change(spec.name, stored, spec) if stored is not None else None
+    packs = load_packs(spec.probes, spec.probe_files)
+    return [note for note in (changed, unreachable_health(spec, packs)) if note]
 
 
 def load_checked_spec(body: protocol.StartRequest) -> JobSpec:

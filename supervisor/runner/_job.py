@@ -251,7 +251,8 @@ class JobRunner(Adopting, GpuWaiting):
         self._set_job(JobState.RUNNING, f"attempt {n}")
         self._baseline = self._gpu_baseline()
         try:
-            request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
+            env = await asyncio.to_thread(spec.environment, n)  # a spec's `env` may be 1 MiB: off the loop
+            request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
                                     status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
             handle = await self.ctx.host.launch(request)
         except Exception as exc:  # re-raised as a SuperviseError
