@@ -120,6 +120,20 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create the store's directory {path.parent}: {exc.strerror}") from exc
 
+    @classmethod
+    def reader(cls, path: Path) -> Store:
+        """A second, read-only connection to the same file, for reads done in a thread (the
+        daemon's own connection is the loop's).  WAL: it never waits on the writer."""
+        store = cls.__new__(cls)
+        store.path = path
+        try:
+            store._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        store._db.row_factory = sqlite3.Row
+        store._db.execute("PRAGMA busy_timeout=0")
+        return store
+
     def close(self) -> None:
         self._db.close()
 
@@ -299,6 +313,12 @@ class Store:
         args.append(limit)
         found = [_event(r) for r in self._read(sql, args)]
         return found[::-1] if latest else found
+
+    def count_events(self, query: EventQuery) -> dict[str, int]:
+        """How many events match ``query`` (job and after_id), by kind."""
+        rows = self._read("SELECT kind, COUNT(*) FROM events WHERE job=? AND id>? GROUP BY kind",
+                          (query.job, query.after_id))
+        return {row[0]: int(row[1]) for row in rows}
 
     # -- the daemon's heartbeat ----------------------------------------------------------
 
