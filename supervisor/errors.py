@@ -10,6 +10,7 @@ where they enter, with ``raise X from exc`` so the cause stays in tracebacks.
     ├── SpecError              a job spec that does not validate (file, field, what was expected)
     ├── ProbePackError         a probe pack that does not load (file, probe id, problem)
     ├── StoreError             the SQLite store cannot be opened or written
+    │   └── StoreBusy          another process holds the store's lock (a `sqlite3` shell, a backup)
     ├── FileWriteError         a file the CLI writes (`report --out`) cannot be written
     ├── HostError              a host cannot launch, follow, signal or inspect
     │   ├── LaunchError        the wrapper did not start the command
@@ -53,6 +54,11 @@ class ProbePackError(SuperviseError):
 
 class StoreError(SuperviseError):
     exit_code = 74  # EX_IOERR
+
+
+class StoreBusy(StoreError):
+    """Another process holds the store's lock: the daemon does not wait on it (its loop would
+    stop), it says so.  Still 74: the store cannot be written, for now; nothing stored is lost."""
 
 
 class FileWriteError(SuperviseError):
@@ -107,6 +113,7 @@ class ErrorKind(StrEnum):
     SPEC = "spec"
     PROBE_PACK = "probe_pack"
     STORE = "store"
+    STORE_BUSY = "store_busy"
     FILE_WRITE = "file_write"
     HOST = "host"
     LAUNCH = "launch"
@@ -132,6 +139,7 @@ TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(ErrorKind.SPEC, SpecError, 422),
     ErrorRow(ErrorKind.PROBE_PACK, ProbePackError, 422),
     ErrorRow(ErrorKind.STORE, StoreError, 507),
+    ErrorRow(ErrorKind.STORE_BUSY, StoreBusy, 503),
     ErrorRow(ErrorKind.FILE_WRITE, FileWriteError, 507),
     ErrorRow(ErrorKind.HOST, HostError, 502),
     ErrorRow(ErrorKind.LAUNCH, LaunchError, 502),

@@ -46,10 +46,10 @@ class PaceStore:
 
     def history(self, job: str, fingerprint: str, host_kind: str, *, before: int | None = None) -> PaceHistory:
         """Each bar's intervals over the latest ``_RUNS_KEPT`` attempts (before attempt ``before``)."""
-        rows = self.store._db.execute(
+        rows = self.store._read(
             "SELECT bar, attempt, intervals_json FROM bar_paces WHERE job=? AND spec_fingerprint=? AND host_kind=? "
             "AND attempt < ? ORDER BY attempt DESC",
-            (job, fingerprint, host_kind, before if before is not None else 1 << 62)).fetchall()
+            (job, fingerprint, host_kind, before if before is not None else 1 << 62))
         runs: dict[str, list[list[float]]] = defaultdict(list)
         for row in rows:
             if len(runs[row["bar"]]) < _RUNS_KEPT:

@@ -8,6 +8,10 @@ until the store takes them.  Each write is one transaction, rolled back when it 
 trying it again never doubles it.  Kept writes live in memory only: a daemon stopped before
 they are stored leaves the attempt `running` in the store, and the next daemon's recovery
 finishes it from its exit-status file.
+
+The store never makes the loop wait: another process holding its lock (a `sqlite3` shell, a
+backup) refuses a write at once (``StoreBusy``), and the write is kept like any other.  A caller
+that needs its write stored before it goes on (a launch, a verb's answer) awaits ``when_free``.
 """
 
 from __future__ import annotations
@@ -15,14 +19,32 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 
-from .errors import StoreError
+from .errors import StoreBusy, StoreError
 
 log = structlog.get_logger("supervise.runner")
 
 _RETRY_S = 1.0
+_BUSY_RETRY_S = 0.05  # a held lock is usually let go of soon: a verb waiting on it answers soon after
+
+T = TypeVar("T")
+
+
+async def when_free(write: Callable[[], T], *, within_s: float | None = None) -> T:
+    """``write()``, tried again while another process holds the store's lock, on the loop's timer
+    (never blocking it).  ``within_s``: StoreBusy past that long (a verb answers "store busy"
+    rather than hang); None: until it is free.  Any other StoreError is raised at once."""
+    deadline = None if within_s is None else asyncio.get_running_loop().time() + within_s
+    while True:
+        try:
+            return write()
+        except StoreBusy:
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                raise
+        await asyncio.sleep(_BUSY_RETRY_S)
 
 
 class PendingWrites:

@@ -40,7 +40,7 @@ class PipelineStore:
                        (name, spec_path, json.dumps(overrides), json.dumps([asdict(s) for s in steps]), time.time()))
 
     def all(self) -> list[PipelineRow]:
-        rows = self.store._db.execute("SELECT * FROM pipelines ORDER BY name").fetchall()
+        rows = self.store._read("SELECT * FROM pipelines ORDER BY name")
         return [PipelineRow(name=r["name"], spec_path=r["spec_path"], overrides=json.loads(r["overrides_json"]),
                             steps=tuple(StepRow(**s) for s in json.loads(r["steps_json"])), started=r["started"])
                 for r in rows]

@@ -19,9 +19,9 @@ _PHASE_FIELDS = ("stall_floor_by_phase", "first_progress_s", "phase_deadline_s",
 
 def spec_change(job: str, stored: dict[str, Any], spec: JobSpec) -> str | None:
     """One line naming what differs between the spec the job ran with and ``spec``; None if nothing."""
-    new = spec.model_dump(mode="json")
-    changed = sorted(k for k in _flat(stored).keys() | _flat(new).keys()
-                     if k != "spec_path" and _flat(stored).get(k) != _flat(new).get(k))
+    # Each side flattened once: flattening per key made a spec of 20,000 `env` entries take minutes.
+    old, new = _flat(stored), _flat(spec.model_dump(mode="json"))
+    changed = sorted(k for k in old.keys() | new.keys() if k != "spec_path" and old.get(k) != new.get(k))
     old_path = stored.get("spec_path", "")
     if not changed and old_path == spec.spec_path:
         return None

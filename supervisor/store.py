@@ -8,6 +8,7 @@ the events it had stored: none lost, none doubled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import NotFound, StoreError
+from .errors import NotFound, StoreBusy, StoreError
 from .events import (
     AttemptState,
     Event,
@@ -108,12 +109,30 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             # NORMAL is durable against a killed process (the WAL is in the OS); only power loss can drop the tail.
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute("PRAGMA busy_timeout=5000")  # at start-up, nothing is served yet: waiting is fine
             self._migrate()
+            # Then never: a lock held by another process (a `sqlite3` shell, a backup) would stop the
+            # daemon's loop for as long as it is held.  Refused at once (StoreBusy), a write is kept
+            # and tried again by its caller (pending_writes), a read is answered "store busy".
+            self._db.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
         except OSError as exc:
             raise StoreError(f"cannot create the store's directory {path.parent}: {exc.strerror}") from exc
+
+    @classmethod
+    def reader(cls, path: Path) -> Store:
+        """A second, read-only connection to the same file, for reads done in a thread (the
+        daemon's own connection is the loop's).  WAL: it never waits on the writer."""
+        store = cls.__new__(cls)
+        store.path = path
+        try:
+            store._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        store._db.row_factory = sqlite3.Row
+        store._db.execute("PRAGMA busy_timeout=0")
+        return store
 
     def close(self) -> None:
         self._db.close()
@@ -129,7 +148,22 @@ class Store:
                 raise
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
+            if self._db.in_transaction:  # a COMMIT refused leaves it open: the next BEGIN would fail
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            if _busy(exc):
+                raise StoreBusy(f"store busy: another process holds the write lock on {self.path} (a `sqlite3` "
+                                "shell, a backup?); nothing stored was lost, try again once it lets go") from exc
             raise StoreError(f"store write failed ({self.path}): {exc}; free disk space, nothing stored was lost") from exc
+
+    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        """The rows of one query; a lock another process holds is StoreBusy, at once."""
+        try:
+            return self._db.execute(sql, tuple(args)).fetchall()
+        except sqlite3.Error as exc:
+            if _busy(exc):
+                raise StoreBusy(f"store busy: another process holds a lock on {self.path}; try again") from exc
+            raise StoreError(f"store read failed ({self.path}): {exc}") from exc
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -161,13 +195,13 @@ class Store:
             db.execute("UPDATE jobs SET state=?, reason=?, updated=? WHERE name=?", (state, reason, time.time(), name))
 
     def job(self, name: str) -> JobRow:
-        row = self._db.execute("SELECT * FROM jobs WHERE name=?", (name,)).fetchone()
-        if row is None:
+        rows = self._read("SELECT * FROM jobs WHERE name=?", (name,))
+        if not rows:
             raise NotFound(f"no job named '{name}'; `supervise jobs` lists the known ones")
-        return _job_row(row)
+        return _job_row(rows[0])
 
     def jobs(self) -> list[JobRow]:
-        return [_job_row(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY name")]
+        return [_job_row(r) for r in self._read("SELECT * FROM jobs ORDER BY name")]
 
     def delete_job(self, name: str) -> None:
         """Forget a job: its row, its attempts, its events and its bar paces, in one transaction."""
@@ -181,12 +215,10 @@ class Store:
     # -- attempts ---------------------------------------------------------------------
 
     def next_attempt_number(self, job: str) -> int:
-        row = self._db.execute("SELECT MAX(n) FROM attempts WHERE job=?", (job,)).fetchone()
-        return (row[0] or 0) + 1
+        return (self._read("SELECT MAX(n) FROM attempts WHERE job=?", (job,))[0][0] or 0) + 1
 
     def next_run_number(self, job: str) -> int:
-        row = self._db.execute("SELECT MAX(run) FROM attempts WHERE job=?", (job,)).fetchone()
-        return (row[0] or 0) + 1
+        return (self._read("SELECT MAX(run) FROM attempts WHERE job=?", (job,))[0][0] or 0) + 1
 
     def add_attempt(self, row: AttemptRow) -> None:
         with self._tx() as db:
@@ -204,21 +236,21 @@ class Store:
                 self._update_in_tx(db, job, n, fields)
 
     def attempt(self, job: str, n: int) -> AttemptRow:
-        row = self._db.execute(f"{_ATTEMPTS} WHERE a.job=? AND a.n=?", (job, n)).fetchone()
-        if row is None:
+        rows = self._read(f"{_ATTEMPTS} WHERE a.job=? AND a.n=?", (job, n))
+        if not rows:
             raise NotFound(f"job '{job}' has no attempt {n}; `supervise attempts {job}` lists them")
-        return _attempt_row(row)
+        return _attempt_row(rows[0])
 
     def attempts(self, job: str) -> list[AttemptRow]:
-        return [_attempt_row(r) for r in self._db.execute(f"{_ATTEMPTS} WHERE a.job=? ORDER BY a.n", (job,))]
+        return [_attempt_row(r) for r in self._read(f"{_ATTEMPTS} WHERE a.job=? ORDER BY a.n", (job,))]
 
     def latest_attempt(self, job: str) -> AttemptRow | None:
-        row = self._db.execute(f"{_ATTEMPTS} WHERE a.job=? ORDER BY a.n DESC LIMIT 1", (job,)).fetchone()
-        return _attempt_row(row) if row else None
+        rows = self._read(f"{_ATTEMPTS} WHERE a.job=? ORDER BY a.n DESC LIMIT 1", (job,))
+        return _attempt_row(rows[0]) if rows else None
 
     def live_attempts(self) -> list[AttemptRow]:
         live = [state.value for state in AttemptState if state.active]
-        rows = self._db.execute(f"{_ATTEMPTS} WHERE a.state IN ({','.join('?' * len(live))}) ORDER BY a.job, a.n", live)
+        rows = self._read(f"{_ATTEMPTS} WHERE a.state IN ({','.join('?' * len(live))}) ORDER BY a.job, a.n", live)
         return [_attempt_row(r) for r in rows]
 
     # -- events -----------------------------------------------------------------------
@@ -279,8 +311,14 @@ class Store:
             args.extend(kinds)
         sql += f" ORDER BY id {'DESC' if latest else 'ASC'} LIMIT ?"
         args.append(limit)
-        found = [_event(r) for r in self._db.execute(sql, args)]
+        found = [_event(r) for r in self._read(sql, args)]
         return found[::-1] if latest else found
+
+    def count_events(self, query: EventQuery) -> dict[str, int]:
+        """How many events match ``query`` (job and after_id), by kind."""
+        rows = self._read("SELECT kind, COUNT(*) FROM events WHERE job=? AND id>? GROUP BY kind",
+                          (query.job, query.after_id))
+        return {row[0]: int(row[1]) for row in rows}
 
     # -- the daemon's heartbeat ----------------------------------------------------------
 
@@ -291,8 +329,8 @@ class Store:
 
     def last_beat(self) -> float | None:
         """When a daemon was last known alive (None: never, in this store)."""
-        row = self._db.execute("SELECT ts FROM daemon_heartbeat WHERE id=1").fetchone()
-        return None if row is None else float(row[0])
+        rows = self._read("SELECT ts FROM daemon_heartbeat WHERE id=1")
+        return float(rows[0][0]) if rows else None
 
     # -- GPU samples ------------------------------------------------------------------
 
@@ -304,10 +342,16 @@ class Store:
             )
 
     def gpu_history(self, host: str, since: float) -> list[tuple[float, int, int, int]]:
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT ts, gpu, used_mib, total_mib FROM gpu_samples WHERE host=? AND ts>=? ORDER BY ts", (host, since)
         )
         return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused because another connection holds a lock (SQLITE_BUSY, SQLITE_LOCKED)."""
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or \
+        "database is locked" in str(exc)
 
 
 def _job_row(row: sqlite3.Row) -> JobRow:

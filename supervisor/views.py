@@ -58,6 +58,8 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
 
 
 def _outputs(stored: dict[str, Any]) -> list[str]:
+    if not stored.get("outputs"):  # validating a whole spec (up to 1 MiB) on each status, for nothing
+        return []
     try:
         return JobSpec.model_validate(stored).output_paths()
     except (ValidationError, SpecError):  # a spec stored by an older version: no outputs to show

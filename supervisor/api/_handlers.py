@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .. import __version__, protocol
+from .. import streams as _streams
 from ..command_check import check_local_command
 from ..config import config_changed, describe_settings
 from ..dependencies import check_after, with_after
@@ -31,6 +32,7 @@ from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
 from ..hosts.reach import refuse_if_nothing_listens
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..pending_writes import when_free
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
 from ..spec import JobSpec, load_spec
@@ -61,6 +63,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("supervise.api")
 
+# A verb's write waits this long for a lock another process holds, then answers "store busy" (74).
+_VERB_STORE_WAIT_S = 2.0
+
 
 
 class Api:
@@ -85,11 +90,11 @@ class Api:
 
     async def _start_notes(self, spec: JobSpec) -> list[str]:
         try:
-            changed = spec_change(spec.name, self.service.store.job(spec.name).spec, spec)
+            stored = self.service.store.job(spec.name).spec
         except NotFound:
-            changed = None  # a new job
-        packs = await asyncio.to_thread(load_packs, spec.probes, spec.probe_files)  # files: off the loop
-        return [note for note in (changed, unreachable_health(spec, packs), idle_learned_min(spec)) if note]
+            stored = None  # a new job
+        # In a thread: a spec may be up to 1 MiB (comparing two such is slow), packs are files.
+        return await asyncio.to_thread(_start_notes, spec, stored)
 
     async def start_pipeline(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.PipelineStartRequest)
@@ -97,7 +102,8 @@ class Api:
         return _json(await self.service.pipelines.start(body))
 
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
-        self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
+        await when_free(lambda: self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING),
+                        within_s=_VERB_STORE_WAIT_S)
         runner = self.service.start_runner(spec)
         n = await wait_for_attempt(self.service.store, spec.name, runner)
         if n == 0 and (waiting := gpu_wait(runner)) is not None:
@@ -144,7 +150,8 @@ class Api:
         pids = await attempt_pids(slot.host, unended, report, before.known_pids if before else ())
         held = await still_held(slot.gpu.sample, pids)
         if strays.attempts and not running:
-            self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)")
+            await when_free(lambda: self.service.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)"),
+                            within_s=_VERB_STORE_WAIT_S)
         orphans = set(report.reparented)
         processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
                      for p, n in report.terminated]
@@ -215,7 +222,7 @@ class Api:
                 try:
                     batch = sub.queue.get_nowait() if ended else await asyncio.wait_for(sub.queue.get(), timeout=0.5)
                 except (TimeoutError, asyncio.QueueEmpty):
-                    if ended:
+                    if ended or _streams.client_gone(request):  # a quiet stream writes nothing to notice it
                         break
                     continue
                 if batch is None:
@@ -244,7 +251,7 @@ class Api:
         follow = request.query.get("follow") == "1"
         response = await _ndjson(request)
         follower = self.service.hosts.get(row.host).host.follow(row.log_path, offset)
-        ender = asyncio.create_task(self._finish_when_ended(row, follower, follow))
+        ender = asyncio.create_task(self._finish_when_ended(request, row, follower, follow))
         try:
             async for batch in follower.records():
                 for record in batch:
@@ -262,9 +269,9 @@ class Api:
             await follower.aclose()
         return response
 
-    async def _finish_when_ended(self, row: AttemptRow, follower: Follower, follow: bool) -> None:
+    async def _finish_when_ended(self, request: web.Request, row: AttemptRow, follower: Follower, follow: bool) -> None:
         if follow:
-            while self.service.store.attempt(row.job, row.n).state.active:
+            while self.service.store.attempt(row.job, row.n).state.active and not _streams.client_gone(request):
                 await asyncio.sleep(0.25)
         follower.finish()
 
@@ -325,7 +332,7 @@ class Api:
         runner = self.service.runners.get(name)
         if (runner is not None and runner.running) or any(a.state.active for a in attempts):
             raise AlreadyRunning(f"job '{name}' is running; `supervise stop {name}` first, then `supervise rm {name}`")
-        self.service.store.delete_job(name)
+        await when_free(lambda: self.service.store.delete_job(name), within_s=_VERB_STORE_WAIT_S)
         self.service.runners.pop(name, None)
         if request.query.get("logs") == "1":
             removed = remove_logs(attempts)
@@ -381,6 +388,7 @@ def build_app(service: Service) -> web.Application:
     handlers = Api(service)
     app = web.Application(middlewares=[_errors_middleware])
     app[REQUEST_TIMEOUT] = service.settings.request_timeout_s
+    _streams.track(app)
     for method, path, handler_name, _, _ in ROUTES:
         app.router.add_route(method, path, getattr(handlers, handler_name))
     app.router.add_get("/openapi.json", handlers.openapi)
@@ -408,6 +416,12 @@ def _check_hosts(spec: JobSpec, hosts: Hosts) -> None:
             hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
         except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
             raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
+
+
+def _start_notes(spec: JobSpec, stored: dict[str, Any] | None) -> list[str]:
+    changed = spec_change(spec.name, stored, spec) if stored is not None else None
+    packs = load_packs(spec.probes, spec.probe_files)
+    return [note for note in (changed, unreachable_health(spec, packs), idle_learned_min(spec)) if note]
 
 
 def load_checked_spec(body: protocol.StartRequest) -> JobSpec:

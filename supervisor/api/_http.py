@@ -12,6 +12,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from .. import protocol
+from .. import streams as _streams
 from ..errors import (
     InternalError,
     RequestRejected,
@@ -108,6 +109,7 @@ def _cut(text: str, limit: int = 120) -> str:
 async def _ndjson(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
+    _streams.opened(request)  # a daemon stop ends it at once
     return response
 
 

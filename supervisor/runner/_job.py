@@ -17,7 +17,7 @@ from ..errors import LaunchError, StoreError, SuperviseError
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import wait_for_release
 from ..hosts.base import ExitStatus, KillReport, LaunchRequest
-from ..pending_writes import PendingWrites
+from ..pending_writes import PendingWrites, when_free
 from ..policy import RestartPolicy
 from ..probes import load_packs
 from ..snapshot import RunnerSnapshot, watching
@@ -249,11 +249,12 @@ class JobRunner(Adopting, GpuWaiting):
             log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
             fingerprint=None, action=None, run=run, shard=self.shard,
         )
-        store.add_attempt(row)  # saved before launch: a crash here leaves a visible 'launching' row
+        await when_free(lambda: store.add_attempt(row))  # saved before launch: a crash here leaves a visible 'launching' row
         self._set_job(JobState.RUNNING, f"attempt {n}")
         self._baseline = self._gpu_baseline()
         try:
-            request = LaunchRequest(argv=argv, workdir=workdir, env=spec.environment(n), log_path=log_path,
+            env = await asyncio.to_thread(spec.environment, n)  # a spec's `env` may be 1 MiB: off the loop
+            request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
                                     status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
             handle = await self.ctx.host.launch(request)
         except Exception as exc:  # re-raised as a SuperviseError

@@ -6,6 +6,7 @@ fixed tick."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -35,7 +36,11 @@ _TRACEBACK_QUIET_S = 1.0
 _REDRAW_QUIET_S = 0.2
 _QUIET_SLACK_S = 0.005  # a timer may fire this much early
 _SIGKILL = 9
-_MAX_UNSAVED_EVENTS = 100_000  # kept while the store cannot be written (full disk); oldest dropped beyond
+# Events kept while the store cannot take them (a full disk; another process holding its lock),
+# tried again this often even when the log is quiet.  Beyond the bound, reading waits for the store
+# (the log keeps the rest, the stored offset says where to go on): none dropped.
+_MAX_UNSAVED_EVENTS = 100_000
+_UNSAVED_RETRY_S = 1.0
 
 
 class Watching(Pacing, Queueing):
@@ -111,7 +116,11 @@ class Watching(Pacing, Queueing):
         last_save = 0.0
         disk_warned = False
         redraws = TailReader(follower, engine)
-        async for batch in _batches_or_quiet(follower, lambda: self._quiet_wait(live, engine, redraws)):
+        def quiet_wait() -> float | None:
+            wait = self._quiet_wait(live, engine, redraws)
+            return wait if not unsaved else _UNSAVED_RETRY_S if wait is None else min(wait, _UNSAVED_RETRY_S)
+
+        async for batch in _batches_or_quiet(follower, quiet_wait):
             if batch is None:  # the log has been quiet: complete what it left open
                 quiet_for = self.ctx.clock() - live.watchdog.last_output_at
                 if engine.has_open_traceback and quiet_for >= _TRACEBACK_QUIET_S - _QUIET_SLACK_S:
@@ -134,11 +143,15 @@ class Watching(Pacing, Queueing):
                 unsaved.clear()
                 disk_warned = False
             except StoreError as exc:
-                # Keep following and judging; store what is pending with the next batch.
+                # Keep following and judging; store what is pending with the next batch (or in a second).
                 if not disk_warned:
                     log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
                     disk_warned = True
-                del unsaved[:-_MAX_UNSAVED_EVENTS]
+                while len(unsaved) >= _MAX_UNSAVED_EVENTS:  # bounded: read no further until the store takes them
+                    await asyncio.sleep(_UNSAVED_RETRY_S)
+                    with contextlib.suppress(StoreError):
+                        self._save(live, unsaved, engine.resume_offset, force=True)
+                        unsaved.clear()
 
     @staticmethod
     def _caught_up(live: Live, follower: Follower, *, quiet: bool) -> None:

@@ -13,7 +13,7 @@ from importlib import resources
 import structlog
 from aiohttp import web
 
-from .. import protocol
+from .. import protocol, streams
 from ..api import REQUEST_TIMEOUT, Api
 from ..api import Service as WebService
 from ..errors import ConfigError, NotFound, RequestRejected
@@ -108,6 +108,7 @@ def build_web_app(service: WebService, config: WebConfig) -> web.Application:
     pages = Pages(service, config)
     app = web.Application(middlewares=[_auth.middleware(config)])
     app[REQUEST_TIMEOUT] = service.settings.request_timeout_s  # the control API's handlers read it
+    streams.track(app)  # a stop ends the live feeds at once
     app.router.add_get("/", pages.page)
     app.router.add_get("/job/{name}", pages.page)
     app.router.add_get("/static/{asset}", pages.asset)

@@ -166,6 +166,14 @@ for (const k of KINDS) {
   document.getElementById("filters").append(el("label", {}, box, " " + k));
 }
 document.getElementById("grep").addEventListener("input", renderEvents);
-connect(`?job=${encodeURIComponent(JOB)}&after=0`, onEvent, onStatus);
+function onSummary(s) {  // the daemon sends the latest events and milestones, and counts the rest
+  const parts = Object.entries(s.left_out).map(([k, n]) => `${n.toLocaleString()} ${k}`);
+  const box = document.getElementById("left-out");
+  box.textContent = `earlier events not shown: ${parts.join(", ")} (\`supervise events ${JOB}\` lists them all)`;
+  box.hidden = false;
+}
+
+connect(`?job=${encodeURIComponent(JOB)}&after=0`, onEvent, onStatus)
+  .addEventListener("summary", (m) => onSummary(JSON.parse(m.data)));
 setInterval(renderJob, 1000);  // countdowns and ages, from the last status: no request
 loadLog(); loadGpu();
