@@ -8,6 +8,7 @@
 - ``fingerprint(exc_type, message, innermost_frame)``: a failure's stable id.
 - ``root_cause(failures)``: the attempt's failure (the root cause) among failures in log order.
 - ``BarBook``, ``process_of``: which bar a progress line draws, which process wrote a line.
+- ``entered_phase(current, implied, recovered=...)``: the phase rule the watchdog and the replay share.
 """
 
 from ._engine import ProbeEngine
@@ -15,8 +16,9 @@ from ._fingerprint import fingerprint
 from ._identity import BarBook, process_of
 from ._loading import load_packs
 from ._pack import Pack
+from ._phasefold import entered_phase, entering_recovers, survived
 from ._replay import ReplayReport, probe_command, replay_file
 from ._rootcause import root_cause
 
-__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "fingerprint", "load_packs", "probe_command",
-           "process_of", "replay_file", "root_cause"]
+__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "entered_phase", "entering_recovers", "fingerprint", "load_packs", "probe_command",
+           "process_of", "replay_file", "root_cause", "survived"]

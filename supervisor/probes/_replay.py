@@ -3,7 +3,9 @@
 The log is read exactly as the live follower reads it (``records.split_records``, in
 chunks) and fed through a ``ProbeEngine``.  From the events:
 
-- ``last_phase``: the highest canonical phase any event implies (by phase order).
+- ``last_phase``: the phase the events imply, by the rule the live watchdog uses
+  (``_phasefold.entered_phase``): the highest any event implies, but no ``done`` straight after a
+  failure.
 - ``failure``: the root cause (``_rootcause.root_cause``: the first error line of the
   earliest failing process, consequences set aside).  Failures logged at DEBUG, INFO or
   WARNING level are handled errors when the log later reaches ``engine_ready`` or beyond
@@ -48,6 +50,7 @@ from ..records import split_records
 from ._engine import ProbeEngine
 from ._identity import BarBook, BarRun
 from ._loading import load_packs, search_dirs
+from ._phasefold import entered_phase, entering_recovers, survived
 from ._rootcause import root_cause
 from ._spool import EventSpool
 
@@ -256,27 +259,39 @@ class _Summary:
         self.progress: dict[int, BarRun] = {}
         self.failures = _FailureCandidates()
         self._run_end: ProbeEvent | None = None  # the latest of a run of one probe's progress, unlisted
+        # No failure since the last advance (``entered_phase``), and each bar's count as last seen.
+        self._recovered = True
+        self._fatal_seen = False  # a ``fatal = true`` failure: never recovered from
+        self._done_seen: dict[int, float] = {}
 
     def add(self, events: Iterable[ProbeEvent]) -> None:
         for event in events:
             self.counts[event.kind.value] = self.counts.get(event.kind.value, 0) + 1
-            if event.phase is not None:
-                if self.last_phase is None or event.phase.rank > self.last_phase.rank:
-                    self.last_phase = event.phase
-                if event.phase.rank >= Phase.ENGINE_READY.rank:
-                    self.failures.ready_at(event.offset)
+            entered = entered_phase(self.last_phase, event.phase, recovered=self._recovered)
+            if entered is not None:
+                self.last_phase = entered
+                self._recovered = self._recovered or entering_recovers(event.kind, event.fields)
+            if event.phase is not None and event.phase.rank >= Phase.ENGINE_READY.rank:
+                self.failures.ready_at(event.offset)
             self.ready = self.ready or event.phase is Phase.ENGINE_READY or event.fields.get("serving") is True
             if event.kind is ProbeKind.PROGRESS:
                 self._progress(event)
             if event.failure is not None:
-                self.failures.add(event.failure, event.offset)
+                # One the program survives (a ready server's failed request) is no candidate.
+                if not survived(event.failure.survivable, self.last_phase):
+                    self.failures.add(event.failure, event.offset)
+                    self._recovered = False
+                self._fatal_seen = self._fatal_seen or event.failure.fatal
             self._list(event)
 
     def _progress(self, event: ProbeEvent) -> None:
         done, total = event.fields.get("done"), event.fields.get("total")
         if not isinstance(done, (int, float)):
             return
-        run, _ = self._bars.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
+        run, new = self._bars.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
+        if not new and self._done_seen.get(run.id) != run.done:
+            self._recovered = True  # a step forward of a bar already drawn: an advance, as the watchdog counts it
+        self._done_seen[run.id] = run.done
         self.progress[run.id] = run
 
     def _list(self, event: ProbeEvent) -> None:
@@ -307,6 +322,10 @@ class _Summary:
     def report(self) -> ReplayReport:
         self._end_run()
         failure = self.failures.choose()
+        if failure is not None and self._recovered and not self._fatal_seen:
+            # The program went on after it (steps, phases) as the live watchdog's exit judge sees a
+            # recovery: a DataLoader worker killed, then training on to its end.  Not the outcome.
+            failure = None
         return ReplayReport(
             outcome=_outcome(self.last_phase, failure, self.ready),
             last_phase=self.last_phase,

@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event, EventKind, Failure, FailureKind, Phase
-from ..probes import BarBook, root_cause
+from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
+from ..probes import BarBook, entered_phase, entering_recovers, root_cause, survived
 from ..probes._identity import BarRun
 from ._pace import PaceHistory, bar_key
 from ._progress import ProgressState, Track
 
+_PROBE_KINDS = frozenset(k.value for k in ProbeKind)
 # A program that logs the same error in a loop must not grow the watchdog without bound.
 _MAX_FAILURES_KEPT = 20
 
@@ -96,9 +97,11 @@ class Facts:
             self.heartbeat = (at, event.message)
         else:
             self.last_active_at = at
-        phase = event.phase or _as_phase(event.data.get("phase"))
-        if phase is not None and event.kind in (EventKind.PHASE, EventKind.PROGRESS):
-            self._enter_phase(phase, at)
+        # Any event that implies a phase enters it, as the offline replay reads it (``entered_phase``).
+        implied = event.phase or _as_phase(event.data.get("phase"))
+        if implied is not None:
+            kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
+            self._enter_phase(implied, at, recovers=entering_recovers(kind, event.data))
         if event.kind == EventKind.PROGRESS:
             self._progress(event, at)
         elif event.kind == EventKind.FAILURE:
@@ -110,20 +113,16 @@ class Facts:
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
-    def _enter_phase(self, phase: Phase, at: float) -> None:
-        # Phases only move forward: with tensor parallelism every rank prints the same
-        # phase lines at slightly different times, and a late rank must not rewind the job.
-        if self.phase is not None and phase.rank <= self.phase.rank:
-            return
-        if phase is Phase.DONE and not self.advanced_since_failure:
-            # A program that logged a failure passes its shutdown lines on the way out too (vLLM's
-            # `[shutdown] MPClient: complete` after a dead worker): that is no recovery, and the
-            # attempt stays in the phase it failed in.  Progress or a phase of work would show one.
+    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True) -> None:
+        # Forward only, and no `done` straight after a failure: the rule the replay shares.
+        phase = entered_phase(self.phase, implied, recovered=self.advanced_since_failure)
+        if phase is None:
             return
         self.phase = phase
         self.phase_entered_at = at
         self.phase_has_progress = False
-        self._advanced()
+        if recovers:
+            self._advanced()
         # Bars of earlier phases are over even if they never printed their last step
         # (tqdm with leave=False, or a bar that stops at 99%); watching them would flag
         # a healthy run forever.
@@ -137,7 +136,8 @@ class Facts:
         # not make a quiet process look hung.
         if self._first_unrecovered is None and not failure.survivable:
             self._first_unrecovered = failure
-        self.advanced_since_failure = False
+        if not survived(failure.survivable, self.phase):  # the rule the replay shares
+            self.advanced_since_failure = False
         self.failure_count += 1
         self.last_failure = failure
         if len(self.failures) < _MAX_FAILURES_KEPT:

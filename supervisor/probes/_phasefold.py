@@ -1,0 +1,48 @@
+"""The phase a log's events imply, by one rule for the live watchdog and the offline replay.
+
+Both read the same bytes through the same engine; this is where they agree on what the events
+mean for the phase, so that `status` and `supervise probe` name the same one:
+
+- any event that implies a phase implies it, whatever its kind: a metric line such as vLLM's
+  ``GPU KV cache size`` is as much a sign of ``kv_cache_profile`` as a phase line;
+- phases only move forward (every TP rank prints the same phase lines at slightly different
+  times; a late rank must not rewind the job);
+- ``done`` reached after a failure with no advance since (no progress step, no other phase) is
+  no recovery: vLLM logs ``[shutdown] MPClient: complete`` after a dead worker, then exits 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..events import Phase, ProbeKind
+
+
+def entered_phase(current: Phase | None, implied: Phase | None, *, recovered: bool) -> Phase | None:
+    """The phase an event implying ``implied`` moves the log into, None when it stays in ``current``.
+    ``recovered``: no failure was logged since the last advance (a progress step or a phase)."""
+    if implied is None or (current is not None and implied.rank <= current.rank):
+        return None
+    if implied is Phase.DONE and not recovered:
+        return None
+    return implied
+
+
+def survived(failure_survivable: bool, phase: Phase | None) -> bool:
+    """Whether a failure needs no advance after it to count as recovered: one the program logged
+    below ERROR once it was ready (a failed request of a server that goes on serving).  Before
+    ready, a WARNING traceback may be the crash being logged, so it needs an advance too."""
+    return failure_survivable and phase is not None and phase.rank >= Phase.ENGINE_READY.rank
+
+
+def entering_recovers(kind: ProbeKind, fields: dict[str, Any]) -> bool:
+    """Whether entering a phase through this event shows the program going on after a failure.
+    A bar's first draw at 0 does not: tqdm draws a bar when it is made, and a program that has
+    just failed may still make one on its way out (vLLM 0.6.3's `Processed prompts 0/4` drawn
+    after the TypeError that ended it)."""
+    if kind is ProbeKind.FAILURE:
+        return False
+    if kind is ProbeKind.PROGRESS:
+        done = fields.get("done")
+        return not (done is None or done == 0 or done == "0")
+    return True
