@@ -747,3 +747,69 @@ def test_replay_real_freeze_is_not_flagged_with_the_default_floor() -> None:
 def test_replay_healthy_paced_load_is_never_flagged(floor: float) -> None:
     changes = _replay(_without_the_freeze(_arrivals()), HealthSpec(stall_floor_s=floor))
     assert [j.verdict for _, j in changes] == [Verdict.HEALTHY]
+
+
+# ---- errors the program survives ----------------------------------------------------------
+
+def serving(status: int = 200) -> Event:
+    return Event(job="j", attempt=1, kind=EventKind.INFO, message=f'"POST /v1/chat/completions HTTP/1.1" {status}',
+                 probe="uvicorn.access", phase=Phase.RUNNING, data={"serving": True, "status": status})
+
+
+def _ready_server(w: Watchdog) -> None:
+    for p in (Phase.WEIGHT_LOADING, Phase.ENGINE_READY):
+        w.observe(phase(p))
+    w.observe(serving())
+
+
+def test_a_ready_server_that_answers_after_an_error_logged_call_is_done_at_exit() -> None:
+    # vLLM 0.22 sleep mode: one wake_up fails with an ERROR-logged CUDA OOM; requests go on 200 OK.
+    w, _ = make()
+    _ready_server(w)
+    w.observe(failure("runtime_error", "RuntimeError: CUDA Error: out of memory", level="ERROR"))
+    w.observe(serving(500))  # that call's own answer: no sign of recovery
+    w.observe(serving(200))
+    assert w.exited(0, None, killed_by_us=False).verdict is Verdict.DONE
+
+
+def test_an_error_with_no_request_answered_after_it_is_still_a_crash_at_exit_0() -> None:
+    w, _ = make()
+    _ready_server(w)
+    w.observe(failure("runtime_error", "RuntimeError: engine died", level="ERROR"))
+    w.observe(serving(500))
+    assert w.exited(0, None, killed_by_us=False).verdict is Verdict.CRASHED
+
+
+def test_a_trainer_that_steps_on_after_a_killed_dataloader_worker_is_done() -> None:
+    w, clock = make()
+    w.observe(phase(Phase.RUNNING))
+    advance(w, clock, 1, 1.0, total=10)
+    w.observe(failure("runtime_error", "RuntimeError: DataLoader worker (pid 563735) is killed by signal: Killed."))
+    for i in range(2, 11):
+        advance(w, clock, i, float(i), total=10)
+    assert w.exited(0, None, killed_by_us=False).verdict is Verdict.DONE
+
+
+def test_a_fatal_failure_is_fatal_whatever_follows() -> None:
+    w, _ = make()
+    _ready_server(w)
+    line = "EngineDeadError: EngineCore encountered an issue."
+    w.observe(Event(job="j", attempt=1, kind=EventKind.FAILURE, message=line, probe="vllm.engine_dead",
+                    failure=Failure(FailureKind.OTHER, line, "fp", None, None, fatal=True)))
+    w.observe(serving(200))
+    assert w.exited(0, None, killed_by_us=False).verdict is Verdict.CRASHED
+
+
+@pytest.mark.parametrize("how", [{"returncode": None, "signal": 15}, {"returncode": 143, "signal": None},
+                                 {"returncode": -2, "signal": None}])
+def test_a_requested_shutdown_after_ready_is_done(how: dict[str, Any]) -> None:
+    w, _ = make()
+    _ready_server(w)
+    judgement = w.exited(how["returncode"], how["signal"], killed_by_us=False)
+    assert judgement.verdict is Verdict.DONE and "requested shutdown" in judgement.reason
+
+
+def test_sigterm_before_ready_is_still_a_crash() -> None:
+    w, _ = make()
+    w.observe(phase(Phase.WEIGHT_LOADING))
+    assert w.exited(None, 15, killed_by_us=False).verdict is Verdict.CRASHED

@@ -8,7 +8,9 @@ mean for the phase, so that `status` and `supervise probe` name the same one:
 - phases only move forward (every TP rank prints the same phase lines at slightly different
   times; a late rank must not rewind the job);
 - ``done`` reached after a failure with no advance since (no progress step, no other phase) is
-  no recovery: vLLM logs ``[shutdown] MPClient: complete`` after a dead worker, then exits 0.
+  no recovery: vLLM logs ``[shutdown] MPClient: complete`` after a dead worker, then exits 0;
+- a server that answers a request after a failure (``serving`` lines with a status under 500)
+  goes on working: the failure was one call's (vLLM's failed ``wake_up``), not the server's end.
 """
 
 from __future__ import annotations
@@ -46,3 +48,15 @@ def entering_recovers(kind: ProbeKind, fields: dict[str, Any]) -> bool:
         done = fields.get("done")
         return not (done is None or done == 0 or done == "0")
     return True
+
+
+def goes_on_serving(fields: dict[str, Any]) -> bool:
+    """Whether an event shows a server answering a request successfully: normal operation going
+    on, which a failure before it did not end."""
+    if fields.get("serving") is not True:
+        return False
+    status = fields.get("status")
+    try:
+        return status is None or int(status) < 500
+    except (TypeError, ValueError):
+        return False

@@ -50,7 +50,7 @@ from ..records import split_records
 from ._engine import ProbeEngine
 from ._identity import BarBook, BarRun
 from ._loading import load_packs, search_dirs
-from ._phasefold import entered_phase, entering_recovers, survived
+from ._phasefold import entered_phase, entering_recovers, goes_on_serving, survived
 from ._rootcause import root_cause
 from ._spool import EventSpool
 
@@ -271,6 +271,8 @@ class _Summary:
             if entered is not None:
                 self.last_phase = entered
                 self._recovered = self._recovered or entering_recovers(event.kind, event.fields)
+            if not self._recovered and goes_on_serving(event.fields):
+                self._recovered = True
             if event.phase is not None and event.phase.rank >= Phase.ENGINE_READY.rank:
                 self.failures.ready_at(event.offset)
             self.ready = self.ready or event.phase is Phase.ENGINE_READY or event.fields.get("serving") is True

@@ -5,11 +5,13 @@ from __future__ import annotations
 import signal as signal_module
 from typing import Any
 
-from ..events import Verdict
+from ..events import Phase, Verdict
 from ._facts import Facts
 from ._rules import Judgement, failure_evidence
 
 _SIGKILL = int(signal_module.SIGKILL)
+# Signals that ask a program to shut down (systemd, Slurm's scancel, a container runtime, Ctrl-C).
+_SHUTDOWN_SIGNALS = (int(signal_module.SIGTERM), int(signal_module.SIGINT))
 
 
 def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_by_us: bool,
@@ -28,14 +30,19 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
     if returncode == 0 and signal is None:
         if failure is None:
             return Judgement(Verdict.DONE, "exited 0", evidence)
-        if facts.advanced_since_failure:
-            # It logged an error, then made progress again and finished: a recovery.
+        if facts.advanced_since_failure and facts.fatal is None:
+            # It logged an error, then made progress again (or answered requests) and finished: a
+            # recovery.  Never from a fatal one: its engine was dead whatever it printed next.
             return Judgement(Verdict.DONE, f"exited 0; recovered after logging: {failure.line}", evidence)
         # Exit 0 straight after a failure is a shutdown, not success: `vllm serve` exits 0
         # after "Worker proc VllmWorker-1 died unexpectedly" and EngineDeadError (seen on 2 H200s).
         return Judgement(Verdict.CRASHED, f"exited 0 right after a failure: {failure.line}", evidence)
     if oom is not None:
         return Judgement(Verdict.OOM, f"CUDA out of memory ({how}): {oom.line}", evidence)
+    if (signal in _SHUTDOWN_SIGNALS and not killed_by_us and facts.advanced_since_failure and facts.fatal is None
+            and facts.phase is not None and facts.phase.rank >= Phase.ENGINE_READY.rank):
+        # A server that was ready, asked to shut down from outside: the end of its service, not a crash.
+        return Judgement(Verdict.DONE, f"{how} after it was ready: a requested shutdown", evidence)
     if signal == _SIGKILL and not killed_by_us:
         # Only the kernel's own word makes it an OOM kill: a `kill -9` by hand looks the same.
         if kernel_oom is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
-from ..probes import BarBook, entered_phase, entering_recovers, root_cause, survived
+from ..probes import BarBook, entered_phase, entering_recovers, goes_on_serving, root_cause, survived
 from ..probes._identity import BarRun
 from ._pace import PaceHistory, bar_key
 from ._progress import ProgressState, Track
@@ -102,6 +102,8 @@ class Facts:
         if implied is not None:
             kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
             self._enter_phase(implied, at, recovers=entering_recovers(kind, event.data))
+        if not self.advanced_since_failure and goes_on_serving(event.data):
+            self._advanced()  # a request answered after the failure: it was one call's, the server goes on
         if event.kind == EventKind.PROGRESS:
             self._progress(event, at)
         elif event.kind == EventKind.FAILURE:
