@@ -2,10 +2,19 @@
 written to the daemon's log too.
 
 An alert says which job and attempt, what happened, the evidence, GPU memory per device
-and what the policy does next.  Repeats of the same incident (same ``key``) within
-``min_interval_s`` are suppressed and counted; a burst of distinct alerts is capped too,
-so a crash loop cannot flood a phone.  Notification URLs carry secrets (passwords, bot
-tokens, webhook keys): every URL that reaches a log goes through ``redact_url``.
+and what the policy does next, with a severity receivers can route on (apprise's notify
+types).  Repeats of the same incident (same ``key``: a job and a kind, never an attempt, so a
+crash loop is one incident) within ``min_interval_s`` are suppressed and counted, and the
+alert that ends the loop (gave up, done) says how many were folded in; a burst of distinct
+alerts is capped too, so a crash loop cannot flood a phone.
+
+Delivery never sits on the control path: ``send`` decides (suppressed or not) and queues, and
+one task delivers, each send bounded by ``timeout_s`` in a thread of its own (a hanging or
+trickling endpoint holds that thread, never the loop, the default executor, or the daemon's
+exit).  The queue is bounded: when it is full the oldest waiting alert is dropped (the newest
+says most about the job now), and dropped and failed deliveries are counted for the metrics.
+Notification URLs carry secrets (passwords, bot tokens, webhook keys): every URL that reaches a
+log goes through ``redact_url``.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 import warnings
 from collections import deque
@@ -41,6 +51,30 @@ class AlertKind(StrEnum):
     RECOVERED = "recovered"  # it moved again after a warning: a pending kill is cancelled
     SLOW = "slow"  # a step well over what earlier attempts took: reported, never killed for
 
+    @property
+    def severity(self) -> Severity:
+        return _SEVERITY[self]
+
+
+class Severity(StrEnum):
+    """How bad an alert is: apprise's notify types, which receivers route on (a pager for failures)."""
+
+    FAILURE = "failure"
+    WARNING = "warning"
+    SUCCESS = "success"
+    INFO = "info"
+
+
+_SEVERITY = {
+    AlertKind.VERDICT: Severity.FAILURE, AlertKind.GAVE_UP: Severity.FAILURE,
+    AlertKind.WARNING: Severity.WARNING, AlertKind.SLOW: Severity.WARNING,
+    AlertKind.DONE: Severity.SUCCESS, AlertKind.RECOVERED: Severity.SUCCESS,
+    AlertKind.PHASE: Severity.INFO, AlertKind.ETA: Severity.INFO,
+}
+# Alerts that end a run of repeats: they say how many of the job's alerts were folded in.
+_ENDS_A_LOOP = frozenset({AlertKind.GAVE_UP, AlertKind.DONE, AlertKind.RECOVERED})
+_QUEUE_LIMIT = 100
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -54,10 +88,17 @@ class Alert:
     key: str  # alerts with the same key are the same incident, for de-duplication
     kind: AlertKind = AlertKind.VERDICT
 
+    @property
+    def severity(self) -> Severity:
+        return self.kind.severity
 
-def format_body(alert: Alert, suppressed: int = 0) -> str:
+
+def format_body(alert: Alert, suppressed: int = 0, folded: dict[str, int] | None = None) -> str:
+    """``folded``: the job's alerts suppressed since their last one, by what they said, told by the
+    alert that ends the loop."""
     lines = [
         f"job: {alert.job}, attempt {alert.attempt}",
+        f"severity: {alert.severity}",
         f"what: {alert.what}",
         "evidence:",
         *(f"  {line}" for line in (alert.evidence or "(none)").splitlines()),
@@ -66,7 +107,20 @@ def format_body(alert: Alert, suppressed: int = 0) -> str:
     ]
     if suppressed:
         lines.append(f"({suppressed} similar alert(s) suppressed since the last one)")
+    if folded:
+        said = ", ".join(f"{n} x {what}" for what, n in folded.items())
+        lines.append(f"(the loop is over: {sum(folded.values())} more alert(s) folded in since the last sent: {said})")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class AlertCounts:
+    """What became of the alerts the daemon decided to send, for the metrics."""
+
+    queued: int
+    suppressed: int
+    dropped: int  # the queue was full: the oldest waiting alert went unsent
+    failed: int  # delivery refused, failed or past timeout_s
 
 
 class Alerter:
@@ -76,7 +130,8 @@ class Alerter:
         *,
         min_interval_s: float = 60.0,
         max_burst: int = 10,
-        timeout_s: float = 30.0,
+        timeout_s: float = 10.0,
+        queue_limit: int = _QUEUE_LIMIT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._min_interval_s = min_interval_s
@@ -86,43 +141,81 @@ class Alerter:
         self._last_sent: dict[str, float] = {}
         self._recent: deque[float] = deque()
         self._pending_suppressed: dict[str, int] = {}
+        # By job, what its suppressed alerts said (the alert that ends the loop tells them).
+        self._folded: dict[str, dict[str, int]] = {}
         self.suppressed_total = 0
+        self.dropped_total = 0
+        self.failed_total = 0
+        self.delivered_total = 0
         self._urls = [redact_url(u) for u in urls]
         self._apprise = _build_apprise(urls) if urls else None
+        self._queue: deque[tuple[Alert, str]] = deque()
+        self._queue_limit = queue_limit
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def urls(self) -> list[str]:
         """The configured URLs, redacted (safe to show)."""
         return list(self._urls)
 
+    def counts(self) -> AlertCounts:
+        return AlertCounts(len(self._queue), self.suppressed_total, self.dropped_total, self.failed_total)
+
     async def send(self, alert: Alert) -> bool:
-        """Deliver one alert; False if suppressed, not configured or not delivered.  Never raises."""
+        """Decide and queue one alert: False if suppressed or not configured, True when it is on its
+        way (delivered by the alerter's own task; a failed delivery is logged and counted).  Never
+        raises, never waits on an endpoint."""
         try:
-            return await self._send(alert)
+            return self._accept(alert)
         except Exception as exc:  # noqa: BLE001 - an alert must never take the daemon down
             log.warning("alert failed", job=alert.job, attempt=alert.attempt, error=redact_text(str(exc)))
             return False
 
-    async def _send(self, alert: Alert) -> bool:
+    def _accept(self, alert: Alert) -> bool:
         now = self._clock()
         why_not = self._suppression(alert.key, now)
         if why_not:
             self._pending_suppressed[alert.key] = self._pending_suppressed.get(alert.key, 0) + 1
+            folded = self._folded.setdefault(alert.job, {})
+            folded[alert.what] = folded.get(alert.what, 0) + 1
             self.suppressed_total += 1
             log.info("alert suppressed", job=alert.job, attempt=alert.attempt, key=alert.key, why=why_not,
                      suppressed=self._pending_suppressed[alert.key])
             return False
         suppressed = self._pending_suppressed.pop(alert.key, 0)
-        body = format_body(alert, suppressed)
+        if suppressed:
+            self._forget_folded(alert.job, alert.what, suppressed)
+        folded = self._folded.pop(alert.job, None) if alert.kind in _ENDS_A_LOOP else None
+        body = format_body(alert, suppressed, folded)
         log.warning("alert", job=alert.job, attempt=alert.attempt, title=alert.title, what=alert.what,
-                    gpu=alert.gpu, next=alert.next_action, key=alert.key)
+                    severity=alert.severity.value, gpu=alert.gpu, next=alert.next_action, key=alert.key)
         # Counted as sent even if delivery fails (or no URL is set): repeating it on every
         # event would only add noise; the daemon log has the alert either way.
         self._last_sent[alert.key] = now
         self._recent.append(now)
         if self._apprise is None:
             return False
-        return await self._deliver(alert, body)
+        if len(self._queue) >= self._queue_limit:
+            gone, _ = self._queue.popleft()
+            self.dropped_total += 1
+            log.warning("alert dropped: the delivery queue is full", job=gone.job, title=gone.title)
+        self._queue.append((alert, body))
+        self._idle.clear()
+        self._wake.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._deliver_all(), name="alerts")
+        return True
+
+    def _forget_folded(self, job: str, what: str, n: int) -> None:
+        # Told by the alert of the same key that goes out now: not again by the loop's end.
+        folded = self._folded.get(job)
+        if folded and what in folded:
+            folded[what] -= min(n, folded[what])
+            if not folded[what]:
+                del folded[what]
 
     def _suppression(self, key: str, now: float) -> str:
         last = self._last_sent.get(key)
@@ -134,20 +227,84 @@ class Alerter:
             return f"more than {self._max_burst} alerts within {self._min_interval_s:g}s"
         return ""
 
+    async def _deliver_all(self) -> None:
+        while True:
+            while self._queue:
+                alert, body = self._queue.popleft()
+                await self._deliver(alert, body)
+            self._idle.set()
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the queued alerts to be delivered (or given up on); True
+        when none is left.  Shutdown gives them a moment, never a hanging endpoint's time."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Deliver what is queued within ``timeout_s``, then stop; what is left is logged as dropped."""
+        await self.drain(timeout_s)
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+        if self._queue:
+            self.dropped_total += len(self._queue)
+            log.warning("alerts not delivered at shutdown", count=len(self._queue))
+            self._queue.clear()
+
     async def _deliver(self, alert: Alert, body: str) -> bool:
         assert self._apprise is not None
         apobj = self._apprise
-        if hasattr(apobj, "async_notify"):
-            call = apobj.async_notify(body=body, title=alert.title)
-        else:
-            call = asyncio.to_thread(apobj.notify, body=body, title=alert.title)
         try:
-            ok = bool(await asyncio.wait_for(call, self._timeout_s))
+            ok = bool(await asyncio.wait_for(
+                _in_own_thread(apobj.notify, body=body, title=alert.title,
+                               notify_type=alert.severity.value), self._timeout_s))
         except TimeoutError:
             ok = False
-        if not ok:
+            log.warning("alert delivery timed out", job=alert.job, attempt=alert.attempt,
+                        timeout_s=self._timeout_s, urls=self._urls)
+        except Exception as exc:  # noqa: BLE001 - a plugin's own error: counted, never raised
+            ok = False
+            log.warning("alert delivery raised", job=alert.job, error=redact_text(str(exc)))
+        if ok:
+            self.delivered_total += 1
+        else:
+            self.failed_total += 1
             log.warning("alert delivery failed", job=alert.job, attempt=alert.attempt, urls=self._urls)
         return ok
+
+
+def _in_own_thread(fn: Callable[..., Any], **kwargs: Any) -> asyncio.Future[Any]:
+    """``fn(**kwargs)`` in a daemon thread of its own: a send stuck on a trickling endpoint keeps
+    that thread, not a worker of the loop's default executor (which the store's reads and the spec
+    parser share), and does not hold the daemon's exit (executor threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(**kwargs), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits for it any more
+            pass
+
+    threading.Thread(target=run, name="alert-delivery", daemon=True).start()
+    return future
 
 
 def _build_apprise(urls: list[str]) -> Any:
@@ -162,7 +319,7 @@ def _build_apprise(urls: list[str]) -> Any:
         for url in urls:
             if not apobj.add(url):
                 log.warning("alert URL not understood by apprise", url=redact_url(url))
-    return apobj
+    return apobj if len(apobj) else None  # no URL understood: nothing to deliver to
 
 
 class _RedactFilter(logging.Filter):

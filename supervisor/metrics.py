@@ -32,11 +32,12 @@ from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .alerts import AlertCounts
 from .events import Event, EventKind, FailureKind, JobState, Phase
 from .gpu import GpuSample
 from .hosts.base import Host, ProcessHandle
@@ -82,6 +83,10 @@ class MetricsSource(Protocol):
 
     def shard_of(self, job: str, attempt: int) -> int | None:
         """The shard an attempt ran (GATHER for the gather step); None when unsharded or unknown."""
+        ...
+
+    def alert_counts(self) -> AlertCounts:
+        """What became of the alerts decided so far: queued, suppressed, dropped, failed."""
         ...
 
 
@@ -217,6 +222,7 @@ class _StateCollector(Collector):
         yield from self._jobs(readings)
         yield from _shards(readings)
         yield from self._gpus(source.host_readings())
+        yield from _alerts(source.alert_counts())
 
     def _jobs(self, jobs: list[JobReading]) -> Iterator[Metric]:
         f = _Families()
@@ -384,3 +390,20 @@ async def serve_tcp(metrics: Metrics, host: str, port: int) -> Any:
         return None
     log.info("metrics endpoint listening", url=f"http://{host if ':' not in host else '[' + host + ']'}:{port}/metrics")
     return runner
+
+
+def _alerts(counts: AlertCounts) -> Iterator[Metric]:
+    # Counters of the alerter's own (it counts from the daemon's start): exposed as they stand.
+    queued = GaugeMetricFamily("supervise_alerts_queued", "Alerts waiting for delivery")
+    queued.add_metric([], counts.queued)
+    yield queued
+    for name, help_text, value in (
+            ("supervise_alerts_suppressed_total", "Alerts not sent: a repeat of one sent within the interval, or a burst",
+             counts.suppressed),
+            ("supervise_alerts_dropped_total", "Alerts never delivered: the delivery queue was full, or the daemon stopped",
+             counts.dropped),
+            ("supervise_alerts_failed_total", "Alert deliveries that failed or took longer than their timeout",
+             counts.failed)):
+        family = CounterMetricFamily(name.removesuffix("_total"), help_text)
+        family.add_metric([], value)
+        yield family

@@ -2,7 +2,8 @@
 keeps milestone and ETA alerts to one each.
 
 Every alert names the job and attempt, what happened, the evidence and what happens next
-(relaunch in N s, killing in N s, nothing).  Delivery, de-duplication of repeats (same key)
+(relaunch in N s, killing in N s, nothing).  An incident's key names the job and what happened,
+never the attempt: a crash loop is one incident, said once, its repeats counted.  Delivery, de-duplication of repeats (same key)
 and the burst limit are ``alerts.Alerter``'s; this module only decides what to say and when
 a milestone is due.
 """
@@ -40,7 +41,7 @@ def verdict(at: Attempt, judgement: Judgement, next_action: str) -> Alert:
     value = judgement.verdict.value
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: attempt {at.n} {value}", what=value,
                  evidence=_evidence(judgement, at.failure), gpu=at.gpu, next_action=next_action,
-                 key=f"{at.job}:{at.n}:{value}", kind=AlertKind.VERDICT)
+                 key=f"{at.job}:verdict:{value}", kind=AlertKind.VERDICT)
 
 
 def gave_up(at: Attempt, judgement: Judgement, why: str) -> Alert:
@@ -63,14 +64,14 @@ def warning(at: Attempt, judgement: Judgement, where: str, next_action: str) -> 
     value = judgement.verdict.value
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: {value} {where}; {next_action}",
                  what=f"{value} (attempt {at.n} still running)", evidence=_evidence(judgement, at.failure),
-                 gpu=at.gpu, next_action=next_action, key=f"{at.job}:{at.n}:warning:{value}", kind=AlertKind.WARNING)
+                 gpu=at.gpu, next_action=next_action, key=f"{at.job}:warning:{value}", kind=AlertKind.WARNING)
 
 
 def recovered(at: Attempt, judgement: Judgement, where: str, kill_was_pending: bool) -> Alert:
     cancelled = "the pending kill is cancelled" if kill_was_pending else "no kill was pending"
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: moving again {where}; {cancelled}",
                  what=f"it moved again after: {judgement.reason}", evidence=judgement.reason, gpu=at.gpu,
-                 next_action=f"nothing: {cancelled}, watching on", key=f"{at.job}:{at.n}:recovered",
+                 next_action=f"nothing: {cancelled}, watching on", key=f"{at.job}:recovered",
                  kind=AlertKind.RECOVERED)
 
 
@@ -81,7 +82,7 @@ def slow(at: Attempt, judgement: Judgement, where: str) -> Alert:
                  f"history p95 {fine_duration(ev['history_p95_s'])}",
                  what=f"slow (attempt {at.n} still running)", evidence=judgement.reason, gpu=at.gpu,
                  next_action=f"nothing yet: stalled if no step for {fine_duration(ev['stall_bound_s'])}",
-                 key=f"{at.job}:{at.n}:slow:{ev['bar']}", kind=AlertKind.SLOW)
+                 key=f"{at.job}:slow:{ev['bar']}", kind=AlertKind.SLOW)
 
 
 def where(progress: ProgressState | None, phase: Phase | None) -> str:

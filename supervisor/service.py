@@ -23,7 +23,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from . import __version__
-from .alerts import Alerter
+from .alerts import AlertCounts, Alerter
 from .api import build_app
 from .bus import EventBus
 from .config import DaemonSettings, LoadedSettings, Paths
@@ -160,6 +160,8 @@ class Service:
         with contextlib.suppress(FileNotFoundError):
             self.paths.pid_file.unlink()
         await self.hosts.close()
+        # The last alerts (a job given up just now) get a moment; a hanging endpoint, no more.
+        await self.alerter.close(timeout_s=2.0)
         self.store.close()
 
     async def recover(self) -> None:
@@ -306,6 +308,9 @@ class Service:
     def _shard_rows(self, job: JobRow) -> tuple[ShardRows, ...]:
         shards = job.spec.get("shards", 1)
         return tuple(shard_rows(shards, job.state, self.store.attempts(job.name))) if shards > 1 else ()
+
+    def alert_counts(self) -> AlertCounts:
+        return self.alerter.counts()
 
     def host_readings(self) -> list[HostReading]:
         return [HostReading(name, slot.gpu.latest, slot.host) for name, slot in self.hosts.items()]

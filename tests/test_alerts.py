@@ -12,7 +12,7 @@ import pytest
 import structlog
 from aiohttp import web
 
-from supervisor.alerts import Alert, Alerter, format_body, redact_text, redact_url
+from supervisor.alerts import Alert, AlertKind, Alerter, format_body, redact_text, redact_url
 
 
 class Clock:
@@ -72,6 +72,7 @@ def test_alert_reaches_a_real_http_endpoint() -> None:
     async def body(port: int, received: list[dict[str, Any]]) -> None:
         alerter = Alerter([f"json://ops:hunter2@127.0.0.1:{port}/hooks/supervise"])
         results.append(await alerter.send(alert()))
+        assert await alerter.drain(10)
 
     received = asyncio.run(with_endpoint(body))
     assert results == [True]
@@ -86,6 +87,7 @@ def test_alert_reaches_a_real_http_endpoint() -> None:
     assert "shard 45/64, no progress for 3m10s" in message
     assert "  probe vllm.shards, done 45/64" in message
     assert "GPU: GPU 0: 29640/143771 MiB, GPU 1: 29012/143771 MiB" in message
+    assert "severity: failure" in message and payload["type"] == "failure"
     assert "next: kill the process group, wait for GPU release, relaunch in 20s (attempt 3/3)" in message
 
 
@@ -103,6 +105,7 @@ def test_same_key_is_suppressed_within_the_interval_and_counted() -> None:
         clock.t += 60
         results.append(await alerter.send(alert()))
         assert alerter.suppressed_total == 2
+        assert await alerter.drain(10)
 
     received = asyncio.run(with_endpoint(body))
     assert results == [True, False, False, True, True]
@@ -121,6 +124,7 @@ def test_a_burst_of_distinct_alerts_is_capped() -> None:
             results.append(await alerter.send(alert(key=f"k{i}")))
         clock.t += 60
         results.append(await alerter.send(alert(key="k9")))
+        assert await alerter.drain(10)
 
     received = asyncio.run(with_endpoint(body))
     assert results == [True, True, True, False, False, True]
@@ -133,14 +137,21 @@ def test_no_urls_logs_and_returns_false() -> None:
     assert any(e["event"] == "alert" and e["job"] == "extract" for e in logs)
 
 
-def test_dead_endpoint_returns_false_without_raising_and_hides_the_secret(
+def test_dead_endpoint_is_counted_failed_without_raising_and_hides_the_secret(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     url = f"json://ops:hunter2@127.0.0.1:{dead_port()}/hook?token=abc123"
     caplog.set_level(logging.DEBUG)
-    with structlog.testing.capture_logs() as logs:
+
+    async def body() -> Alerter:
         alerter = Alerter([url], timeout_s=10)
-        assert asyncio.run(alerter.send(alert())) is False
+        assert await alerter.send(alert()) is True  # on its way: delivery is the alerter's own task
+        assert await alerter.drain(20)
+        return alerter
+
+    with structlog.testing.capture_logs() as logs:
+        alerter = asyncio.run(body())
+    assert alerter.counts().failed == 1
     failures = [e for e in logs if e["event"] == "alert delivery failed"]
     assert len(failures) == 1
     assert failures[0]["urls"] == [redact_url(url)]
@@ -186,4 +197,57 @@ def test_redact_text_masks_every_url() -> None:
 
 def test_body_without_evidence_or_gpu() -> None:
     a = Alert("j", 1, "t", "crashed", "", "", "give up", "k")
-    assert format_body(a) == "job: j, attempt 1\nwhat: crashed\nevidence:\n  (none)\nGPU: unknown\nnext: give up"
+    assert format_body(a) == ("job: j, attempt 1\nseverity: failure\nwhat: crashed\nevidence:\n  (none)\nGPU: unknown\n"
+                              "next: give up")
+
+
+@pytest.mark.parametrize(("kind", "severity"), [
+    (AlertKind.VERDICT, "failure"), (AlertKind.GAVE_UP, "failure"), (AlertKind.WARNING, "warning"),
+    (AlertKind.SLOW, "warning"), (AlertKind.DONE, "success"), (AlertKind.RECOVERED, "success"),
+    (AlertKind.PHASE, "info"), (AlertKind.ETA, "info"),
+])
+def test_each_kind_goes_out_with_a_severity_receivers_can_route_on(kind: AlertKind, severity: str) -> None:
+    async def body(port: int, received: list[dict[str, Any]]) -> None:
+        alerter = Alerter([f"json://127.0.0.1:{port}/a"])
+        a = alert()
+        assert await alerter.send(Alert(a.job, a.attempt, a.title, a.what, a.evidence, a.gpu, a.next_action,
+                                        a.key, kind))
+        assert await alerter.drain(10)
+
+    [post] = asyncio.run(with_endpoint(body))
+    assert post["json"]["type"] == severity  # apprise's notify type, as the receiver sees it
+
+
+def test_a_hanging_endpoint_never_holds_send_and_a_full_queue_drops_the_oldest() -> None:
+    async def body() -> None:
+        accepted = asyncio.Event()
+
+        async def handler(request: web.Request) -> web.Response:
+            accepted.set()
+            await asyncio.sleep(3600)  # accepts, never answers
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", handler)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        alerter = Alerter([f"json://127.0.0.1:{port}/a"], timeout_s=1, queue_limit=3, max_burst=100)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            for i in range(6):
+                assert await alerter.send(alert(key=f"k{i}"))
+            assert loop.time() - started < 0.5  # queued: no send waited on the endpoint
+            # Six decided before the delivery task first ran: the queue kept the newest three.
+            assert alerter.counts().dropped == 3
+            await asyncio.wait_for(accepted.wait(), 10)
+            assert await alerter.drain(30)
+            assert alerter.counts().failed == 3  # each given up after its 1 s timeout
+            await alerter.close(timeout_s=0.1)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(body())

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -296,3 +296,65 @@ def test_a_real_oom_kill_in_a_memory_limited_cgroup_is_oom(alerting: DaemonProce
     attempt = client.attempts("hog").attempts[0]
     assert attempt.verdict == "oom", attempt.reason
     assert attempt.reason.startswith("killed by the kernel's OOM killer: cgroup memory.events: oom_kill ")
+
+
+def test_a_crash_loop_is_one_verdict_alert_and_its_end_says_how_many_were_folded_in(
+        alerting: DaemonProcess, home: Path) -> None:
+    # Five attempts crash in a few seconds: at most one alert per job and kind per interval.
+    spec = home / "loop.toml"
+    spec.write_text(f"name = \"loop\"\ncommand = {json.dumps([sys.executable, str(REPLAY), str(CRASH_LOG), '--exit', '1'])}\n"
+                    'probes = ["python", "torch"]\n'
+                    "[restart]\nmax_attempts = 5\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\nstop_on_repeat = false\n")
+    client = alerting.client()
+    client.start(str(spec), {})
+    wait_until(lambda: sent("loop: gave up"), timeout=60)
+    assert len(client.attempts("loop").attempts) == 5
+    assert titles() == ["loop: attempt 1 crashed", "loop: gave up: attempt 5/5 failed: giving up"], titles()
+    verdict, gave_up = AlertSink.received
+    assert verdict["type"] == "failure" and gave_up["type"] == "failure"
+    assert "(the loop is over: 3 more alert(s) folded in since the last sent: 3 x crashed)" in gave_up["message"]
+    assert "GPU: GPU:" not in verdict["message"]
+    severities = {e.data.get("severity") for e in client.events("loop").events if e.kind == "alert"}
+    assert severities == {"failure"}
+
+
+class _Hanging(BaseHTTPRequestHandler):
+    """An alert endpoint that reads the request and never answers."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(3600)
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_a_hanging_alert_endpoint_does_not_slow_the_relaunches(home: Path, daemon_env: dict[str, str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hanging)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    daemon_env["SUPERVISE_ALERT_URLS"] = f"json://127.0.0.1:{server.server_port}/alert"
+    daemon_env["SUPERVISE_ALERT_MIN_INTERVAL_S"] = "0"  # every alert is sent: each would wait on the endpoint
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        spec = home / "hang.toml"
+        spec.write_text(f"name = \"hang\"\ncommand = {json.dumps([sys.executable, '-c', 'raise SystemExit(3)'])}\n"
+                        "[restart]\nmax_attempts = 3\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n"
+                        "stop_on_repeat = false\n")
+        client = daemon.client()
+        started = time.monotonic()
+        client.start(str(spec), {})
+        # Three attempts and their backoffs take about a second; an alert waited on inline took
+        # ~4.5 s each (apprise's own timeout), so three verdicts and the give-up took over 13 s.
+        wait_until(lambda: client.status("hang").jobs[0].state == "failed", timeout=30)
+        assert time.monotonic() - started < 8, time.monotonic() - started
+        assert client.ping() is not None
+        metrics = supervise({**daemon_env, "SUPERVISE_HOME": str(home)}, "status", "--json").returncode == 0
+        assert metrics
+    finally:
+        daemon.close()
+        server.shutdown()
+        server.server_close()

@@ -118,7 +118,8 @@ def progress_dict(progress: ProgressState) -> dict[str, Any]:
 
 def gpu_summary(sample: GpuSample | None) -> str:
     if sample is None or not sample.available:
-        return "GPU: not monitored" if sample is None else f"GPU: {sample.reason}"
+        # Said after "GPU: " wherever it is shown: no prefix of its own.
+        return "not monitored" if sample is None else sample.reason
     return "; ".join(f"GPU{d.index} {d.used_mib}/{d.total_mib} MiB" for d in sample.devices)
 
 

@@ -38,7 +38,8 @@ class Notifying(Recording):
     async def _send(self, live: Live, alert: Alert) -> None:
         if await self.ctx.alerter.send(alert):
             self._publish([self._event(live.row.n, EventKind.ALERT, alert.title,
-                                       {"kind": alert.kind.value, "evidence": alert.evidence, "next": alert.next_action})])
+                                       {"kind": alert.kind.value, "severity": alert.severity.value,
+                                        "evidence": alert.evidence, "next": alert.next_action})])
 
     def _send_soon(self, live: Live, alert: Alert) -> None:
         """Sent off the watch loop: a slow endpoint must not delay noticing an exit."""
