@@ -4,7 +4,8 @@
 share one definition of where a record ends; ``RecordBuffer`` wraps it sans-IO (bytes in,
 records out, the partial tail held), so the local and the SSH follower are byte transports
 around one buffer.  Terminators are ``\n``, ``\r\n`` (one newline) and a lone ``\r``
-(a progress-bar redraw).  Nothing is ever dropped: every byte consumed belongs to exactly
+(a progress-bar redraw); a run of NUL bytes inside a line is a boundary too (see
+``_nul_pieces``).  Nothing is ever dropped: every byte consumed belongs to exactly
 one record, so ``Record.end`` of one record is ``Record.offset`` of the next and a reader
 can resume at any record's end.
 """
@@ -149,10 +150,15 @@ def split_records(data: bytes, base_offset: int, final: bool = False) -> tuple[l
     - A record whose text would exceed ``MAX_RECORD_BYTES`` is cut at that size (moved back
       to a UTF-8 character boundary); each piece that ends at a cut rather than at a
       terminator has ``cut=True``, and the next record continues it.
-    - Text is decoded as UTF-8 with ``errors="replace"``; NUL bytes are kept as ``"\x00"``.
+    - Text is decoded as UTF-8 with ``errors="replace"``.  A run of NUL bytes ends a record and
+      is no text of any: ``cmd > log`` truncated by logrotate's ``copytruncate`` (or the job's
+      own ``ftruncate``) goes on writing at its old offset, and the gap reads back as NULs; the
+      next line, a traceback's first among them, must start a record of its own.
     - With ``final=True`` the trailing partial line (if any) is emitted too, so everything
       is consumed.
     """
+    if b"\x00" in data:  # rare (a log truncated under a writer that does not append): the careful way
+        return _split_at_nul_runs(data, base_offset, final)
     lines = data.split(b"\n")
     tail = lines.pop()  # what follows the last newline: a partial line
     if (lines and max(map(len, lines)) > MAX_RECORD_BYTES) or len(tail) > MAX_RECORD_BYTES:
@@ -266,3 +272,43 @@ def _make(
 ) -> Record:
     text = data[start:stop].decode("utf-8", "replace")
     return Record(text=text, offset=base + start, end=base + end, redraw=redraw, cut=cut)
+
+
+_NUL_RUN = re.compile(rb"\x00+")
+
+
+def _split_at_nul_runs(data: bytes, base_offset: int, final: bool) -> tuple[list[Record], int]:
+    """``split_records`` of data holding NUL bytes: each run of NULs ends the record before it
+    (as a terminator would) and is no text: its bytes open the record after it.  A run at the
+    end of ``data`` is held back unless ``final`` (the next bytes may continue it), except one
+    longer than ``MAX_RECORD_BYTES``: a hole of gigabytes is consumed as it comes, as an empty
+    record, never held in memory."""
+    records: list[Record] = []
+    seg_start = 0  # where the bytes after the last run begin, in ``data``
+    open_at: int | None = None  # where the last run began (log offset): the next record starts there
+    for run in _NUL_RUN.finditer(data):
+        if run.start() > seg_start:  # the bytes before this run end there, whatever they are
+            pieces, _ = split_records(data[seg_start:run.start()], base_offset + seg_start, final=True)
+            _open_at(pieces, open_at)
+            records += pieces
+            open_at = None
+        if open_at is None:
+            open_at = base_offset + run.start()
+        seg_start = run.end()
+    assert open_at is not None  # data holds a NUL
+    if seg_start < len(data):
+        pieces, used = split_records(data[seg_start:], base_offset + seg_start, final)
+        if not pieces:  # nothing after the run is a record yet: hold from the run on
+            return records, open_at - base_offset
+        _open_at(pieces, open_at)
+        return records + pieces, seg_start + used
+    if final or len(data) - (open_at - base_offset) > MAX_RECORD_BYTES:
+        records.append(_record("", open_at, base_offset + len(data)))
+        return records, len(data)
+    return records, open_at - base_offset  # the data ends in a run: held, as a partial line
+
+
+def _open_at(pieces: list[Record], prefix_at: int | None) -> None:
+    """The first record after a NUL run starts at the run: its bytes belong to it."""
+    if pieces and prefix_at is not None:
+        pieces[0] = pieces[0]._replace(offset=prefix_at)

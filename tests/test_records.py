@@ -87,8 +87,54 @@ def test_crlf_split_across_calls_is_not_a_redraw() -> None:
 
 def test_invalid_utf8_and_nul() -> None:
     records, _ = split_records(b"bad \xff\xfe here\nnul\x00byte\n", 0)
-    assert texts(records) == ["bad \ufffd\ufffd here", "nul\x00byte"]
-    assert records[1].end == len(b"bad \xff\xfe here\nnul\x00byte\n")
+    assert texts(records) == ["bad \ufffd\ufffd here", "nul", "byte"]  # a NUL run is a boundary
+    assert records[-1].end == len(b"bad \xff\xfe here\nnul\x00byte\n")
+
+
+def test_a_nul_hole_left_by_a_truncation_starts_the_next_line_as_a_record() -> None:
+    # `cmd > log`, then the log truncated under it: the writer goes on at its old offset, and the
+    # gap reads back as NULs right before the next traceback.
+    data = b"ValueError: first\n" + b"\x00" * 5000 + b"Traceback (most recent call last):\nKeyError: 'b'\n"
+    records, used = split_records(data, 0)
+    assert texts(records) == ["ValueError: first", "Traceback (most recent call last):", "KeyError: 'b'"]
+    assert records[1].offset == len(b"ValueError: first\n")  # the hole belongs to the line after it
+    assert used == len(data)
+
+
+def test_nul_runs_split_the_same_in_any_chunking_and_lose_no_byte() -> None:
+    import random
+
+    rng = random.Random(7)
+    alphabet = [b"a", b"b", b"\n", b"\r", b"\x00", b"\x00\x00\x00", b"Trace", b"\r\n"]
+    for _ in range(2000):
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        whole, _ = split_records(data, 0, final=True)
+        expected = [(r.text, r.offset, r.end, r.redraw) for r in whole]
+        pos = 0
+        for r in whole:  # every byte in exactly one record, no NUL in any text
+            assert r.offset == pos and "\x00" not in r.text, (data, expected)
+            pos = r.end
+        assert pos == len(data)
+        for most in (1, 3, 8):
+            buf, got, i = RecordBuffer(), [], 0
+            while i < len(data):
+                k = rng.randint(1, most)
+                got += buf.feed(data[i:i + k])
+                i += k
+            got += buf.flush()
+            assert [(r.text, r.offset, r.end, r.redraw) for r in got] == expected, data
+
+
+def test_a_hole_of_hundreds_of_megabytes_is_never_held_in_memory() -> None:
+    buf = RecordBuffer()
+    chunk = b"\x00" * (1 << 20)
+    got = buf.feed(b"x\n")
+    for _ in range(64):
+        got += buf.feed(chunk)
+    got += buf.feed(b"Traceback (most recent call last):\n")
+    assert buf.peak <= 3 * (1 << 20)
+    assert [r.text for r in got if r.text] == ["x", "Traceback (most recent call last):"]
+    assert got[-1].end == 2 + 64 * (1 << 20) + len(b"Traceback (most recent call last):\n")
 
 
 def test_line_of_exactly_max_is_not_cut() -> None:
