@@ -15,12 +15,16 @@ _TIMEOUT_S = 10.0  # a PATH entry on a hung file system must not hold a start fo
 
 
 def check_local_command(spec: JobSpec) -> None:
-    """SpecError when a job that runs on this machine names a command its shell cannot find.
+    """SpecError when a job that runs on this machine names a working directory that is not one, or
+    a command its shell cannot find.
     Not asked for a job that runs `after` others: one of them may be what installs it."""
     if spec.after or any(host != "local" for host in (spec.host, *spec.hosts)):
         return
     command = spec.argv(1)[0]
     workdir = spec.resolved_workdir()
+    if not os.path.isdir(workdir):  # a spec's mistake, said before anything is stored or launched
+        raise SpecError(f"{spec.spec_path or spec.name}: field 'workdir': {shown(workdir)} is not a directory "
+                        "on this machine; fix `workdir` (templates such as {spec_dir} are expanded first)")
     try:
         found = subprocess.run(["/bin/sh", "-c", 'command -v "$1" >/dev/null 2>&1', "supervise", command],
                                env={**os.environ, **spec.environment(1)}, cwd=workdir, stdin=subprocess.DEVNULL,

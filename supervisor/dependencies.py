@@ -40,7 +40,8 @@ def readiness(store: Store, after: list[str]) -> Readiness:
         except NotFound:
             return Readiness(False, cancelled=f"{name} no longer exists (it was removed)")
         if row.state is JobState.CANCELLED:
-            return Readiness(False, cancelled=row.reason)  # already names the job that gave up first
+            # Its reason already names the job that gave up first; the prefix is said once, by whoever shows it.
+            return Readiness(False, cancelled=(row.reason or name).removeprefix("not launched: "))
         if row.state in GIVEN_UP:
             return Readiness(False, cancelled=f"{name} {row.state}: {row.reason}" if row.reason else f"{name} {row.state}")
         if row.state is not JobState.DONE:

@@ -126,3 +126,14 @@ def test_a_remote_command_that_does_not_exist_is_command_not_found_at_first_laun
         assert "/nonexistent/bin/python" in Path(log).read_text()
     finally:
         daemon.stop()
+
+
+def test_a_missing_workdir_is_a_spec_error_65_in_one_line_and_nothing_is_stored(daemon, home: Path,
+                                                                              daemon_env: dict[str, str]) -> None:
+    spec = home / "nowhere.toml"
+    spec.write_text('name = "nowhere"\ncommand = ["true"]\nworkdir = "/nonexistent/dir"\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    assert result.returncode == 65, (result.returncode, result.stderr)  # was 69, as if the host were down
+    assert result.stderr.count("\n") == 1 and "field 'workdir'" in result.stderr and "/nonexistent/dir" in result.stderr
+    client = daemon.client()
+    assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid

@@ -191,3 +191,15 @@ def test_run_numbers_are_stored_as_given(tmp_path: Path) -> None:
     latest = store.latest_attempt("j")
     assert latest is not None and (latest.run, latest.run_attempt) == (2, 1)
     assert store.attempt("j", 2).run_attempt == 2 and store.next_run_number("j") == 3
+
+
+def test_a_step_after_a_cancelled_step_says_not_launched_once(tmp_path: Path) -> None:
+    from supervisor.dependencies import readiness
+    from supervisor.events import JobState
+
+    store = Store(tmp_path / "s.db")
+    store.upsert_job("p.work", {}, JobState.FAILED, "attempt 1/1 failed")
+    store.upsert_job("p.final", {}, JobState.CANCELLED, "not launched: p.work failed: attempt 1/1 failed")
+    found = readiness(store, ["p.final"])
+    assert not found.ready and found.cancelled == "p.work failed: attempt 1/1 failed"
+    store.close()
