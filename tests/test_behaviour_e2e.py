@@ -140,3 +140,18 @@ def test_a_refused_ssh_host_is_said_at_once_in_one_line(daemon: DaemonProcess, d
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "connection refused (nobody@127.0.0.1:1)" in lines[0], result.stderr
     assert took < 10, f"said after {took:.1f}s"  # the default retry budget, not a shortened one
+
+
+def test_rm_of_a_waiting_job_says_it_is_waiting_not_running(daemon: DaemonProcess, daemon_env, make_job,
+                                                             home: Path) -> None:
+    gate = home / "gate-rm"
+    first = make_job("ahead", GATED_JOB, params=f', "{gate}"')
+    second = make_job("behind", "print('ran', flush=True)\n")
+    supervise(daemon_env, "start", str(first))
+    supervise(daemon_env, "start", str(second), "--after", "ahead")
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "behind") == "waiting", timeout=20)
+    result = supervise(daemon_env, "rm", "behind", check=False)
+    assert result.returncode == 75 and "is waiting (not ended)" in result.stderr, result.stderr
+    assert "is running" not in result.stderr
+    gate.touch()

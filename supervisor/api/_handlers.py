@@ -331,7 +331,10 @@ class Api:
         attempts = self.service.store.attempts(name)
         runner = self.service.runners.get(name)
         if (runner is not None and runner.running) or any(a.state.active for a in attempts):
-            raise AlreadyRunning(f"job '{name}' is running; `supervise stop {name}` first, then `supervise rm {name}`")
+            # Say what it is doing: a job waiting for GPUs or for its `after` runs nothing yet.
+            state = self.service.store.job(name).state
+            doing = "is running" if state is JobState.RUNNING else f"is {state.value} (not ended)"
+            raise AlreadyRunning(f"job '{name}' {doing}; `supervise stop {name}` first, then `supervise rm {name}`")
         await when_free(lambda: self.service.store.delete_job(name), within_s=_VERB_STORE_WAIT_S)
         self.service.runners.pop(name, None)
         if request.query.get("logs") == "1":
