@@ -81,7 +81,7 @@ def test_the_field_flags_set_the_fields(daemon: DaemonProcess, daemon_env, home:
     workdir.mkdir()
     out = supervise(daemon_env, "start", str(spec), "--shards", "2", "--workdir", str(workdir),
                     "--python", sys.executable).stdout
-    assert "started fields 2 shards" in out, out
+    assert "started fields: 2 shards" in out, out
     client = daemon.client()
     wait_until(lambda: job_state(client, "fields") == "done", timeout=30)
     results = sorted((home / "out" / "fields").iterdir())
@@ -124,7 +124,7 @@ def test_restart_takes_the_field_flags(daemon: DaemonProcess, daemon_env, home: 
     _one_line(supervise(daemon_env, "restart", "fields", "--shards", "0", check=False), 65, "shards")
     assert len(client.attempts("fields").attempts) == 1  # refused before anything ran
     out = supervise(daemon_env, "restart", "fields", "--shards", "3").stdout
-    assert "started fields 3 shards" in out, out
+    assert "started fields: 3 shards" in out, out
     wait_until(lambda: job_state(client, "fields") == "done", timeout=30)
     assert {p.name for p in (home / "out" / "fields").iterdir()} >= {"shard-0-of-3", "shard-1-of-3", "shard-2-of-3"}
     assert client.ping().pid == daemon.proc.pid

@@ -104,6 +104,7 @@ class Api:
     async def _launch(self, spec: JobSpec) -> protocol.StartResponse:
         await when_free(lambda: self.service.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING),
                         within_s=_VERB_STORE_WAIT_S)
+        first = self.service.store.next_attempt_number(spec.name)  # this run's first: its shards number on from it
         runner = self.service.start_runner(spec)
         n = await wait_for_attempt(self.service.store, spec.name, runner)
         if n == 0 and (waiting := gpu_wait(runner)) is not None:
@@ -115,9 +116,12 @@ class Api:
             return protocol.StartResponse(job=spec.name, attempt=0, log_path="", message=f"{spec.name} {job.state}: {job.reason}",
                                           held=job.state)
         row = self.service.store.attempt(spec.name, n)
-        what = f"{spec.shards} shards, first attempt {n}" if spec.shards > 1 else f"attempt {n}"
-        return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path,
-                                      message=f"started {spec.name} {what} (pid {row.pid})")
+        if spec.shards > 1:  # the attempt seen first may be any shard's: say the run's range, not its pid
+            message = (f"started {spec.name}: {spec.shards} shards, attempts from {first} "
+                       f"(`supervise status {spec.name}` shows each)")
+        else:
+            message = f"started {spec.name} attempt {n} (pid {row.pid})"
+        return protocol.StartResponse(job=spec.name, attempt=n, log_path=row.log_path, message=message)
 
     async def stop_job(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
