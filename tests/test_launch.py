@@ -101,7 +101,7 @@ time.sleep(60)
     assert escaped in pids
     assert escaped in {pid for pid, _ in report.killed}
     assert report.reparented == [escaped]  # its parent had exited: found by tag, not in the tree
-    assert "1 had been re-parented" in report.summary()
+    assert "(1 of them re-parented, found by tag)" in report.summary()
     assert not report.survivors
     assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
 
@@ -181,3 +181,13 @@ def test_a_bare_or_init_pid_never_anchors_a_kill(tmp_path: Path) -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_kill_report_counts_each_process_once() -> None:
+    from supervisor.hosts.base import KillReport
+
+    # 7 processes: 4 ended on TERM, 3 needed KILL (one of them also listed as TERMed), 2 re-parented.
+    report = KillReport(terminated=[(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")],
+                        killed=[(5, "e"), (6, "f"), (7, "g")], reparented=[6, 7])
+    said = report.summary()
+    assert said == "7 processes: 4 ended on SIGTERM, 3 needed SIGKILL (2 of them re-parented, found by tag)", said

@@ -101,7 +101,7 @@ def test_slurm_stalled_job_is_cancelled(daemon: DaemonProcess, slurm_job, home: 
     [job_id] = scheduler_ids(home, "sl-stall")
     assert slurm_cluster.job_field(job_id, "JobState") in ("COMPLETED", "CANCELLED", "FAILED")
     actions = [e.message for e in client.events("sl-stall").events if e.kind == "action"]
-    assert any(m.startswith("killed the process tree: 1 ended on SIGTERM") for m in actions), actions
+    assert any(m.startswith("killed the process tree: 1 process: 1 ended on SIGTERM") for m in actions), actions
 
 
 def test_slurm_held_job_shows_pending_and_its_reason_and_is_never_judged(

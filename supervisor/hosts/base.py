@@ -130,12 +130,18 @@ class KillReport:
     reparented: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
-        parts = [f"{len(self.terminated)} ended on SIGTERM", f"{len(self.killed)} needed SIGKILL"]
-        if self.reparented:
-            parts.append(f"{len(self.reparented)} had been re-parented (found by tag)")
-        if self.survivors:
-            parts.append(f"{len(self.survivors)} STILL ALIVE: " + ", ".join(f"{p} {n}" for p, n in self.survivors))
-        return ", ".join(parts)
+        """Each process counted once: the counts add up to the processes found (the re-parented
+        ones are among them, said apart)."""
+        survivors = {p for p, _ in self.survivors}
+        killed = {p for p, _ in self.killed} - survivors
+        terminated = {p for p, _ in self.terminated} - killed - survivors
+        total = len(terminated | killed | survivors)
+        parts = [f"{len(terminated)} ended on SIGTERM", f"{len(killed)} needed SIGKILL"]
+        if survivors:
+            parts.append(f"{len(survivors)} STILL ALIVE: " + ", ".join(f"{p} {n}" for p, n in self.survivors))
+        said = f"{total} process{'es' * (total != 1)}: " + ", ".join(parts)
+        reparented = len(set(self.reparented) & (terminated | killed | survivors))
+        return said + (f" ({reparented} of them re-parented, found by tag)" if reparented else "")
 
 
 class Follower(Protocol):
