@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,26 @@ def test_the_eagle3_pipeline_extracts_then_trains_on_the_embedded_default(daemon
     assert (home / "out" / "eagle3" / "extract" / "manifest.json").is_file()
     again = client.start_pipeline(str(REPO / "jobs" / "eagle3.toml"), {"train.epochs": "2"})
     assert again.skipped == ["extract", "train"]
+
+
+def test_stop_of_a_pipeline_stops_its_running_step_and_what_waits(daemon: DaemonProcess, home: Path, trio: Path,
+                                                                  daemon_env: dict[str, str]) -> None:
+    # `status trio` reads the pipeline; `stop trio` said "no job named trio" (66).
+    client = daemon.client()
+    gate = home / "gate"
+    client.start_pipeline(str(trio), {"gate": str(gate)})
+    wait_until(lambda: _pipeline(client).current == "work" and _pipeline(client).steps[1].state is JobState.RUNNING,
+               timeout=30)
+    result = supervise(daemon_env, "stop", "trio", check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("stopped pipeline trio: work: 2 processes"), result.stdout
+    # The step after it is cancelled (its `after` gave up), or stopped by the verb if it came first.
+    states = wait_until(lambda: (got := [s.state for s in _pipeline(client).steps])[2] is not JobState.WAITING and got)
+    assert states[:2] == [JobState.DONE, JobState.STOPPED] and states[2] in (JobState.CANCELLED, JobState.STOPPED), states
+    gate.touch()
+    time.sleep(0.5)  # nothing of it launches afterwards
+    assert _runs(home) == ["prepare", "work"]
+    again = supervise(daemon_env, "stop", "trio", check=False)
+    assert again.returncode == 0 and "pipeline trio is not running" in again.stdout
+    unknown = supervise(daemon_env, "stop", "nosuch", check=False)
+    assert unknown.returncode == 66 and unknown.stderr.count("\n") == 1

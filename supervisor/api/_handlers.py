@@ -68,6 +68,10 @@ _VERB_STORE_WAIT_S = 2.0
 
 
 
+# A pipeline step in one of these is stopped with its pipeline: it runs, or waits to.
+_UNENDED = frozenset({JobState.STARTING, JobState.WAITING, JobState.RUNNING, JobState.BACKOFF})
+
+
 class Api:
     """The route handlers, bound to one running service."""
 
@@ -126,8 +130,45 @@ class Api:
     async def stop_job(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         body = await _body(request, protocol.StopRequest)
+        if (pipeline := self._pipeline_only(name)) is not None:
+            return _json(await self._stop_pipeline(pipeline, body.grace_s))
         stopped = await self._stop(name, body.grace_s)
         return _json(stopped or protocol.StopResponse(job=name, message=f"{name} is not running"))
+
+    def _pipeline_only(self, name: str) -> protocol.PipelineStatus | None:
+        """The pipeline of that name when no job has it (`status NAME` reads the same way)."""
+        try:
+            self.service.store.job(name)
+            return None
+        except NotFound:
+            found = self.service.pipelines.statuses(name)
+            if not found:
+                raise
+            return found[0]
+
+    async def _stop_pipeline(self, pipeline: protocol.PipelineStatus, grace_s: float | None) -> protocol.StopResponse:
+        """Stop a pipeline: its running step, and every step still to come (they wait for it), so
+        that nothing of it launches afterwards."""
+        said, processes = [], []
+        for step in pipeline.steps:
+            if step.state not in _UNENDED:
+                continue
+            stopped = await self._stop(step.job, grace_s)
+            if stopped is not None:
+                said.append(f"{step.step}: {stopped.message.removeprefix(f'stopped {step.job}: ')}")
+                processes += stopped.processes
+                continue
+            # A step still waiting for the one before it: it must never launch now.
+            if (runner := self.service.runners.get(step.job)) is not None:
+                await runner.stop(grace_s)
+            if self.service.store.job(step.job).state in _UNENDED:
+                reason = f"stopped with pipeline {pipeline.name} before it launched"
+                await when_free(lambda job=step.job, why=reason: self.service.store.set_job_state(job, JobState.STOPPED, why),
+                                within_s=_VERB_STORE_WAIT_S)
+            said.append(f"{step.step}: not launched")
+        message = (f"stopped pipeline {pipeline.name}: " + "; ".join(said) if said
+                   else f"pipeline {pipeline.name} is not running")
+        return protocol.StopResponse(job=pipeline.name, message=message, processes=processes)
 
     async def _stop(self, name: str, grace_s: float | None) -> protocol.StopResponse | None:
         """Stop the job's runner, and every attempt still alive whatever the job's state says
