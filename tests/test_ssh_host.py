@@ -816,3 +816,24 @@ def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Pa
     assert doctor_command(url) == 1
     out = capsys.readouterr().out
     assert f"MISSING  host key    host key of 127.0.0.1:{sshd_server.port} is not in known_hosts" in out
+
+
+def test_a_remote_log_and_its_directory_are_private(ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    # A job's log may hold a token it printed (HF_TOKEN): 0700 and 0600 whatever the login's umask.
+    cleanup_tags.append("s.perm.abc")
+    host = SshHost(url, env=ssh_env)
+    logs = tmp_path / "remote-logs" / "job"
+    logs.mkdir(parents=True, mode=0o755)
+    logs.chmod(0o755)  # left so by an older supervisor: tightened
+
+    async def go() -> ProcessHandle:
+        try:
+            handle = await host.launch(request(tmp_path, "print('HF_TOKEN=hf_secret')", "s.perm.abc"))
+            await asyncio.wait_for(host.wait_exit(handle), timeout=10)
+            return handle
+        finally:
+            await host.close()
+
+    handle = run(go)
+    assert Path(handle.log_path).stat().st_mode & 0o777 == 0o600
+    assert Path(handle.log_path).parent.stat().st_mode & 0o777 == 0o700

@@ -132,6 +132,8 @@ echo "$k"
 """
 
 # $1 log, $2 status, $3 tag; the launch command line itself is spliced in as LAUNCH.
+# The log's directory is made 0700 and the log 0600 whatever the login shell's umask: a job's log
+# may hold a token it printed (HF_TOKEN), and the box may have other users.
 # The log is created first with noclobber (O_EXCL): log_paths never hands out an existing
 # log, so finding it already there means an earlier try of this very launch ran (its answer
 # was lost with the connection).  Then the attempt is found by its tag instead of being
@@ -139,8 +141,8 @@ echo "$k"
 LAUNCH = PROC_FUNCS + r"""
 trap '' PIPE HUP
 log=$1 status=$2 tag=$3
-mkdir -p -- "${log%/*}" 2>/dev/null
-if ( set -C; : >"$log" ) 2>/dev/null; then
+( umask 077 && mkdir -p -- "${log%/*}" && chmod 700 -- "${log%/*}" ) 2>/dev/null
+if ( umask 077 && set -C && : >"$log" ) 2>/dev/null; then
   rm -f -- "$status" "$status.tmp"
   pid=$(@LAUNCH@ </dev/null)
   rc=$?

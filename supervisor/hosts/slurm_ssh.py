@@ -41,12 +41,12 @@ if [ "$with" = with ]; then printf '%s' "$input" | "$@"; else "$@" </dev/null; f
 """
 
 _PREPARE = r"""
-mkdir -p -- "${1%/*}" && rm -f -- "$2" "$2.tmp"
+( umask 077 && mkdir -p -- "${1%/*}" ) && chmod 700 -- "${1%/*}" && rm -f -- "$2" "$2.tmp"
 """
 
 # $1 the log root, $2 a token: writes the token to a new file there and prints its path.
 _PROBE = r"""
-mkdir -p -- "$1" && f=$(mktemp "$1/.supervise-visible.XXXXXX") && printf '%s' "$2" >"$f" && echo "$f"
+( umask 077 && mkdir -p -- "$1" ) && f=$(mktemp "$1/.supervise-visible.XXXXXX") && printf '%s' "$2" >"$f" && echo "$f"
 """
 
 
