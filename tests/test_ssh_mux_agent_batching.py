@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+import pytest
+
 from supervisor.hosts.ssh_mux_agent import AGENT_PY
 
 
@@ -70,3 +72,13 @@ def test_a_quiet_log_is_sent_line_by_line(tmp_path: Path) -> None:
     frames = _frames(tmp_path, 20, 40.0)
     assert sum(frames) == 20
     assert max(frames) <= 2, frames
+
+
+def test_a_data_frame_announcing_more_than_the_agent_ever_sends_is_a_protocol_error() -> None:
+    # A frame claiming 2^40 bytes was read as such: 84 -> 332 MB and following stalled.
+    from supervisor.hosts.ssh_mux_agent import MAX_FRAME_BYTES, Data, ProtocolError, parse_event
+
+    assert parse_event(b'{"ev": "data", "id": 3, "n": 262144}\n') == Data(3, 262144)
+    for size in (2 ** 40, MAX_FRAME_BYTES + 1, -1):
+        with pytest.raises(ProtocolError, match="announced a data frame of"):
+            parse_event(f'{{"ev": "data", "id": 3, "n": {size}}}\n'.encode())

@@ -34,6 +34,10 @@ POLL_S = 0.25  # how often followed files are looked at without an inotify event
 GATHER_S = BUSY_READ_INTERVAL_S
 BUSY_LINES = BUSY_LINES_PER_S
 NO_PYTHON = b"nopython"
+# The most bytes a data frame may announce: the agent sends at most 256 KiB a frame (its CHUNK).  A
+# larger announcement is a protocol error (the channel is dropped and the logs followed again from
+# their last offsets), never a read of that many bytes into memory.
+MAX_FRAME_BYTES = 1 << 20
 
 AGENT_PY = r'''
 import ctypes, json, os, select, struct, sys, time
@@ -274,7 +278,7 @@ def parse_event(line: bytes) -> Event:
         msg = json.loads(line)
         kind = msg["ev"]
         if kind == "data":
-            return Data(int(msg["id"]), int(msg["n"]))
+            frame = Data(int(msg["id"]), int(msg["n"]))
         if kind == "start":
             return Started(int(msg["id"]), int(msg["offset"]))
         if kind == "reset":
@@ -289,7 +293,12 @@ def parse_event(line: bytes) -> Event:
             return Hello(bool(msg.get("inotify")))
     except (ValueError, KeyError, TypeError) as exc:
         raise ProtocolError(f"unreadable line from the remote agent: {line[:200]!r}") from exc
-    raise ProtocolError(f"unknown event from the remote agent: {line[:200]!r}")
+    if kind != "data":
+        raise ProtocolError(f"unknown event from the remote agent: {line[:200]!r}")
+    if not 0 <= frame.size <= MAX_FRAME_BYTES:
+        raise ProtocolError(f"the remote agent announced a data frame of {frame.size} bytes "
+                            f"(at most {MAX_FRAME_BYTES} expected): {line[:200]!r}")
+    return frame
 
 
 def _line(msg: dict[str, object]) -> bytes:
