@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -61,7 +62,33 @@ def detect(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/sel
     if not has_kill:
         return Containment(ContainmentKind.TAG, "this kernel has no cgroup.kill (Linux < 5.14): processes are found "
                                                 "by tag and group")
+    sweep(root)
     return Containment(ContainmentKind.CGROUP, f"cgroup v2: every local attempt in its own cgroup under {root}", root)
+
+
+# An attempt's cgroup is made a moment before its wrapper enters it: one younger than this may be
+# another daemon's launch under way (daemons of one user share the root), and is left alone.
+_SWEEP_AFTER_S = 60.0
+
+
+def sweep(root: Path, older_than_s: float = _SWEEP_AFTER_S) -> int:
+    """Remove the empty attempt cgroups left under ``root`` (attempts that ended while no daemon
+    watched, launches that failed); a cgroup with a live member is kept (rmdir refuses it).
+    Returns how many went."""
+    removed = 0
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for group in root.iterdir():
+            if not group.is_dir() or group.name.startswith("probe-"):
+                continue
+            try:
+                if now - group.stat().st_mtime < older_than_s:
+                    continue
+                group.rmdir()
+                removed += 1
+            except OSError:
+                continue  # live members, or gone meanwhile
+    return removed
 
 
 def _cgroup2_mount(mounts: Path) -> Path | None:

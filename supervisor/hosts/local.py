@@ -70,9 +70,11 @@ class LocalHost:
             )
             out, err = await proc.communicate()
         except OSError as exc:
+            cgroup.remove(group)  # nothing entered it
             raise LaunchError(f"cannot start /bin/sh to launch {request.argv[0]}: {exc}") from exc
         pid_text = out.decode(errors="replace").strip()
         if proc.returncode != 0 or not pid_text.isdigit():
+            cgroup.remove(group)  # a launch that never ran leaves no cgroup behind
             detail = err.decode(errors="replace").strip() or _tail(request.log_path)
             raise LaunchError(f"launch of {request.argv[0]} failed (wrapper exit {proc.returncode}): {detail}")
         pid = int(pid_text)
