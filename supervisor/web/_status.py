@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..hosts.base import Host
     from ..api import Service as WebService
 
-_TAIL_BYTES = 256 * 1024  # how far back from a local log's end the tail starts
+_TAIL_BYTES = 256 * 1024  # how far back from a log's end the tail starts
 
 
 class PageStatus(BaseModel):
@@ -53,9 +53,11 @@ def page_status(service: WebService, read_only: bool, job: str | None) -> PageSt
     )
 
 
-async def log_tail(host: Host, local: bool, attempt: int, path: str, lines: int) -> LogTail:
-    """The log's last ``lines`` records, read to its current end (a remote log from its start)."""
-    offset = 0
+async def log_tail(host: Host, local: bool, attempt: int, path: str, lines: int, known_end: int = 0) -> LogTail:
+    """The log's last ``lines`` records, read to its current end from ``_TAIL_BYTES`` before it:
+    a local log's size says where that is; a remote log's ``known_end`` (how far the daemon has
+    read it, stored with its events) stands in for it, so a page never reads 150 MB over SSH."""
+    offset = max(0, known_end - _TAIL_BYTES)
     if local:
         try:
             offset = max(0, os.stat(path).st_size - _TAIL_BYTES)
