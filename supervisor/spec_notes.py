@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import Phase, ProbeKind
+from .events import Phase
 from .probes import Pack
 from .spec import HealthSpec, JobSpec
 
@@ -32,8 +32,8 @@ def spec_change(job: str, stored: dict[str, Any], spec: JobSpec) -> str | None:
 
 def unreachable_health(spec: JobSpec, packs: list[Pack]) -> str | None:
     """One line naming the health settings the spec sets for phases none of its packs reaches."""
-    reached = {p.phase for pack in packs for p in pack.probes
-               if p.phase is not None and p.kind in (ProbeKind.PHASE, ProbeKind.PROGRESS)}
+    # Any probe that implies a phase reaches it (a metric line too: the watchdog enters it as `probe` does).
+    reached = {p.phase for pack in packs for p in pack.probes if p.phase is not None}
     problems = []
     for name in _PHASE_FIELDS:
         phases: list[Phase] = list(getattr(spec.health, name))
