@@ -174,7 +174,8 @@ def test_invalid_utf8_and_nul_bytes(tmp_path: Path) -> None:
         follower = LogFollower(path, **MODES["inotify"])
         got = Collector(follower)
         append(path, b"bad \xc3\x28 \xff\n\x00nul\x00\n")
-        await got.wait_texts(["ok", "bad \ufffd( \ufffd", "\x00nul\x00"])
+        # A NUL run is a record boundary and no text (a log truncated under its writer).
+        await got.wait_texts(["ok", "bad \ufffd( \ufffd", "nul", ""])
         await got.finish()
 
     run(main())

@@ -22,7 +22,7 @@ from e2e_jobs import supervise
 from test_fuzz_inputs import FULL_SPEC, REPO, SEED, mutate
 
 from supervisor import protocol
-from supervisor.api._handlers import load_checked_spec
+from supervisor.api._specs import load_checked_spec
 from supervisor.client import Client
 from supervisor.errors import ProbePackError, SpecError
 

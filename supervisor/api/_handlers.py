@@ -7,36 +7,25 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
-from pydantic import ValidationError
 
 from .. import __version__, protocol
 from .. import streams as _streams
 from ..command_check import check_local_command
 from ..config import config_changed, describe_settings
-from ..dependencies import check_after, with_after
-from ..errors import (
-    AlreadyRunning,
-    ConnectionLost,
-    HostError,
-    NotFound,
-    RequestRejected,
-    SpecError,
-)
+from ..dependencies import check_after
+from ..errors import AlreadyRunning, NotFound, RequestRejected
 from ..events import JobState
 from ..gpu_holders import attempt_pids, still_held
 from ..gpu_holders import describe as describe_held
 from ..hosts.base import Follower, KillReport
-from ..hosts.reach import refuse_if_nothing_listens
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..pending_writes import when_free
 from ..probes import load_packs
 from ..retention import Retention, prune_logs, remove_logs
-from ..spec import JobSpec, load_spec
-from ..spec_notes import idle_learned_min, spec_change, unreachable_health
+from ..spec import JobSpec
 from ..store import AttemptRow, EventQuery
 from ..strays import StrayStop, merge_reports, stop_strays, stray_handle
 from ..views import attempt_info, event_info, gpu_devices, job_status
@@ -56,10 +45,8 @@ from ._http import (
 from ._openapi import openapi_schema
 from ._routes import ROUTES
 from ._service import Service
+from ._specs import check_hosts, start_notes, stored_spec, validated_spec
 from ._starting import gpu_wait, wait_for_attempt
-
-if TYPE_CHECKING:
-    from ..hosts.registry import Hosts
 
 log = structlog.get_logger("supervise.api")
 
@@ -83,7 +70,7 @@ class Api:
 
     async def start_job(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.StartRequest)
-        spec = await _validated_spec(body, self.service.hosts)
+        spec = await validated_spec(body, self.service.hosts)
         current = self.service.runners.get(spec.name)
         if current is not None and current.running:
             raise AlreadyRunning(f"job '{spec.name}' is already running; `supervise stop {spec.name}` first")
@@ -98,7 +85,7 @@ class Api:
         except NotFound:
             stored = None  # a new job
         # In a thread: a spec may be up to 1 MiB (comparing two such is slow), packs are files.
-        return await asyncio.to_thread(_start_notes, spec, stored)
+        return await asyncio.to_thread(start_notes, spec, stored)
 
     async def start_pipeline(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request, protocol.PipelineStartRequest)
@@ -360,10 +347,10 @@ class Api:
         """Stop the job if it runs, then start it with its stored spec (overrides included)."""
         name = request.match_info["name"]
         body = await _body(request, protocol.RestartRequest)
-        spec = _stored_spec(self.service.store.job(name).spec, name)
+        spec = stored_spec(self.service.store.job(name).spec, name)
         if body.fields.given():  # `restart --shards 4`: the stored spec changed, checked before the job is stopped
             spec = spec.with_overrides({}, body.fields)
-            _check_hosts(spec, self.service.hosts)
+            check_hosts(spec, self.service.hosts)
         load_packs(spec.probes, spec.probe_files)  # a pack gone since: refused before the job is stopped
         await asyncio.to_thread(check_local_command, spec)  # so is a command gone since
         stopped = await self._stop(name, body.grace_s)
@@ -442,49 +429,3 @@ def build_app(service: Service) -> web.Application:
     app.router.add_get("/openapi.json", handlers.openapi)
     app.router.add_get("/metrics", handlers.metrics_endpoint)  # Prometheus text format
     return app
-
-
-async def _validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
-    """Everything a runner needs, checked before anything is stored: the spec with its
-    overrides, its argv templates, its probe packs and its host's address."""
-    _checked_name(body.spec_path, "spec_path")
-    # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
-    spec = await asyncio.to_thread(load_checked_spec, body)
-    _check_hosts(spec, hosts)
-    try:
-        await refuse_if_nothing_listens(spec.host)
-    except ConnectionLost as exc:
-        raise ConnectionLost(f"could not start {spec.name}: {exc}") from exc
-    return spec
-
-
-def _check_hosts(spec: JobSpec, hosts: Hosts) -> None:
-    for field, host in [("host", spec.host), *(("hosts", h) for h in spec.hosts)]:
-        try:
-            hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
-        except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
-            raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
-
-
-def _start_notes(spec: JobSpec, stored: dict[str, Any] | None) -> list[str]:
-    changed = spec_change(spec.name, stored, spec) if stored is not None else None
-    packs = load_packs(spec.probes, spec.probe_files)
-    return [note for note in (changed, unreachable_health(spec, packs), idle_learned_min(spec)) if note]
-
-
-def load_checked_spec(body: protocol.StartRequest) -> JobSpec:
-    spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides, body.fields), body.after)
-    spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
-    check_local_command(spec)
-    if spec.shards > 1 and spec.gather:
-        spec.model_copy(update={"command": spec.gather}).argv(1)
-    load_packs(spec.probes, spec.probe_files)
-    return spec
-
-
-def _stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
-    try:
-        return JobSpec.model_validate(spec)
-    except ValidationError as exc:
-        raise SpecError(f"job '{name}': its stored spec no longer validates ({exc.errors()[0]['msg']}); "
-                        f"`supervise start` its spec file") from exc
