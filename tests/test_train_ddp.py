@@ -139,9 +139,9 @@ def test_supervise_start_train_with_two_processes_survives_a_killed_rank(data, d
 
     out = tmp_path / "draft"
     params = {"data": data, "out": out, "device": "cpu", "nproc": 2, "epochs": 2, "batch_size": 4, "lr": "3e-3",
-              "draft_vocab": 96, "save_every": 4, "log_every": 1, "threads": 1, "python": sys.executable}
+              "draft_vocab": 96, "save_every": 4, "log_every": 1, "threads": 1}
     sets = [a for k, v in params.items() for a in ("--set", f"{k}={v}")]
-    supervise(daemon.env, "start", str(_train_spec(home)), *sets)
+    supervise(daemon.env, "start", str(_train_spec(home)), *sets, "--python", sys.executable)
     client = daemon.client()
     wait_until(lambda: progress_done(client, "train") >= 6, timeout=180, interval=0.1)
     [victim] = _rank_pids(home, "1")
