@@ -22,7 +22,7 @@ time.sleep(float(sys.argv[2]))
 db.execute("COMMIT")
 """
 
-HOLD_S = 5.0
+HOLD_S = 12.0  # long enough for two CLI calls on a loaded 2-core machine
 
 
 def _hold_lock(db: Path) -> subprocess.Popen[str]:
@@ -34,7 +34,7 @@ def _hold_lock(db: Path) -> subprocess.Popen[str]:
 
 def test_a_held_store_lock_freezes_nothing_and_loses_nothing(daemon: DaemonProcess, make_job, daemon_env,
                                                               home: Path) -> None:
-    # 60 steps, 0.15 s apart (9 s): the lock is taken after a few and held 5 s while it prints on.
+    # 60 steps, 0.15 s apart (9 s): the lock is taken after a few and held while it prints on (and ends).
     spec = make_job("held", PROGRESS_JOB, params=', "60", "0.15"')
     other = make_job("other", PROGRESS_JOB, params=', "3", "0.01"')
     client = daemon.client()
