@@ -419,6 +419,11 @@ def test_job_survives_dropped_connections_and_every_operation_reconnects(
 
             reader = asyncio.create_task(read())
             exit_wait = asyncio.create_task(host.wait_exit(handle))
+            # The follow is under way before the first drop (on a loaded machine it may still be connecting).
+            for _ in range(500):
+                if records:
+                    break
+                await asyncio.sleep(0.02)
             drops = 0
             for _ in range(3):
                 await asyncio.sleep(0.3)
