@@ -50,6 +50,7 @@ class AlertKind(StrEnum):
     WARNING = "warning"  # unhealthy while running, not killed (yet): health.action warn / warn_then_kill, or held
     RECOVERED = "recovered"  # it moved again after a warning: a pending kill is cancelled
     SLOW = "slow"  # a step well over what earlier attempts took: reported, never killed for
+    UNREACHABLE = "unreachable"  # the attempt's host does not answer: it is not watched until it does
 
     @property
     def severity(self) -> Severity:
@@ -67,7 +68,7 @@ class Severity(StrEnum):
 
 _SEVERITY = {
     AlertKind.VERDICT: Severity.FAILURE, AlertKind.GAVE_UP: Severity.FAILURE,
-    AlertKind.WARNING: Severity.WARNING, AlertKind.SLOW: Severity.WARNING,
+    AlertKind.WARNING: Severity.WARNING, AlertKind.SLOW: Severity.WARNING, AlertKind.UNREACHABLE: Severity.WARNING,
     AlertKind.DONE: Severity.SUCCESS, AlertKind.RECOVERED: Severity.SUCCESS,
     AlertKind.PHASE: Severity.INFO, AlertKind.ETA: Severity.INFO,
 }

@@ -79,6 +79,11 @@ class ConnectionLost(HostError):
     pass
 
 
+class HostRefused(HostError):
+    """The host answered and refused us: its key is not the known one, or our login.  Retrying
+    will not cure it, but a process already running there runs on: an attempt is not ended by it."""
+
+
 class DaemonError(SuperviseError):
     exit_code = 69
 

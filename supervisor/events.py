@@ -179,6 +179,7 @@ class JobState(StrEnum):
     STARTING = "starting"  # registered by `start`; its runner has not launched yet
     WAITING = "waiting"  # for GPUs other processes hold
     RUNNING = "running"
+    UNREACHABLE = "unreachable"  # its host cannot be reached: its attempt is re-adopted when it can
     BACKOFF = "backoff"  # an attempt ended; the next one launches after the backoff wait
     DONE = "done"
     FAILED = "failed"

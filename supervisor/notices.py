@@ -75,6 +75,22 @@ def recovered(at: Attempt, judgement: Judgement, where: str, kill_was_pending: b
                  kind=AlertKind.RECOVERED)
 
 
+def unreachable(at: Attempt, host: str, error: str) -> Alert:
+    """The attempt's host stopped answering: its process is not known to have ended."""
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: {host} unreachable; attempt {at.n} unwatched",
+                 what=f"attempt {at.n} cannot be watched: {host} does not answer", evidence=error, gpu=at.gpu,
+                 next_action="asking the host again with backoff; the attempt is re-adopted when it answers "
+                             f"(`supervise stop {at.job}` gives up waiting)",
+                 key=f"{at.job}:unreachable", kind=AlertKind.UNREACHABLE)
+
+
+def reachable(at: Attempt, host: str, down_s: float) -> Alert:
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: {host} reachable again; attempt {at.n} re-adopted",
+                 what=f"{host} answered after {format_duration(down_s)}", evidence=f"unreachable for {down_s:.0f} s",
+                 gpu=at.gpu, next_action="nothing: watching on from where the log was read",
+                 key=f"{at.job}:recovered", kind=AlertKind.RECOVERED)
+
+
 def slow(at: Attempt, judgement: Judgement, where: str) -> Alert:
     """A bar's step takes well over what earlier attempts took: said before it becomes a stall."""
     ev = judgement.evidence

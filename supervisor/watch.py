@@ -26,7 +26,7 @@ from .errors import DaemonError
 from .events import AttemptState, JobState, Verdict
 
 _STATE_STYLE = {JobState.RUNNING: "bold green", JobState.DONE: "green", JobState.FAILED: "bold red",
-                JobState.BACKOFF: "yellow", JobState.WAITING: "yellow", JobState.STARTING: "cyan",
+                JobState.BACKOFF: "yellow", JobState.UNREACHABLE: "bold yellow", JobState.WAITING: "yellow", JobState.STARTING: "cyan",
                 JobState.STOPPED: "dim"}
 _NAME_MAX = 32  # a job name wider than this is cut in the middle
 _COUNTDOWN_S = 30.0  # a next verdict closer than this is shown beside the job
@@ -140,7 +140,7 @@ def _job_note(job: protocol.JobStatus) -> str:
         return f"{nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}"[:160]
     if a is not None and a.failure is not None and job.state is not JobState.DONE:
         return f"{a.failure.kind}: {a.failure.line}"[:160]
-    if job.state in (JobState.FAILED, JobState.WAITING, JobState.BACKOFF, JobState.STOPPED) and job.reason:
+    if job.state in (JobState.FAILED, JobState.WAITING, JobState.BACKOFF, JobState.STOPPED, JobState.UNREACHABLE) and job.reason:
         return job.reason[:160]
     return ""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -160,3 +161,69 @@ def test_daemon_sigkill_and_restart_readopts_the_remote_job(daemon: DaemonProces
     assert [d for _, _, d in events if d is not None] == list(range(1, 41))
     attempts = client.attempts("steady").attempts
     assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0
+
+
+def test_a_changed_host_key_leaves_the_attempt_unreachable_and_it_is_readopted_when_the_key_is_right(
+        daemon: DaemonProcess, ssh_job, sshd_server: SshServer, home: Path, tmp_path: Path) -> None:
+    """The host's key is refused (rightly), but the job runs on there: its attempt is not ended
+    on no evidence.  The job reads `unreachable` (with the refusal's reason) until the host is
+    reached again, then the same attempt is re-adopted and judged by its real exit."""
+    client = daemon.client()
+    gate = home / "gate"
+    spec = ssh_job("rekeyed", PROGRESS_JOB, params=f', "40", "0.03", "{gate}"')
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "rekeyed") >= 5, timeout=30)
+    job_pid = client.status("rekeyed").jobs[0].attempt.pid
+    good = sshd_server.known_hosts.read_text()
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, capture_output=True)
+    entry, _, _ = good.partition(" ")
+    kind, key = other.with_suffix(".pub").read_text().split()[:2]
+    try:
+        sshd_server.known_hosts.write_text(f"{entry} {kind} {key}\n")
+        assert sshd_server.drop_connections() >= 1
+        wait_until(lambda: job_state(client, "rekeyed") == "unreachable", timeout=60)
+        job = client.status("rekeyed").jobs[0]
+        assert "CHANGED" in (job.reason or ""), job.reason
+        assert job.attempt.state == "running" and job.attempt.exit_code is None
+        gate.write_text("")  # the job finishes on its own while the box cannot be reached
+        wait_until(lambda: not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE,
+                   timeout=30)
+        assert job_state(client, "rekeyed") == "unreachable"  # no evidence of its end has been read
+    finally:
+        sshd_server.known_hosts.write_text(good)
+    wait_until(lambda: job_state(client, "rekeyed") == "done", timeout=90)
+    attempts = client.attempts("rekeyed").attempts
+    assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0
+    texts = [e.message for e in client.events("rekeyed").events]
+    assert any("unreachable" in t for t in texts) and any("re-adopted" in t for t in texts), texts
+
+
+def test_stop_while_the_host_is_unreachable_ends_the_wait_and_says_the_process_may_run_on(
+        daemon: DaemonProcess, ssh_job, sshd_server: SshServer, home: Path, tmp_path: Path) -> None:
+    client = daemon.client()
+    spec = ssh_job("unreached", PROGRESS_JOB, params=f', "40", "0.03", "{home / "never"}"')
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "unreached") >= 3, timeout=30)
+    good = sshd_server.known_hosts.read_text()
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, capture_output=True)
+    kind, key = other.with_suffix(".pub").read_text().split()[:2]
+    try:
+        sshd_server.known_hosts.write_text(f"{good.partition(' ')[0]} {kind} {key}\n")
+        sshd_server.drop_connections()
+        wait_until(lambda: job_state(client, "unreached") == "unreachable", timeout=60)
+        out = supervise(daemon.env, "stop", "unreached", check=False)
+        assert out.returncode == 69 and out.stderr.count("\n") == 1, out.stderr
+        assert "cannot reach" in out.stderr and "again once the host answers" in out.stderr
+        job = client.status("unreached").jobs[0]
+        assert job.state == "stopped" and "may still run" in (job.reason or ""), job.reason
+        assert job.attempt.state == "running"  # nothing says it ended: a later stop finds it
+        pid = job.attempt.pid
+        assert psutil.pid_exists(pid) and client.ping() is not None
+    finally:
+        sshd_server.known_hosts.write_text(good)
+    out = supervise(daemon.env, "stop", "unreached", check=False)  # the host answers: the stop reaches it
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, timeout=20)
+    assert client.status("unreached").jobs[0].attempt.state != "running"

@@ -16,7 +16,7 @@ from .. import streams as _streams
 from ..command_check import check_local_command
 from ..config import config_changed, describe_settings
 from ..dependencies import check_after
-from ..errors import AlreadyRunning, NotFound, RequestRejected
+from ..errors import AlreadyRunning, ConnectionLost, HostError, HostRefused, NotFound, RequestRejected
 from ..events import JobState
 from ..gpu_holders import attempt_pids, still_held
 from ..gpu_holders import describe as describe_held
@@ -56,7 +56,7 @@ _VERB_STORE_WAIT_S = 2.0
 
 
 # A pipeline step in one of these is stopped with its pipeline: it runs, or waits to.
-_UNENDED = frozenset({JobState.STARTING, JobState.WAITING, JobState.RUNNING, JobState.BACKOFF})
+_UNENDED = frozenset({JobState.STARTING, JobState.WAITING, JobState.RUNNING, JobState.UNREACHABLE, JobState.BACKOFF})
 
 
 class Api:
@@ -169,8 +169,12 @@ class Api:
         spec = JobSpec.model_validate(job.spec)
         strays = StrayStop()
         for host in dict.fromkeys([spec.host, *spec.hosts]):  # a sharded job's shards run on several
-            found = await stop_strays(self.service.store, self.service.hosts.get(host).host, name,
-                                      None, spec.stop_grace_s if grace_s is None else grace_s)
+            try:
+                found = await stop_strays(self.service.store, self.service.hosts.get(host).host, name,
+                                          None, spec.stop_grace_s if grace_s is None else grace_s)
+            except (ConnectionLost, HostRefused) as exc:
+                raise HostError(f"cannot reach {host} to stop {name} ({exc}); its supervision is stopped, its process "
+                                f"may still run there: `supervise stop {name}` again once the host answers") from exc
             strays.attempts += found.attempts
             strays.events += found.events
             merge_reports(strays.report, found.report)

@@ -22,7 +22,7 @@ import structlog
 import tenacity
 
 from ..backoff import Backoff
-from ..errors import ConnectionLost, HostError
+from ..errors import ConnectionLost, HostError, HostRefused
 from . import _remote
 from ._errors import ssh_errors
 from .ssh_agent import _SHELL, _Agent
@@ -165,9 +165,9 @@ class SshConnection:
             try:
                 return await asyncssh.connect(target.host, **options)
             except asyncssh.HostKeyNotVerifiable as exc:
-                raise HostError(self._host_key_message(client, record_in)) from exc
+                raise HostRefused(self._host_key_message(client, record_in)) from exc
             except asyncssh.PermissionDenied as exc:
-                raise HostError(self._login_message()) from exc
+                raise HostRefused(self._login_message()) from exc
 
     def _host_key_message(self, client: _Client, known_hosts: Path) -> str:
         host, port = (client.offered[0], client.offered[1]) if client.offered else (self.target.host, self.target.port or 22)

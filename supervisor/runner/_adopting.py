@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+from .. import notices
 from ..events import Event, EventKind, JobState
 from ..hosts.base import ProcessHandle
 from ..store import AttemptRow
@@ -34,7 +35,10 @@ _CATCH_UP_MAX_S = 5.0
 
 
 class Adopting(Watching):
-    """The half of a job runner that takes over an attempt a previous daemon launched."""
+    """The half of a job runner that takes over an attempt a previous daemon launched, or its own
+    attempt again once the host it runs on answers again."""
+
+    unreachable_since: float | None
 
     def _readopt(self, row: AttemptRow) -> Live:
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
@@ -104,11 +108,20 @@ class Adopting(Watching):
         The previous daemon was last known alive at its last heartbeat or at the last event it
         stored of this attempt, whichever came later."""
         n = live.row.n
+        what = f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
+        if self.unreachable_since is not None:  # the host answers again; this daemon never stopped
+            down_s = max(0.0, time.time() - self.unreachable_since)
+            self.unreachable_since = None
+            where = self.ctx.host.name
+            self._action(live, f"{where} reachable again: attempt {n} ({what}) re-adopted after "
+                               f"{format_duration(down_s)} unreachable", {"down_s": down_s})
+            self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; {where} was unreachable for {format_duration(down_s)})")
+            self._send_soon(live, notices.reachable(self._about(live), where, down_s))
+            return
         known = [t for t in (self.ctx.down_since, last[-1].ts if last else None) if t is not None]
         down_since = max(known) if known else None
         down_s = None if down_since is None else max(0.0, time.time() - down_since)
         for_how_long = "for an unknown time" if down_s is None else f"for {format_duration(down_s)}"
-        what = f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
         self._publish([self._event(n, EventKind.DAEMON_RESTARTED,
                                    f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}",
                                    {"down_s": down_s, "down_since": down_since, "pid": live.row.pid})])

@@ -13,7 +13,8 @@ from typing import Any
 
 import structlog
 
-from ..errors import LaunchError, StoreError, SuperviseError
+from .. import notices
+from ..errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import wait_for_release
 from ..hosts.base import ExitStatus, KillReport, LaunchRequest
@@ -32,6 +33,10 @@ from ._gpu_wait import GpuWaiting
 log = structlog.get_logger("supervise.runner")
 
 _FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
+# A host that cannot be reached (a link down past its retries, a changed host key, a refused
+# login) says nothing of the process running there: its attempt waits for the host, not ended.
+_UNREACHABLE = (ConnectionLost, HostRefused)
+_REACH_AGAIN_S = (2.0, 30.0)  # the first wait before asking the host again, and the longest
 LAUNCH_PACK = "launch"  # probes/launch.toml
 
 class JobRunner(Adopting, GpuWaiting):
@@ -50,6 +55,7 @@ class JobRunner(Adopting, GpuWaiting):
         self._engine_packs = load_packs(None if spec.probes is None else [*spec.probes, LAUNCH_PACK], spec.probe_files)
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
+        self.unreachable_since: float | None = None  # its host stopped answering (wall time), until it answers
         self._init_notifying()
         self._slow_sent = set()
 
@@ -64,7 +70,8 @@ class JobRunner(Adopting, GpuWaiting):
         """Stop the job: no more relaunches; TERM the whole tree, wait, KILL."""
         self._stop_requested.set()
         report = KillReport()
-        live = self.live or await self._launched_or_ended()
+        # Nothing reaches the process of an unreachable host: the stop ends the wait for it, and says so.
+        live = None if self.unreachable_since is not None else self.live or await self._launched_or_ended()
         if live is not None:
             live.killed_by_us = True
             report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
@@ -89,15 +96,22 @@ class JobRunner(Adopting, GpuWaiting):
             await cancel_until_done(self.task)
 
     async def _run(self, resume: AttemptRow | None) -> None:
-        try:
-            await self._attempts(resume)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
+        while True:
             try:
-                await self._contain(exc)
-            except Exception:  # the daemon must outlive any one job's bug
-                log.exception("job runner crashed", job=self.spec.name)
+                await self._attempts(resume)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
+                try:
+                    if self._unreachable(exc):
+                        resume = await self._wait_until_reachable(exc)
+                        if resume is not None:
+                            continue  # the host answers again: the same attempt is re-adopted
+                    else:
+                        await self._contain(exc)
+                except Exception:  # the daemon must outlive any one job's bug
+                    log.exception("job runner crashed", job=self.spec.name)
+            break
         await self._alerts_sent()
         await self._writes.drained()  # the run's end is stored before the runner counts as ended
 
@@ -154,6 +168,50 @@ class JobRunner(Adopting, GpuWaiting):
             if await self._sleep_unless_stopped(decision.wait_s):
                 self._set_job(JobState.STOPPED, "stopped by user during backoff")
                 return
+
+    def _unreachable(self, exc: Exception) -> bool:
+        """The attempt's host cannot be reached, and nothing says its process ended."""
+        live = self._current
+        return isinstance(exc, _UNREACHABLE) and live is not None and live.exit_status is None
+
+    async def _wait_until_reachable(self, exc: Exception) -> AttemptRow | None:
+        """The host of a live attempt cannot be reached (``exc``): the job reads ``unreachable``
+        (alerted) and the host is asked again, with backoff, until it answers; then the attempt
+        is returned to be re-adopted as after a daemon restart (its log from the stored offset,
+        its exit from the exit file if it ended meanwhile).  None: stopped by the user meanwhile."""
+        live = self._current
+        assert live is not None
+        n, since = live.row.n, time.time()
+        self.live, self.unreachable_since = None, since
+        where = self.ctx.host.name
+        self._action(live, f"{where} unreachable: {exc}; attempt {n} is not known to have ended, waiting for the host",
+                     {"error": str(exc)})
+        self._set_job(JobState.UNREACHABLE, f"attempt {n}: {exc}; re-adopted when the host answers")
+        self._send_soon(live, notices.unreachable(self._about(live), where, str(exc)))
+        wait, said = _REACH_AGAIN_S[0], str(exc)
+        while True:
+            try:
+                await asyncio.wait_for(self._stop_requested.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+            else:
+                # The attempt stays `running` in the store (nothing says it ended): a later `stop`,
+                # once the host answers, finds it and kills it; a restarted daemon re-adopts it.
+                self.unreachable_since = None
+                self._set_job(JobState.STOPPED, f"stopped by user while {where} was unreachable: attempt {n} "
+                              f"(pid {live.row.pid}) may still run there; `supervise stop {self.spec.name}` "
+                              "again once the host answers ends it")
+                return None
+            try:
+                await self.ctx.host.is_alive(live.handle)
+                break
+            except _UNREACHABLE as again:
+                wait = min(wait * 2, _REACH_AGAIN_S[1])
+                if str(again) != said:  # a different refusal (the key fixed, the login not yet): say it
+                    said = str(again)
+                    self._set_job(JobState.UNREACHABLE, f"attempt {n}: {again}; re-adopted when the host answers")
+        await self._writes.drained()  # the re-adoption reads what this attempt stored
+        return self.ctx.store.attempt(self.spec.name, n)
 
     async def _contain(self, exc: Exception) -> None:
         """What ended the loop.  A live process is never left unsupervised: it is watched to

@@ -1,7 +1,7 @@
 // Shared by the overview and the job page: formatting, the job card, the event stream, actions.
 "use strict";
 
-const ACTIVE = new Set(["starting", "waiting", "running", "backoff"]);
+const ACTIVE = new Set(["starting", "waiting", "running", "backoff", "unreachable"]);
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
