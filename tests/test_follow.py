@@ -271,6 +271,33 @@ def test_truncation_under_the_follower_restarts_from_zero(tmp_path: Path, mode: 
 
 
 @mode_param
+def test_a_truncation_hidden_by_more_output_between_two_looks_is_still_a_truncation(tmp_path: Path, mode: str) -> None:
+    """The log is cut and rewritten longer than it was before the follower looks again (a
+    job's `ftruncate(1, 0)` then a burst, logrotate's copytruncate of a busy log): the size
+    alone reads as growth; the bytes before the read position tell."""
+    path = tmp_path / "job.log"
+    path.write_bytes(b"")
+
+    async def main() -> tuple[LogFollower, Collector]:
+        follower = LogFollower(path, **MODES[mode])
+        got = Collector(follower)
+        with open(path, "ab", buffering=0) as writer:
+            writer.write(b"first line\nsecond line\n")
+            await got.wait_texts(["first line", "second line"])
+        # No await in between: the follower cannot look until both are done.
+        with open(path, "wb", buffering=0) as rewriter:
+            rewriter.write(b"Traceback (most recent call last): a longer first line after the cut\n")
+        await got.wait_texts(["first line", "second line",
+                              "Traceback (most recent call last): a longer first line after the cut"])
+        await got.finish()
+        return follower, got
+
+    follower, got = run(main())
+    assert follower.truncations == 1
+    assert got.records[2].offset == 0 and got.records[2].generation == 1
+
+
+@mode_param
 def test_rotation_finishes_the_old_file_then_follows_the_new(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "job.log"
     path.write_bytes(b"")

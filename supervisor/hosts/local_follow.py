@@ -14,9 +14,10 @@ follower's) and yields the records in batches.  It survives the situations a job
 - ``finish()`` when the writer has exited: drain to EOF, emit the trailing partial line,
   end the iterator.
 
-Truncation is recognised by the size dropping below the read position, so a truncation
-followed by more output than was there before, all between two looks, reads as growth;
-with inotify the follower looks on every write, which makes that window tiny.
+Truncation is recognised by the size dropping below the read position, or by the last bytes
+read no longer being there: each read starts ``_CHECK_BYTES`` before the read position, so a
+truncation followed by more output than was there before, all between two looks (a job's
+``ftruncate(1, 0)``, logrotate's ``copytruncate`` of a busy log), is not taken for growth.
 
 Where inotify is unavailable (or ``use_inotify=False``) it polls every ``poll_interval``.
 With inotify it still re-checks every ``safety_interval`` in case an event was never
@@ -53,6 +54,11 @@ _DATA_MASK = _inotify.IN_MODIFY | _inotify.IN_CLOSE_WRITE
 _DIR_MASK = _inotify.IN_CREATE | _inotify.IN_MOVED_TO | _inotify.IN_ONLYDIR
 
 
+# Bytes re-read before the read position to tell growth from a rewrite: the same read, 64
+# bytes longer (no extra system call).
+_CHECK_BYTES = 64
+
+
 class LogFollower(IteratedOnce):
     """Follow ``path`` from byte ``offset``; iterate ``records()`` for batches of records."""
 
@@ -78,6 +84,7 @@ class LogFollower(IteratedOnce):
         self.truncations = 0
         self.rotations = 0
         self._buffer = RecordBuffer(offset, generation)  # what was read but not yet yielded, and where
+        self._seen_tail = b""  # the last bytes read, up to _CHECK_BYTES, ending at the read position
         self._fd = -1
         self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._want_inotify = use_inotify
@@ -269,9 +276,17 @@ class LogFollower(IteratedOnce):
         while not self._closed:
             if self._fd < 0 and not self._open():
                 return []
-            chunk = os.pread(self._fd, self.chunk_size, self._buffer.end)
+            end, back = self._buffer.end, len(self._seen_tail)
+            data = os.pread(self._fd, self.chunk_size + back, end - back)
+            if back and data[:back] != self._seen_tail:  # rewritten from an earlier place
+                flushed = self._truncated(os.fstat(self._fd).st_size)
+                if flushed:
+                    return flushed
+                continue
+            chunk = data[back:]
             self._more = len(chunk) == self.chunk_size
             if chunk:
+                self._seen_tail = (self._seen_tail + chunk[-_CHECK_BYTES:])[-_CHECK_BYTES:]
                 batch = self._buffer.feed(chunk)
                 if batch:
                     return batch
@@ -310,6 +325,7 @@ class LogFollower(IteratedOnce):
         )
         batch = self._buffer.flush()  # the held-back bytes were real output before the truncation
         self._buffer.restart()
+        self._seen_tail = b""
         return batch
 
     def _switch_if_rotated(self) -> list[Record] | None:
@@ -322,6 +338,7 @@ class LogFollower(IteratedOnce):
         batch = self._buffer.flush()
         self._close_file()
         self._buffer.restart()
+        self._seen_tail = b""
         return batch
 
     def _stat_ident(self) -> tuple[int, int] | None:
