@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 import pytest
+import structlog.testing
 from e2e_jobs import STOPPED_JOB
 from supervisor.errors import HostError, LaunchError
 from supervisor.events import Record
@@ -870,3 +871,50 @@ def test_the_pages_log_tail_of_a_remote_log_reads_from_near_its_end(ssh_env, tmp
     tail = run(go)
     assert asked == [len(body) - _TAIL_BYTES]
     assert tail.lines == [f"line {i} {'x' * 90}" for i in range(39_995, 40_000)]
+
+
+# A remote python3 whose agent, on its first run, announces a data frame of 2^40 bytes after its
+# hello and then sends nothing: a poisoned or broken agent on the box.  Later runs are the real agent.
+_POISONING_PYTHON = """\
+import os, subprocess, sys
+state, real = {state!r}, {real!r}
+if os.path.exists(state):
+    os.execv(real, [real, *sys.argv[1:]])
+open(state, "w").close()
+agent = subprocess.Popen([real, *sys.argv[1:]], stdout=subprocess.PIPE)
+out = sys.stdout.buffer
+out.write(agent.stdout.readline())  # the real agent's hello
+out.write(b'{{"ev": "data", "id": 1, "n": 1099511627776}}\\n')
+out.flush()
+agent.wait()
+"""
+
+
+def test_a_frame_larger_than_the_cap_from_a_real_remote_agent_drops_the_channel_and_following_resumes(
+        ssh_env, sshd_server: SshServer, tmp_path: Path, url: str) -> None:
+    """Over a real sshd: the daemon never reads 2^40 bytes on the agent's word (memory stays
+    where it was, following does not stall): the frame is a protocol error, the channel is
+    dropped and the log followed again from its last offset, nothing lost or doubled."""
+    python = tmp_path / "poisoning-python3"
+    python.write_text(f"#!{sys.executable}\n" + _POISONING_PYTHON.format(state=str(tmp_path / "poisoned"),
+                                                                           real=sys.executable))
+    python.chmod(0o755)
+    path = tmp_path / "job.log"
+    path.write_bytes(b"".join(f"line {i}\n".encode() for i in range(50)))
+    host = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_PYTHON": str(python)})
+    before = psutil.Process().memory_info().rss
+
+    async def go() -> tuple[list[Record], int]:
+        try:
+            follower = host.follow(str(path), 0)
+            records = await asyncio.wait_for(_records(follower, finish_after=3.0), 60)
+            return records, host.mux.channels
+        finally:
+            await host.close()
+
+    with structlog.testing.capture_logs() as logs:
+        records, channels = run(go)
+    assert [r.text for r in records] == [f"line {i}" for i in range(50)]
+    assert channels >= 2  # the poisoned channel, then a good one
+    assert any("data frame of 1099511627776 bytes" in str(e.get("error", "")) for e in logs), logs
+    assert psutil.Process().memory_info().rss - before < 64 << 20
