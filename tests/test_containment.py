@@ -125,19 +125,24 @@ def test_a_failed_launch_leaves_no_cgroup_and_start_up_sweeps_the_empty_ones(tmp
     with pytest.raises(LaunchError):
         asyncio.run(host.launch(request))
     assert not group.exists()  # 57 such were left under the root of a machine that ran the suite
-    # Left by attempts that ended unwatched: empty ones go, one with a live member stays.
-    stale, live = HERE.root / "t.stale.abc", HERE.root / "t.live.abc"
+    # Left by attempts that ended unwatched: empty ones go, one with a live member stays.  Swept
+    # under a root of this test's own: a sweep with no age limit on the shared root could take
+    # the cgroup of another daemon's launch under way.
+    root = HERE.root / f"t.sweep-root-{os.getpid()}"
+    cgroup.create(root)
+    stale, live = root / "t.stale.abc", root / "t.live.abc"
     cgroup.create(stale)
     cgroup.create(live)
     sleeper = psutil.Popen(["sleep", "30"])
     try:
         (live / "cgroup.procs").write_text(str(sleeper.pid))
-        cgroup.sweep(HERE.root, older_than_s=3600)
+        cgroup.sweep(root, older_than_s=3600)
         assert stale.exists()  # a young one may be another daemon's launch under way: left
-        cgroup.sweep(HERE.root, older_than_s=0)
+        cgroup.sweep(root, older_than_s=0)
         assert not stale.exists() and live.exists()
     finally:
         sleeper.kill()
         sleeper.wait()
         wait_until(lambda: cgroup.members(live) == set())
         cgroup.remove(live)
+        cgroup.remove(root)
