@@ -228,7 +228,8 @@ def test_openapi_schema_lists_routes_and_socket_is_private(daemon: DaemonProcess
     assert {"JobStatus.state", "AttemptInfo.state", "AttemptInfo.verdict", "AttemptInfo.phase", "NextVerdict.verdict",
             "EventInfo.kind", "EventInfo.phase"} <= {name for name, _ in state_like}
     assert [name for name, values in state_like if not values] == []
-    assert dict(state_like)["JobStatus.state"] == ["starting", "waiting", "running", "backoff", "done", "failed", "stopped", "cancelled"]
+    assert dict(state_like)["JobStatus.state"] == ["starting", "waiting", "running", "unreachable", "backoff", "done",
+                                                   "failed", "stopped", "cancelled"]
 
 
 _STATE_LIKE = ("state", "verdict", "phase", "kind")
