@@ -119,6 +119,8 @@ class Verdict(StrEnum):
     DONE = "done"
     PREEMPTED = "preempted"  # a batch scheduler took it away (preemption, requeue, node failure)
     TIMEOUT = "timeout"  # a batch scheduler's time limit ended it
+    HUNG = "hung"  # a serving engine up but doing no work: 0 tokens/s with requests running or waiting
+    DIVERGED = "diverged"  # a training loss that became NaN/inf, or stays far above its median
 
 
 # Log levels at which a program reports an error it means to survive.

@@ -31,7 +31,8 @@ class RestartSpec(_Strict):
     backoff_multiplier: Annotated[float, Field(ge=1, le=100, allow_inf_nan=False)] = 2.0
     backoff_jitter_s: Seconds = 5.0
     on: list[Verdict] = Field(
-        default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT]
+        default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT,
+                                 Verdict.HUNG]
     )
     stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug
 
@@ -72,11 +73,27 @@ class HealthSpec(_Strict):
         default_factory=lambda: [p for p in Phase if p.rank < Phase.ENGINE_READY.rank]
     )
 
+    # A serving engine printing 0 tokens/s with requests running or waiting (vLLM's periodic
+    # throughput lines, SGLang's decode batches) for this long is `hung`.  None turns it off.
+    hung_s: PositiveSeconds | None = 600.0
+    # A training loss that is NaN/inf, or over diverge_k x its median for diverge_steps readings
+    # in a row, is `diverged`.  diverge_k None: only a non-finite loss counts.
+    diverge_k: Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None = 10.0
+    diverge_steps: Annotated[int, Field(ge=1, le=100_000)] = 20
+    # Each of those two may be wrong about a job nobody here has seen: warned about, not killed,
+    # unless the spec says otherwise (same values as `action`).
+    hung_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
+    diverge_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
+
     # What an unhealthy verdict while it runs leads to: "kill" (at once), "warn" (an alert and the
     # verdict recorded, never a kill: the way to trust a new rule on a long run) or
     # "warn_then_kill" (an alert, then a kill after kill_after_s unless it moves meanwhile).
     action: Literal["kill", "warn", "warn_then_kill"] = "kill"
     kill_after_s: PositiveSeconds = 120.0
+
+    def action_for(self, verdict: Verdict) -> str:
+        """What an unhealthy ``verdict`` while it runs leads to (kill, warn, warn_then_kill)."""
+        return {Verdict.HUNG: self.hung_action, Verdict.DIVERGED: self.diverge_action}.get(verdict, self.action)
 
     def stall_floor(self, phase: Phase | None) -> float:
         if phase is not None and phase in self.stall_floor_by_phase:

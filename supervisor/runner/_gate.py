@@ -1,4 +1,5 @@
-"""Between an unhealthy verdict and a kill: ``health.action`` and a hold by hand.
+"""Between an unhealthy verdict and a kill: ``health.action`` (``hung_action`` and
+``diverge_action`` for those two verdicts) and a hold by hand.
 
 - ``kill``: the kill comes at once (unless held);
 - ``warn``: never a kill, a warning only (the way to trust a new rule on a long run);
@@ -12,7 +13,7 @@ starts again.  Pure: the caller gives the clock and does the alerting and the ki
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..events import Verdict
@@ -34,15 +35,22 @@ class KillGate:
     held: bool = False
     episode: Judgement | None = None  # the unhealthy verdict warned about, until it is healthy again
     kill_at: float | None = None  # clock time of the pending kill
+    by_verdict: dict[Verdict, str] = field(default_factory=dict)  # verdicts with an action of their own
 
     @classmethod
     def of(cls, health: HealthSpec, held: bool = False) -> KillGate:
-        return cls(health.action, health.kill_after_s, held)
+        own = {v: health.action_for(v) for v in (Verdict.HUNG, Verdict.DIVERGED)}
+        return cls(health.action, health.kill_after_s, held, by_verdict=own)
+
+    @property
+    def episode_action(self) -> str:
+        """The action that applies to the episode under way (``action`` when none is)."""
+        return self.action if self.episode is None else self.by_verdict.get(self.episode.verdict, self.action)
 
     @property
     def delay_s(self) -> float:
         """How long after a warning the kill comes: at once, never, or after ``kill_after_s``."""
-        return {"kill": 0.0, "warn": math.inf}.get(self.action, self.kill_after_s)
+        return {"kill": 0.0, "warn": math.inf}.get(self.episode_action, self.kill_after_s)
 
     def judge(self, judgement: Judgement, now: float) -> Step:
         if judgement.verdict is Verdict.HEALTHY:
@@ -81,5 +89,7 @@ class KillGate:
         if self.held:
             return f"nothing while held: `supervise release {job}` lets a kill come"
         if self.kill_at is None:
-            return "nothing: health.action is \"warn\", it is never killed for this"
+            name = {Verdict.HUNG: "hung_action", Verdict.DIVERGED: "diverge_action"}.get(
+                self.episode.verdict if self.episode is not None else Verdict.HEALTHY, "action")
+            return f"nothing: health.{name} is \"warn\", it is never killed for this"
         return f"killing in {max(0.0, self.kill_at - now):.0f} s unless it moves"

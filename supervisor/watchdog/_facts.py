@@ -12,8 +12,10 @@ from typing import Any
 from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
 from ..probes import BarBook, entered_phase, entering_recovers, goes_on_serving, root_cause, survived
 from ..probes._identity import BarRun
+from ._divergence import LossTrack
 from ._pace import PaceHistory, bar_key
 from ._progress import ProgressState, Track
+from ._serving import EngineLoad
 
 _PROBE_KINDS = frozenset(k.value for k in ProbeKind)
 # A program that logs the same error in a loop must not grow the watchdog without bound.
@@ -53,6 +55,8 @@ class Facts:
     # probes: vLLM's engine dead behind an API server that still answers), and when it came.
     fatal: tuple[float, Failure] | None = None
     history: PaceHistory = field(default_factory=PaceHistory)  # earlier attempts' bar paces
+    engine: EngineLoad = field(default_factory=EngineLoad)  # a serving engine's throughput lines
+    loss: LossTrack = field(default_factory=LossTrack)  # a training loss, wherever a line carries one
 
     def __post_init__(self) -> None:
         self.last_output_at = self.last_active_at = self.phase_entered_at = self.started_at
@@ -104,6 +108,9 @@ class Facts:
             self._enter_phase(implied, at, recovers=entering_recovers(kind, event.data))
         if not self.advanced_since_failure and goes_on_serving(event.data):
             self._advanced()  # a request answered after the failure: it was one call's, the server goes on
+        if event.kind in (EventKind.METRIC, EventKind.PROGRESS) and event.data:
+            self.engine.observe(event.data, at)
+            self.loss.observe(event.data, at)
         if event.kind == EventKind.PROGRESS:
             self._progress(event, at)
         elif event.kind == EventKind.FAILURE:

@@ -42,6 +42,7 @@ class Watchdog:
         self._facts = Facts(started_at=clock() if started_at is None else started_at)
         if history is not None:
             self._facts.history = history
+        self._facts.loss.k = health.diverge_k
         self._final: Judgement | None = None
         self._last_unhealthy: Judgement | None = None
 

@@ -3,47 +3,25 @@ changes the facts, with the verdict it gives and how it explains itself.
 
 Rules are functions of the job's ``HealthSpec`` and the folded ``Facts``: stuck progress
 (k x the median interval, at least the phase's floor), a phase that never shows progress or
-outlives its deadline, silence, a hang after a failure, and start-up phases with only
-"still waiting" lines.
+outlives its deadline, silence, a hang after a failure, start-up phases with only
+"still waiting" lines; and, each in its own module, a serving engine that does no work
+(``_serving``) and a diverging loss (``_divergence``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..events import BoundKind, Failure, FailureKind, Phase, Verdict
 from ..spec import HealthSpec
+from ._conditions import Condition, Judgement, fine_duration, format_duration
+from ._divergence import diverged
 from ._facts import Facts
 from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
 from ._progress import Track
+from ._serving import hung_engine
 
 _TRACEBACK_TAIL_LINES = 15
-
-
-@dataclass(frozen=True)
-class Judgement:
-    verdict: Verdict
-    reason: str
-    evidence: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A rule that is violated from ``deadline`` on unless an event changes the state."""
-
-    deadline: float
-    verdict: Verdict
-    describe: Callable[[float], tuple[str, dict[str, Any]]]
-    since: float | None = None  # when its clock started: deadline - since is the rule's bound
-    source: BoundSource | None = None  # where a stall bound came from (stall rules only)
-    # Reported, never a verdict: a step slower than its history (``Watchdog.slow``).
-    advisory: bool = False
-
-    @property
-    def bound_s(self) -> float | None:
-        return None if self.since is None else self.deadline - self.since
 
 
 def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
@@ -53,6 +31,8 @@ def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
     found.extend(c for t in watched if (c := _slow(health, facts, t)) is not None)
     for rule in (_first_progress, _deadline, _silence, _hang_after_failure, _waiting, _engine_dead):
         found.extend(rule(health, facts))
+    found.extend(hung_engine(health, facts.engine))
+    found.extend(diverged(health, facts.loss))
     return found
 
 
@@ -299,21 +279,6 @@ def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
         return reason, evidence
 
     return [Condition(since + limit, Verdict.STALLED, describe, since)]
-
-
-def format_duration(seconds: float) -> str:
-    """45.0s, 3m10s, 2h05m: short enough for an alert title."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
-def fine_duration(seconds: float) -> str:
-    """Like ``format_duration``, with hundredths under 10 s: a shard interval of a fast replay."""
-    return f"{seconds:.2f}s" if seconds < 10 else format_duration(seconds)
 
 
 def label(probe: str) -> str:
