@@ -172,3 +172,14 @@ def test_hung_and_diverged_are_warned_about_by_default_and_killed_only_where_ask
 def test_bad_values_are_refused(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         HealthSpec(**fields)
+
+
+def test_a_rule_due_the_moment_its_event_came_asks_for_a_look_now_once() -> None:
+    """The daemon sleeps until next_check_at(): a NaN loss must wake it at once, not at the
+    next deadline of some other rule (or never)."""
+    w, clock = make()
+    clock.t = 5.0
+    w.observe(step(1, "nan"))
+    assert w.next_check_at() == 5.0
+    assert w.check().verdict is Verdict.DIVERGED
+    assert w.next_check_at() != 5.0  # said once: no busy loop while it is warned about

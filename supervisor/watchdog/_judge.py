@@ -156,7 +156,13 @@ class Watchdog:
         return self._facts.paces()
 
     def next_check_at(self, now: float | None = None) -> float | None:
-        """The earliest clock time at which ``check()`` could change with no new event."""
+        """The earliest clock time at which ``check()`` could change with no new event: now, when
+        an event made a rule due at once (a NaN loss) and no ``check()`` has said so yet."""
+        if self._final is None and self._last_unhealthy is None:
+            at = self._now(now)
+            # A rule with no bound (due the moment its event came) is never pending beforehand.
+            if any(at >= c.deadline and c.bound_s == 0 and not c.advisory for c in self._conditions()):
+                return at
         pending = self._pending(now)
         return min(c.deadline for c in pending) if pending else None
 
