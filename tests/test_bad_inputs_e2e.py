@@ -66,3 +66,19 @@ def test_a_learned_min_that_can_never_tighten_is_noted_at_start(daemon: DaemonPr
     out = supervise(daemon_env, "start", str(spec)).stdout
     [note] = [line for line in out.splitlines() if "never applies" in line]
     assert "health.learned_min_s (45s) is not under the stall floor (30s)" in note
+
+
+@pytest.mark.parametrize("line,field", [
+    ("hung_s = -1", "hung_s"), ("hung_s = \"soon\"", "hung_s"), ("diverge_k = 1", "diverge_k"),
+    ("diverge_k = nan", "diverge_k"), ("diverge_steps = 0", "diverge_steps"), ("diverge_steps = 1e9", "diverge_steps"),
+    ("hung_action = \"explode\"", "hung_action"), ("diverge_action = 3", "diverge_action"),
+])
+def test_bad_hung_and_divergence_fields_are_one_line_exit_65_and_nothing_stored(
+        daemon: DaemonProcess, home: Path, daemon_env: dict[str, str], line: str, field: str) -> None:
+    spec = home / "hd.toml"
+    spec.write_text(f'name = "hd"\ncommand = ["true"]\n[health]\n{line}\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
+    assert f"health.{field}" in result.stderr
+    client = daemon.client()
+    assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid
