@@ -123,7 +123,24 @@ def _local_checks() -> list[Check]:
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
-    return checks + [_containment_check()] + _mode_checks(default_paths())
+    return checks + [_containment_check()] + _mode_checks(default_paths()) + [_web_check(default_paths())]
+
+
+def _web_check(paths: Paths) -> Check:
+    """Whether the page `supervise web` asked for is served (its port may have been taken while
+    the daemon was down); only the running daemon knows."""
+    from .client import Client
+
+    client = Client(paths, timeout_s=10)
+    try:
+        note = client.status().web_note
+    except SuperviseError:
+        return Check("skipped", "web page", "the daemon is not running", required=False)
+    finally:
+        client.close()
+    if note:
+        return Check("warn", "web page", note, required=False)
+    return Check("ok", "web page", "served as asked (or off)", required=False)
 
 
 def _containment_check() -> Check:

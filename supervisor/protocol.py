@@ -212,6 +212,7 @@ class StatusResponse(BaseModel):
     gpu: list[GpuDeviceInfo] = Field(default_factory=list)
     gpu_note: str = ""
     pipelines: list[PipelineStatus] = Field(default_factory=list)
+    web_note: str = Field(default="", description="why the web page asked for is not served ('' when it is, or is off)")
 
 
 class StartResponse(BaseModel):

@@ -7,6 +7,7 @@ overview and the job page of the stuck-load-then-relaunch run there.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from conftest import REPO, DaemonProcess, wait_until
-from e2e_jobs import CRASHING_JOB, PROGRESS_JOB
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
 from supervisor import protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -54,9 +56,10 @@ class Web:
         self.base = f"http://127.0.0.1:{port}"
         self.token = self.url.rsplit("token=", 1)[1]
 
-    def get(self, path: str, token: str | None = None, **kwargs: object) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(self.base + path, headers=headers, timeout=10, **kwargs)  # type: ignore[arg-type]
+    def get(self, path: str, token: str | None = None, headers: dict[str, str] | None = None,
+            **kwargs: object) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(self.base + path, headers={**sent, **(headers or {})}, timeout=10, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -76,7 +79,7 @@ def browser() -> Iterator[WebDriver]:
 
 
 def _open(browser: WebDriver, web: Web, path: str = "/") -> None:
-    browser.get(f"{web.base}{path}?token={web.token}")
+    browser.get(f"{web.base}{path}#token={web.token}")
     browser.execute_script("window.notReloaded = true")  # gone if the page ever reloads
 
 
@@ -171,19 +174,26 @@ def test_no_token_is_refused_and_bad_values_get_one_line(web: Web, browser: WebD
     assert browser.find_elements(By.ID, "jobs") == []
     spec = make_job("quick", PROGRESS_JOB, params=', "3", "0.01"')
     web.daemon.client().start(str(spec), {})
+    port = web.base.rsplit(":", 1)[1]
     refusals = [
-        (web.get("/"), 401), (web.get("/", token="wrong" * 5), 401), (web.get("/api/stream"), 401),
-        (web.get("/job/nosuchjob", token=web.token), 404),
+        (web.get("/api/stream"), 401), (web.get("/api/stream", token="wrong" * 5), 401),
+        (web.get("/api/jobs/quick/log"), 401), (web.get("/api/jobs/quick/gpu"), 401),
         (web.get("/api/jobs/nosuchjob/log", token=web.token), 404),
+        (web.get("/api/jobs/nosuchjob/gpu", token=web.token), 404),
         (web.get("/api/stream?job=nosuchjob", token=web.token), 404),
         (web.get("/api/stream?after=abc", token=web.token), 400),
         (web.get("/api/stream?after=-3", token=web.token), 400),
         (web.get("/api/jobs/quick/log?lines=0", token=web.token), 400),
         (web.get("/api/jobs/quick/log?attempt=x", token=web.token), 400),
         (web.get("/static/../../etc/passwd", token=web.token), 404),
-        (httpx.post(web.base + "/api/jobs/quick/stop", cookies={f"supervise_{web.base.rsplit(':', 1)[1]}": web.token},
-                    headers={"Origin": "http://evil.example"}, timeout=10), 403),
+        # A cookie is no token (there is none: cookies go to every port of the host).
+        (httpx.post(web.base + "/api/jobs/quick/stop", cookies={f"supervise_{port}": web.token}, timeout=10), 401),
         (httpx.post(web.base + "/api/jobs/quick/stop", params={"token": web.token}, timeout=10), 403),
+        (httpx.post(web.base + "/api/jobs/quick/stop", headers={"Authorization": f"Bearer {web.token}",
+                                                                 "Origin": "http://evil.example"}, timeout=10), 403),
+        # DNS rebinding: another site's name resolved to 127.0.0.1 reaches the port, not the page.
+        (web.get("/api/stream", token=web.token, headers={"Host": f"evil.example:{port}"}), 421),
+        (web.get("/", headers={"Host": f"evil.example:{port}"}), 421),
         (httpx.post(web.base + "/api/jobs/quick/launch", headers={"Authorization": f"Bearer {web.token}"}, timeout=10), 404),
     ]
     for response, status in refusals:
@@ -348,3 +358,65 @@ def test_stuck_load_then_relaunch_on_the_job_page(home: Path, daemon_env: dict[s
             browser.save_screenshot(str(Path(shots) / "web-overview.png"))
     finally:
         daemon.close()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Another program's server on another port of the same host: what the browser sends it."""
+
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        _Recorder.seen.append(str(self.headers))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<p>another server</p><script>document.title = String(sessionStorage.length)</script>")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_token_reaches_no_other_server_on_the_host_and_leaves_the_address_bar(
+        web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
+    """Cookies ignore ports: a cookie would go to any server on 127.0.0.1 (another user's, or one
+    that took the page's port while the daemon was down).  The token is in the URL's fragment,
+    then in this origin's sessionStorage, sent as a header: nothing of it leaves for another port."""
+    assert "#token=" in web.url and "?token=" not in web.url
+    spec = make_job("quick", PROGRESS_JOB, params=', "3", "0.01"')
+    web.daemon.client().start(str(spec), {})
+    _open(browser, web)
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '.card[data-job="quick"]'))
+    assert "token" not in browser.current_url  # out of the address bar (and of the history)
+    assert browser.get_cookies() == []
+    browser.get(web.base + "/job/quick")  # another page of the same origin, no fragment: the tab kept its token
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#card .card"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        _Recorder.seen.clear()
+        browser.get(f"http://127.0.0.1:{server.server_address[1]}/")
+        wait_until(lambda: _Recorder.seen)
+        assert web.token not in "".join(_Recorder.seen)
+        assert browser.title == "0"  # that origin's sessionStorage is its own: empty
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_page_whose_port_was_taken_while_the_daemon_was_down_is_said_by_status_and_doctor(
+        web: Web, daemon_env: dict[str, str]) -> None:
+    port = int(web.base.rsplit(":", 1)[1])
+    web.daemon.stop()
+    with socket.socket() as taker:  # another program takes the port meanwhile
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taker.bind(("127.0.0.1", port))
+        taker.listen()
+        web.daemon.start()  # the daemon runs on regardless
+        status = supervise(daemon_env, "status")
+        notes = [line for line in status.stdout.splitlines() if "web page is not served" in line]
+        assert status.returncode == 0 and len(notes) == 1, status.stdout
+        assert f"127.0.0.1:{port}" in notes[0]
+        doctor = supervise(daemon_env, "doctor", check=False)
+        assert [line for line in doctor.stdout.splitlines() if "web page" in line and "not served" in line], doctor.stdout
+    assert web.daemon.client().ping() is not None

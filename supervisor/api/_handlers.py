@@ -213,7 +213,7 @@ class Api:
         return _json(protocol.StatusResponse(
             jobs=jobs, daemon_pid=os.getpid(), daemon_version=__version__,
             gpu=gpu_devices(sample), gpu_note="" if sample and sample.available else (sample.reason if sample else "not sampled yet"),
-            pipelines=pipelines,
+            pipelines=pipelines, web_note=self.service.web.problem or "",
         ))
 
     async def jobs(self, request: web.Request) -> web.StreamResponse:

@@ -28,6 +28,10 @@ class WebControl(Protocol):
 
     async def configure(self, request: protocol.WebRequest) -> protocol.WebResponse: ...
 
+    @property
+    def problem(self) -> str | None:
+        """Why the page asked for is not served; None when it is, or none was asked for."""
+
 
 class Service(Protocol):
     """What the handlers need of the running daemon (service.Service provides it): the API

@@ -30,6 +30,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             if job.name not in in_pipelines:  # shown as a pipeline's step above
                 print(status_block(job))
         print(_gpu_line(status.gpu, status.gpu_note))
+        if status.web_note:
+            print(status.web_note)
     # Like `systemctl is-failed`: a script can ask `supervise status JOB` whether the job failed.
     if args.job and status.pipelines:
         return 1 if status.pipelines[0].state in (JobState.FAILED, JobState.CANCELLED) else 0

@@ -1,10 +1,15 @@
 """Who may read the page and who may act from it.
 
-Every request needs the token: from `?token=` (the URL `supervise web` prints), an
-`Authorization: Bearer` header, or the cookie set when a page was first opened with the
-token.  A POST (an action) also needs to come from the page itself: its `Origin` must be this
-server's own, so another site open in the same browser cannot stop a job with the cookie; a
-client that sends no `Origin` (curl) must give the token in the header.
+The URL `supervise web` prints carries the token in its fragment (`/#token=...`), which a
+browser never sends anywhere: the page's script keeps it in `sessionStorage` (readable by this
+origin only: scheme, host and port) and sends it as `Authorization: Bearer` with every request;
+an event stream, which cannot set headers, gives it as `?token=`.  No cookie: cookies ignore
+ports, so any other server on the same host would receive one.  The page itself (its HTML,
+script and style: no data) is served without the token, so that a fragment URL can load it.
+
+Every request's `Host` must name the address the page is served on (DNS rebinding: another
+site's name resolved to 127.0.0.1 must not reach it).  A POST (an action) needs the token in
+the header, and an `Origin`, when sent, of this server's own.
 """
 
 from __future__ import annotations
@@ -17,15 +22,27 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..errors import SuperviseError, http_status
-from ._config import WebConfig
+from ._config import WebConfig, is_loopback
 
 log = structlog.get_logger("supervise.web")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def cookie_name(config: WebConfig) -> str:
-    return f"supervise_{config.port}"  # cookies ignore ports: one name per served port
+_PUBLIC_PREFIXES = ("/static/", "/job/")  # the page's HTML, script and style: no data in them
+
+
+def _public(request: web.Request) -> bool:
+    return request.method in ("GET", "HEAD") and (request.path == "/" or request.path.startswith(_PUBLIC_PREFIXES))
+
+
+def allowed_hosts(config: WebConfig) -> frozenset[str] | None:
+    """The `Host` values a request may carry; None: any (a page bound to a non-loopback address
+    with --allow-remote is reached by names this server cannot know)."""
+    if not is_loopback(config.bind):
+        return None
+    port = config.port
+    return frozenset(f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", config.bind))
 
 
 def refuse(status: int, line: str) -> web.Response:
@@ -43,26 +60,26 @@ def _matches(given: str | None, token: str) -> bool:
 
 
 def middleware(config: WebConfig) -> Middleware:
-    name = cookie_name(config)
+    hosts = allowed_hosts(config)
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        in_query = request.query.get("token")
+        if hosts is not None and request.host.lower() not in hosts:
+            return refuse(421, f"this page answers to 127.0.0.1:{config.port} only, not {request.host[:100]!r}: "
+                               "open the URL that `supervise web` printed")
         in_header = _bearer(request)
-        if not any(_matches(g, config.token) for g in (in_query, in_header, request.cookies.get(name))):
-            return refuse(401, "no valid token: open the URL that `supervise web` printed (it ends in ?token=...)")
+        if request.method in ("GET", "HEAD"):
+            given = (in_header, request.query.get("token"))  # ?token=: an event stream cannot send a header
+        else:
+            given = (in_header,)
+        if not _public(request) and not any(_matches(g, config.token) for g in given):
+            if request.method not in ("GET", "HEAD") and _matches(request.query.get("token"), config.token):
+                return refuse(403, "an action needs the token in an Authorization: Bearer header")
+            return refuse(401, "no valid token: open the URL that `supervise web` printed (it ends in #token=...)")
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("Origin")
-            if origin is None and not _matches(in_header, config.token):
-                return refuse(403, "an action needs the token in an Authorization: Bearer header, or the page's own origin")
             if origin is not None and origin != f"{request.scheme}://{request.host}":
                 return refuse(403, f"refused an action from another origin ({origin[:100]})")
-        if in_query is not None and request.method == "GET" and not request.path.startswith("/api/"):
-            # Trade the token in the address bar for a cookie, and drop it from the address.
-            rest = {k: v for k, v in request.query.items() if k != "token"}
-            response = web.HTTPSeeOther(request.rel_url.with_query(rest))
-            response.set_cookie(name, config.token, httponly=True, samesite="Strict", path="/")
-            return response
         try:
             return await handler(request)
         except SuperviseError as exc:

@@ -27,7 +27,9 @@ class WebConfig(BaseModel):
     @property
     def url(self) -> str:
         host = f"[{self.bind}]" if ":" in self.bind else self.bind
-        return f"http://{host}:{self.port}/?token={self.token}"
+        # In the fragment: a browser never sends it to any server (a query or a cookie would go to
+        # whatever answers on that address, and cookies to every port of the host).
+        return f"http://{host}:{self.port}/#token={self.token}"
 
 
 def config_path(paths: Paths) -> Path:

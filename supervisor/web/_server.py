@@ -59,8 +59,8 @@ class Pages:
         return name
 
     async def page(self, request: web.Request) -> web.StreamResponse:
-        if "name" in request.match_info:
-            self._job(request)
+        # Served without the token (the fragment URL must load it): no data, not even whether the
+        # job exists; the page's script asks the API, which needs the token, and says what it answers.
         text = (_STATIC / _PAGES["job" if "name" in request.match_info else "overview"]).read_text()
         return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-store"})
 
@@ -127,6 +127,9 @@ class WebUi:
         self.service = service
         self.config: WebConfig | None = None
         self._runner: web.AppRunner | None = None
+        # Why the page asked for is not served (its port taken while the daemon was down, say):
+        # `status` and `doctor` say so, rather than an open tab reaching whatever holds the port.
+        self.problem: str | None = None
 
     async def resume(self) -> None:
         """At daemon start: serve again what the last `supervise web` asked for, same token."""
@@ -135,12 +138,14 @@ class WebUi:
             if config is not None:
                 await self._serve(config)
         except ConfigError as exc:
+            self.problem = f"the web page is not served: {exc}"
             log.error("web page not served", error=str(exc))
 
     async def configure(self, request: protocol.WebRequest) -> protocol.WebResponse:
         if request.off:
             await self.close()
             _config.remove(self.service.paths)
+            self.problem = None
             return protocol.WebResponse(url="", message="the web page is off")
         _config.check_bind(request.bind, request.allow_remote)
         saved = self.config or _config.load(self.service.paths)
@@ -153,6 +158,7 @@ class WebUi:
             await self.close()
             self._runner, self.config = runner, config
         _config.save(self.service.paths, config)
+        self.problem = None
         mode = " (read-only)" if config.read_only else ""
         return protocol.WebResponse(url=config.url, message=f"serving the web page{mode} at {config.url}")
 

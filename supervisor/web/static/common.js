@@ -1,6 +1,36 @@
 // Shared by the overview and the job page: formatting, the job card, the event stream, actions.
 "use strict";
 
+// The token: in the fragment of the URL `supervise web` printed (never sent to any server), then
+// in this tab's sessionStorage (this origin's only: scheme, host and port), sent as a header.
+// No cookie: cookies go to every port of the host.
+const TOKEN = (() => {
+  const found = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+  if (found) {
+    sessionStorage.setItem("supervise-token", decodeURIComponent(found[1]));
+    history.replaceState(null, "", location.pathname + location.search);  // out of the address bar
+  }
+  return sessionStorage.getItem("supervise-token");
+})();
+
+function refused(line) {
+  document.body.replaceChildren(el("p", { class: "refused", text: line }));
+}
+
+if (!TOKEN) {
+  document.addEventListener("DOMContentLoaded", () =>
+    refused("no valid token: open the URL that `supervise web` printed (it ends in #token=...)"));
+}
+
+async function api(path, init) {
+  if (!TOKEN) return new Response("", { status: 401 });
+  const options = Object.assign({}, init || {});
+  options.headers = Object.assign({}, options.headers || {}, { Authorization: "Bearer " + TOKEN });
+  const r = await fetch(path, options);
+  if (r.status === 401) refused(await r.text());
+  return r;
+}
+
 const ACTIVE = new Set(["starting", "waiting", "running", "backoff", "unreachable"]);
 
 function el(tag, attrs, ...children) {
@@ -138,7 +168,7 @@ async function act(job, verb, button) {
   const msg = button.closest(".card").querySelector(".msg");
   msg.textContent = verb + "…";
   try {
-    const r = await fetch(`/api/jobs/${encodeURIComponent(job)}/${verb}`,
+    const r = await api(`/api/jobs/${encodeURIComponent(job)}/${verb}`,
       { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
     const text = await r.text();
     const body = r.ok ? JSON.parse(text) : null;  // restart answers {stopped, started}
@@ -152,7 +182,9 @@ async function act(job, verb, button) {
 // restart) and sends the last event id it saw; the daemon replays from there.
 function connect(query, onEvent, onStatus) {
   const conn = document.getElementById("conn");
-  const source = new EventSource("/api/stream" + query);
+  if (!TOKEN) return new EventTarget();  // nothing of the page runs without it
+  // An event stream cannot send a header: the token goes in its own URL, to this origin only.
+  const source = new EventSource("/api/stream" + (query ? query + "&" : "?") + "token=" + encodeURIComponent(TOKEN));
   source.addEventListener("open", () => { conn.textContent = "live"; conn.className = "conn"; });
   source.addEventListener("error", () => { conn.textContent = "reconnecting…"; conn.className = "conn down"; });
   source.addEventListener("job-event", (m) => onEvent(JSON.parse(m.data)));

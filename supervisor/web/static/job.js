@@ -129,7 +129,8 @@ function onStatus(s) {
 }
 
 async function loadLog() {
-  const r = await fetch(`/api/jobs/${encodeURIComponent(JOB)}/log?lines=200`);
+  const r = await api(`/api/jobs/${encodeURIComponent(JOB)}/log?lines=200`);
+  if (r.status === 404) { refused(await r.text()); return; }
   if (!r.ok) return;
   const tail = await r.json();
   const pre = document.getElementById("log");
@@ -139,7 +140,7 @@ async function loadLog() {
 }
 
 async function loadGpu() {
-  const r = await fetch(`/api/jobs/${encodeURIComponent(JOB)}/gpu`);
+  const r = await api(`/api/jobs/${encodeURIComponent(JOB)}/gpu`);
   if (!r.ok) return;
   const g = await r.json();
   const box = document.getElementById("gpu-chart");
