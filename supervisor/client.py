@@ -137,6 +137,9 @@ class Client:
     def prune(self, job: str | None = None) -> protocol.PruneResponse:
         return self._call("POST", "/v1/prune", protocol.PruneResponse, params=_params(job=job))
 
+    def stacks(self, job: str) -> protocol.StacksResponse:
+        return self._call("GET", f"/v1/jobs/{job}/stacks", protocol.StacksResponse)
+
     def hold(self, job: str) -> protocol.HoldResponse:
         return self._call("POST", f"/v1/jobs/{job}/hold", protocol.HoldResponse)
 

@@ -123,7 +123,17 @@ def _local_checks() -> list[Check]:
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
-    return checks + [_containment_check()] + _mode_checks(default_paths()) + [_web_check(default_paths())]
+    return checks + [_containment_check(), _pyspy_check()] + _mode_checks(default_paths()) + [_web_check(default_paths())]
+
+
+def _pyspy_check() -> Check:
+    from .hosts.stacks import find_pyspy
+
+    found = find_pyspy()
+    if found is None:
+        return Check("MISSING", "py-spy", "not found: a hung job's stacks are not dumped before its kill "
+                                         "(`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)", required=False)
+    return Check("ok", "py-spy", f"{found}: stacks are dumped before a kill and by `supervise stack`", required=False)
 
 
 def _web_check(paths: Paths) -> Check:

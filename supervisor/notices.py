@@ -27,12 +27,15 @@ class Attempt:
     n: int
     gpu: str  # GPU memory per device, in words
     failure: Failure | None = None  # the attempt's root-cause failure, if one was logged
+    stacks: str | None = None  # its processes' innermost frames, dumped before a kill
 
 
-def _evidence(judgement: Judgement, failure: Failure | None) -> str:
+def _evidence(judgement: Judgement, failure: Failure | None, stacks: str | None = None) -> str:
     evidence = judgement.reason
     if failure is not None and failure.line:
         evidence += f" | {failure.line} (fingerprint {failure.fingerprint})"
+    if stacks:
+        evidence += f" | stacks: {stacks[:600]}"
     return evidence
 
 
@@ -40,7 +43,7 @@ def verdict(at: Attempt, judgement: Judgement, next_action: str) -> Alert:
     """An attempt ended unhealthy; ``next_action`` is what the policy does (relaunch in N s)."""
     value = judgement.verdict.value
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: attempt {at.n} {value}", what=value,
-                 evidence=_evidence(judgement, at.failure), gpu=at.gpu, next_action=next_action,
+                 evidence=_evidence(judgement, at.failure, at.stacks), gpu=at.gpu, next_action=next_action,
                  key=f"{at.job}:verdict:{value}", kind=AlertKind.VERDICT)
 
 
@@ -48,7 +51,7 @@ def gave_up(at: Attempt, judgement: Judgement, why: str) -> Alert:
     """The job ends failed: its own title says why it is not relaunched ("same failure twice …")."""
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: gave up: {why}",
                  what=f"attempt {at.n} {judgement.verdict.value}; not relaunching",
-                 evidence=_evidence(judgement, at.failure), gpu=at.gpu,
+                 evidence=_evidence(judgement, at.failure, at.stacks), gpu=at.gpu,
                  next_action=f"nothing: the job has failed; `supervise restart {at.job}` starts it again",
                  key=f"{at.job}:gave_up", kind=AlertKind.GAVE_UP)
 
@@ -63,7 +66,7 @@ def warning(at: Attempt, judgement: Judgement, where: str, next_action: str) -> 
     """Unhealthy while it runs, and not killed now: ``next_action`` says whether and when it will be."""
     value = judgement.verdict.value
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: {value} {where}; {next_action}",
-                 what=f"{value} (attempt {at.n} still running)", evidence=_evidence(judgement, at.failure),
+                 what=f"{value} (attempt {at.n} still running)", evidence=_evidence(judgement, at.failure, at.stacks),
                  gpu=at.gpu, next_action=next_action, key=f"{at.job}:warning:{value}", kind=AlertKind.WARNING)
 
 

@@ -170,6 +170,8 @@ class JobStatus(BaseModel):
     stall_bounds: list[StallBoundInfo] = Field(default_factory=list,
                                                description="each watched bar's stall bound and where it came from")
     shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
+    stacks: str | None = Field(default=None, description="the latest attempt's processes' innermost frames, dumped "
+                                                         "before it was killed (`supervise stack JOB` for a running one)")
 
 
 class PipelineStepStatus(BaseModel):
@@ -346,6 +348,22 @@ class PrunedLog(BaseModel):
 class PruneResponse(BaseModel):
     message: str
     removed: list[PrunedLog] = Field(default_factory=list)
+
+
+class ProcessStackInfo(BaseModel):
+    pid: int
+    name: str = Field(description="the process's command, shortened")
+    stack: str | None = Field(description="py-spy's dump of its threads; null when there is none (see error)")
+    error: str | None = Field(default=None, description="why none: not a Python process, ptrace refused, ...")
+
+
+class StacksResponse(BaseModel):
+    """`supervise stack`: the Python stacks of a running job's processes, now."""
+
+    job: str
+    attempt: int | None = Field(description="the attempt dumped; null when none is running")
+    processes: list[ProcessStackInfo] = Field(default_factory=list)
+    message: str = Field(description="one line: what was dumped, or why nothing was")
 
 
 class HoldResponse(BaseModel):

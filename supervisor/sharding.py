@@ -26,6 +26,7 @@ import structlog
 from .errors import SuperviseError
 from .events import FailureKind, JobState, Verdict
 from .hosts.base import KillReport
+from .hosts.stacks import StackDump
 from .pending_writes import PendingWrites
 from .placement import Placement
 from .policy import Decision, RestartPolicy
@@ -170,6 +171,13 @@ class ShardedJob:
 
     def release(self) -> str:
         return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
+
+    async def stacks_now(self) -> StackDump | None:
+        """`supervise stack`: every running shard's processes, in one dump."""
+        dumps = [d for r in self.shards if r.running and (d := await r.stacks_now()) is not None]
+        if not dumps:
+            return None
+        return StackDump(tuple(p for d in dumps for p in d.processes), "; ".join(d.note for d in dumps if d.note))
 
     @property
     def gpu_wait(self) -> str | None:

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from . import protocol
 from .errors import SpecError
-from .events import Event
+from .events import Event, EventKind
 from .gpu import GpuSample
 from .shard_views import shards_status
 from .snapshot import RunnerSnapshot
@@ -47,7 +47,7 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         if snapshot.next_relaunch_at is not None:
             next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
     spec: dict[str, Any] = row.spec
-    return protocol.JobStatus(outputs=_outputs(spec),
+    return protocol.JobStatus(outputs=_outputs(spec), stacks=_stacks_before_kill(store, latest),
         name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
@@ -55,6 +55,14 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         shards=(shards_status(spec["shards"], row.state, store.attempts(row.name), snapshot, attempt_info)
                 if spec.get("shards", 1) > 1 else None),
     )
+
+
+def _stacks_before_kill(store: Store, latest: AttemptRow | None) -> str | None:
+    """What the stacks event of a judged attempt said (one indexed read, only for those)."""
+    if latest is None or latest.verdict is None or latest.verdict in ("done", "healthy"):
+        return None
+    found = store.events(latest.job, attempt=latest.n, kinds=[EventKind.STACKS.value], limit=1, latest=True)
+    return found[0].message if found else None
 
 
 def _outputs(stored: dict[str, Any]) -> list[str]:

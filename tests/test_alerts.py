@@ -251,3 +251,13 @@ def test_a_hanging_endpoint_never_holds_send_and_a_full_queue_drops_the_oldest()
             await runner.cleanup()
 
     asyncio.run(body())
+
+
+def test_a_verdict_alert_carries_the_first_frames_of_the_stacks_dumped_before_the_kill() -> None:
+    from supervisor import notices
+    from supervisor.events import Verdict
+    from supervisor.watchdog import Judgement
+
+    at = notices.Attempt(job="j", n=2, gpu="", stacks="pid 7 (python job.py): frozen_here (job.py:5) < <module> (job.py:9)")
+    alert = notices.verdict(at, Judgement(Verdict.STALLED, "shard 3/10, no progress for 1m00s", {}), "relaunch in 10s")
+    assert "stacks: pid 7 (python job.py): frozen_here (job.py:5)" in alert.evidence

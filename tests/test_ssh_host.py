@@ -918,3 +918,31 @@ def test_a_frame_larger_than_the_cap_from_a_real_remote_agent_drops_the_channel_
     assert channels >= 2  # the poisoned channel, then a good one
     assert any("data frame of 1099511627776 bytes" in str(e.get("error", "")) for e in logs), logs
     assert psutil.Process().memory_info().rss - before < 64 << 20
+
+
+def test_stacks_of_a_remote_attempt_name_where_it_waits_and_without_py_spy_one_line_says_so(
+        ssh_env, tmp_path: Path, cleanup_tags, url: str) -> None:
+    cleanup_tags.append("s.stk.abc")
+    code = ("import time\ndef remote_frozen_here():\n    print('waiting', flush=True)\n    time.sleep(3600)\n"
+            "remote_frozen_here()\n")
+    pyspy = str(Path(sys.executable).parent / "py-spy")
+    with_spy = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_PYSPY": pyspy})
+    without = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_PYSPY": "no-such-py-spy"})
+
+    async def go() -> tuple[Any, Any]:
+        try:
+            handle = await with_spy.launch(request(tmp_path, code, "s.stk.abc"))
+            wait_for_file(Path(handle.log_path))
+            dumped = await with_spy.dump_stacks(handle, 10)
+            missing = await without.dump_stacks(handle, 10)
+            await with_spy.kill_tree(handle, 1)
+            return dumped, missing
+        finally:
+            await with_spy.close()
+            await without.close()
+
+    dumped, missing = run(go)
+    assert any("remote_frozen_here" in (p.stack or "") for p in dumped.processes), dumped
+    assert "remote_frozen_here" in dumped.summary()
+    assert [p.error for p in dumped.processes if not p.stack] == ["not a Python process"] * (len(dumped.processes) - 1)
+    assert missing.processes == () and "py-spy not found on" in missing.note

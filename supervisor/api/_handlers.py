@@ -45,6 +45,7 @@ from ._http import (
 from ._openapi import openapi_schema
 from ._routes import ROUTES
 from ._service import Service
+from ._stacks import job_stacks
 from ._specs import check_hosts, start_notes, stored_spec, validated_spec
 from ._starting import gpu_wait, wait_for_attempt
 
@@ -410,6 +411,9 @@ class Api:
     async def release_job(self, request: web.Request) -> web.StreamResponse:
         """Let kills come again; a pending kill counts down again from now."""
         return _json(self._hold(request.match_info["name"], hold=False))
+
+    async def job_stacks(self, request: web.Request) -> web.StreamResponse:
+        return _json(await job_stacks(self.service, _path_name(request)))
 
     def _hold(self, name: str, *, hold: bool) -> protocol.HoldResponse:
         self.service.store.job(name)  # an unknown job: 404

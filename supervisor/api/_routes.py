@@ -26,5 +26,6 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("POST", "/v1/daemon/stop", "stop_daemon", None, protocol.DaemonStopResponse),
     ("POST", "/v1/jobs/{name}/hold", "hold_job", None, protocol.HoldResponse),
     ("POST", "/v1/jobs/{name}/release", "release_job", None, protocol.HoldResponse),
+    ("GET", "/v1/jobs/{name}/stacks", "job_stacks", None, protocol.StacksResponse),
     ("POST", "/v1/pipelines", "start_pipeline", protocol.PipelineStartRequest, protocol.PipelineStartResponse),
 ]

@@ -1,7 +1,7 @@
 """`supervise`: the command line.  It talks only to the daemon's API (starting the daemon
 when none runs), except `probe`, which reads a log offline, and `daemon --foreground`.
 
-    jobs      start, stop, hold, release, restart, rm, prune, attempts, jobs
+    jobs      start, stop, hold, release, stack, restart, rm, prune, attempts, jobs
     logs      logs, events, and following a job's events
     system    daemon (run, stop, restart), config, probe, doctor, web
     views     status (and its live view), gpus, report
@@ -22,7 +22,7 @@ from .. import __version__
 from ..errors import SuperviseError
 from ..events import EventKind
 from ._args import add_field_flags, add_since, every_seconds, grace_seconds, line_count
-from .jobs import cmd_attempts, cmd_hold, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
+from .jobs import cmd_attempts, cmd_hold, cmd_stack, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
 from .views import cmd_gpus, cmd_report, cmd_status
@@ -83,6 +83,9 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
 
     p = add("hold", cmd_hold, "postpone any kill of a running job (a pending warn_then_kill included) until release")
+    p.add_argument("job")
+
+    p = add("stack", cmd_stack, "dump the Python stacks of a running job's processes now (py-spy): where it is stuck")
     p.add_argument("job")
 
     p = add("release", cmd_release, "let kills of a held job come again (a pending kill counts down again from now)")

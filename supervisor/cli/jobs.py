@@ -64,6 +64,18 @@ def cmd_hold(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stack(args: argparse.Namespace) -> int:
+    """Each Python process's stack as py-spy prints it; exit 1 when nothing could be dumped."""
+    response = _client().stacks(args.job)
+    print(f"supervise: {response.message}")
+    for proc in response.processes:
+        if proc.stack:
+            print(f"\n== pid {proc.pid}: {proc.name}\n{proc.stack.rstrip()}")
+        else:
+            print(f"\n== pid {proc.pid}: {proc.name}: {proc.error}")
+    return 0 if any(p.stack for p in response.processes) else 1
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     print(f"supervise: {_client().release(args.job).message}")
     return 0

@@ -67,6 +67,8 @@ def status_block(job: protocol.JobStatus) -> str:
         live = job.state is JobState.RUNNING and a.state is AttemptState.RUNNING
         lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or (Verdict.HEALTHY if live else a.state)}")
+        if job.stacks:
+            lines.append(f"  {job.stacks[:300]}")
         nv = job.next_verdict
         if live and nv is not None and nv.near:
             lines.append(f"  {nv.verdict} in {_fmt.duration(nv.in_s)} if nothing changes: {nv.reason}")

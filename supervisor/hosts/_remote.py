@@ -364,3 +364,24 @@ echo "root_existing=$d"
 echo "root_writable=$( [ -w "$d" ] && echo yes || echo no )"
 echo "df=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')"
 """
+
+
+# $1 py-spy (a name on the box's PATH, or a path), $2 seconds each; then the pids.  ~/.local/bin's
+# py-spy when $1 is not found; "nopyspy" when there is none.  Each pid dumped at once, in parallel,
+# then printed as "=== PID RC NAME" and its output.
+STACKS = r"""
+t=$2; spy=$(command -v "$1" 2>/dev/null) || spy=; shift 2
+[ -z "$spy" ] && [ -x "$HOME/.local/bin/py-spy" ] && spy=$HOME/.local/bin/py-spy
+if [ -z "$spy" ]; then echo nopyspy; exit 0; fi
+dir=$(mktemp -d 2>/dev/null) || { echo nopyspy; exit 0; }
+for pid in "$@"; do
+  ( timeout "$t" "$spy" dump --pid "$pid" >"$dir/$pid.out" 2>&1; echo $? >"$dir/$pid.rc" ) &
+done
+wait
+for pid in "$@"; do
+  name=$(tr '\0\n' '  ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-120)
+  printf '=== %s %s %s\n' "$pid" "$(cat "$dir/$pid.rc" 2>/dev/null || echo 1)" "$name"
+  cat "$dir/$pid.out" 2>/dev/null
+done
+rm -rf "$dir"
+"""

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from ..events import Record
 from ..gpu import GpuSample
+from .stacks import StackDump
 
 # The detached wrapper, identical locally and over SSH.  It starts the command in a new
 # session (so it is its own process group and no terminal hang-up reaches it), with stdin
@@ -224,6 +225,13 @@ class QueuedHost(Protocol):
     waits it has no output to judge."""
 
     async def queue_state(self, handle: ProcessHandle) -> QueueState: ...
+
+
+@runtime_checkable
+class StackDumper(Protocol):
+    """A host that can dump the Python stacks of an attempt's processes (py-spy) before a kill."""
+
+    async def dump_stacks(self, handle: ProcessHandle, timeout_s: float) -> StackDump: ...
 
 
 def log_paths(root: Path, job: str, attempt: int, suffix: int = 0) -> tuple[str, str]:

@@ -25,7 +25,8 @@ from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths, shown_command
-from . import cgroup
+from . import cgroup, stacks
+from .stacks import StackDump
 from .cgroup import CGROUP_VAR, Containment
 
 log = structlog.get_logger("supervise.launch")
@@ -151,6 +152,9 @@ class LocalHost:
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         return {p.pid for p in _attempt_processes(handle, self.containment.cgroup_of(handle.tag))}
+
+    async def dump_stacks(self, handle: ProcessHandle, timeout_s: float) -> StackDump:
+        return await stacks.dump(await self.attempt_pids(handle), timeout_s)
 
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
         return await asyncio.to_thread(_kill_tree, handle, grace_s, self.containment.cgroup_of(handle.tag))

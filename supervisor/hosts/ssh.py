@@ -58,7 +58,8 @@ import structlog
 
 from ..errors import HostError, LaunchError, SuperviseError
 from ..gpu import GpuSample
-from . import _remote, _remote_parse
+from . import _remote, _remote_parse, stacks
+from .stacks import StackDump
 from .base import (
     TAG_VAR,
     WRAPPER_SH,
@@ -96,6 +97,7 @@ class SshHost(SshConnection):
         super().__init__(url, env=env)
         self._log_root_spec = self.target.log_root or env.get(ENV_LOG_ROOT) or DEFAULT_LOG_ROOT
         self.nvidia_smi = env.get(ENV_NVIDIA_SMI) or "nvidia-smi"
+        self.pyspy = env.get("SUPERVISE_SSH_PYSPY") or "py-spy"  # on the box: its PATH, else ~/.local/bin
         self._home: str | None = None
         self.mux = SshMux(self, env.get(ENV_PYTHON) or "python3")
         self._watcher = _ExitWatcher(self, self.mux)
@@ -153,6 +155,14 @@ class SshHost(SshConnection):
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         _, out, _ = await self._exec(_remote.ATTEMPT_PIDS, *self._attempt_args(handle))
         return _remote_parse.parse_pids(out)
+
+    async def dump_stacks(self, handle: ProcessHandle, timeout_s: float) -> StackDump:
+        pids = await self.attempt_pids(handle)
+        if not pids:
+            return StackDump((), "no process of the attempt is alive")
+        _, out, _ = await self._exec(_remote.STACKS, self.pyspy, str(max(1, round(timeout_s))), *map(str, sorted(pids)),
+                                     timeout=timeout_s + 30, lane=None)
+        return stacks.parse_remote(out.decode(errors="replace"), self.target.display)
 
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
         grace_cs = str(max(0, round(grace_s * 100)))

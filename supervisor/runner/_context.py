@@ -16,6 +16,7 @@ from ..bus import EventBus
 from ..events import Event, EventKind, Failure, JobState, ProbeEvent
 from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
+from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
@@ -69,6 +70,7 @@ class Live:
     # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
     judge_at_once: bool = False
     catch_up_until: float | None = None
+    stacks: StackDump | None = None  # dumped before the kill, for the alert
 
     def ended_at(self) -> float:
         """When the attempt's command ended: the time its exit status was written where the host

@@ -33,7 +33,7 @@ class Notifying(Recording):
 
     def _about(self, live: Live) -> notices.Attempt:
         return notices.Attempt(job=self.spec.name, n=live.row.n, gpu=gpu_summary(self.ctx.gpu.latest()),
-                               failure=live.failure)
+                               failure=live.failure, stacks=live.stacks.summary() if live.stacks else None)
 
     async def _send(self, live: Live, alert: Alert) -> None:
         if await self.ctx.alerter.send(alert):

@@ -1,0 +1,176 @@
+"""The Python stacks of an attempt's processes, dumped with py-spy before a kill (and on demand).
+
+A job judged stalled, silent or hung is killed; without this, why it hung dies with it.
+``dump`` runs ``py-spy dump --pid N`` for every process of the attempt at once (TP workers and
+re-parented children included: the host names them), each bounded in time, none on the event
+loop.  A process that is not Python (the wrapper's shell) is listed without a stack; py-spy
+missing, or refused by ptrace, is said in one line and the kill goes on.
+
+py-spy is found as ``SUPERVISE_PYSPY`` names it, else on the PATH, else beside the daemon's own
+interpreter (a venv's ``bin``: ``pip install supervise`` brings it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from ..tasks import cancel_and_wait
+
+ENV_PYSPY = "SUPERVISE_PYSPY"
+PER_PROCESS_S = 10.0
+MAX_STACK_CHARS = 16_000  # per process: a deep stack of many threads stays readable, and bounded
+MAX_PROCESSES = 64
+_NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter", "not a python")
+_NO_PTRACE = ("Permission denied", "Operation not permitted", "ptrace")
+
+
+@dataclass(frozen=True)
+class ProcessStack:
+    pid: int
+    name: str  # the process's command, shortened
+    stack: str | None  # py-spy's dump; None when there is none (see ``error``)
+    error: str | None = None  # why not: "not a Python process", "permission denied (ptrace)", ...
+
+
+@dataclass(frozen=True)
+class StackDump:
+    processes: tuple[ProcessStack, ...]
+    note: str = ""  # one line when no stack could be taken at all: py-spy missing, ptrace refused
+
+    @property
+    def python(self) -> tuple[ProcessStack, ...]:
+        return tuple(p for p in self.processes if p.stack)
+
+    def summary(self, frames: int = 3) -> str:
+        """One line: each Python process's innermost frames (py-spy prints the innermost first)."""
+        if not self.python:
+            return self.note or "no Python process to dump"
+        parts = [f"pid {p.pid} ({p.name[:40]}): " + " < ".join(first_frames(p.stack or "", frames)) for p in self.python]
+        return "; ".join(parts)
+
+
+def stacks_data(dump: StackDump) -> dict[str, object]:
+    """A dump as an event's data (JSON): what `events`, the page and `stack` show."""
+    return {"note": dump.note, "processes": [{"pid": p.pid, "name": p.name, "stack": p.stack, "error": p.error}
+                                             for p in dump.processes]}
+
+
+def first_frames(stack: str, n: int = 3) -> list[str]:
+    """The first thread's innermost ``n`` frames of a py-spy dump (``func (file:line)`` lines)."""
+    frames: list[str] = []
+    in_thread = False  # the header (the command line, which may hold indented lines of its own) first
+    for line in stack.splitlines():
+        if line.startswith("Thread "):
+            if frames:
+                break
+            in_thread = True
+        elif in_thread and line.startswith("    ") and line.strip():
+            frames.append(line.strip())
+            if len(frames) == n:
+                break
+    return frames
+
+
+def find_pyspy() -> str | None:
+    named = os.environ.get(ENV_PYSPY)
+    if named is not None:
+        return named if named and os.access(named, os.X_OK) else None
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
+async def dump(pids: Iterable[int], timeout_s: float = PER_PROCESS_S) -> StackDump:
+    """Every process's stack, all at once, each within ``timeout_s``."""
+    wanted = sorted(set(pids))[:MAX_PROCESSES]
+    if not wanted:
+        return StackDump((), "no process of the attempt is alive")
+    pyspy = find_pyspy()
+    if pyspy is None:
+        return StackDump(tuple(ProcessStack(pid, _name(pid), None, "py-spy not found") for pid in wanted),
+                         "no stacks: py-spy not found (`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)")
+    found = await asyncio.gather(*(_one(pyspy, pid, timeout_s) for pid in wanted))
+    note = ""
+    if not any(p.stack for p in found) and any(p.error and "ptrace" in p.error for p in found):
+        note = ("no stacks: py-spy could not attach (ptrace refused): run the daemon as the job's user or as root, "
+                "or allow it (`sysctl kernel.yama.ptrace_scope=0`, or CAP_SYS_PTRACE in a container)")
+    return StackDump(tuple(found), note)
+
+
+async def _one(pyspy: str, pid: int, timeout_s: float) -> ProcessStack:
+    name = _name(pid)
+    try:
+        proc = await asyncio.create_subprocess_exec(pyspy, "dump", "--pid", str(pid), stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except OSError as exc:
+        return ProcessStack(pid, name, None, f"py-spy could not run: {exc.strerror or exc}")
+    waiting = asyncio.ensure_future(proc.communicate())
+    try:
+        out, err = await asyncio.wait_for(asyncio.shield(waiting), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await cancel_and_wait(waiting)
+        return ProcessStack(pid, name, None, f"py-spy took more than {timeout_s:.0f}s")
+    return parse_one(pid, name, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def parse_one(pid: int, name: str, returncode: int | None, out: str, err: str) -> ProcessStack:
+    """One ``py-spy dump`` run as a ``ProcessStack`` (also what the SSH host's box printed)."""
+    if returncode == 0 and out.strip():
+        text = out if len(out) <= MAX_STACK_CHARS else out[:MAX_STACK_CHARS] + "\n… (cut)"
+        return ProcessStack(pid, name, text)
+    said = " ".join((err or out).split())[:300]
+    if any(s in said for s in _NOT_PYTHON):
+        return ProcessStack(pid, name, None, "not a Python process")
+    if any(s in said for s in _NO_PTRACE):
+        return ProcessStack(pid, name, None, f"permission denied (ptrace): {said}")
+    if "No such process" in said:
+        return ProcessStack(pid, name, None, "ended meanwhile")
+    return ProcessStack(pid, name, None, said or f"py-spy exited {returncode}")
+
+
+def parse_remote(out: str, note_where: str) -> StackDump:
+    """What the SSH host's ``_remote.STACKS`` printed: "=== PID RC NAME" headers, each followed by
+    its py-spy output."""
+    if out.strip() == "nopyspy":
+        return StackDump((), f"no stacks: py-spy not found on {note_where} (`pip install --user py-spy` there)")
+    found: list[ProcessStack] = []
+    head: tuple[int, int, str] | None = None
+    body: list[str] = []
+
+    def close() -> None:
+        if head is not None:
+            text = "\n".join(body).strip("\n")
+            found.append(parse_one(head[0], head[2], head[1], text if head[1] == 0 else "", text))
+
+    for line in out.splitlines():
+        if line.startswith("=== "):
+            close()
+            pid, rc, *name = line[4:].split(" ", 2)
+            head = (int(pid), int(rc) if rc.lstrip("-").isdigit() else 1, name[0] if name else "?") if pid.isdigit() else None
+            body = []
+        else:
+            body.append(line)
+    close()
+    note = ""
+    if found and not any(p.stack for p in found) and any(p.error and "ptrace" in p.error for p in found):
+        note = f"no stacks: py-spy could not attach on {note_where} (ptrace refused): run the job as the login's user"
+    return StackDump(tuple(found[:MAX_PROCESSES]), note)
+
+
+def _name(pid: int) -> str:
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return "?"
+    return " ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4]))[:120]

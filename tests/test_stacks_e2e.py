@@ -1,0 +1,91 @@
+"""Stacks before the kill: a real stuck job (a thread in `frozen_here()`, and a child process
+blocked in `child_frozen_here()`) judged stalled through a real daemon; py-spy's dump of both is
+stored with the verdict, shown by `status` and in the alert's evidence, and `supervise stack`
+dumps a running job on demand.  Without py-spy: one line, and the kill goes on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state, supervise
+from supervisor.client import Client
+
+STUCK_JOB = """\
+import subprocess, sys, threading, time
+CHILD = "import time\\ndef child_frozen_here():\\n    time.sleep(3600)\\nchild_frozen_here()\\n"
+child = subprocess.Popen([sys.executable, "-c", CHILD])
+def frozen_here(gate):
+    gate.wait()
+for i in range(1, 4):
+    print(f"Loading checkpoint shards: {i * 10}%|###| {i}/10 [00:00<00:01, 5.0it/s]", flush=True)
+    time.sleep(0.05)
+frozen_here(threading.Event())
+"""
+
+
+def _stacks_events(client: Client, job: str) -> list[dict]:
+    return [e.data for e in client.events(job).events if e.kind == "stacks"]
+
+
+def test_a_stalled_job_s_stacks_name_where_it_hung_before_the_kill(daemon: DaemonProcess, make_job: Callable[..., Path],
+                                                                    daemon_env: dict[str, str]) -> None:
+    spec = make_job("stuck", STUCK_JOB, extra="[health]\nstall_floor_s = 3\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: client.status("stuck").jobs[0].attempt is not None
+               and client.status("stuck").jobs[0].attempt.phase is not None, timeout=30)
+    # On demand, while it runs: both processes' stacks, each naming where it waits.
+    wait_until(lambda: "frozen_here" in supervise(daemon_env, "stack", "stuck", check=False).stdout, timeout=20)
+    out = supervise(daemon_env, "stack", "stuck", check=False)
+    assert out.returncode == 0 and "frozen_here" in out.stdout and "child_frozen_here" in out.stdout, out.stdout
+    wait_until(lambda: job_state(client, "stuck") == "failed", timeout=60)
+    events = client.events("stuck").events
+    kinds = [e.kind for e in events]
+    assert "stacks" in kinds and kinds.index("stacks") < next(
+        i for i, e in enumerate(events) if e.kind == "action" and "killed the process tree" in e.message)
+    dumped = _stacks_events(client, "stuck")[0]["processes"]
+    texts = [p["stack"] or "" for p in dumped]
+    assert any("frozen_here" in t and "child_frozen_here" not in t for t in texts)
+    assert any("child_frozen_here" in t for t in texts)
+    status = client.status("stuck").jobs[0]
+    assert status.stacks is not None and "frozen_here" in status.stacks
+    assert "frozen_here" in supervise(daemon_env, "status", "stuck", check=False).stdout
+
+
+def test_without_py_spy_one_line_says_so_and_the_kill_goes_on(home: Path, daemon_env: dict[str, str],
+                                                               make_job: Callable[..., Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon_env["SUPERVISE_PYSPY"] = str(home / "no-such-py-spy")
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        spec = make_job("nospy", STUCK_JOB, extra="[health]\nstall_floor_s = 2\n[restart]\nmax_attempts = 1\n")
+        client = daemon.client()
+        client.start(str(spec), {})
+        wait_until(lambda: job_state(client, "nospy") == "failed", timeout=60)
+        stacks = [e.message for e in client.events("nospy").events if e.kind == "stacks"]
+        assert len(stacks) == 1 and "py-spy not found" in stacks[0], stacks
+        attempt = client.attempts("nospy").attempts[0]
+        assert attempt.verdict == "stalled" and attempt.exit_signal is not None  # killed all the same
+    finally:
+        daemon.close()
+
+
+def test_stack_of_an_unknown_or_idle_job_is_one_line(daemon: DaemonProcess, make_job: Callable[..., Path],
+                                                     daemon_env: dict[str, str]) -> None:
+    out = supervise(daemon_env, "stack", "nosuchjob", check=False)
+    assert out.returncode == 66 and out.stderr.count("\n") == 1, (out.returncode, out.stderr)
+    spec = make_job("quick", "print('hi')\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: job_state(client, "quick") == "done", timeout=30)
+    out = supervise(daemon_env, "stack", "quick", check=False)
+    assert out.returncode == 1 and "is not running" in out.stdout and out.stdout.count("\n") == 1, out.stdout
+    for bad in ("x%00", "..", "a" * 300):
+        assert client._http.get(f"/v1/jobs/{bad}/stacks").status_code in (400, 404)
+    assert client.ping().pid == daemon.proc.pid
