@@ -51,6 +51,7 @@ class AlertKind(StrEnum):
     RECOVERED = "recovered"  # it moved again after a warning: a pending kill is cancelled
     SLOW = "slow"  # a step well over what earlier attempts took: reported, never killed for
     UNREACHABLE = "unreachable"  # the attempt's host does not answer: it is not watched until it does
+    GPU_FAULT = "gpu_fault"  # a GPU the attempt uses reported an Xid, an ECC error, a slowdown
 
     @property
     def severity(self) -> Severity:
@@ -69,6 +70,7 @@ class Severity(StrEnum):
 _SEVERITY = {
     AlertKind.VERDICT: Severity.FAILURE, AlertKind.GAVE_UP: Severity.FAILURE,
     AlertKind.WARNING: Severity.WARNING, AlertKind.SLOW: Severity.WARNING, AlertKind.UNREACHABLE: Severity.WARNING,
+    AlertKind.GPU_FAULT: Severity.FAILURE,
     AlertKind.DONE: Severity.SUCCESS, AlertKind.RECOVERED: Severity.SUCCESS,
     AlertKind.PHASE: Severity.INFO, AlertKind.ETA: Severity.INFO,
 }

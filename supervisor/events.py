@@ -94,6 +94,7 @@ class EventKind(StrEnum):
     ALERT = "alert"  # an alert was sent
     DAEMON_RESTARTED = "daemon_restarted"  # a new daemon re-adopted the attempt (data: how long it went unwatched)
     GPU_WAIT = "gpu_wait"  # the launch waits for GPU memory other processes hold (data: the holders)
+    GPU_FAULT = "gpu_fault"  # a fault on a GPU the attempt uses: Xid, ECC, pending retirement, slowdown
     STACKS = "stacks"  # the Python stacks of the attempt's processes, dumped before a kill (data: each process's)
 
 

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .gpu_health import THROTTLE_WORDS, DeviceHealth, FaultKind, GpuFault, XidEvent, XidEvents, read_health, xid_detail
+
 MIB = 1024 * 1024
 
 
@@ -30,6 +32,7 @@ class GpuDevice:
     util_pct: int | None
     temperature_c: int | None = None  # None where NVML cannot tell (MIG slices, some virtual GPUs)
     power_w: float | None = None
+    health: DeviceHealth | None = None  # ECC, pending retirements, slowdowns (gpu_health)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class GpuSample:
     reason: str
     devices: tuple[GpuDevice, ...]
     processes: tuple[GpuProcess, ...]
+    xids: tuple[XidEvent, ...] = ()  # Xid errors NVML reported since the previous sample
 
     def device(self, index: int) -> GpuDevice | None:
         return next((d for d in self.devices if d.index == index), None)
@@ -58,6 +62,7 @@ class NvmlSampler:
         self._nvml = nvml
         self._clock = clock
         self._initialised = False
+        self._xids = XidEvents()
 
     def sample(self) -> GpuSample:
         ts = self._clock()
@@ -65,16 +70,19 @@ class NvmlSampler:
             nvml = self._module()
             self._init(nvml)
             devices, processes = self._read(nvml)
+            xids = self._xids.drain(nvml)
         except Exception as exc:  # noqa: BLE001 - a sampler that raises would stop the daemon's GPU view
             if _is_uninitialised(exc):
                 self._initialised = False  # someone shut NVML down; initialise again next time
+                self._xids = XidEvents()
             return GpuSample(ts, False, f"NVML unavailable: {_describe(exc)}", (), ())
-        return GpuSample(ts, True, "", tuple(devices), tuple(processes))
+        return GpuSample(ts, True, "", tuple(devices), tuple(processes), xids)
 
     def close(self) -> None:
         if not self._initialised or self._nvml is None:
             return
         self._initialised = False
+        self._xids.close(self._nvml)
         try:
             self._nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - closing is best effort
@@ -96,8 +104,9 @@ class NvmlSampler:
     def _read(self, nvml: Any) -> tuple[list[GpuDevice], list[GpuProcess]]:
         devices: list[GpuDevice] = []
         processes: list[GpuProcess] = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(nvml.nvmlDeviceGetCount())]
+        self._xids.register(nvml, handles)
+        for index, handle in enumerate(handles):
             devices.append(_read_device(nvml, index, handle))
             processes.extend(_read_processes(nvml, index, handle))
         return devices, processes
@@ -114,6 +123,7 @@ def _read_device(nvml: Any, index: int, handle: Any) -> GpuDevice:
         util_pct=_optional(nvml, lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
         temperature_c=_optional(nvml, lambda: int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
         power_w=_optional(nvml, lambda: int(nvml.nvmlDeviceGetPowerUsage(handle)) / 1000),  # NVML says milliwatts
+        health=read_health(nvml, handle),
     )
 
 
@@ -279,3 +289,31 @@ __all__ = [
     "foreign_processes",
     "wait_for_release",
 ]
+
+
+def new_faults(previous: GpuSample | None, current: GpuSample) -> list[GpuFault]:
+    """What ``current`` shows that ``previous`` did not: each Xid event, a rise of uncorrected ECC
+    errors, pages pending or a failed remap newly set, a hardware slowdown newly begun."""
+    if not current.available:
+        return []
+    found = [GpuFault(x.gpu, FaultKind.XID, xid_detail(x.code), x.code) for x in current.xids]
+    before = {d.index: d.health for d in previous.devices} if previous is not None and previous.available else {}
+    for device in current.devices:
+        now, then = device.health, before.get(device.index)
+        if now is None:
+            continue
+        then = then or DeviceHealth()
+        if now.ecc_uncorrected and now.ecc_uncorrected > (then.ecc_uncorrected or 0):
+            found.append(GpuFault(device.index, FaultKind.ECC_UNCORRECTED,
+                                  f"{now.ecc_uncorrected - (then.ecc_uncorrected or 0)} new volatile uncorrected ECC "
+                                  f"error(s) ({now.ecc_uncorrected} since the driver loaded)"))
+        if now.pages_pending and not then.pages_pending:
+            found.append(GpuFault(device.index, FaultKind.PAGES_PENDING,
+                                  "retired pages or remapped rows pending: reset the GPU when it is free"))
+        if now.remap_failed and not then.remap_failed:
+            found.append(GpuFault(device.index, FaultKind.REMAP_FAILED, "row remapping failed: the GPU needs service"))
+        bad = (now.throttle_reasons or 0) & ~(then.throttle_reasons or 0)
+        words = [w for bit, w in THROTTLE_WORDS.items() if bad & bit]
+        if words:
+            found.append(GpuFault(device.index, FaultKind.THROTTLED, "clocks slowed: " + ", ".join(words)))
+    return found

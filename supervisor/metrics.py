@@ -116,6 +116,9 @@ class Metrics:
                                       [*shard, "verdict"], registry=self.registry)
         self.shard_launches = Counter("supervise_shard_launches", "A shard's attempts launched by this daemon",
                                       shard, registry=self.registry)
+        self.gpu_faults = Counter("supervise_gpu_faults", "GPU faults NVML reported: Xid errors, uncorrected ECC "
+                                  "errors, pages pending, failed remaps, hardware slowdowns",
+                                  ["host", "gpu", "kind", "xid"], registry=self.registry)
         self.registry.register(_StateCollector(self))
         self._job_gpu: dict[tuple[str, str, int], int] = {}  # (job, host, gpu) -> bytes
         self._job_gpu_at = 0.0

@@ -15,6 +15,7 @@ from typing import Any
 
 from .alerts import Alert, AlertKind
 from .events import Failure, Phase
+from .gpu_health import GpuFault
 from .spec import AlertSpec
 from .watchdog import Judgement, ProgressState, fine_duration, format_duration, label
 
@@ -85,6 +86,17 @@ def unreachable(at: Attempt, host: str, error: str) -> Alert:
                  next_action="asking the host again with backoff; the attempt is re-adopted when it answers "
                              f"(`supervise stop {at.job}` gives up waiting)",
                  key=f"{at.job}:unreachable", kind=AlertKind.UNREACHABLE)
+
+
+def gpu_fault(at: Attempt, host: str, fault: GpuFault) -> Alert:
+    """A GPU the attempt uses reported a fault; a slowdown is a warning, anything else a failure."""
+    where = "" if host == "local" else f" on {host}"
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: GPU {fault.gpu}{where}: {fault.detail}",
+                 what=f"a GPU attempt {at.n} uses reported a fault", evidence=fault.describe(), gpu=at.gpu,
+                 next_action="nothing yet: the attempt runs on and is judged as usual; check the GPU "
+                             "(`nvidia-smi -q -d ECC,PAGE_RETIREMENT,PERFORMANCE`) before the next run there",
+                 key=f"{at.job}:gpu_fault:{fault.gpu}:{fault.kind.value}:{fault.xid}",
+                 kind=AlertKind.GPU_FAULT if fault.serious else AlertKind.SLOW)
 
 
 def reachable(at: Attempt, host: str, down_s: float) -> Alert:

@@ -26,6 +26,7 @@ import structlog
 from .errors import SuperviseError
 from .events import FailureKind, JobState, Verdict
 from .hosts.base import KillReport
+from .gpu_health import GpuFault
 from .hosts.stacks import StackDump
 from .pending_writes import PendingWrites
 from .placement import Placement
@@ -171,6 +172,9 @@ class ShardedJob:
 
     def release(self) -> str:
         return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
+
+    async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
+        return any([await r.gpu_fault(host, fault, device_pids) for r in self.shards if r.running])
 
     async def stacks_now(self) -> StackDump | None:
         """`supervise stack`: every running shard's processes, in one dump."""

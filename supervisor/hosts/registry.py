@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -18,10 +19,14 @@ import structlog
 
 from ..config import DaemonSettings
 from ..errors import SpecError, SuperviseError
-from ..gpu import GpuSample
+from ..gpu import GpuSample, new_faults
+from ..gpu_health import GpuFault
 from ..store import Store
 from ..tasks import cancel_and_wait
 from .base import Host
+
+# Told, with the host's name and the sample, of the faults a new sample shows.
+FaultSink = Callable[[str, GpuSample, list[GpuFault]], Awaitable[None]]
 
 log = structlog.get_logger("supervise.hosts")
 
@@ -48,8 +53,10 @@ def connect(name: str) -> Host:
 class GpuMonitor:
     """Samples one host's GPUs on a steady interval; keeps the latest sample; stores some."""
 
-    def __init__(self, host_name: str, store: Store, settings: DaemonSettings, host: Host) -> None:
+    def __init__(self, host_name: str, store: Store, settings: DaemonSettings, host: Host,
+                 on_faults: FaultSink | None = None) -> None:
         self.host_name = host_name
+        self.on_faults = on_faults  # told of each fault a new sample shows (gpu_health.new_faults)
         self.store = store
         self.settings = settings
         self._host = host
@@ -61,7 +68,13 @@ class GpuMonitor:
     async def sample(self) -> GpuSample:
         async with self._lock:  # one reading at a time per host
             sample = await self._host.sample_gpus()
-        self.latest = sample
+        previous, self.latest = self.latest, sample
+        faults = new_faults(previous, sample)
+        if faults and self.on_faults is not None:
+            try:
+                await self.on_faults(self.host_name, sample, faults)
+            except Exception:  # noqa: BLE001 - a fault's report must never stop the sampling
+                log.exception("reporting GPU faults failed", host=self.host_name)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -107,9 +120,10 @@ class HostSlot:
 class Hosts:
     """One live connection and GPU monitor per host name (`local`, `ssh://user@box`), made on first use."""
 
-    def __init__(self, store: Store, settings: DaemonSettings, local: Host) -> None:
+    def __init__(self, store: Store, settings: DaemonSettings, local: Host, on_faults: FaultSink | None = None) -> None:
         self.store = store
         self.settings = settings
+        self.on_faults = on_faults
         self._slots: dict[str, HostSlot] = {"local": self._slot("local", local)}
 
     def get(self, name: str) -> HostSlot:
@@ -131,7 +145,7 @@ class Hosts:
             connect(name)  # builds the host object only; it holds nothing until first used
 
     def _slot(self, name: str, host: Host) -> HostSlot:
-        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host))
+        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host, self.on_faults))
 
     @property
     def local(self) -> HostSlot:

@@ -12,6 +12,7 @@ from typing import Any
 from .. import notices
 from ..alerts import Alert
 from ..events import Event, EventKind, JobState
+from ..gpu_health import GpuFault
 from ..notices import BarStep, Milestones
 from ..watchdog import Judgement
 from ._context import Live, Recording, gpu_summary, jsonable
@@ -74,6 +75,22 @@ class Notifying(Recording):
             for alert in due:
                 if alert is not None:
                     self._send_soon(live, alert)
+
+    async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
+        """A fault on one of ``host``'s GPUs: recorded and alerted if the running attempt uses it (a
+        process of its tree on that device, or the device named in its spec)."""
+        live = self.live
+        if live is None or host != self.ctx.host.name:
+            return False
+        named = self.spec.gpu.devices != "all" and fault.gpu in self.spec.gpu.devices
+        if not named:
+            ours = {live.handle.pid} | live.known_pids | await self.ctx.host.attempt_pids(live.handle)
+            if not ours & device_pids:
+                return False
+        self._publish([self._event(live.row.n, EventKind.GPU_FAULT, fault.describe(),
+                                   {"gpu": fault.gpu, "kind": fault.kind.value, "xid": fault.xid, "detail": fault.detail})])
+        self._send_soon(live, notices.gpu_fault(self._about(live), host, fault))
+        return True
 
     # ---- the gate before a kill --------------------------------------------------------------
 

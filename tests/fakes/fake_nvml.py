@@ -10,7 +10,15 @@ It mirrors the real library's behaviour at its API, not the supervisor's needs:
   unsupported (MIG slices) and raise ``NVMLError_NotSupported``;
 - temperature is in degrees C for the sensor ``NVML_TEMPERATURE_GPU`` (any other sensor is
   ``NVMLError_InvalidArgument``), power usage in milliwatts;
-- errors are the real ``pynvml.NVMLError`` subclasses, built the way pynvml builds them.
+- errors are the real ``pynvml.NVMLError`` subclasses, built the way pynvml builds them;
+- health: volatile uncorrected ECC counts (``nvmlDeviceGetTotalEccErrors``), remapped rows as a
+  4-tuple (corrected, uncorrected, pending, failure), retired pages pending as
+  NVML_FEATURE_ENABLED/DISABLED, the clocks-event reasons bit mask; each can be unsupported
+  (``NVMLError_NotSupported``), as on boards without ECC or MIG slices;
+- Xid events: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents`` (for
+  ``nvmlEventTypeXidCriticalError``), and ``nvmlEventSetWait_v2`` returning an event whose
+  ``device`` is the handle's pointer value, ``eventType`` and ``eventData`` (the Xid code), or
+  raising ``NVMLError_Timeout`` when none is waiting.
 
 A test drives its state: add devices and processes, free or re-allocate memory, make a
 process exit after a delay (on the fake's clock), or make the memory outlive the process
@@ -46,6 +54,11 @@ class FakeDevice:
     temperature_c: int = 34
     power_mw: int = 76_000
     sensors_supported: bool = True  # temperature and power (not on MIG slices)
+    ecc_uncorrected: int = 0
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)  # corrected, uncorrected, pending, failure
+    retired_pending: bool = False
+    throttle_reasons: int = 0x1  # GPU idle: the mask an idle healthy board shows
+    health_supported: bool = True
 
 
 @dataclass
@@ -63,6 +76,9 @@ class FakeNvml:
 
     NVMLError = pynvml.NVMLError
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self.clock: Callable[[], float] = clock or (lambda: 0.0)
@@ -71,6 +87,8 @@ class FakeNvml:
         self.init_error: int | None = None  # an NVML_ERROR_* code nvmlInit fails with
         self.refcount = 0
         self.calls: list[str] = []
+        self.event_sets: list[list[SimpleNamespace]] = []  # each set's waiting events
+        self.registered: dict[int, list[int]] = {}  # device index -> the sets it reports to
 
     # ---- test controls ------------------------------------------------------------
 
@@ -94,6 +112,13 @@ class FakeNvml:
             if process.pid == pid:
                 process.exits_at = now + after_s
                 process.frees_at = now + after_s + free_lag_s
+
+    def inject_xid(self, gpu: int, code: int) -> None:
+        """The driver reports an Xid on ``gpu``: every event set it was registered with gets it."""
+        for number in self.registered.get(gpu, []):
+            self.event_sets[number].append(SimpleNamespace(device=SimpleNamespace(value=gpu + 1), eventData=code,
+                                                           eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                                           gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF))
 
     def set_memory(self, pid: int, mib: int) -> None:
         for process in self.processes:
@@ -121,7 +146,8 @@ class FakeNvml:
         self._require_init()
         if not 0 <= index < len(self.devices):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return SimpleNamespace(index=index)
+        # pynvml's handle is a fresh ctypes pointer each call; ``value`` is the address it holds.
+        return SimpleNamespace(index=index, value=index + 1)
 
     def nvmlDeviceGetMemoryInfo(self, handle: SimpleNamespace, version: int | None = None) -> SimpleNamespace:
         device = self._device(handle)
@@ -148,6 +174,42 @@ class FakeNvml:
         if not device.sensors_supported:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return device.power_mw
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: SimpleNamespace, error_type: int, counter_type: int) -> int:
+        device = self._health(handle)
+        if error_type != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED or counter_type != pynvml.NVML_VOLATILE_ECC:
+            return 0
+        return device.ecc_uncorrected
+
+    def nvmlDeviceGetRemappedRows(self, handle: SimpleNamespace) -> tuple[int, int, int, int]:
+        return self._health(handle).remapped
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: SimpleNamespace) -> int:
+        enabled = self._health(handle).retired_pending
+        return pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimpleNamespace) -> int:
+        return self._health(handle).throttle_reasons
+
+    def nvmlEventSetCreate(self) -> int:
+        self._require_init()
+        self.event_sets.append([])
+        return len(self.event_sets) - 1
+
+    def nvmlDeviceRegisterEvents(self, handle: SimpleNamespace, event_types: int, event_set: int) -> None:
+        self._device(handle)
+        if event_types & pynvml.nvmlEventTypeXidCriticalError:
+            self.registered.setdefault(handle.index, []).append(event_set)
+
+    def nvmlEventSetWait_v2(self, event_set: int, timeout_ms: int) -> SimpleNamespace:
+        self._require_init()
+        waiting = self.event_sets[event_set]
+        if not waiting:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+        return waiting.pop(0)
+
+    def nvmlEventSetFree(self, event_set: int) -> None:
+        self.event_sets[event_set] = []
 
     def nvmlDeviceGetName(self, handle: SimpleNamespace) -> str:
         return self._device(handle).name
@@ -178,6 +240,12 @@ class FakeNvml:
     def _device(self, handle: SimpleNamespace) -> FakeDevice:
         self._require_init()
         return self.devices[handle.index]
+
+    def _health(self, handle: SimpleNamespace) -> FakeDevice:
+        device = self._device(handle)
+        if not device.health_supported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device
 
     def _held_mib(self, index: int) -> int:
         now = self.clock()
