@@ -122,6 +122,7 @@ class Verdict(StrEnum):
     PREEMPTED = "preempted"  # a batch scheduler took it away (preemption, requeue, node failure)
     TIMEOUT = "timeout"  # a batch scheduler's time limit ended it
     HUNG = "hung"  # a serving engine up but doing no work: 0 tokens/s with requests running or waiting
+    IDLE = "idle"  # GPUs at 0% utilisation and no progress for health.idle_s
     DIVERGED = "diverged"  # a training loss that became NaN/inf, or stays far above its median
 
 

@@ -1,4 +1,5 @@
-"""Where a GPU fault goes: to the attempts that use that GPU (an event and an alert each), to the
+"""Where a GPU sample goes: each running attempt learns whether its GPUs computed (the idle rule),
+and each fault goes to the attempts that use that GPU (an event and an alert each), to the
 metrics, and to the daemon's log.
 
 An attempt uses a GPU when one of its processes holds memory there (NVML's process list, matched
@@ -20,18 +21,24 @@ from .metrics import Metrics
 log = structlog.get_logger("supervise.gpu")
 
 
-class FaultTaker(Protocol):
+class SampleTaker(Protocol):
+    async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
+        """A new sample of ``host``'s GPUs."""
+        ...
+
     async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
         """Whether the fault concerns this job (and was recorded and alerted)."""
         ...
 
 
-class FaultRouter:
-    def __init__(self, runners: Callable[[], Iterable[FaultTaker]], metrics: Metrics) -> None:
+class GpuRouter:
+    def __init__(self, runners: Callable[[], Iterable[SampleTaker]], metrics: Metrics) -> None:
         self._runners = runners
         self._metrics = metrics
 
     async def __call__(self, host: str, sample: GpuSample, faults: list[GpuFault]) -> None:
+        for runner in list(self._runners()):
+            await runner.gpus_sampled(host, sample)
         for fault in faults:
             self._metrics.gpu_faults.labels(host, str(fault.gpu), fault.kind.value,
                                             "" if fault.xid is None else str(fault.xid)).inc()

@@ -33,7 +33,7 @@ from .filemodes import secure_state_dir
 from .hosts.base import ExitStatus, Host, ProcessHandle
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
-from .gpu_faults import FaultRouter
+from .gpu_faults import GpuRouter
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .pipelines import Pipelines
 from .retention import Retention, prune_logs
@@ -67,8 +67,8 @@ class Service:
         self.store = Store(paths.db)
         self.bus = EventBus()
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml)
-        # GPU faults go to the attempts using the GPU (and the metrics): routed once both exist.
-        self.hosts = Hosts(self.store, settings, local, on_faults=lambda *fault: self._gpu_faults(*fault))
+        # GPU samples and faults go to the attempts using those GPUs (and faults to the metrics).
+        self.hosts = Hosts(self.store, settings, local, on_sample=lambda *sampled: self._gpu_router(*sampled))
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
         self.runners: dict[str, JobRunner | ShardedJob] = {}
         self.pipelines = Pipelines(self.store, self.hosts, self.runners, self.start_runner)
@@ -80,7 +80,7 @@ class Service:
         self.bus.subscribe(self._prune_on_launch)
         self.metrics = Metrics(self)  # reads job_readings() and host_readings()
         self.bus.subscribe(self.metrics.on_events)
-        self._gpu_faults = FaultRouter(lambda: self.runners.values(), self.metrics)
+        self._gpu_router = GpuRouter(lambda: self.runners.values(), self.metrics)
         self._metrics_runner: web.AppRunner | None = None
         self.web = WebUi(self)  # off until `supervise web`; then back at every start (state_dir/web.json)
 

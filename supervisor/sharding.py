@@ -26,6 +26,7 @@ import structlog
 from .errors import SuperviseError
 from .events import FailureKind, JobState, Verdict
 from .hosts.base import KillReport
+from .gpu import GpuSample
 from .gpu_health import GpuFault
 from .hosts.stacks import StackDump
 from .pending_writes import PendingWrites
@@ -172,6 +173,11 @@ class ShardedJob:
 
     def release(self) -> str:
         return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
+
+    async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
+        for r in self.shards:
+            if r.running:
+                await r.gpus_sampled(host, sample)
 
     async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
         return any([await r.gpu_fault(host, fault, device_pids) for r in self.shards if r.running])

@@ -82,7 +82,11 @@ class HealthSpec(_Strict):
     diverge_steps: Annotated[int, Field(ge=1, le=100_000)] = 20
     # Each of those two may be wrong about a job nobody here has seen: warned about, not killed,
     # unless the spec says otherwise (same values as `action`).
+    # The attempt's GPUs at 0% utilisation and no progress (no bar step, no new phase) for this
+    # long is `idle`.  None turns it off.
+    idle_s: PositiveSeconds | None = 1800.0
     hung_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
+    idle_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
     diverge_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
 
     # What an unhealthy verdict while it runs leads to: "kill" (at once), "warn" (an alert and the
@@ -93,7 +97,8 @@ class HealthSpec(_Strict):
 
     def action_for(self, verdict: Verdict) -> str:
         """What an unhealthy ``verdict`` while it runs leads to (kill, warn, warn_then_kill)."""
-        return {Verdict.HUNG: self.hung_action, Verdict.DIVERGED: self.diverge_action}.get(verdict, self.action)
+        own = {Verdict.HUNG: self.hung_action, Verdict.DIVERGED: self.diverge_action, Verdict.IDLE: self.idle_action}
+        return own.get(verdict, self.action)
 
     def stall_floor(self, phase: Phase | None) -> float:
         if phase is not None and phase in self.stall_floor_by_phase:

@@ -72,6 +72,7 @@ def test_a_learned_min_that_can_never_tighten_is_noted_at_start(daemon: DaemonPr
     ("hung_s = -1", "hung_s"), ("hung_s = \"soon\"", "hung_s"), ("diverge_k = 1", "diverge_k"),
     ("diverge_k = nan", "diverge_k"), ("diverge_steps = 0", "diverge_steps"), ("diverge_steps = 1e9", "diverge_steps"),
     ("hung_action = \"explode\"", "hung_action"), ("diverge_action = 3", "diverge_action"),
+    ("idle_s = 0", "idle_s"), ("idle_s = inf", "idle_s"), ("idle_action = \"nap\"", "idle_action"),
 ])
 def test_bad_hung_and_divergence_fields_are_one_line_exit_65_and_nothing_stored(
         daemon: DaemonProcess, home: Path, daemon_env: dict[str, str], line: str, field: str) -> None:

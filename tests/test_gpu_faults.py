@@ -100,3 +100,31 @@ def test_an_xid_on_the_gpu_a_job_uses_is_an_event_an_alert_and_a_metric_others_a
         assert client.status("gpu").jobs[0].state == "running"  # warned about; the job is judged as usual
         client.stop("gpu", grace_s=1.0)
         client.stop("cpu", grace_s=1.0)
+
+
+@pytest.mark.parametrize("util,idle", [(0, True), (60, False)])
+def test_a_job_holding_a_gpu_at_zero_utilisation_with_no_progress_is_idle_warned_not_killed(
+        tmp_path: Path, util: int, idle: bool) -> None:
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    script = tmp_path / "gpu_job.py"
+    script.write_text("import os, time\n"
+                      f"open('{holders}/' + str(os.getpid()) + '.pid', 'w').write(str(os.getpid()))\n"
+                      "print('***** Running training *****', flush=True)\ntime.sleep(60)\n")
+    nvml = ProcessBoundNvml(holders)
+    nvml.devices[0].util_pct = util
+    spec = tmp_path / "idle.toml"
+    spec.write_text(f'name = "idle"\ncommand = ["{sys.executable}", "{script}"]\nprobes = ["transformers"]\n'
+                    "stop_grace_s = 1\n[health]\nidle_s = 1.5\n")
+    with in_process_daemon(nvml) as client:
+        client.start(str(spec), {})
+        wait_until(lambda: any(p.pid for p in nvml.processes))
+        if idle:
+            wait_until(lambda: [e for e in client.events("idle").events if e.kind == "verdict"], timeout=20)
+            verdict = next(e for e in client.events("idle").events if e.kind == "verdict")
+            assert verdict.data["verdict"] == "idle" and "GPU 0 at 0% utilisation" in verdict.message
+        else:
+            time.sleep(3.0)
+            assert not [e for e in client.events("idle").events if e.kind == "verdict"]
+        assert client.status("idle").jobs[0].state == "running"  # warned, never killed by default
+        client.stop("idle", grace_s=1.0)

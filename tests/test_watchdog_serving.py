@@ -168,6 +168,7 @@ def test_hung_and_diverged_are_warned_about_by_default_and_killed_only_where_ask
 @pytest.mark.parametrize("fields", [
     {"hung_s": 0}, {"hung_s": -5}, {"hung_s": "soon"}, {"diverge_k": 1}, {"diverge_k": float("inf")},
     {"diverge_steps": 0}, {"diverge_steps": 1.5}, {"hung_action": "explode"}, {"diverge_action": ""},
+    {"idle_s": -1}, {"idle_s": float("nan")}, {"idle_action": "sleep"},
 ])
 def test_bad_values_are_refused(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
@@ -183,3 +184,49 @@ def test_a_rule_due_the_moment_its_event_came_asks_for_a_look_now_once() -> None
     assert w.next_check_at() == 5.0
     assert w.check().verdict is Verdict.DIVERGED
     assert w.next_check_at() != 5.0  # said once: no busy loop while it is warned about
+
+
+# ---- idle GPUs ------------------------------------------------------------------------------
+
+def test_gpus_at_zero_utilisation_with_no_progress_for_idle_s_is_idle_and_progress_or_work_resets_it() -> None:
+    w, clock = make(idle_s=100, stall_floor_s=1000)
+    for t in range(0, 100, 10):
+        clock.t = t
+        w.gpus_sampled((0, 1), busy=False)
+    clock.t = 99
+    assert w.check().verdict is Verdict.HEALTHY
+    clock.t = 100
+    judged = w.check()
+    assert judged.verdict is Verdict.IDLE and "GPU 0, 1 at 0% utilisation and no progress for" in judged.reason
+    clock.t = 101
+    w.observe(step(1, 1.0))  # a step: it moved
+    assert w.check().verdict is Verdict.HEALTHY
+    clock.t = 150
+    w.gpus_sampled((0,), busy=True)  # it computes again
+    clock.t = 240
+    assert w.check().verdict is Verdict.HEALTHY
+    clock.t = 250
+    assert w.check().verdict is Verdict.IDLE
+
+
+def test_never_seen_on_a_gpu_an_idle_server_and_idle_s_none_are_never_idle() -> None:
+    w, clock = make(idle_s=10)
+    clock.t = 1000
+    assert w.check().verdict is not Verdict.IDLE  # no sample showed it on a GPU
+    server, clock = make(idle_s=10)
+    server.gpus_sampled((0,), busy=False)
+    server.observe(metric(prompt_tps=0.0, gen_tps=0.0, running=0, waiting=0))
+    clock.t = 1000
+    assert server.check().verdict is Verdict.HEALTHY  # a server with nothing asked of it
+    off, clock = make(idle_s=None)
+    off.gpus_sampled((0,), busy=False)
+    clock.t = 1e6
+    assert off.check().verdict is not Verdict.IDLE
+
+
+def test_idle_is_warned_about_by_default() -> None:
+    from supervisor.watchdog import Judgement
+
+    gate = KillGate.of(HealthSpec())
+    assert gate.judge(Judgement(Verdict.IDLE, "x", {}), 0.0) is Step.WARN
+    assert 'health.idle_action is "warn"' in gate.next_action("j", 0.0)

@@ -25,8 +25,8 @@ from ..store import Store
 from ..tasks import cancel_and_wait
 from .base import Host
 
-# Told, with the host's name and the sample, of the faults a new sample shows.
-FaultSink = Callable[[str, GpuSample, list[GpuFault]], Awaitable[None]]
+# Told of each available sample, with the host's name and the faults it shows that the last did not.
+SampleSink = Callable[[str, GpuSample, list[GpuFault]], Awaitable[None]]
 
 log = structlog.get_logger("supervise.hosts")
 
@@ -54,9 +54,9 @@ class GpuMonitor:
     """Samples one host's GPUs on a steady interval; keeps the latest sample; stores some."""
 
     def __init__(self, host_name: str, store: Store, settings: DaemonSettings, host: Host,
-                 on_faults: FaultSink | None = None) -> None:
+                 on_sample: SampleSink | None = None) -> None:
         self.host_name = host_name
-        self.on_faults = on_faults  # told of each fault a new sample shows (gpu_health.new_faults)
+        self.on_sample = on_sample  # told of each sample and the faults it shows that the last did not
         self.store = store
         self.settings = settings
         self._host = host
@@ -69,12 +69,11 @@ class GpuMonitor:
         async with self._lock:  # one reading at a time per host
             sample = await self._host.sample_gpus()
         previous, self.latest = self.latest, sample
-        faults = new_faults(previous, sample)
-        if faults and self.on_faults is not None:
+        if sample.available and self.on_sample is not None:
             try:
-                await self.on_faults(self.host_name, sample, faults)
-            except Exception:  # noqa: BLE001 - a fault's report must never stop the sampling
-                log.exception("reporting GPU faults failed", host=self.host_name)
+                await self.on_sample(self.host_name, sample, new_faults(previous, sample))
+            except Exception:  # noqa: BLE001 - what a sample is told to must never stop the sampling
+                log.exception("handing a GPU sample on failed", host=self.host_name)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -120,10 +119,10 @@ class HostSlot:
 class Hosts:
     """One live connection and GPU monitor per host name (`local`, `ssh://user@box`), made on first use."""
 
-    def __init__(self, store: Store, settings: DaemonSettings, local: Host, on_faults: FaultSink | None = None) -> None:
+    def __init__(self, store: Store, settings: DaemonSettings, local: Host, on_sample: SampleSink | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.on_faults = on_faults
+        self.on_sample = on_sample
         self._slots: dict[str, HostSlot] = {"local": self._slot("local", local)}
 
     def get(self, name: str) -> HostSlot:
@@ -145,7 +144,7 @@ class Hosts:
             connect(name)  # builds the host object only; it holds nothing until first used
 
     def _slot(self, name: str, host: Host) -> HostSlot:
-        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host, self.on_faults))
+        return HostSlot(host, GpuMonitor(name, self.store, self.settings, host, self.on_sample))
 
     @property
     def local(self) -> HostSlot:

@@ -71,6 +71,7 @@ class Live:
     judge_at_once: bool = False
     catch_up_until: float | None = None
     stacks: StackDump | None = None  # dumped before the kill, for the alert
+    pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
 
     def ended_at(self) -> float:
         """When the attempt's command ended: the time its exit status was written where the host

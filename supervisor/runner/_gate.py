@@ -39,7 +39,7 @@ class KillGate:
 
     @classmethod
     def of(cls, health: HealthSpec, held: bool = False) -> KillGate:
-        own = {v: health.action_for(v) for v in (Verdict.HUNG, Verdict.DIVERGED)}
+        own = {v: health.action_for(v) for v in (Verdict.HUNG, Verdict.DIVERGED, Verdict.IDLE)}
         return cls(health.action, health.kill_after_s, held, by_verdict=own)
 
     @property
@@ -89,7 +89,7 @@ class KillGate:
         if self.held:
             return f"nothing while held: `supervise release {job}` lets a kill come"
         if self.kill_at is None:
-            name = {Verdict.HUNG: "hung_action", Verdict.DIVERGED: "diverge_action"}.get(
+            name = {Verdict.HUNG: "hung_action", Verdict.DIVERGED: "diverge_action", Verdict.IDLE: "idle_action"}.get(
                 self.episode.verdict if self.episode is not None else Verdict.HEALTHY, "action")
             return f"nothing: health.{name} is \"warn\", it is never killed for this"
         return f"killing in {max(0.0, self.kill_at - now):.0f} s unless it moves"

@@ -12,11 +12,15 @@ from typing import Any
 from .. import notices
 from ..alerts import Alert
 from ..events import Event, EventKind, JobState
+from ..gpu import GpuSample
 from ..gpu_health import GpuFault
 from ..notices import BarStep, Milestones
 from ..watchdog import Judgement
 from ._context import Live, Recording, gpu_summary, jsonable
 from ._gate import KillGate, Step
+
+
+_PIDS_FRESH_S = 10.0
 
 
 class Notifying(Recording):
@@ -76,6 +80,33 @@ class Notifying(Recording):
                 if alert is not None:
                     self._send_soon(live, alert)
 
+    async def _attempt_pids(self, live: Live) -> set[int]:
+        """The attempt's processes, looked up at most every ``_PIDS_FRESH_S`` (a scan of the
+        process table per GPU sample would cost the loop more than the sample)."""
+        now = self.ctx.clock()
+        if live.pids_read_at is None or now - live.pids_read_at > _PIDS_FRESH_S:
+            live.pids_read_at = now
+            live.known_pids |= await self.ctx.host.attempt_pids(live.handle)
+        return {live.handle.pid} | live.known_pids
+
+    async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
+        """Whether the running attempt's GPUs computed: the watchdog's idle rule reads it."""
+        live = self.live
+        if live is None or host != self.ctx.host.name:
+            return
+        if self.spec.gpu.devices != "all":
+            devices = {d for d in self.spec.gpu.devices if sample.device(d) is not None}
+        else:
+            ours = await self._attempt_pids(live)
+            devices = {p.gpu_index for p in sample.processes if p.pid in ours}
+        utilisation = [u for d in devices if (device := sample.device(d)) and (u := device.util_pct) is not None]
+        if not utilisation:
+            return  # not on a GPU, or a board that does not tell
+        live.watchdog.gpus_sampled(tuple(sorted(devices)), max(utilisation) > 0)
+        at = live.watchdog.next_check_at()
+        if at is not None and (live.check_at is None or at < live.check_at):
+            live.wake.set()
+
     async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
         """A fault on one of ``host``'s GPUs: recorded and alerted if the running attempt uses it (a
         process of its tree on that device, or the device named in its spec)."""
@@ -84,8 +115,7 @@ class Notifying(Recording):
             return False
         named = self.spec.gpu.devices != "all" and fault.gpu in self.spec.gpu.devices
         if not named:
-            ours = {live.handle.pid} | live.known_pids | await self.ctx.host.attempt_pids(live.handle)
-            if not ours & device_pids:
+            if not await self._attempt_pids(live) & device_pids:
                 return False
         self._publish([self._event(live.row.n, EventKind.GPU_FAULT, fault.describe(),
                                    {"gpu": fault.gpu, "kind": fault.kind.value, "xid": fault.xid, "detail": fault.detail})])

@@ -13,6 +13,7 @@ from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
 from ..probes import BarBook, entered_phase, entering_recovers, goes_on_serving, root_cause, survived
 from ..probes._identity import BarRun
 from ._divergence import LossTrack
+from ._idle import GpuUse
 from ._pace import PaceHistory, bar_key
 from ._progress import ProgressState, Track
 from ._serving import EngineLoad
@@ -57,9 +58,11 @@ class Facts:
     history: PaceHistory = field(default_factory=PaceHistory)  # earlier attempts' bar paces
     engine: EngineLoad = field(default_factory=EngineLoad)  # a serving engine's throughput lines
     loss: LossTrack = field(default_factory=LossTrack)  # a training loss, wherever a line carries one
+    gpu: GpuUse = field(default_factory=GpuUse)  # the attempt's GPUs' utilisation, as samples showed it
+    moved_at: float = field(init=False)  # the latest progress step or new phase (the start before any)
 
     def __post_init__(self) -> None:
-        self.last_output_at = self.last_active_at = self.phase_entered_at = self.started_at
+        self.last_output_at = self.last_active_at = self.phase_entered_at = self.moved_at = self.started_at
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -128,7 +131,7 @@ class Facts:
         if phase is None:
             return
         self.phase = phase
-        self.phase_entered_at = at
+        self.phase_entered_at = self.moved_at = at
         self.phase_has_progress = False
         if recovers:
             self._advanced()
@@ -168,6 +171,7 @@ class Facts:
             # First sight of this bar (a new bar of the same probe: another process, another
             # description, or counting from the start again), or one of an earlier phase.
             self.tracks[run.id] = Track(probe, done, total, at, bar=run.bar.label, key=bar_key(probe, run.bar.desc))
+            self.moved_at = max(self.moved_at, at)  # a bar drawn anew is work going on
             if new:
                 self._new_bar(run)
             return
@@ -177,6 +181,7 @@ class Facts:
         if done == track.done:
             return  # a redraw of the same step (or the 100% bar printed twice) is no advance
         track.advance(done, at)
+        self.moved_at = max(self.moved_at, at)
         self._advanced()
 
     def paces(self) -> dict[str, list[float]]:

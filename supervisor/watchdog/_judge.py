@@ -97,6 +97,11 @@ class Watchdog:
         "still waiting" lines, which show it alive but not doing anything."""
         self._facts.output_seen(self._now(now), heartbeats_only=heartbeats_only)
 
+    def gpus_sampled(self, devices: tuple[int, ...], busy: bool, now: float | None = None) -> None:
+        """A GPU sample showed the attempt's processes on ``devices`` (none: not on a GPU), and
+        whether any of them computed (utilisation above 0)."""
+        self._facts.gpu.sampled(devices, busy, self._now(now))
+
     def observe(self, event: Event, now: float | None = None) -> None:
         """A probe event: a phase, a progress step, a failure (``event.failure``), a heartbeat."""
         self._facts.observe(event, self._now(now))

@@ -17,6 +17,7 @@ from ..spec import HealthSpec
 from ._conditions import Condition, Judgement, fine_duration, format_duration
 from ._divergence import diverged
 from ._facts import Facts
+from ._idle import idle
 from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
 from ._progress import Track
 from ._serving import hung_engine
@@ -33,6 +34,7 @@ def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
         found.extend(rule(health, facts))
     found.extend(hung_engine(health, facts.engine))
     found.extend(diverged(health, facts.loss))
+    found.extend(idle(health, facts.gpu, facts.moved_at, facts.engine.without_work))
     return found
 
 

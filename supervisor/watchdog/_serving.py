@@ -27,6 +27,7 @@ class EngineLoad:
     running: int = 0
     waiting: int = 0
     lines: int = 0  # zero-throughput-with-work lines in a row
+    without_work: bool = False  # the latest throughput line: no request runs or waits (an idle server)
 
     def observe(self, data: dict[str, Any], at: float) -> None:
         gen = _number(data.get("gen_tps"))
@@ -36,6 +37,7 @@ class EngineLoad:
         # SGLang's decode batch counts its running requests as `reqs`.
         self.running = int(_number(data.get("running", data.get("reqs"))) or 0)
         self.waiting = int(_number(data.get("waiting")) or 0)
+        self.without_work = self.running + self.waiting == 0
         if gen == 0 and prompt == 0 and self.running + self.waiting > 0:
             if self.stuck_since is None:
                 self.stuck_since = at
