@@ -935,6 +935,11 @@ def test_stacks_of_a_remote_attempt_name_where_it_waits_and_without_py_spy_one_l
             wait_for_file(Path(handle.log_path))
             dumped = await with_spy.dump_stacks(handle, 10)
             missing = await without.dump_stacks(handle, 10)
+            for p in dumped.processes:  # frozen (a stopped rank): read without pausing it, on the box too
+                if p.stack:
+                    os.kill(p.pid, signal.SIGSTOP)
+            stopped = await with_spy.dump_stacks(handle, 10)
+            assert any("remote_frozen_here" in (p.stack or "") for p in stopped.processes), stopped
             await with_spy.kill_tree(handle, 1)
             return dumped, missing
         finally:

@@ -89,3 +89,25 @@ def test_stack_of_an_unknown_or_idle_job_is_one_line(daemon: DaemonProcess, make
     for bad in ("x%00", "..", "a" * 300):
         assert client._http.get(f"/v1/jobs/{bad}/stacks").status_code in (400, 404)
     assert client.ping().pid == daemon.proc.pid
+
+
+def test_a_stopped_process_is_read_as_it_stands(tmp_path: Path) -> None:
+    """A SIGSTOPped process (a frozen rank, Ctrl-Z) cannot be paused again by py-spy: its memory
+    is read without pausing, and its stack still names where it stopped."""
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+
+    from supervisor.hosts import stacks
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time\ndef stopped_in_here():\n    time.sleep(60)\n"
+                                                   "stopped_in_here()\n"])
+    try:
+        wait_until(lambda: "stopped_in_here" in (asyncio.run(stacks.dump([proc.pid], 10)).processes[0].stack or ""))
+        proc.send_signal(signal.SIGSTOP)
+        dump = asyncio.run(stacks.dump([proc.pid], 10))
+        assert "stopped_in_here" in (dump.processes[0].stack or ""), dump
+    finally:
+        proc.kill()
+        proc.wait()

@@ -375,7 +375,11 @@ t=$2; spy=$(command -v "$1" 2>/dev/null) || spy=; shift 2
 if [ -z "$spy" ]; then echo nopyspy; exit 0; fi
 dir=$(mktemp -d 2>/dev/null) || { echo nopyspy; exit 0; }
 for pid in "$@"; do
-  ( timeout "$t" "$spy" dump --pid "$pid" >"$dir/$pid.out" 2>&1; echo $? >"$dir/$pid.rc" ) &
+  # A stopped process (SIGSTOP, a frozen rank) cannot be paused again: read it as it stands.
+  ( timeout "$t" "$spy" dump --pid "$pid" >"$dir/$pid.out" 2>&1; rc=$?
+    if [ $rc -ne 0 ] && grep -q "Failed to suspend" "$dir/$pid.out"; then
+      timeout "$t" "$spy" dump --nonblocking --pid "$pid" >"$dir/$pid.out" 2>&1; rc=$?; fi
+    echo $rc >"$dir/$pid.rc" ) &
 done
 wait
 for pid in "$@"; do

@@ -30,6 +30,7 @@ MAX_STACK_CHARS = 16_000  # per process: a deep stack of many threads stays read
 MAX_PROCESSES = 64
 _NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter", "not a python")
 _NO_PTRACE = ("Permission denied", "Operation not permitted", "ptrace")
+_SUSPEND_FAILED = "Failed to suspend process"
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,19 @@ async def dump(pids: Iterable[int], timeout_s: float = PER_PROCESS_S) -> StackDu
 
 async def _one(pyspy: str, pid: int, timeout_s: float) -> ProcessStack:
     name = _name(pid)
+    found = await _run(pyspy, pid, name, timeout_s, [])
+    if found.error is not None and _SUSPEND_FAILED in found.error:
+        # A process that is stopped already (SIGSTOP, a frozen rank, Ctrl-Z) cannot be paused again:
+        # its memory is read as it stands, which is consistent since nothing runs.
+        found = await _run(pyspy, pid, name, timeout_s, ["--nonblocking"])
+    return found
+
+
+async def _run(pyspy: str, pid: int, name: str, timeout_s: float, flags: list[str]) -> ProcessStack:
     try:
-        proc = await asyncio.create_subprocess_exec(pyspy, "dump", "--pid", str(pid), stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(pyspy, "dump", *flags, "--pid", str(pid),
+                                                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
     except OSError as exc:
         return ProcessStack(pid, name, None, f"py-spy could not run: {exc.strerror or exc}")
     waiting = asyncio.ensure_future(proc.communicate())
@@ -129,7 +140,8 @@ def parse_one(pid: int, name: str, returncode: int | None, out: str, err: str) -
     if returncode == 0 and out.strip():
         text = out if len(out) <= MAX_STACK_CHARS else out[:MAX_STACK_CHARS] + "\n… (cut)"
         return ProcessStack(pid, name, text)
-    said = " ".join((err or out).split())[:300]
+    said = " ".join((err or out).split())
+    said = said[max(0, said.find("Error:")):][:300]  # py-spy prints the process header first
     if any(s in said for s in _NOT_PYTHON):
         return ProcessStack(pid, name, None, "not a Python process")
     if any(s in said for s in _NO_PTRACE):
