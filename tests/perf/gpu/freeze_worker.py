@@ -1,6 +1,7 @@
 """Freeze (SIGSTOP) a TP worker of a vLLM run once the shard bar reaches AT/N: a real stuck load.
 
     freeze_worker.py LOG AT [RANK]
+    FREEZE_PREFIX=EngineCore_DP0 freeze_worker.py LOG AT     (TP=1: the engine process loads the weights)
 
 Reads the attempt's log as it grows, learns the pid of `(Worker_TP<RANK> pid=N)` (rank 0 by default)
 from its prefixes, and sends SIGSTOP to that pid when `Loading safetensors checkpoint shards: ... AT/N`
@@ -19,7 +20,8 @@ BAR_RE = re.compile(rb"checkpoint shards:\s+\d+% Completed \| (\d+)/(\d+)")
 
 
 def main(log: str, at: int, rank: int = 0, limit_s: float = 600.0) -> int:
-    pid_re = re.compile(rb"\(Worker_TP%d pid=(\d+)\)" % rank)
+    prefix = os.environ.get("FREEZE_PREFIX", f"Worker_TP{rank}").encode()
+    pid_re = re.compile(rb"\(" + re.escape(prefix) + rb" pid=(\d+)\)")
     deadline = time.monotonic() + limit_s
     while not os.path.exists(log):
         time.sleep(0.01)
@@ -37,7 +39,7 @@ def main(log: str, at: int, rank: int = 0, limit_s: float = 600.0) -> int:
             bars = [int(m.group(1)) for m in BAR_RE.finditer(chunk)]
             if pid is not None and bars and max(bars) >= at:
                 os.kill(pid, signal.SIGSTOP)
-                print(f"SIGSTOP Worker_TP{rank} pid {pid} at shard {max(bars)} ({time.time():.3f})", flush=True)
+                print(f"SIGSTOP {prefix.decode()} pid {pid} at shard {max(bars)} ({time.time():.3f})", flush=True)
                 return 0
     print("never reached the shard to freeze at", flush=True)
     return 1
