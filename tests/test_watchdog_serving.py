@@ -230,3 +230,19 @@ def test_idle_is_warned_about_by_default() -> None:
     gate = KillGate.of(HealthSpec())
     assert gate.judge(Judgement(Verdict.IDLE, "x", {}), 0.0) is Step.WARN
     assert 'health.idle_action is "warn"' in gate.next_action("j", 0.0)
+
+
+def test_megatron_iteration_lines_are_progress_with_their_loss_and_a_nan_loss_diverges() -> None:
+    line = (" iteration {i:>8}/  500000 | consumed samples: {s:>12} | elapsed time per iteration (ms): 1408.2 | "
+            "learning rate: 9.375E-08 | global batch size:    32 | lm loss: {loss} | loss scale: 1.0 | grad norm: "
+            "3.094 | number of skipped iterations:   0 | number of nan iterations:   0 |")
+    lines = [line.format(i=i, s=32 * i, loss=f"{3.0 - i * 0.01:.6E}") for i in range(1, 11)]
+    events = events_of(lines)
+    steps = [e for e in events if e.kind is EventKind.PROGRESS and e.probe == "megatron.iteration"]
+    assert [e.data["done"] for e in steps] == list(range(1, 11)) and steps[0].data["total"] == 500000
+    assert steps[0].data["loss"] == pytest.approx(2.99)
+    w, clock = make()
+    for t, event in enumerate(events_of([*lines, line.format(i=11, s=352, loss="nan")])):
+        clock.t = t
+        w.observe(event)
+    assert w.check().verdict is Verdict.DIVERGED
