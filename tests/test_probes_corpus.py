@@ -75,7 +75,9 @@ def kind_ok(label: dict[str, Any], report: ReplayReport) -> bool:
     if kind == "none":
         return failure is None
     expected_kind = POLICY["policy"]["unknown_failure_kind"] if kind == "unknown" else kind
-    return failure is not None and failure.kind.value == expected_kind and bool(failure.fingerprint)
+    accepted = {expected_kind} if (label["file"], "failure_kind") in OVERRIDES else {
+        expected_kind, *label.get("failure_kind_accept", [])}
+    return failure is not None and failure.kind.value in accepted and bool(failure.fingerprint)
 
 
 def line_ok(label: dict[str, Any], report: ReplayReport) -> bool:
