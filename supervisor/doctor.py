@@ -78,10 +78,11 @@ async def _remote_checks(url: str) -> list[Check]:
         checks.append(Check("ok", "login", f"logged in as {host.target.user or 'the default user'}"))
         try:
             root = await host.log_root()
-            _, out, _ = await host.run_script(_remote.DOCTOR, root, host.nvidia_smi)
+            _, out, _ = await host.run_script(_remote.DOCTOR, root, host.nvidia_smi, host.pyspy)
         except SuperviseError as exc:
             return checks + [Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
-        checks += _shell_checks(_remote_parse.parse_keys(out), where, remote=True)
+        values = _remote_parse.parse_keys(out)
+        checks += _shell_checks(values, where, remote=True) + [_remote_pyspy_check(values, where)]
     finally:
         await host.close()
     return checks
@@ -134,6 +135,16 @@ def _pyspy_check() -> Check:
         return Check("MISSING", "py-spy", "not found: a hung job's stacks are not dumped before its kill "
                                          "(`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)", required=False)
     return Check("ok", "py-spy", f"{found}: stacks are dumped before a kill and by `supervise stack`", required=False)
+
+
+def _remote_pyspy_check(v: dict[str, str], where: str) -> Check:
+    found = v.get("pyspy", "")
+    if not found:
+        return Check("MISSING", "py-spy", f"not found on {where}: a hung job's stacks are not dumped there before its "
+                                         "kill (`pip install --user py-spy` on the box, or set SUPERVISE_SSH_PYSPY="
+                                         "/path/to/py-spy for the daemon)", required=False)
+    return Check("ok", "py-spy", f"{found} ({v.get('pyspy_version') or '?'}): stacks are dumped on {where} "
+                                 "before a kill and by `supervise stack`", required=False)
 
 
 def _web_check(paths: Paths) -> Check:

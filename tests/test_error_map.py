@@ -201,7 +201,9 @@ VERBS = [
     Verb(("status", "-w", "--every", "0"), 2), Verb(("status", "-w", "--every", "-1"), 2), Verb(("logs", "ok", "-n", "0"), 2),
     Verb(("events", "ok", "--kind", "nope"), 2), Verb(("logs", "ok", "--since", "soon"), 2), Verb(("frobnicate",), 2),
     Verb(("start", "{home}/typo.toml"), 65), Verb(("start", "{home}/gated.toml", "--set", "nope=1"), 65),
-    *(Verb((verb, "nope"), 66) for verb in ("status", "stop", "restart", "rm", "prune", "logs", "events", "attempts", "report")),
+    *(Verb((verb, "nope"), 66) for verb in ("status", "stop", "restart", "rm", "prune", "logs", "events", "attempts", "report",
+                                              "stack")),
+    Verb(("stack", "ok"), 1),  # not running: one line, nothing dumped
     Verb(("probe", "{home}/no-such.log"), 66),
     Verb(("report", "ok", "--out", "/nonexistent/dir/r.png"), 74),
     Verb(("start", "{home}/gated.toml"), 75), Verb(("rm", "gated"), 75),

@@ -818,6 +818,16 @@ def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Pa
         assert any(line.startswith("ok") and line[9:].startswith(name) for line in out.splitlines()), (name, out)
     assert "MISSING  nvidia-smi" in out and "SUPERVISE_SSH_NVIDIA_SMI" in out
 
+    # py-spy on the box: found where SUPERVISE_SSH_PYSPY names it, one line saying so where not.
+    monkeypatch.setenv("SUPERVISE_SSH_PYSPY", str(Path(sys.executable).parent / "py-spy"))
+    assert doctor_command(url) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith("ok") and "py-spy" in line and "py-spy 0." in line for line in out.splitlines()), out
+    monkeypatch.setenv("SUPERVISE_SSH_PYSPY", "no-such-py-spy")
+    assert doctor_command(url) == 0  # optional: the job runs, its stacks are not dumped
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if "py-spy" in line and "not found on" in line and "MISSING" in line], out
+
     monkeypatch.setenv("SUPERVISE_SSH_KNOWN_HOSTS", str(tmp_path / "empty_known_hosts"))
     assert doctor_command(url) == 1
     out = capsys.readouterr().out

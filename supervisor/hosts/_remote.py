@@ -339,7 +339,7 @@ echo apps
 
 # $1: the log root (already expanded); $2: the nvidia-smi command.  key=value lines.
 DOCTOR = r"""
-root=$1 smi=$2
+root=$1 smi=$2 spy=${3:-py-spy}
 echo "sh=$(readlink -f /bin/sh 2>/dev/null || echo /bin/sh)"
 if command -v setsid >/dev/null 2>&1; then echo "setsid=$(command -v setsid)"; else echo "setsid="; fi
 if [ -r /proc/self/stat ] && [ -r /proc/uptime ] && [ -r /proc/self/environ ]; then echo "proc=ok"; else echo "proc="; fi
@@ -363,6 +363,10 @@ while [ ! -d "$d" ] && [ "$d" != / ] && [ -n "$d" ]; do d=$(dirname -- "$d"); do
 echo "root_existing=$d"
 echo "root_writable=$( [ -w "$d" ] && echo yes || echo no )"
 echo "df=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')"
+found=$(command -v "$spy" 2>/dev/null) || found=
+if [ -z "$found" ] && [ -x "$HOME/.local/bin/py-spy" ]; then found=$HOME/.local/bin/py-spy; fi
+echo "pyspy=$found"
+if [ -n "$found" ]; then echo "pyspy_version=$("$found" --version 2>&1 | head -n 1)"; fi
 """
 
 

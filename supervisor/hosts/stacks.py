@@ -28,9 +28,14 @@ ENV_PYSPY = "SUPERVISE_PYSPY"
 PER_PROCESS_S = 10.0
 MAX_STACK_CHARS = 16_000  # per process: a deep stack of many threads stays readable, and bounded
 MAX_PROCESSES = 64
-_NOT_PYTHON = ("Failed to find python version", "Failed to find a python interpreter", "not a python")
-_NO_PTRACE = ("Permission denied", "Operation not permitted", "ptrace")
+_NOT_PYTHON = ("failed to find python version", "failed to find a python interpreter", "not a python")
+# py-spy 0.4 says "Permission Denied: Try running again with elevated permissions ..."; older ones
+# "Operation not permitted (os error 1)": compared in lower case.
+_NO_PTRACE = ("permission denied", "operation not permitted", "ptrace", "elevated permissions")
+NO_PTRACE_HINT = ("run the daemon as the job's user or as root, or allow ptrace "
+                  "(`sysctl kernel.yama.ptrace_scope=0`, or CAP_SYS_PTRACE in a container)")
 _SUSPEND_FAILED = "Failed to suspend process"
+_REFUSED = "permission denied (ptrace)"  # a ProcessStack's error when the kernel refused py-spy
 
 
 @dataclass(frozen=True)
@@ -102,9 +107,10 @@ async def dump(pids: Iterable[int], timeout_s: float = PER_PROCESS_S) -> StackDu
                          "no stacks: py-spy not found (`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)")
     found = await asyncio.gather(*(_one(pyspy, pid, timeout_s) for pid in wanted))
     note = ""
-    if not any(p.stack for p in found) and any(p.error and "ptrace" in p.error for p in found):
-        note = ("no stacks: py-spy could not attach (ptrace refused): run the daemon as the job's user or as root, "
-                "or allow it (`sysctl kernel.yama.ptrace_scope=0`, or CAP_SYS_PTRACE in a container)")
+    refused = [p.pid for p in found if p.error and p.error.startswith(_REFUSED)]
+    if refused and not any(p.stack for p in found):
+        note = (f"no stacks: py-spy could not attach to pid {', '.join(map(str, refused[:8]))}: "
+                f"permission denied (ptrace); {NO_PTRACE_HINT}")
     return StackDump(tuple(found), note)
 
 
@@ -142,10 +148,11 @@ def parse_one(pid: int, name: str, returncode: int | None, out: str, err: str) -
         return ProcessStack(pid, name, text)
     said = " ".join((err or out).split())
     said = said[max(0, said.find("Error:")):][:300]  # py-spy prints the process header first
-    if any(s in said for s in _NOT_PYTHON):
+    lower = said.lower()
+    if any(s in lower for s in _NOT_PYTHON):
         return ProcessStack(pid, name, None, "not a Python process")
-    if any(s in said for s in _NO_PTRACE):
-        return ProcessStack(pid, name, None, f"permission denied (ptrace): {said}")
+    if any(s in lower for s in _NO_PTRACE):
+        return ProcessStack(pid, name, None, f"{_REFUSED}: {said}")
     if "No such process" in said:
         return ProcessStack(pid, name, None, "ended meanwhile")
     return ProcessStack(pid, name, None, said or f"py-spy exited {returncode}")
@@ -175,8 +182,10 @@ def parse_remote(out: str, note_where: str) -> StackDump:
             body.append(line)
     close()
     note = ""
-    if found and not any(p.stack for p in found) and any(p.error and "ptrace" in p.error for p in found):
-        note = f"no stacks: py-spy could not attach on {note_where} (ptrace refused): run the job as the login's user"
+    refused = [p.pid for p in found if p.error and p.error.startswith(_REFUSED)]
+    if refused and not any(p.stack for p in found):
+        note = (f"no stacks: py-spy could not attach to pid {', '.join(map(str, refused[:8]))} on {note_where}: "
+                "permission denied (ptrace); run the job as the login's user")
     return StackDump(tuple(found[:MAX_PROCESSES]), note)
 
 
