@@ -105,6 +105,8 @@ def render(status: protocol.StatusResponse, now: float | None = None) -> Rendera
     parts.extend(notes)
     parts.append(Text(""))
     parts.append(_gpu_view(status))
+    if status.web_note:
+        parts.append(Text(status.web_note, style="yellow"))
     return Group(*parts)
 
 
@@ -195,6 +197,8 @@ def plain_lines(status: protocol.StatusResponse, now: float | None = None) -> li
         lines.append(f"{clock}  GPUs: " + "  ".join(_plain_gpu(d) for d in status.gpu))
     else:
         lines.append(f"{clock}  GPUs: {status.gpu_note or 'none'}")
+    if status.web_note:
+        lines.append(f"{clock}  {status.web_note}")
     return lines
 
 

@@ -92,6 +92,14 @@ def test_gpu_sensors_reach_the_views_through_nvml() -> None:
     assert "0:30615/143771 MiB 87% 61°C 412W" in plain_lines(status, now=0.0)[-1]
 
 
+def test_status_watch_says_when_the_web_page_is_not_served() -> None:
+    note = "the web page is not served: 127.0.0.1:8787 is taken by another process; ..."
+    status = protocol.StatusResponse(jobs=[], daemon_pid=1, daemon_version="0", web_note=note)
+    assert plain_lines(status, now=0.0)[-1].endswith(note)
+    assert note in _draw(status, width=200)
+    assert not any("web page" in line for line in plain_lines(status.model_copy(update={"web_note": ""}), now=0.0))
+
+
 def test_fake_nvml_refuses_other_sensors_as_pynvml_does() -> None:
     import pynvml
 

@@ -222,7 +222,7 @@ def test_token_file_is_private_and_a_remote_bind_needs_the_flag(web: Web) -> Non
     with socket.socket() as holder:  # another program holds the port asked for
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        with pytest.raises(ConfigError, match="cannot serve"):
+        with pytest.raises(ConfigError, match="is taken by another process.*supervise web --port"):
             web.daemon.client().web(protocol.WebRequest(port=holder.getsockname()[1]))
     assert web.get("/", token=web.token).status_code == 200  # the page served before still is
     assert json.loads(path.read_text())["token"] == web.token
@@ -407,6 +407,8 @@ def test_the_token_reaches_no_other_server_on_the_host_and_leaves_the_address_ba
 def test_a_page_whose_port_was_taken_while_the_daemon_was_down_is_said_by_status_and_doctor(
         web: Web, daemon_env: dict[str, str]) -> None:
     port = int(web.base.rsplit(":", 1)[1])
+    served_doctor = supervise(daemon_env, "doctor", check=False)
+    assert [line for line in served_doctor.stdout.splitlines() if "web page" in line and "not served" in line] == []
     web.daemon.stop()
     with socket.socket() as taker:  # another program takes the port meanwhile
         taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -416,7 +418,73 @@ def test_a_page_whose_port_was_taken_while_the_daemon_was_down_is_said_by_status
         status = supervise(daemon_env, "status")
         notes = [line for line in status.stdout.splitlines() if "web page is not served" in line]
         assert status.returncode == 0 and len(notes) == 1, status.stdout
-        assert f"127.0.0.1:{port}" in notes[0]
+        # Why, and what to do: the port is another process's; `supervise web --port` picks another.
+        assert f"127.0.0.1:{port} is taken by another process" in notes[0], notes[0]
+        assert "supervise web --port" in notes[0], notes[0]
+        assert web.daemon.client().status().web_note == notes[0]  # typed, in `status --json` too
         doctor = supervise(daemon_env, "doctor", check=False)
-        assert [line for line in doctor.stdout.splitlines() if "web page" in line and "not served" in line], doctor.stdout
+        said = [line for line in doctor.stdout.splitlines() if "web page" in line and "not served" in line]
+        assert len(said) == 1 and f"127.0.0.1:{port} is taken by another process" in said[0], doctor.stdout
+        assert doctor.returncode == served_doctor.returncode  # optional: exit codes unchanged
     assert web.daemon.client().ping() is not None
+    # Served again on a free port: the note goes, and the tab's token is the same.
+    moved = _free_port()
+    answer = web.daemon.client().web(protocol.WebRequest(port=moved))
+    assert answer.url == f"http://127.0.0.1:{moved}/#token={web.token}"
+    assert web.daemon.client().status().web_note == ""
+
+
+def test_a_wrong_or_stale_token_says_so_and_the_printed_url_fixes_the_tab(
+        web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
+    """A tab holding a token the daemon no longer takes (`supervise web --off`, then on: a new
+    token) gets one line, not a page stuck at "reconnecting"; opening the printed URL in that
+    same tab (only the fragment changes: no reload by itself) takes the new token."""
+    spec = make_job("quick", PROGRESS_JOB, params=', "3", "0.01"')
+    web.daemon.client().start(str(spec), {})
+    for path in ("/job/quick", "/"):  # "/" last: the printed URL below differs from it only by its fragment
+        browser.get(f"{web.base}{path}#token={'stale' * 8}")
+        wait_until(lambda: "no valid token" in _text(browser, "body"))
+        assert "open the URL that `supervise web` printed" in _text(browser, "body")
+        assert browser.find_elements(By.CSS_SELECTOR, ".card") == []
+    browser.get(f"{web.base}/#token={web.token}")  # the same document: a fragment navigation
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '.card[data-job="quick"]'))
+    assert "token" not in browser.current_url
+
+
+def test_a_host_header_naming_another_site_gets_421(web: Web) -> None:
+    """DNS rebinding, with the standard library's client: only the page's own addresses answer."""
+    import http.client
+
+    port = int(web.base.rsplit(":", 1)[1])
+
+    def ask(host: str, path: str = "/") -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.putrequest("GET", path, skip_host=True)
+            conn.putheader("Host", host)
+            conn.putheader("Authorization", f"Bearer {web.token}")
+            conn.endheaders()
+            answer = conn.getresponse()
+            return answer.status, answer.read().decode()
+        finally:
+            conn.close()
+
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1:{port + 1}", f"localhost.evil.example:{port}"):
+        status, text = ask(host, "/api/jobs/none/log")
+        assert status == 421 and text.count("\n") == 1 and "supervise web" in text, (host, status, text)
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}"):
+        assert ask(host)[0] == 200, host
+
+
+def test_the_hosts_the_page_answers_to() -> None:
+    from supervisor.web._auth import allowed_hosts
+    from supervisor.web._config import WebConfig
+
+    token = "t" * 20
+    assert allowed_hosts(WebConfig(bind="127.0.0.1", port=8787, token=token)) == {
+        "127.0.0.1:8787", "localhost:8787", "[::1]:8787"}
+    assert allowed_hosts(WebConfig(bind="::1", port=8787, token=token)) == {
+        "127.0.0.1:8787", "localhost:8787", "[::1]:8787"}  # the bind written as a URL writes it
+    assert "127.0.0.2:8787" in allowed_hosts(WebConfig(bind="127.0.0.2", port=8787, token=token))  # type: ignore[operator]
+    assert "localhost" in allowed_hosts(WebConfig(bind="127.0.0.1", port=80, token=token))  # type: ignore[operator]
+    assert allowed_hosts(WebConfig(bind="0.0.0.0", port=8787, token=token)) is None  # --allow-remote: any name

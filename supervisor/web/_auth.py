@@ -41,8 +41,10 @@ def allowed_hosts(config: WebConfig) -> frozenset[str] | None:
     with --allow-remote is reached by names this server cannot know)."""
     if not is_loopback(config.bind):
         return None
-    port = config.port
-    return frozenset(f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", config.bind))
+    bind = f"[{config.bind}]" if ":" in config.bind else config.bind
+    names = ("127.0.0.1", "localhost", "[::1]", bind)
+    bare = names if config.port == 80 else ()  # a browser leaves out the scheme's own port
+    return frozenset(f"{name}:{config.port}" for name in names) | frozenset(bare)
 
 
 def refuse(status: int, line: str) -> web.Response:

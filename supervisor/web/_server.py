@@ -8,6 +8,7 @@ same-origin check of `_auth`.
 from __future__ import annotations
 
 import asyncio
+import errno
 from importlib import resources
 
 import structlog
@@ -120,6 +121,14 @@ def build_web_app(service: WebService, config: WebConfig) -> web.Application:
     return app
 
 
+def _bind_failure(config: WebConfig, exc: OSError) -> str:
+    address = f"[{config.bind}]:{config.port}" if ":" in config.bind else f"{config.bind}:{config.port}"
+    if exc.errno == errno.EADDRINUSE:  # another program (or another daemon) listens there
+        return (f"{address} is taken by another process; serve the page on a free port with "
+                f"`supervise web --port N` (saved in web.json)")
+    return f"cannot listen on {address}: {exc.strerror or exc}; try `supervise web --port N --bind 127.0.0.1`"
+
+
 class WebUi:
     """The page's server inside the daemon: off until `supervise web` (or a saved web.json)."""
 
@@ -173,8 +182,7 @@ class WebUi:
             await web.TCPSite(runner, config.bind, config.port).start()
         except OSError as exc:
             await runner.cleanup()
-            raise ConfigError(f"cannot serve the web page on {config.bind}:{config.port}: "
-                              f"{exc.strerror or exc}; pick another --port") from exc
+            raise ConfigError(_bind_failure(config, exc)) from exc
         log.info("web page served", address=f"{config.bind}:{config.port}", read_only=config.read_only)
         return runner
 

@@ -12,6 +12,9 @@ const TOKEN = (() => {
   }
   return sessionStorage.getItem("supervise-token");
 })();
+// The printed URL opened in a tab already on the page changes only the fragment (no reload):
+// reload, and the new token is taken as above.
+window.addEventListener("hashchange", () => { if (/(?:^#|&)token=/.test(location.hash)) location.reload(); });
 
 function refused(line) {
   document.body.replaceChildren(el("p", { class: "refused", text: line }));
@@ -184,9 +187,15 @@ function connect(query, onEvent, onStatus) {
   const conn = document.getElementById("conn");
   if (!TOKEN) return new EventTarget();  // nothing of the page runs without it
   // An event stream cannot send a header: the token goes in its own URL, to this origin only.
-  const source = new EventSource("/api/stream" + (query ? query + "&" : "?") + "token=" + encodeURIComponent(TOKEN));
+  const url = "/api/stream" + (query ? query + "&" : "?") + "token=" + encodeURIComponent(TOKEN);
+  const source = new EventSource(url);
   source.addEventListener("open", () => { conn.textContent = "live"; conn.className = "conn"; });
-  source.addEventListener("error", () => { conn.textContent = "reconnecting…"; conn.className = "conn down"; });
+  source.addEventListener("error", () => {
+    conn.textContent = "reconnecting…"; conn.className = "conn down";
+    // A refusal (401: a stale token; 404, 421) closes an EventSource for good without saying
+    // why (it cannot read the answer): ask once more, and show the server's line.
+    if (source.readyState === EventSource.CLOSED) whyClosed(url, conn);
+  });
   source.addEventListener("job-event", (m) => onEvent(JSON.parse(m.data)));
   source.addEventListener("status", (m) => {
     live.status = JSON.parse(m.data);
@@ -194,6 +203,19 @@ function connect(query, onEvent, onStatus) {
     onStatus(live.status);
   });
   return source;
+}
+
+async function whyClosed(url, conn) {
+  const abort = new AbortController();
+  try {
+    const r = await api(url, { signal: abort.signal });  // api() shows a 401's line itself
+    if (r.status !== 401 && !r.ok) refused(await r.text());
+    else if (r.ok) conn.textContent = "disconnected: reload the page";
+  } catch (e) {
+    conn.textContent = "disconnected: " + e;
+  } finally {
+    abort.abort();  // a stream that answered: its headers were enough
+  }
 }
 
 function gpuBlock(devices, note, pidJobs) {
