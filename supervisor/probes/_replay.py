@@ -266,25 +266,31 @@ class _Summary:
 
     def add(self, events: Iterable[ProbeEvent]) -> None:
         for event in events:
-            self.counts[event.kind.value] = self.counts.get(event.kind.value, 0) + 1
-            entered = entered_phase(self.last_phase, event.phase, recovered=self._recovered)
-            if entered is not None:
-                self.last_phase = entered
-                self._recovered = self._recovered or entering_recovers(event.kind, event.fields)
-            if not self._recovered and goes_on_serving(event.fields):
-                self._recovered = True
-            if event.phase is not None and event.phase.rank >= Phase.ENGINE_READY.rank:
-                self.failures.ready_at(event.offset)
-            self.ready = self.ready or event.phase is Phase.ENGINE_READY or event.fields.get("serving") is True
-            if event.kind is ProbeKind.PROGRESS:
-                self._progress(event)
-            if event.failure is not None:
-                # One the program survives (a ready server's failed request) is no candidate.
-                if not survived(event.failure.survivable, self.last_phase):
-                    self.failures.add(event.failure, event.offset)
-                    self._recovered = False
-                self._fatal_seen = self._fatal_seen or event.failure.fatal
-            self._list(event)
+            was_recovered = self._recovered
+            self._add(event)
+            if self._recovered and not was_recovered:
+                self.failures.recovered()  # those before went on: a later failure explains the log
+
+    def _add(self, event: ProbeEvent) -> None:
+        self.counts[event.kind.value] = self.counts.get(event.kind.value, 0) + 1
+        entered = entered_phase(self.last_phase, event.phase, recovered=self._recovered)
+        if entered is not None:
+            self.last_phase = entered
+            self._recovered = self._recovered or entering_recovers(event.kind, event.fields)
+        if not self._recovered and goes_on_serving(event.fields):
+            self._recovered = True
+        if event.phase is not None and event.phase.rank >= Phase.ENGINE_READY.rank:
+            self.failures.ready_at(event.offset)
+        self.ready = self.ready or event.phase is Phase.ENGINE_READY or event.fields.get("serving") is True
+        if event.kind is ProbeKind.PROGRESS:
+            self._progress(event)
+        if event.failure is not None:
+            # One the program survives (a ready server's failed request) is no candidate.
+            if not survived(event.failure.survivable, self.last_phase):
+                self.failures.add(event.failure, event.offset)
+                self._recovered = False
+            self._fatal_seen = self._fatal_seen or event.failure.fatal
+        self._list(event)
 
     def _progress(self, event: ProbeEvent) -> None:
         done, total = event.fields.get("done"), event.fields.get("total")
@@ -353,6 +359,14 @@ class _FailureCandidates:
         self._seq = 0
         self._fatal: list[tuple[int, int, Failure]] = []  # (order, offset, failure)
         self._survivable: list[tuple[int, int, Failure]] = []
+        self._went_on_from: list[tuple[int, int, Failure]] = []  # those before the latest recovery
+
+    def recovered(self) -> None:
+        """The program went on after the failures so far (a step, a new phase): a failure after
+        this explains the log better; these explain it only if none comes."""
+        if self._fatal or self._survivable:
+            self._went_on_from = self._fatal + self._survivable
+            self._fatal, self._survivable = [], []
 
     def ready_at(self, offset: int) -> None:
         if self._survivable:
@@ -365,7 +379,8 @@ class _FailureCandidates:
             kept.append((self._seq, offset, failure))
 
     def choose(self) -> Failure | None:
-        return root_cause([f for _, _, f in sorted(self._fatal + self._survivable, key=lambda c: c[0])])
+        latest = self._fatal + self._survivable or self._went_on_from
+        return root_cause([f for _, _, f in sorted(latest, key=lambda c: c[0])])
 
 
 def _outcome(last_phase: Phase | None, failure: Failure | None, ready: bool) -> Outcome:

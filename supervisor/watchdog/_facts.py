@@ -41,6 +41,9 @@ class Facts:
     tracks: dict[int, Track] = field(default_factory=dict)
     latest_bar: int | None = None
     failures: list[Failure] = field(default_factory=list)  # the first ones, in order
+    # The first ones since the last advance: the root cause when there are any (a failure the
+    # program went on from explains nothing that came after), as the offline replay reads it.
+    failures_since_advance: list[Failure] = field(default_factory=list)
     # The log generation the kept failures come from: a truncated or rotated log is a new log,
     # and the root cause is sought in the log as it now stands (a failure after truncation is
     # not a consequence of one the program wrote over).
@@ -80,7 +83,7 @@ class Facts:
     def primary_failure(self) -> Failure | None:
         """The root cause: later failures are other ranks, or parents and launchers reporting
         that a worker died (``probes.root_cause``).  The attempt's failure as stored."""
-        return root_cause(self.failures)
+        return root_cause(self.failures_since_advance or self.failures)
 
     @property
     def unrecovered_failure(self) -> Failure | None:
@@ -120,6 +123,7 @@ class Facts:
             if event.generation > self.failures_generation:
                 self.failures_generation = event.generation
                 self.failures, self.since_advance, self._first_unrecovered = [], 0, None
+                self.failures_since_advance = []
                 self.fatal = None
             self._failure(event.failure or Failure(FailureKind.OTHER, event.message), at)
         # INFO (heartbeats included) and METRIC events only count as output: a process
@@ -154,6 +158,8 @@ class Facts:
         self.last_failure = failure
         if len(self.failures) < _MAX_FAILURES_KEPT:
             self.failures.append(failure)
+        if len(self.failures_since_advance) < _MAX_FAILURES_KEPT:
+            self.failures_since_advance.append(failure)
         if self.oom is None and failure.kind == FailureKind.CUDA_OOM:
             self.oom = failure
 
@@ -207,6 +213,8 @@ class Facts:
         # A phase change or a progress step after a failure means the process recovered.
         self.advanced_since_failure = True
         self.since_advance = len(self.failures)
+        if self.failures_since_advance:
+            self.failures_since_advance = []
         self._first_unrecovered = None
 
 
