@@ -65,6 +65,11 @@ def test_out_of_memory_on_any_accelerator_is_an_oom(tmp_path: Path, device: str)
     assert report.outcome is Outcome.OOM and report.failure.kind is FailureKind.CUDA_OOM  # type: ignore[union-attr]
 
 
+def test_mps_words_its_out_of_memory_its_own_way(tmp_path: Path) -> None:
+    line = "RuntimeError: MPS backend out of memory (MPS allocated: 8.00 GB, other allocations: 1.00 GB)"
+    assert replay(tmp_path, [line]).failure.kind is FailureKind.CUDA_OOM  # type: ignore[union-attr]
+
+
 def test_the_what_line_of_an_uncaught_cpp_exception_is_the_root_cause_not_the_bar_it_was_glued_to(tmp_path: Path) -> None:
     report = replay(tmp_path, [
         "Capture npu graph begin. This can take up to several minutes.",
