@@ -24,6 +24,8 @@ import psutil
 
 from ..tasks import cancel_and_wait
 
+_WRAPPER_SCRIPT_START = 's=$1; shift;'  # the launch wrapper's inner shell (hosts/base.py's WRAPPER_SH)
+
 ENV_PYSPY = "SUPERVISE_PYSPY"
 PER_PROCESS_S = 10.0
 MAX_STACK_CHARS = 16_000  # per process: a deep stack of many threads stays readable, and bounded
@@ -194,4 +196,7 @@ def _name(pid: int) -> str:
         cmd = psutil.Process(pid).cmdline()
     except psutil.Error:
         return "?"
-    return " ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4]))[:120]
+    if len(cmd) > 5 and cmd[1] == "-c" and cmd[2].startswith(_WRAPPER_SCRIPT_START):
+        return "the launch wrapper (sh)"
+    # One line: a `python -c` program's code has newlines of its own.
+    return " ".join(" ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4])).split())[:120]
