@@ -268,7 +268,7 @@ class _Summary:
         for event in events:
             was_recovered = self._recovered
             self._add(event)
-            if self._recovered and not was_recovered:
+            if self._recovered and not was_recovered and not self._fatal_seen:
                 self.failures.recovered()  # those before went on: a later failure explains the log
 
     def _add(self, event: ProbeEvent) -> None:

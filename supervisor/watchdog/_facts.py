@@ -83,6 +83,8 @@ class Facts:
     def primary_failure(self) -> Failure | None:
         """The root cause: later failures are other ranks, or parents and launchers reporting
         that a worker died (``probes.root_cause``).  The attempt's failure as stored."""
+        if self.fatal is not None:  # never gone on from: the engine is dead whatever prints next
+            return root_cause(self.failures)
         return root_cause(self.failures_since_advance or self.failures)
 
     @property
