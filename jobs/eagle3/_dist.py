@@ -71,6 +71,10 @@ def stop(world: World) -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            # Every rank past its last collective before any tears the group down: a rank that
+            # destroys it while a peer is still in one aborted at exit ("terminate called without an
+            # active exception", SIGABRT) on a loaded 2-core machine.
+            dist.barrier()
             dist.destroy_process_group()
 
 
