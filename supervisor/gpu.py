@@ -287,6 +287,7 @@ __all__ = [
     "baseline_of",
     "describe_memory",
     "foreign_processes",
+    "new_faults",
     "wait_for_release",
 ]
 

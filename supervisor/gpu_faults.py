@@ -38,11 +38,22 @@ class GpuRouter:
 
     async def __call__(self, host: str, sample: GpuSample, faults: list[GpuFault]) -> None:
         for runner in list(self._runners()):
-            await runner.gpus_sampled(host, sample)
+            try:
+                await runner.gpus_sampled(host, sample)
+            except Exception:  # noqa: BLE001 - one job's host that cannot be asked must not starve the others
+                log.exception("a GPU sample could not be handed to a job", host=host)
         for fault in faults:
             self._metrics.gpu_faults.labels(host, str(fault.gpu), fault.kind.value,
                                             "" if fault.xid is None else str(fault.xid)).inc()
             device_pids = {p.pid for p in sample.processes if p.gpu_index == fault.gpu}
-            told = [await runner.gpu_fault(host, fault, device_pids) for runner in list(self._runners())]
+            told = [await _told(runner, host, fault, device_pids) for runner in list(self._runners())]
             log.warning("GPU fault", host=host, gpu=fault.gpu, kind=fault.kind.value, xid=fault.xid,
                         detail=fault.detail, jobs_told=sum(told))
+
+
+async def _told(runner: SampleTaker, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
+    try:
+        return await runner.gpu_fault(host, fault, device_pids)
+    except Exception:  # noqa: BLE001 - a fault reaches the other jobs whatever one of them raises
+        log.exception("a GPU fault could not be handed to a job", host=host, gpu=fault.gpu)
+        return False
