@@ -79,6 +79,7 @@ from .ssh_target import (
     DEFAULT_LOG_ROOT,
     ENV_LOG_ROOT,
     ENV_NVIDIA_SMI,
+    ENV_PYSPY,
     ENV_PYTHON,
     SshTarget,
     parse_target,
@@ -97,7 +98,7 @@ class SshHost(SshConnection):
         super().__init__(url, env=env)
         self._log_root_spec = self.target.log_root or env.get(ENV_LOG_ROOT) or DEFAULT_LOG_ROOT
         self.nvidia_smi = env.get(ENV_NVIDIA_SMI) or "nvidia-smi"
-        self.pyspy = env.get("SUPERVISE_SSH_PYSPY") or "py-spy"  # on the box: its PATH, else ~/.local/bin
+        self.pyspy = env.get(ENV_PYSPY) or "py-spy"  # on the box: its PATH, else ~/.local/bin
         self._home: str | None = None
         self.mux = SshMux(self, env.get(ENV_PYTHON) or "python3")
         self._watcher = _ExitWatcher(self, self.mux)

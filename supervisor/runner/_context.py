@@ -73,6 +73,11 @@ class Live:
     stacks: StackDump | None = None  # dumped before the kill, for the alert
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
 
+    def wake_if_sooner(self, at: float | None) -> None:
+        """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""
+        if at is not None and (self.check_at is None or at < self.check_at):
+            self.wake.set()
+
     def ended_at(self) -> float:
         """When the attempt's command ended: the time its exit status was written where the host
         tells (a re-adopted attempt may have ended long before this daemon saw it), else now."""

@@ -103,9 +103,7 @@ class Notifying(Recording):
         if not utilisation:
             return  # not on a GPU, or a board that does not tell
         live.watchdog.gpus_sampled(tuple(sorted(devices)), max(utilisation) > 0)
-        at = live.watchdog.next_check_at()
-        if at is not None and (live.check_at is None or at < live.check_at):
-            live.wake.set()
+        live.wake_if_sooner(live.watchdog.next_check_at())
 
     async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
         """A fault on one of ``host``'s GPUs: recorded and alerted if the running attempt uses it (a

@@ -241,9 +241,7 @@ class Watching(Pacing, Queueing):
         live.row.log_offset = offset
         # Wake the watch loop only if the watchdog now wants to look earlier than planned:
         # progress only pushes deadlines later, and a wake-up per batch is costly on busy logs.
-        at = state.next_check_at
-        if at is not None and (live.check_at is None or at < live.check_at):
-            live.wake.set()
+        live.wake_if_sooner(state.next_check_at)
         return True
 
     def _note(self, live: Live, event: Event, now: float | None = None) -> None:
