@@ -1,7 +1,7 @@
 """Freeze (SIGSTOP) a TP worker of a vLLM run once the shard bar reaches AT/N: a real stuck load.
 
-    freeze_worker.py LOG AT [RANK]
-    FREEZE_PREFIX=EngineCore_DP0 freeze_worker.py LOG AT     (TP=1: the engine process loads the weights)
+    freeze_worker.py LOG AT [LIMIT_S] [RANK]
+    FREEZE_PREFIX=EngineCore freeze_worker.py LOG AT     (TP=1: the engine process loads the weights)
 
 Reads the attempt's log as it grows, learns the pid of `(Worker_TP<RANK> pid=N)` (rank 0 by default)
 from its prefixes, and sends SIGSTOP to that pid when `Loading safetensors checkpoint shards: ... AT/N`
@@ -46,4 +46,5 @@ def main(log: str, at: int, rank: int = 0, limit_s: float = 600.0) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0))
+    args = sys.argv[1:]
+    sys.exit(main(args[0], int(args[1]), int(args[3]) if len(args) > 3 else 0, float(args[2]) if len(args) > 2 else 600.0))

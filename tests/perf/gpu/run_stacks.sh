@@ -31,6 +31,12 @@ for d in sample.devices:
 print("Xid event set:", sampler._xids.note or "registered")
 print("faults over 10 samples:", faults)
 PY
+say "what the box offers beside NVML: nvidia-smi's health fields, the kernel log"
+{ nvidia-smi --query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure,clocks_event_reasons.active --format=csv,noheader 2>&1
+  echo "--- /dev/kmsg:"; timeout 2 head -c 600 /dev/kmsg 2>&1 | tr -c '[:print:]\n' '.' ; echo
+  echo "--- dmesg:"; timeout 5 dmesg 2>&1 | tail -3
+  echo "--- journalctl:"; command -v journalctl || echo "no journalctl"; } > "$OUT/box-health-sources.txt" 2>&1
+cat "$OUT/box-health-sources.txt"
 bash /tmp/parts/vllm-install.sh >/dev/null 2>&1 || { echo "vllm install failed"; exit 1; }
 [ -d /tmp/models/big-llama ] || $JOBPY tests/perf/gpu/big_model.py /tmp/models/big-llama
 cat > /tmp/frz.toml <<TOML
@@ -49,8 +55,9 @@ max_attempts = 1
 stall_floor_s = 5
 TOML
 say "start TP=1 (6.7B, 13 shards)"; SV start /tmp/frz.toml
+trap '[ -n "${LOG:-}" ] && cp "$LOG" "$OUT/attempt.log"; SV status frz > "$OUT/status.txt" 2>&1' EXIT
 LOG=$(SV status frz --json | python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['attempt']['log_path'])")
-FREEZE_PREFIX=EngineCore_DP0 /tmp/sv/bin/python tests/perf/gpu/freeze_worker.py "$LOG" 5 | tee "$OUT/freeze-when.txt"
+FREEZE_PREFIX=EngineCore /tmp/sv/bin/python tests/perf/gpu/freeze_worker.py "$LOG" 5 240 | tee "$OUT/freeze-when.txt"
 SV stack frz > "$OUT/stack-on-demand.txt" 2>&1; say "on demand: exit $?"
 for i in $(seq 1 240); do
   SV events frz --kind stacks --json 2>/dev/null | grep -q '"kind": *"stacks"' && break; sleep 0.5

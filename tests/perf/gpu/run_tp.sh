@@ -116,7 +116,7 @@ elif [ "$STEP" = straggler ]; then
   WAITING_S=90 spec strg /tmp/models/big-llama --skip-tokenizer-init
   say "start TP=2 (6.7B, 13 shards), waiting_s = 90"; SV start /tmp/strg.toml
   LOG=$(attempt_field strg log_path)
-  /tmp/sv/bin/python tests/perf/gpu/freeze_worker.py "$LOG" 1 1 | tee "$OUT/straggler-when.txt"
+  /tmp/sv/bin/python tests/perf/gpu/freeze_worker.py "$LOG" 1 600 1 | tee "$OUT/straggler-when.txt"
   for i in $(seq 1 480); do
     SV events strg --json 2>/dev/null | grep -q '"kind":"verdict"' && break; sleep 0.5
   done
