@@ -358,3 +358,39 @@ def test_a_hanging_alert_endpoint_does_not_slow_the_relaunches(home: Path, daemo
         daemon.close()
         server.shutdown()
         server.server_close()
+
+
+STUCK_LOADER = """\
+import time
+def stuck_in_here():
+    while True:
+        time.sleep(1)
+for i in range(1, 4):
+    print(f"Loading checkpoint shards: {i * 10}%|###| {i}/10 [00:00<00:01, 9.0it/s]", flush=True)
+    time.sleep(0.05)
+stuck_in_here()
+"""
+
+
+def test_a_warning_that_a_job_may_be_stuck_carries_its_stacks_and_never_kills(
+        alerting: DaemonProcess, home: Path, tmp_path: Path) -> None:
+    """`warn` is the default where a kill could be wrong: the stacks that would have been dumped
+    before the kill are dumped at the warning, stored, and sent with it; the job runs on."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_LOADER)
+    spec = home / "stuckwarn.toml"
+    spec.write_text(f"name = \"stuckwarn\"\ncommand = {json.dumps([sys.executable, str(script)])}\n"
+                    'probes = ["python", "tqdm", "transformers"]\nstop_grace_s = 1\n'
+                    '[health]\nstall_floor_s = 1.0\naction = "warn"\n[restart]\nmax_attempts = 1\n')
+    client = alerting.client()
+    client.start(str(spec), {})
+    wait_until(lambda: sent("stuckwarn: stalled at checkpoint_shard 3/10"), timeout=30)
+    warning = sent("stuckwarn: stalled at checkpoint_shard 3/10")[0]
+    assert "stacks: pid " in warning["message"] and "stuck_in_here" in warning["message"], warning["message"]
+    stored = [e for e in client.events("stuckwarn").events if e.kind == "stacks"]
+    assert len(stored) == 1 and stored[0].message.startswith("stacks at the warning (stalled): ")
+    assert any("stuck_in_here" in (p["stack"] or "") for p in stored[0].data["processes"])
+    status = client.status("stuckwarn").jobs[0]
+    assert status.state == "running" and status.stacks is not None and "stuck_in_here" in status.stacks
+    assert not killed_tree(client, "stuckwarn")
+    client.stop("stuckwarn", 1)

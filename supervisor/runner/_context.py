@@ -70,7 +70,8 @@ class Live:
     # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
     judge_at_once: bool = False
     catch_up_until: float | None = None
-    stacks: StackDump | None = None  # dumped before the kill, for the alert
+    stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
+    stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
 
     def wake_if_sooner(self, at: float | None) -> None:

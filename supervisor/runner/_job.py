@@ -19,7 +19,7 @@ from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import wait_for_release
 from ..hosts import stacks
 from ..hosts.base import ExitStatus, KillReport, LaunchRequest, StackDumper
-from ..hosts.stacks import StackDump, stacks_data
+from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites, when_free
 from ..policy import RestartPolicy
 from ..probes import load_packs
@@ -357,7 +357,7 @@ class JobRunner(Adopting, GpuWaiting):
         if judgement.verdict in _FINAL_VERDICTS and not await self.ctx.host.attempt_pids(live.handle):
             return
         if live.exit_status is None:  # judged while alive (stalled, silent, hung): why, before the kill
-            await self._dump_stacks(live, judgement)
+            await self._dump_stacks(live, judgement, "before the kill")
         live.killed_by_us = True
         report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s)
         live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
@@ -378,23 +378,6 @@ class JobRunner(Adopting, GpuWaiting):
         if not isinstance(host, StackDumper):
             return StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
         return await host.dump_stacks(live.handle, stacks.PER_PROCESS_S)
-
-    async def _dump_stacks(self, live: Live, judgement: Judgement) -> None:
-        """Every process's Python stack, stored as an event with the verdict; bounded, and never
-        in the way of the kill (no py-spy, no permission: one line, and the kill goes on)."""
-        host = self.ctx.host
-        if not isinstance(host, StackDumper):
-            dump = StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
-        else:
-            try:
-                dump = await asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
-                                              stacks.PER_PROCESS_S + 30)
-            except (SuperviseError, TimeoutError) as exc:
-                dump = StackDump((), f"no stacks: {exc or 'timed out'}")
-        live.stacks = dump
-        self._publish([self._event(live.row.n, EventKind.STACKS,
-                                   f"stacks before the kill ({judgement.verdict.value}): {dump.summary()}",
-                                   stacks_data(dump))])
 
     async def _wait_gpu_release(self, live: Live) -> bool:
         sample = self.ctx.gpu.latest()

@@ -11,9 +11,13 @@ from typing import Any
 
 from .. import notices
 from ..alerts import Alert
-from ..events import Event, EventKind, JobState
+from ..errors import SuperviseError
+from ..events import Event, EventKind, JobState, Verdict
 from ..gpu import GpuSample
 from ..gpu_health import GpuFault
+from ..hosts import stacks
+from ..hosts.base import StackDumper
+from ..hosts.stacks import StackDump, stacks_data
 from ..notices import BarStep, Milestones
 from ..watchdog import Judgement
 from ._context import Live, Recording, gpu_summary, jsonable
@@ -21,6 +25,9 @@ from ._gate import KillGate, Step
 
 
 _PIDS_FRESH_S = 10.0
+# A warning about these says "it may be stuck": the stacks are dumped with it, as before a kill (a
+# diverging loss or a GPU fault is not a hang, and its stacks would say nothing).
+_STUCK_VERDICTS = frozenset({Verdict.STALLED, Verdict.SILENT, Verdict.HUNG, Verdict.IDLE})
 
 
 class Notifying(Recording):
@@ -145,7 +152,10 @@ class Notifying(Recording):
             next_action = gate.next_action(self.spec.name, now)
             self._record_verdict(live, judgement)
             self._set_job(JobState.RUNNING, f"attempt {live.row.n}: {judgement.verdict.value} {where}; {next_action}")
-            self._send_soon(live, notices.warning(self._about(live), judgement, where, next_action))
+            if judgement.verdict in _STUCK_VERDICTS and isinstance(self.ctx.host, StackDumper):
+                self._warn_with_stacks(live, judgement, where, next_action)
+            else:
+                self._send_soon(live, notices.warning(self._about(live), judgement, where, next_action))
         elif step is Step.RECOVERED and episode is not None:
             pending = kill_pending
             self._update(live.row.n, verdict=None, reason=None)
@@ -153,6 +163,40 @@ class Notifying(Recording):
             self._set_job(JobState.RUNNING, f"attempt {live.row.n}")
             self._send_soon(live, notices.recovered(self._about(live), episode, where, pending))
         return step is Step.KILL
+
+    def _warn_with_stacks(self, live: Live, judgement: Judgement, where: str, next_action: str) -> None:
+        """The warning of a job that may be stuck carries its stacks: dumped first (bounded), then sent,
+        off the watch loop.  A kill that comes meanwhile waits for this dump before taking its own."""
+
+        async def dump_then_warn() -> None:
+            await self._dump_stacks(live, judgement, "at the warning")
+            await self._send(live, notices.warning(self._about(live), judgement, where, next_action))
+
+        task = asyncio.create_task(dump_then_warn(), name=f"warn-stacks:{self.spec.name}.{live.row.n}")
+        live.stacks_pending = task
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _dump_stacks(self, live: Live, judgement: Judgement, when: str) -> None:
+        """Every process's Python stack, stored as an event with the verdict; bounded, and never
+        in the way of the kill (no py-spy, no permission: one line, and the kill goes on)."""
+        pending, live.stacks_pending = live.stacks_pending, None
+        if pending is not None and not pending.done() and pending is not asyncio.current_task():
+            # Two py-spy attaching to one process at once: the second is refused.
+            await asyncio.wait({pending}, timeout=stacks.PER_PROCESS_S + 30)
+        host = self.ctx.host
+        if not isinstance(host, StackDumper):
+            dump = StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
+        else:
+            try:
+                dump = await asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
+                                              stacks.PER_PROCESS_S + 30)
+            except (SuperviseError, TimeoutError) as exc:
+                dump = StackDump((), f"no stacks: {exc or 'timed out'}")
+        live.stacks = dump
+        self._publish([self._event(live.row.n, EventKind.STACKS,
+                                   f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
+                                   stacks_data(dump))])
 
     def hold(self) -> str:
         """Postpone any kill of this job until ``release``."""
