@@ -81,6 +81,8 @@ class DaemonSettings(BaseModel):
     gpu_interval_s: float = Field(2.0, gt=0, description="seconds between two GPU samples of a host (NVML locally, nvidia-smi over SSH)")
     gpu_store_every_s: float = Field(10.0, ge=0, description="how often a GPU sample is also written to the store (history for `supervise report`)")
     poll_interval_s: float = Field(0.5, gt=0, description="log polling period where inotify is unavailable")
+    kernel_log: str = Field("/dev/kmsg", max_length=4096, description="the local kernel log, read for GPU Xid errors "
+                            "where NVML's event set cannot report them (\"\": not read)")
     alert_urls: tuple[str, ...] = Field((), description="apprise URLs that alerts go to (in the environment: separated by spaces)")
     alert_min_interval_s: float = Field(60.0, ge=0, description="at most one alert per job and kind within this many seconds")
     metrics_addr: str | None = Field(None, description="host:port for Prometheus metrics over TCP, loopback only (e.g. 127.0.0.1:9464); "

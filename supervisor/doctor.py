@@ -78,11 +78,12 @@ async def _remote_checks(url: str) -> list[Check]:
         checks.append(Check("ok", "login", f"logged in as {host.target.user or 'the default user'}"))
         try:
             root = await host.log_root()
-            _, out, _ = await host.run_script(_remote.DOCTOR, root, host.nvidia_smi, host.pyspy)
+            _, out, _ = await host.run_script(_remote.DOCTOR, root, host.nvidia_smi, host.pyspy, host.kernel_log)
         except SuperviseError as exc:
             return checks + [Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
         values = _remote_parse.parse_keys(out)
         checks += _shell_checks(values, where, remote=True) + [_remote_pyspy_check(values, where)]
+        checks += _remote_kernel_log_check(values, where, host.kernel_log)
     finally:
         await host.close()
     return checks
@@ -105,8 +106,9 @@ def _connection_failure(host: SshHost, exc: SuperviseError) -> list[Check]:
 # -- local ---------------------------------------------------------------------------------
 
 def _local_checks() -> list[Check]:
-    from .config import default_paths
+    from .config import DaemonSettings, default_paths
     from .gpu import NvmlSampler
+    from .kernel_xids import KmsgReader
 
     root = str(default_paths().logs)
     try:
@@ -116,11 +118,13 @@ def _local_checks() -> list[Check]:
         return [Check("MISSING", "/bin/sh", f"cannot run /bin/sh: {exc}")]
     values = _remote_parse.parse_keys(_remote.after_mark(proc.stdout) or b"")
     checks = _shell_checks(values, "this machine", remote=False)
-    sampler = NvmlSampler()
+    sampler = NvmlSampler(kernel_log=KmsgReader(DaemonSettings().kernel_log))
     sample = sampler.sample()
+    xids = sampler.xid_source()
     sampler.close()
     if sample.available:
         checks.append(Check("ok", "NVML", f"{len(sample.devices)} GPU(s) visible"))
+        checks.append(Check("ok" if xids.readable else "MISSING", "Xid errors", xids.text, required=False))
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
@@ -145,6 +149,17 @@ def _remote_pyspy_check(v: dict[str, str], where: str) -> Check:
                                          "/path/to/py-spy for the daemon)", required=False)
     return Check("ok", "py-spy", f"{found} ({v.get('pyspy_version') or '?'}): stacks are dumped on {where} "
                                  "before a kill and by `supervise stack`", required=False)
+
+
+def _remote_kernel_log_check(v: dict[str, str], where: str, command: str) -> list[Check]:
+    if not command:
+        return []
+    if v.get("kernel_log") == "ok":
+        return [Check("ok", "Xid errors", f"read from `{command}` on {where} at each GPU sample", required=False)]
+    return [Check("MISSING", "Xid errors", f"`{command}` is refused on {where} (kernel.dmesg_restrict?): GPU Xid "
+                                          "errors are not seen there; ECC, pending pages and slowdowns still are "
+                                          "(let the user read the kernel log, or set SUPERVISE_SSH_KERNEL_LOG to a "
+                                          "command that can, e.g. `sudo -n dmesg`)", required=False)]
 
 
 def _web_check(paths: Paths) -> Check:

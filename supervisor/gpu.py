@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .gpu_health import THROTTLE_WORDS, DeviceHealth, FaultKind, GpuFault, XidEvent, XidEvents, read_health, xid_detail
+from .kernel_xids import KmsgReader, to_events
 
 MIB = 1024 * 1024
 
@@ -33,6 +34,7 @@ class GpuDevice:
     temperature_c: int | None = None  # None where NVML cannot tell (MIG slices, some virtual GPUs)
     power_w: float | None = None
     health: DeviceHealth | None = None  # ECC, pending retirements, slowdowns (gpu_health)
+    pci_bus_id: str = ""  # "00000000:3B:00.0": how the kernel log names the GPU in an Xid line
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,23 @@ class GpuSample:
         return next((d for d in self.devices if d.index == index), None)
 
 
+@dataclass(frozen=True)
+class XidSource:
+    readable: bool
+    text: str
+
+
 class NvmlSampler:
     """Reads NVML; ``nvml`` is the ``pynvml`` module or anything with the same functions."""
 
-    def __init__(self, nvml: Any | None = None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, nvml: Any | None = None, *, clock: Callable[[], float] = time.time,
+                 kernel_log: KmsgReader | None = None) -> None:
+        """``kernel_log``: where Xids are read for the GPUs NVML's event set cannot report (None: nowhere)."""
         self._nvml = nvml
         self._clock = clock
         self._initialised = False
         self._xids = XidEvents()
+        self._kernel_log = kernel_log
 
     def sample(self) -> GpuSample:
         ts = self._clock()
@@ -70,7 +81,7 @@ class NvmlSampler:
             nvml = self._module()
             self._init(nvml)
             devices, processes = self._read(nvml)
-            xids = self._xids.drain(nvml)
+            xids = self._xids.drain(nvml) + self._kernel_xids(devices)
         except Exception as exc:  # noqa: BLE001 - a sampler that raises would stop the daemon's GPU view
             if _is_uninitialised(exc):
                 self._initialised = False  # someone shut NVML down; initialise again next time
@@ -78,7 +89,28 @@ class NvmlSampler:
             return GpuSample(ts, False, f"NVML unavailable: {_describe(exc)}", (), ())
         return GpuSample(ts, True, "", tuple(devices), tuple(processes), xids)
 
+    def _kernel_xids(self, devices: list[GpuDevice]) -> tuple[XidEvent, ...]:
+        # The kernel log carries the same driver reports as NVML's event set: read only for the
+        # GPUs the event set does not cover (so that no Xid is told twice).
+        unregistered = {d.index: d.pci_bus_id for d in devices if d.index not in self._xids.registered}
+        if self._kernel_log is None or not unregistered:
+            return ()
+        return tuple(x for x in to_events(self._kernel_log.read_new(), unregistered) if x.gpu in unregistered)
+
+    def xid_source(self) -> XidSource:
+        """Where this sampler's Xid errors come from (after a sample): for `doctor`."""
+        if self._xids.registered and not self._xids.note:
+            return XidSource(True, "from NVML's event set")
+        why = self._xids.note or "NVML's event set is not registered"
+        if self._kernel_log is not None and not self._kernel_log.note:
+            return XidSource(True, f"from the kernel log {self._kernel_log.path} ({why})")
+        where = f"; {self._kernel_log.note}" if self._kernel_log is not None else ""
+        return XidSource(False, f"not seen: {why}{where} (ECC, pending pages and slowdowns still are; run the "
+                                "daemon as root or with CAP_SYSLOG to read the kernel log)")
+
     def close(self) -> None:
+        if self._kernel_log is not None:
+            self._kernel_log.close()
         if not self._initialised or self._nvml is None:
             return
         self._initialised = False
@@ -124,7 +156,15 @@ def _read_device(nvml: Any, index: int, handle: Any) -> GpuDevice:
         temperature_c=_optional(nvml, lambda: int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
         power_w=_optional(nvml, lambda: int(nvml.nvmlDeviceGetPowerUsage(handle)) / 1000),  # NVML says milliwatts
         health=read_health(nvml, handle),
+        pci_bus_id=_pci_bus_id(nvml, handle),
     )
+
+
+def _pci_bus_id(nvml: Any, handle: Any) -> str:
+    try:
+        return _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+    except Exception:  # noqa: BLE001 - unknown: its Xids in the kernel log cannot be placed
+        return ""
 
 
 def _optional(nvml: Any, read: Callable[[], Any]) -> Any:

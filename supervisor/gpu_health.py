@@ -129,6 +129,11 @@ class XidEvents:
             except Exception as exc:  # noqa: BLE001
                 self.note = f"Xid events unavailable on GPU {index}: {exc}"
 
+    @property
+    def registered(self) -> set[int]:
+        """The GPUs (indices) whose Xids this event set reports."""
+        return set(self._index.values())
+
     def drain(self, nvml: Any) -> tuple[XidEvent, ...]:
         if self._set is None:
             return ()

@@ -66,7 +66,8 @@ class Service:
         secure_state_dir(paths)  # 0700 and 0600: specs hold tokens, logs hold anything
         self.store = Store(paths.db)
         self.bus = EventBus()
-        local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml)
+        local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml,
+                                   kernel_log=settings.kernel_log or None)
         # GPU samples and faults go to the attempts using those GPUs (and faults to the metrics).
         self.hosts = Hosts(self.store, settings, local, on_sample=lambda *sampled: self._gpu_router(*sampled))
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)

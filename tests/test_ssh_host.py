@@ -23,6 +23,7 @@ from supervisor.errors import HostError, LaunchError
 from supervisor.events import Record
 from supervisor.hosts.local_follow import LogFollower
 from supervisor.hosts.base import LaunchRequest, ProcessHandle
+from supervisor.gpu import new_faults
 from supervisor.hosts.ssh import SshHost, parse_target
 
 if TYPE_CHECKING:
@@ -762,6 +763,7 @@ def test_bad_host_urls_are_rejected() -> None:
 
 FAKE_SMI = """#!/bin/sh
 case "$1" in
+  --query-gpu=index,pci.bus_id,*) cat "$(dirname "$0")/health.csv" 2>/dev/null || exit 2;;
   --query-gpu=*) printf '0, GPU-aaa, NVIDIA H200, 29640, 143771, 87\\n1, GPU-bbb, NVIDIA H200, 4, 143771, [N/A]\\n';;
   --query-compute-apps=*) printf '4242, GPU-aaa, 29632\\n4343, GPU-bbb, [N/A]\\n';;
   -L) printf 'GPU 0: NVIDIA H200 (UUID: GPU-aaa)\\nGPU 1: NVIDIA H200 (UUID: GPU-bbb)\\n';;
@@ -790,6 +792,53 @@ def test_sample_gpus_parses_nvidia_smi_and_says_when_it_is_missing(ssh_env, tmp_
     assert [(p.pid, p.gpu_index, p.used_mib) for p in sample.processes] == [(4242, 0, 29632), (4343, 1, None)]
     assert not missing.available
     assert missing.reason == f"nvidia-smi not found on {with_smi.target.display}"
+
+
+# What nvidia-smi 580 printed for the health query on a healthy H200 (tests/perf/results/stacks-h200),
+# then the same board with an uncorrected ECC error, remapped rows pending and a thermal slowdown.
+HEALTHY = "0, 00000000:18:00.0, 0, [N/A], No, No, 0x0000000000000001\n1, 00000000:3B:00.0, 0, [N/A], No, No, 0x0000000000000001\n"
+FAULTY = "0, 00000000:18:00.0, 1, [N/A], Yes, No, 0x0000000000000001\n1, 00000000:3B:00.0, 0, [N/A], No, No, 0x0000000000000041\n"
+DMESG = """#!/bin/sh
+[ -e "$(dirname "$0")/refuse" ] && { echo 'dmesg: read kernel buffer failed: Operation not permitted' >&2; exit 1; }
+cat "$(dirname "$0")/kernel.log"
+"""
+
+
+def test_gpu_health_and_kernel_xids_over_ssh_become_faults_only_when_new(ssh_env, tmp_path: Path, url: str) -> None:
+    box = tmp_path / "box"
+    box.mkdir()
+    for name, text in (("nvidia-smi", FAKE_SMI), ("dmesg", DMESG)):
+        (box / name).write_text(text)
+        (box / name).chmod(0o755)
+    (box / "health.csv").write_text(HEALTHY)
+    (box / "kernel.log").write_text("[    0.719509] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04\n"
+                                    "[   12.000000] NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=old, Graphics Exception\n")
+    host = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_NVIDIA_SMI": str(box / "nvidia-smi"),
+                             "SUPERVISE_SSH_KERNEL_LOG": str(box / "dmesg")})
+
+    async def go() -> list[Any]:
+        samples = [await host.sample_gpus()]  # healthy; the old Xid in the log is not news
+        (box / "health.csv").write_text(FAULTY)
+        with (box / "kernel.log").open("a") as log:
+            log.write("[ 9000.125000] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
+                      "GPU has fallen off the bus.\n")
+        samples.append(await host.sample_gpus())
+        samples.append(await host.sample_gpus())  # nothing new
+        (box / "refuse").write_text("")  # dmesg refused (dmesg_restrict): no Xid, the sample still comes
+        (box / "health.csv").unlink()  # a driver without the health fields: memory all the same
+        samples.append(await host.sample_gpus())
+        await host.close()
+        return samples
+
+    healthy, faulty, same, bare = run(go)
+    assert healthy.available and healthy.devices[1].pci_bus_id == "00000000:3B:00.0"
+    assert healthy.devices[0].health.ecc_uncorrected == 0 and healthy.devices[0].health.pages_pending is False
+    assert new_faults(None, healthy) == []
+    found = {(f.gpu, f.kind.value, f.xid) for f in new_faults(healthy, faulty)}
+    assert found == {(1, "xid", 79), (0, "ecc_uncorrected", None), (0, "pages_pending", None), (1, "throttled", None)}
+    assert new_faults(faulty, same) == []
+    assert bare.available and [d.used_mib for d in bare.devices] == [29640, 4] and bare.xids == ()
+    assert bare.devices[0].health is None and new_faults(same, bare) == []
 
 
 def test_sample_gpus_never_raises_when_the_host_is_unreachable(ssh_env) -> None:
@@ -827,6 +876,17 @@ def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Pa
     assert doctor_command(url) == 0  # optional: the job runs, its stacks are not dumped
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if "py-spy" in line and "not found on" in line and "MISSING" in line], out
+
+    # The box's kernel log, where GPU Xid errors are read: readable, or refused with what to do.
+    monkeypatch.setenv("SUPERVISE_SSH_KERNEL_LOG", "true")
+    assert doctor_command(url) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("ok") and "Xid errors" in line and "`true`" in line], out
+    monkeypatch.setenv("SUPERVISE_SSH_KERNEL_LOG", "false")
+    assert doctor_command(url) == 0  # optional: memory, ECC and slowdowns are still watched
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("MISSING") and "Xid errors" in line
+            and "SUPERVISE_SSH_KERNEL_LOG" in line], out
 
     monkeypatch.setenv("SUPERVISE_SSH_KNOWN_HOSTS", str(tmp_path / "empty_known_hosts"))
     assert doctor_command(url) == 1

@@ -324,22 +324,38 @@ if [ -e "$f" ]; then exec tail -c "+$((off + 1))" -- "$f"; fi
 
 GPU_QUERY = "index,uuid,name,memory.used,memory.total,utilization.gpu"
 APPS_QUERY = "pid,gpu_uuid,used_memory"
+# Health: 7 columns on drivers that know remapped rows and clocks-event reasons, else 5 (the old names).
+HEALTH_QUERY = ("index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,"
+                "remapped_rows.pending,remapped_rows.failure,clocks_event_reasons.active")
+HEALTH_QUERY_OLD = "index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,clocks_throttle_reasons.active"
+XID_UNREADABLE = "@@kernel-log-unreadable@@"
 
-# $1: the nvidia-smi command.  One call per sample (not a streaming `-l` channel): the
-# device and process queries then describe the same instant, and an empty process list
-# cannot be mistaken for a missing one.
+# $1: the nvidia-smi command; $2: the kernel log command (e.g. dmesg; empty: not read).  One call
+# per sample (not a streaming `-l` channel): the device and process queries then describe the same
+# instant, and an empty process list cannot be mistaken for a missing one.  Health and the kernel
+# log's Xid lines are extras: a driver or a box that cannot give them still gives memory.
 GPUS = r"""
-smi=$1
+smi=$1 klog=${2:-}
 if ! command -v "$smi" >/dev/null 2>&1; then echo missing; exit 0; fi
 echo gpus
 "$smi" --query-gpu=@GPU_QUERY@ --format=csv,noheader,nounits 2>&1 || exit 3
 echo apps
 "$smi" --query-compute-apps=@APPS_QUERY@ --format=csv,noheader,nounits 2>&1 || exit 4
-""".replace("@GPU_QUERY@", GPU_QUERY).replace("@APPS_QUERY@", APPS_QUERY)
+echo health
+"$smi" --query-gpu=@HEALTH_QUERY@ --format=csv,noheader,nounits 2>/dev/null ||
+  "$smi" --query-gpu=@HEALTH_QUERY_OLD@ --format=csv,noheader,nounits 2>/dev/null || true
+if [ -n "$klog" ]; then
+  echo xids
+  { $klog 2>/dev/null || echo '@XID_UNREADABLE@'; } | grep -F -e 'NVRM: Xid' -e '@XID_UNREADABLE@' | tail -n 32
+fi
+exit 0
+""".replace("@GPU_QUERY@", GPU_QUERY).replace("@APPS_QUERY@", APPS_QUERY).replace(
+    "@HEALTH_QUERY_OLD@", HEALTH_QUERY_OLD).replace("@HEALTH_QUERY@", HEALTH_QUERY).replace(
+    "@XID_UNREADABLE@", XID_UNREADABLE)
 
 # $1: the log root (already expanded); $2: the nvidia-smi command.  key=value lines.
 DOCTOR = r"""
-root=$1 smi=$2 spy=${3:-py-spy}
+root=$1 smi=$2 spy=${3:-py-spy} klog=${4:-}
 echo "sh=$(readlink -f /bin/sh 2>/dev/null || echo /bin/sh)"
 if command -v setsid >/dev/null 2>&1; then echo "setsid=$(command -v setsid)"; else echo "setsid="; fi
 if [ -r /proc/self/stat ] && [ -r /proc/uptime ] && [ -r /proc/self/environ ]; then echo "proc=ok"; else echo "proc="; fi
@@ -367,6 +383,9 @@ found=$(command -v "$spy" 2>/dev/null) || found=
 if [ -z "$found" ] && [ -x "$HOME/.local/bin/py-spy" ]; then found=$HOME/.local/bin/py-spy; fi
 echo "pyspy=$found"
 if [ -n "$found" ]; then echo "pyspy_version=$("$found" --version 2>&1 | head -n 1)"; fi
+if [ -n "$klog" ]; then
+  if $klog >/dev/null 2>&1; then echo "kernel_log=ok"; else echo "kernel_log=refused"; fi
+fi
 """
 
 

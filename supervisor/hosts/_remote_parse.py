@@ -1,13 +1,17 @@
 """Parsers for what the remote scripts (``_remote``) print: launch lines, pid lists, kill
-reports, nvidia-smi CSV and the doctor's key=value facts."""
+reports, nvidia-smi CSV (memory, processes, health), the kernel log's Xid lines and the doctor's
+key=value facts."""
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..gpu import GpuDevice, GpuProcess, GpuSample
+from ..gpu_health import DeviceHealth, XidEvent
+from ..kernel_xids import XidCursor, parse_xid, to_events
+from . import _remote
 from .base import ExitStatus, KillReport
 
 
@@ -109,16 +113,68 @@ def parse_keys(out: bytes) -> dict[str, str]:
     return values
 
 
-def gpu_sample(ts: float, rc: int | None, lines: list[str], err: str, where: str) -> GpuSample:
-    """What the GPUS script printed (a ``gpus`` line and its CSV, an ``apps`` line and its CSV) as
-    one sample of ``where``; a failed or garbled run is an unavailable sample saying why."""
+def gpu_sample(ts: float, rc: int | None, lines: list[str], err: str, where: str,
+               xids: XidCursor | None = None) -> GpuSample:
+    """What the GPUS script printed (sections ``gpus``, ``apps``, ``health`` and ``xids``, each a
+    line of its own then its rows) as one sample of ``where``; a failed or garbled run is an
+    unavailable sample saying why.  ``xids``: the box's cursor in its kernel log (None: not read)."""
     if rc != 0 or "gpus" not in lines or "apps" not in lines:
-        detail = " ".join(ln for ln in lines if ln not in ("gpus", "apps"))[:300] or err.strip()[:300]
+        detail = " ".join(ln for ln in lines if ln not in _SECTIONS)[:300] or err.strip()[:300]
         return GpuSample(ts, False, f"nvidia-smi failed on {where}: {detail.strip()}", (), ())
-    at_gpus, at_apps = lines.index("gpus"), lines.index("apps")
-    devices = parse_gpus(lines[at_gpus + 1 : at_apps])
-    processes = parse_apps(lines[at_apps + 1 :], devices)
-    return GpuSample(ts, True, "", tuple(devices), tuple(processes))
+    sections = _sections(lines)
+    devices = parse_gpus(sections["gpus"])
+    processes = parse_apps(sections["apps"], devices)
+    health = parse_health(sections.get("health", []))
+    devices = [replace(d, health=health[d.index][1], pci_bus_id=health[d.index][0]) if d.index in health else d
+               for d in devices]
+    found: tuple[XidEvent, ...] = ()
+    rows = sections.get("xids")
+    if xids is not None and rows is not None and _remote.XID_UNREADABLE not in rows:
+        kernel = [x for row in rows if (x := parse_xid(row)) is not None]
+        found = to_events(xids.new(kernel), {d.index: d.pci_bus_id for d in devices})
+    return GpuSample(ts, True, "", tuple(devices), tuple(processes), found)
+
+
+_SECTIONS = ("gpus", "apps", "health", "xids")
+
+
+def _sections(lines: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line in _SECTIONS and line not in found:
+            current = found[line] = []
+        elif current is not None:
+            current.append(line)
+    return found
+
+
+def parse_health(lines: Iterable[str]) -> dict[int, tuple[str, DeviceHealth]]:
+    """nvidia-smi's health query (7 columns, or the older 5) per GPU index: (PCI bus id, health)."""
+    found: dict[int, tuple[str, DeviceHealth]] = {}
+    for row in csv.reader(lines, skipinitialspace=True):
+        if len(row) not in (5, 7) or (index := _number(row[0])) is None:
+            continue
+        retired = _yes_no(row[3])
+        if len(row) == 7:
+            remap_pending, remap_failed, reasons = _yes_no(row[4]), _yes_no(row[5]), row[6]
+        else:
+            remap_pending, remap_failed, reasons = None, None, row[4]
+        pending = None if retired is None and remap_pending is None else bool(retired or remap_pending)
+        found[index] = (row[1].strip(), DeviceHealth(ecc_uncorrected=_number(row[2]), pages_pending=pending,
+                                                     remap_failed=remap_failed, throttle_reasons=_bitmask(reasons)))
+    return found
+
+
+def _yes_no(text: str) -> bool | None:
+    return {"yes": True, "no": False}.get(text.strip().lower())  # "[N/A]", "[Not Supported]": unknown
+
+
+def _bitmask(text: str) -> int | None:
+    try:
+        return int(text.strip(), 16)  # "0x0000000000000001"
+    except ValueError:
+        return None
 
 
 def parse_exit_status(out: bytes, now: float) -> ExitStatus | None:

@@ -23,6 +23,7 @@ import structlog
 from ..errors import LaunchError
 from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
+from ..kernel_xids import KmsgReader
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths, shown_command
 from . import cgroup, stacks
@@ -38,13 +39,14 @@ class LocalHost:
     name = "local"
 
     def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5, nvml: Any | None = None,
-                 containment: Containment | None = None) -> None:
+                 containment: Containment | None = None, kernel_log: str | None = None) -> None:
         """``nvml``: the ``pynvml`` module or a stand-in with its functions (None: pynvml).
-        ``containment``: how attempts are contained (None: what this machine offers, see cgroup.py)."""
+        ``containment``: how attempts are contained (None: what this machine offers, see cgroup.py).
+        ``kernel_log``: read for Xids where NVML's event set cannot report them (None: not read)."""
         self.log_root = log_root
         self.containment = containment if containment is not None else cgroup.detect()
         self.poll_interval_s = poll_interval_s
-        self._gpus = NvmlSampler(nvml=nvml)
+        self._gpus = NvmlSampler(nvml=nvml, kernel_log=None if kernel_log is None else KmsgReader(kernel_log))
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
         suffix = 0

@@ -35,6 +35,8 @@ Environment (read when the SshHost is made; the daemon's environment):
                                  ``~/.local/state/supervise/logs``, ``~`` expanded there)
     SUPERVISE_SSH_RETRY_S        how long one-shot operations retry a lost connection (default 60)
     SUPERVISE_SSH_NVIDIA_SMI     the remote nvidia-smi command (default ``nvidia-smi`` on the PATH)
+    SUPERVISE_SSH_KERNEL_LOG     the remote command whose output holds the kernel log, read for GPU Xid
+                                 lines at each GPU sample (default ``dmesg``; empty: not read)
     SUPERVISE_SSH_PYTHON         the remote python3 that runs the agent (default ``python3`` on the
                                  PATH; a command that is not there turns the agent off)
 
@@ -58,6 +60,7 @@ import structlog
 
 from ..errors import HostError, LaunchError, SuperviseError
 from ..gpu import GpuSample
+from ..kernel_xids import XidCursor
 from . import _remote, _remote_parse, stacks
 from .stacks import StackDump
 from .base import (
@@ -78,6 +81,7 @@ from .ssh_target import (
     _ENV_NAME,
     DEFAULT_LOG_ROOT,
     ENV_LOG_ROOT,
+    ENV_KERNEL_LOG,
     ENV_NVIDIA_SMI,
     ENV_PYSPY,
     ENV_PYTHON,
@@ -99,6 +103,8 @@ class SshHost(SshConnection):
         self._log_root_spec = self.target.log_root or env.get(ENV_LOG_ROOT) or DEFAULT_LOG_ROOT
         self.nvidia_smi = env.get(ENV_NVIDIA_SMI) or "nvidia-smi"
         self.pyspy = env.get(ENV_PYSPY) or "py-spy"  # on the box: its PATH, else ~/.local/bin
+        self.kernel_log = env.get(ENV_KERNEL_LOG, "dmesg")
+        self._xids = XidCursor()  # where the box's kernel log was read up to
         self._home: str | None = None
         self.mux = SshMux(self, env.get(ENV_PYTHON) or "python3")
         self._watcher = _ExitWatcher(self, self.mux)
@@ -186,7 +192,7 @@ class SshHost(SshConnection):
         """nvidia-smi on the remote box, one call per sample; never raises."""
         ts = time.time()
         try:
-            rc, out, err = await self._exec(_remote.GPUS, self.nvidia_smi, lane="gpu",
+            rc, out, err = await self._exec(_remote.GPUS, self.nvidia_smi, self.kernel_log, lane="gpu",
                                             deadline=time.monotonic() + min(self.retry_s, 15.0), timeout=60)
         except SuperviseError as exc:
             return GpuSample(ts, False, f"cannot sample GPUs on {self.target.display}: {exc}", (), ())
@@ -196,7 +202,7 @@ class SshHost(SshConnection):
         lines = text.splitlines()
         if lines[:1] == ["missing"]:
             return GpuSample(ts, False, f"nvidia-smi not found on {self.target.display}", (), ())
-        return _remote_parse.gpu_sample(ts, rc, lines, err.decode(errors="replace"), self.target.display)
+        return _remote_parse.gpu_sample(ts, rc, lines, err.decode(errors="replace"), self.target.display, self._xids)
 
     # -- remote facts -------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ ENV_LOG_ROOT = "SUPERVISE_SSH_LOG_ROOT"
 ENV_RETRY_S = "SUPERVISE_SSH_RETRY_S"
 ENV_NVIDIA_SMI = "SUPERVISE_SSH_NVIDIA_SMI"
 ENV_PYTHON = "SUPERVISE_SSH_PYTHON"
+ENV_KERNEL_LOG = "SUPERVISE_SSH_KERNEL_LOG"  # the box's kernel log command, for Xid lines ("": not read)
 ENV_PYSPY = "SUPERVISE_SSH_PYSPY"  # py-spy on the box (default: its PATH, else ~/.local/bin)
 
 DEFAULT_LOG_ROOT = "~/.local/state/supervise/logs"

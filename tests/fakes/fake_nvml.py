@@ -15,7 +15,8 @@ It mirrors the real library's behaviour at its API, not the supervisor's needs:
   4-tuple (corrected, uncorrected, pending, failure), retired pages pending as
   NVML_FEATURE_ENABLED/DISABLED, the clocks-event reasons bit mask; each can be unsupported
   (``NVMLError_NotSupported``), as on boards without ECC or MIG slices;
-- Xid events: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents`` (for
+- the PCI address (``nvmlDeviceGetPciInfo(...).busId``, bytes as pynvml's structure gives it);
+- Xid events: ``nvmlEventSetCreate`` (refused with NotSupported where ``events_supported`` is off), ``nvmlDeviceRegisterEvents`` (for
   ``nvmlEventTypeXidCriticalError``), and ``nvmlEventSetWait_v2`` returning an event whose
   ``device`` is the handle's pointer value, ``eventType`` and ``eventData`` (the Xid code), or
   raising ``NVMLError_Timeout`` when none is waiting.
@@ -59,6 +60,7 @@ class FakeDevice:
     retired_pending: bool = False
     throttle_reasons: int = 0x1  # GPU idle: the mask an idle healthy board shows
     health_supported: bool = True
+    pci_bus_id: str = ""  # NVML's "00000000:3B:00.0" (set from the index when empty)
 
 
 @dataclass
@@ -89,6 +91,8 @@ class FakeNvml:
         self.calls: list[str] = []
         self.event_sets: list[list[SimpleNamespace]] = []  # each set's waiting events
         self.registered: dict[int, list[int]] = {}  # device index -> the sets it reports to
+        self.events_supported = True  # False: nvmlEventSetCreate is refused (NVML_ERROR_NOT_SUPPORTED), as in
+        # containers and on some virtual GPUs
 
     # ---- test controls ------------------------------------------------------------
 
@@ -97,6 +101,8 @@ class FakeNvml:
         device = FakeDevice(**fields)  # type: ignore[arg-type]
         if not device.uuid:
             device.uuid = f"GPU-{index:08x}-0000-0000-0000-{index:012x}"
+        if not device.pci_bus_id:
+            device.pci_bus_id = f"00000000:{0x18 + index * 0x10:02X}:00.0"
         self.devices.append(device)
         return index
 
@@ -193,6 +199,8 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> int:
         self._require_init()
+        if not self.events_supported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         self.event_sets.append([])
         return len(self.event_sets) - 1
 
@@ -210,6 +218,10 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: int) -> None:
         self.event_sets[event_set] = []
+
+    def nvmlDeviceGetPciInfo(self, handle: SimpleNamespace) -> SimpleNamespace:
+        # pynvml's c_nvmlPciInfo_t: busId is a char array, read back as bytes
+        return SimpleNamespace(busId=self._device(handle).pci_bus_id.encode(), pciDeviceId=0x233510DE)
 
     def nvmlDeviceGetName(self, handle: SimpleNamespace) -> str:
         return self._device(handle).name
