@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from pathlib import Path
 
@@ -177,6 +178,22 @@ def test_logs_and_events_take_n_since_and_kind(daemon: DaemonProcess, daemon_env
     assert supervise(daemon_env, "logs", "progress", "--since", "1h").stdout.splitlines() == log_lines
     later = (dt.datetime.now() + dt.timedelta(hours=1)).isoformat(sep=" ")
     assert supervise(daemon_env, "logs", "progress", "--since", later).stdout == ""
+    # --grep: only the lines it matches; with -n the last N of those (grep | tail -n)
+    matching = [line for line in log_lines if re.search(r" 1[0-9]/20 ", line)]
+    assert len(matching) == 10
+    assert supervise(daemon_env, "logs", "progress", "--grep", r" 1[0-9]/20 ").stdout.splitlines() == matching
+    assert supervise(daemon_env, "logs", "progress", "--grep", r" 1[0-9]/20 ", "-n", "2").stdout.splitlines() == matching[-2:]
+    assert supervise(daemon_env, "logs", "progress", "--grep", "no such line").stdout == ""
+    for bad in ("(unclosed", "a" * 1001, "x{2,1}"):
+        out = supervise(daemon_env, "logs", "progress", "--grep", bad, check=False)
+        last = out.stderr.strip().splitlines()[-1]  # argparse's usage, then the one line that says what is wrong
+        assert out.returncode == 2 and out.stdout == "" and last.startswith("supervise logs: error: argument --grep: ") \
+            and "WARNING" not in out.stderr, \
+            (bad[:20], out.returncode, out.stderr)
+    # status: when a finished attempt ended and how long it ran
+    shown = supervise(daemon_env, "status", "progress").stdout
+    attempt = client.attempts("progress").attempts[-1]
+    assert f"ended {dt.datetime.fromtimestamp(attempt.ended):%Y-%m-%d %H:%M:%S}  ran " in shown, shown
 
     kinds = [json.loads(line)["kind"] for line in
              supervise(daemon_env, "events", "progress", "--kind", "launched", "--kind", "exited", "--json").stdout.splitlines()]

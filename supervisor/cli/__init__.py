@@ -21,7 +21,7 @@ from collections.abc import Callable
 from .. import __version__
 from ..errors import SuperviseError
 from ..events import EventKind
-from ._args import add_field_flags, add_since, every_seconds, grace_seconds, line_count
+from ._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
 from .jobs import cmd_attempts, cmd_hold, cmd_stack, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
@@ -129,6 +129,8 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("-n", "--lines", type=line_count, default=None, metavar="N", help="only the last N lines")
     add_since(p, "lines written since then (log lines are timed by the events the probes stored)")
     p.add_argument("--events", action="store_true", help="show probe events instead of raw lines")
+    p.add_argument("--grep", type=grep_pattern, default=None, metavar="PATTERN",
+                   help="only lines this RE2 pattern matches (with -n: the last N of them)")
 
     p = add("events", cmd_events, "events of a job (phases, progress, failures, verdicts, actions)")
     p.add_argument("job")

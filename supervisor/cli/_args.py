@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..client import Client
 from ..config import default_paths
@@ -51,6 +51,22 @@ every_seconds = bounded(float, 0.1, 86400.0, "a number of seconds", " seconds")
 # `--grace`: as the daemon accepts it (protocol.MAX_GRACE_S).
 grace_seconds = bounded(float, 0.0, MAX_GRACE_S, "a number of seconds", " seconds (a day)")
 line_count = bounded(int, 1, 1_000_000_000, "a whole number")  # `-n`: lines or events
+
+
+def grep_pattern(text: str) -> Any:
+    """`logs --grep`: an RE2 pattern (the probes' syntax; linear time whatever the log holds), at most
+    1,000 characters; a bad one is a usage error in one line."""
+    import re2
+
+    from ..probes._pack import re2_options
+
+    if len(text) > 1000:
+        raise argparse.ArgumentTypeError(f"a pattern of at most 1,000 characters, got {len(text):,}")
+    try:
+        return re2.compile(text, options=re2_options(capture=False))
+    except re2.error as exc:
+        problem = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise argparse.ArgumentTypeError(f"not a valid RE2 pattern {text[:40]!r}: {problem}") from None
 
 
 def whole_number(text: str) -> int:

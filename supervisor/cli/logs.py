@@ -24,7 +24,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return _print_events(client, args, kinds=[])
     attempt = args.attempt or _latest_attempt(client, args.job)
     after = _last_line_before(client, args.job, attempt, args.since) if args.since is not None else -1
-    _LogPrinter().print_all(_log_chunks(client, args.job, attempt, after, args.lines, args.follow))
+    _LogPrinter().print_all(_log_chunks(client, args.job, attempt, after, args.lines, args.follow, args.grep))
     return 0
 
 
@@ -50,16 +50,21 @@ def _last_line_before(client: Client, job: str, attempt: int, since: float) -> i
 
 
 def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last: int | None,
-                follow: bool) -> Iterator[protocol.LogChunk]:
+                follow: bool, grep: Any = None) -> Iterator[protocol.LogChunk]:
     """The log's records that start after offset `after` (-1: all); with `last`, only the last
-    N of them, then (with `follow`) everything written later."""
+    N of them, then (with `follow`) everything written later; with `grep`, only the whole records
+    it matches (matched before `last` counts them, as `grep | tail -n` would)."""
     if after is None:
         return
+
+    def wanted(chunk: protocol.LogChunk) -> bool:
+        return grep is None or (not chunk.partial and grep.search(chunk.text) is not None)
+
     start = max(after, 0)
     if last is not None:
         tail: deque[protocol.LogChunk] = deque(maxlen=last)
         for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=start):
-            if not chunk.end and not chunk.partial and chunk.offset > after:
+            if not chunk.end and not chunk.partial and chunk.offset > after and wanted(chunk):
                 tail.append(chunk)
         if not follow:
             yield from tail
@@ -70,7 +75,7 @@ def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last:
     for chunk in client.follow_log(job, attempt=attempt, follow=follow, offset=start):
         if chunk.end:
             return
-        if chunk.offset > after or chunk.partial:
+        if (chunk.offset > after or chunk.partial) and wanted(chunk):
             yield chunk
 
 

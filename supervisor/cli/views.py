@@ -65,7 +65,8 @@ def status_block(job: protocol.JobStatus) -> str:
         # Only a job being watched has a verdict in the making, a rate and an ETA; an ended
         # attempt shows how it ended, never the last healthy reading.
         live = job.state is JobState.RUNNING and a.state is AttemptState.RUNNING
-        lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  started {_fmt.timestamp(a.started)}")
+        lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  "
+                     f"started {_fmt.timestamp(a.started)}{_ended(a)}")
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or (Verdict.HEALTHY if live else a.state)}")
         if job.stacks:
             lines.append(f"  {job.stacks[:300]}")
@@ -90,6 +91,13 @@ def status_block(job: protocol.JobStatus) -> str:
     if job.next_relaunch_in_s is not None:
         lines.append(f"  relaunch in {_fmt.duration(job.next_relaunch_in_s)}")
     return "\n".join(lines)
+
+
+def _ended(a: protocol.AttemptInfo) -> str:
+    """systemd's "since …; 2h ago" for an attempt: when it ended and how long it ran."""
+    if a.ended is None:
+        return ""
+    return f"  ended {_fmt.timestamp(a.ended)}  ran {_fmt.duration(max(0.0, a.ended - a.started))}"
 
 
 def sharded_block(job: protocol.JobStatus, shards: protocol.ShardsStatus) -> str:
