@@ -16,6 +16,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service as DriverService
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
@@ -123,18 +124,46 @@ def test_crash_appears_with_its_traceback(web: Web, browser: WebDriver, make_job
     assert browser.find_elements(By.CSS_SELECTOR, "#events li.failure")
 
 
-def test_stop_from_the_page_stops_the_job(web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
-    spec = make_job("sleeper", SLEEPER)
+def test_stop_from_the_page_asks_then_stops_the_job_and_running_jobs_come_first(
+        web: Web, browser: WebDriver, make_job: Callable[..., Path]) -> None:
     client = web.daemon.client()
+    client.start(str(make_job("aaa-finished", PROGRESS_JOB, params=', "2", "0.01"')), {})
+    wait_until(lambda: client.status("aaa-finished").jobs[0].state == "done")
+    spec = make_job("sleeper", SLEEPER)
     client.start(str(spec), {})
     pid = client.attempts("sleeper").attempts[0].pid
     assert pid is not None and psutil.pid_exists(pid)
     _open(browser, web)
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '.card[data-job="sleeper"] button.stop'))
-    browser.find_element(By.CSS_SELECTOR, '.card[data-job="sleeper"] button.stop').click()
+    order = [c.get_attribute("data-job") for c in browser.find_elements(By.CSS_SELECTOR, "#jobs > .card.job")]
+    assert order == ["sleeper", "aaa-finished"], order  # the running one first, whatever the names
+    # Asked first: "Cancel" leaves it running, "OK" stops it.
+    _click(browser, '.card[data-job="sleeper"] button.stop')
+    question = _answer(browser, accept=False)
+    assert question.startswith("Stop sleeper? Its whole process tree is killed"), question
+    time.sleep(0.5)
+    assert client.status("sleeper").jobs[0].state == "running" and psutil.pid_exists(pid)
+    _click(browser, '.card[data-job="sleeper"] button.stop')
+    _answer(browser, accept=True)
     wait_until(lambda: client.status("sleeper").jobs[0].state == "stopped")
     wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     wait_until(lambda: "stopped sleeper" in _text(browser, '.card[data-job="sleeper"] .msg'))
+
+
+def _answer(browser: WebDriver, *, accept: bool) -> str:
+    """Answer the page's confirmation dialog; what it asked."""
+    asked: list[str] = []
+
+    def answered() -> bool:
+        try:
+            dialog = browser.switch_to.alert
+        except NoAlertPresentException:
+            return False
+        asked.append(dialog.text)
+        dialog.accept() if accept else dialog.dismiss()
+        return True
+    wait_until(answered)
+    return asked[-1]
 
 
 def _click(browser: WebDriver, selector: str) -> None:
@@ -161,6 +190,7 @@ def test_hold_release_and_restart_from_the_page(web: Web, browser: WebDriver, ma
     _click(browser, f"{card} button.release")
     wait_until(lambda: "releas" in _text(browser, f"{card} .msg"))
     _click(browser, f"{card} button.restart")
+    assert _answer(browser, accept=True).startswith("Restart sleeper? ")
     wait_until(lambda: len(client.attempts("sleeper").attempts) == 2)
     assert client.attempts("sleeper").attempts[1].pid != first
     wait_until(lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE)

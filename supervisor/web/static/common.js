@@ -166,7 +166,14 @@ function patchCard(old, fresh) {
   return old;
 }
 
+// Stop and Restart end a run that may have taken hours to get where it is: asked first.
+const CONFIRM = {
+  stop: (job) => `Stop ${job}? Its whole process tree is killed (TERM, then KILL after its grace).`,
+  restart: (job) => `Restart ${job}? A running attempt is stopped first, and a new run starts from attempt 1.`,
+};
+
 async function act(job, verb, button) {
+  if (CONFIRM[verb] && !window.confirm(CONFIRM[verb](job))) return;
   button.disabled = true;
   const msg = button.closest(".card").querySelector(".msg");
   msg.textContent = verb + "…";
