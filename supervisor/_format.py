@@ -34,6 +34,11 @@ def duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def cpu_time(seconds: float) -> str:
+    """CPU seconds: to the hundredth below a second (a short attempt's 0.8 s is not '0s')."""
+    return f"{seconds:.2f}s" if seconds < 1 else duration(seconds)
+
+
 def attempt(run_attempt: int, max_attempts: int, n: int) -> str:
     """'2/3': the run's second attempt of three allowed; ' (#7)' adds the job's attempt number
     when earlier runs make the two differ."""
@@ -48,3 +53,20 @@ def size(n_bytes: int) -> str:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n_bytes} B"  # pragma: no cover
+
+
+def usage(used: Any) -> str:
+    """An attempt's usage (usage.AttemptUsage) in one line; '' when nothing is known."""
+    if used is None:
+        return ""
+    parts = []
+    if used.cpu_s is not None:
+        parts.append(f"cpu {cpu_time(used.cpu_s)}")
+    if used.peak_memory_mib is not None:
+        parts.append(f"peak memory {size(used.peak_memory_mib * 1024 * 1024)}")
+    if used.peak_tasks is not None:
+        parts.append(f"{used.peak_tasks} tasks at most")
+    if used.gpu_peak_mib:
+        held = ", ".join(f"GPU {gpu} {mib:,} MiB" for gpu, mib in used.gpu_peak_mib.items())
+        parts.append(f"{used.gpu_hours:.2f} GPU-hours ({held} at most)")
+    return "  ".join(parts)

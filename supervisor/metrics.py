@@ -248,6 +248,11 @@ class _StateCollector(Collector):
         output_age = f.gauge("supervise_job_last_output_age_seconds", "Seconds since the running attempt last wrote to its log",
                              ["job"])
         attempt_start = f.gauge("supervise_job_attempt_start_time_seconds", "When the latest attempt started (Unix time)", ["job"])
+        cpu_s = f.gauge("supervise_job_attempt_cpu_seconds", "CPU seconds the latest ended attempt used (its cgroup)", ["job"])
+        peak_memory = f.gauge("supervise_job_attempt_peak_memory_bytes",
+                              "The most memory the latest ended attempt's cgroup held at once", ["job"])
+        gpu_s = f.gauge("supervise_job_attempt_gpu_seconds",
+                        "GPU-seconds of the latest ended attempt: GPUs its processes held x time (sampled)", ["job"])
         job_gpu = f.gauge("supervise_job_gpu_memory_used_bytes",
                           "GPU memory held by the processes of the job's latest attempt, per device", ["job", "host", "gpu"])
         now = time.time()
@@ -260,6 +265,12 @@ class _StateCollector(Collector):
             if row is None:
                 continue
             attempt_start.add_metric([job.name], row.started)
+            if row.usage is not None:
+                if row.usage.cpu_s is not None:
+                    cpu_s.add_metric([job.name], row.usage.cpu_s)
+                if row.usage.peak_memory_mib is not None:
+                    peak_memory.add_metric([job.name], row.usage.peak_memory_mib * 1024.0 * 1024.0)
+                gpu_s.add_metric([job.name], row.usage.gpu_s)
             # The runner's view counts only while it watches the latest attempt.
             live = reading.runner if reading.runner is not None and reading.runner.attempt == row.n else None
             current_phase = live.phase if live is not None and live.phase else row.phase

@@ -23,6 +23,7 @@ from .events import (
     Verdict,
 )
 from .spec_fields import FieldOverrides
+from .usage import AttemptUsage
 
 API_VERSION = 1
 
@@ -93,6 +94,7 @@ class AttemptInfo(BaseModel):
     run: int = Field(default=1, description="the run it belongs to: +1 at each `supervise start`; relaunches stay in their run")
     run_attempt: int = Field(default=1, description="its place in its run (1 for the run's first attempt), against max_attempts")
     shard: int | None = Field(default=None, description="a sharded job's shard index (-1: its gather step); null: unsharded")
+    usage: AttemptUsage | None = Field(default=None, description="what it used (CPU, memory, GPUs), once it ended")
 
 
 class GpuDeviceInfo(BaseModel):

@@ -30,6 +30,7 @@ from .events import (
     failure_kind,
 )
 from .store_schema import MIGRATIONS as _MIGRATIONS
+from .usage import AttemptUsage
 
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -70,6 +71,7 @@ class AttemptRow:
     log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
     scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
     shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
+    usage: AttemptUsage | None = None  # what it used (CPU, memory, GPUs), stored as it ended
 
 
 @dataclass(frozen=True)
@@ -281,9 +283,11 @@ class Store:
     def _update_in_tx(self, db: sqlite3.Connection, job: str, n: int, fields: dict[str, Any]) -> None:
         sets, values = [], []
         for key, value in fields.items():
-            column = {"progress": "progress_json", "failure": "failure_json"}.get(key, key)
+            column = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}.get(key, key)
             if isinstance(value, Failure):
                 value = value.to_json()
+            if isinstance(value, AttemptUsage):
+                value = value.model_dump(mode="json")
             if column.endswith("_json") and value is not None:
                 value = json.dumps(value)
             sets.append(f"{column}=?")
@@ -373,7 +377,17 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
         log_generation=row["log_generation"], scheduler_id=row["scheduler_id"], shard=row["shard"],
+        usage=_usage(row["usage_json"]),
     )
+
+
+def _usage(text: str | None) -> AttemptUsage | None:
+    if not text:
+        return None
+    try:
+        return AttemptUsage.model_validate_json(text)
+    except ValueError:  # a row written by a later version with fields this one does not know
+        return None
 
 
 def _failure(data: dict[str, Any] | None) -> Failure | None:

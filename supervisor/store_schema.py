@@ -133,4 +133,9 @@ MIGRATIONS: tuple[str, ...] = (
         ts REAL NOT NULL
     );
     """,
+    # What an attempt used (usage.py): CPU seconds, peak memory and tasks from its cgroup, GPU
+    # memory and GPU-seconds from the samples; NULL for attempts stored before, or still running.
+    """
+    ALTER TABLE attempts ADD COLUMN usage_json TEXT;
+    """,
 )

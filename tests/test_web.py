@@ -33,6 +33,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
 from supervisor import protocol
+from supervisor.hosts import cgroup
+from supervisor.hosts.cgroup import ContainmentKind
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -137,6 +139,8 @@ def test_stop_from_the_page_asks_then_stops_the_job_and_running_jobs_come_first(
     wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '.card[data-job="sleeper"] button.stop'))
     order = [c.get_attribute("data-job") for c in browser.find_elements(By.CSS_SELECTOR, "#jobs > .card.job")]
     assert order == ["sleeper", "aaa-finished"], order  # the running one first, whatever the names
+    if cgroup.detect().kind is ContainmentKind.CGROUP:  # what the finished one used, as `status` says
+        assert re.search(r"used cpu [0-9.]+s", _text(browser, '.card[data-job="aaa-finished"] .usage'))
     # Asked first: "Cancel" leaves it running, "OK" stops it.
     _click(browser, '.card[data-job="sleeper"] button.stop')
     question = _answer(browser, accept=False)

@@ -23,6 +23,7 @@ from ..errors import SuperviseError
 from ..events import EventKind
 from ._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
 from .jobs import cmd_attempts, cmd_hold, cmd_stack, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
+from .accounting import cmd_accounting
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
 from .views import cmd_gpus, cmd_report, cmd_status
@@ -96,6 +97,13 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
     add_field_flags(p)
+
+    p = add("accounting", cmd_accounting, "one row per attempt (job, host, start, end, duration, verdict, CPU, "
+                                          "peak memory, GPU-hours, exit), as sacct gives")
+    add_since(p, "attempts that ran since then")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON object per line")
+    fmt.add_argument("--csv", action="store_true", help="comma-separated, with a header line")
 
     p = add("rm", cmd_rm, "forget a job that is not running (its attempt logs are kept unless --logs)")
     p.add_argument("job")

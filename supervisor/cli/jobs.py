@@ -122,6 +122,8 @@ def cmd_attempts(args: argparse.Namespace) -> int:
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
         if a.reason and a.verdict not in (None, Verdict.DONE):
             print(f"     {a.reason}")
+        if used := _fmt.usage(a.usage):
+            print(f"     used: {used}")
     return 0
 
 

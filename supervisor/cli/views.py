@@ -83,6 +83,8 @@ def status_block(job: protocol.JobStatus) -> str:
             lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}{eta}")
         if a.failure is not None:
             lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
+        if used := _fmt.usage(a.usage):
+            lines.append(f"  used {used}")
         if job.last_output_age_s is not None:
             lines.append(f"  last output {_fmt.duration(job.last_output_age_s)} ago")
         lines.append(f"  log {a.log_path}")

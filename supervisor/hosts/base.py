@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from ..events import Record
 from ..gpu import GpuSample
+from ..usage import AttemptUsage
 from .stacks import StackDump
 
 # The detached wrapper, identical locally and over SSH.  It starts the command in a new
@@ -126,6 +127,7 @@ class KillReport:
     terminated: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) ended by TERM
     killed: list[tuple[int, str]] = field(default_factory=list)  # (pid, name) that needed KILL
     survivors: list[tuple[int, str]] = field(default_factory=list)  # still alive after KILL
+    usage: AttemptUsage | None = None  # the attempt's cgroup figures, read before the cgroup went
     # Processes whose parent was not a process of the attempt when found (re-parented to
     # init after their parent died): found by group or tag, not by walking the tree.
     reparented: list[int] = field(default_factory=list)
@@ -225,6 +227,15 @@ class QueuedHost(Protocol):
     waits it has no output to judge."""
 
     async def queue_state(self, handle: ProcessHandle) -> QueueState: ...
+
+
+@runtime_checkable
+class UsageReader(Protocol):
+    """A host that reads what an attempt used from its cgroup (the local host)."""
+
+    async def attempt_usage(self, handle: ProcessHandle) -> AttemptUsage | None:
+        """CPU seconds, peak memory and tasks: read as the attempt ended, or now while it runs."""
+        ...
 
 
 @runtime_checkable

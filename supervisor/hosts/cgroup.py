@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ..usage import AttemptUsage
+
 CGROUP_VAR = "SUPERVISE_CGROUP"  # the attempt's cgroup, for the launch wrapper to enter
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -139,6 +141,29 @@ def oom_kills(path: Path | None) -> int:
         if key == "oom_kill" and value.strip().isdigit():
             return int(value)
     return 0
+
+
+def usage(path: Path | None) -> AttemptUsage | None:
+    """CPU seconds, peak memory and peak tasks of the cgroup (each None where the kernel or its
+    controllers do not keep it); None without the cgroup."""
+    if path is None:
+        return None
+    try:
+        stat = dict(line.split(" ", 1) for line in (path / "cpu.stat").read_text().splitlines() if " " in line)
+    except OSError:
+        return None
+    usec = stat.get("usage_usec", "").strip()
+    return AttemptUsage(cpu_s=int(usec) / 1e6 if usec.isdigit() else None,
+                        peak_memory_mib=_number(path / "memory.peak", 1024 * 1024),
+                        peak_tasks=_number(path / "pids.peak", 1))
+
+
+def _number(file: Path, unit: int) -> int | None:
+    try:
+        text = file.read_text().strip()
+    except OSError:
+        return None
+    return int(text) // unit if text.isdigit() else None
 
 
 def kill(path: Path | None) -> None:

@@ -24,6 +24,7 @@ from ..errors import LaunchError
 from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
 from ..kernel_xids import KmsgReader
+from ..usage import AttemptUsage
 from .local_follow import LogFollower
 from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths, shown_command
 from . import cgroup, stacks
@@ -47,6 +48,7 @@ class LocalHost:
         self.containment = containment if containment is not None else cgroup.detect()
         self.poll_interval_s = poll_interval_s
         self._gpus = NvmlSampler(nvml=nvml, kernel_log=None if kernel_log is None else KmsgReader(kernel_log))
+        self._usage: dict[str, AttemptUsage] = {}  # by tag: read as each attempt's cgroup went, until asked
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
         suffix = 0
@@ -103,12 +105,22 @@ class LocalHost:
         await self._wait_gone(handle)
         group = self.containment.cgroup_of(handle.tag)
         oom_kills = cgroup.oom_kills(group)  # read before the cgroup goes, with its memory.events
+        self._keep_usage(handle, cgroup.usage(group))
         cgroup.remove(group)  # only once empty: an escaped process keeps it
         status = await self.exit_status(handle)
         status = status if status is not None else ExitStatus(returncode=None, signal=None)
         if oom_kills:
             return replace(status, kernel_oom=f"cgroup memory.events: oom_kill {oom_kills}")
         return status
+
+    def _keep_usage(self, handle: ProcessHandle, usage: AttemptUsage | None) -> None:
+        if usage is not None:
+            self._usage[handle.tag] = usage
+
+    async def attempt_usage(self, handle: ProcessHandle) -> AttemptUsage | None:
+        """What the attempt used, from its cgroup: as read when it went, else now (it runs on)."""
+        kept = self._usage.pop(handle.tag, None)
+        return kept if kept is not None else cgroup.usage(self.containment.cgroup_of(handle.tag))
 
     async def _wait_gone(self, handle: ProcessHandle) -> None:
         try:
@@ -159,7 +171,9 @@ class LocalHost:
         return await stacks.dump(await self.attempt_pids(handle), timeout_s)
 
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
-        return await asyncio.to_thread(_kill_tree, handle, grace_s, self.containment.cgroup_of(handle.tag))
+        report = await asyncio.to_thread(_kill_tree, handle, grace_s, self.containment.cgroup_of(handle.tag))
+        self._keep_usage(handle, report.usage)
+        return report
 
     def follow(self, path: str, offset: int, generation: int = 0) -> LogFollower:
         return LogFollower(Path(path), offset, generation, poll_interval=self.poll_interval_s)
@@ -277,6 +291,7 @@ def _kill_tree(handle: ProcessHandle, grace_s: float, group: Path | None = None)
         alive = _merge(alive, _attempt_processes(handle, group), names)
     report.survivors = [(p.pid, names.get(p.pid, "?")) for p in alive]
     if not alive:
+        report.usage = cgroup.usage(group)
         cgroup.remove(group)
     return report
 

@@ -17,6 +17,7 @@ from ..events import Event, EventKind, Failure, JobState, ProbeEvent
 from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
+from ..usage import GpuUsageMeter
 from ..pending_writes import PendingWrites
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
@@ -73,6 +74,7 @@ class Live:
     stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
     stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
+    gpu_meter: GpuUsageMeter = field(default_factory=GpuUsageMeter)  # its GPU memory and GPU-seconds
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""

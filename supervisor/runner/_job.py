@@ -18,7 +18,7 @@ from ..errors import ConnectionLost, HostRefused, LaunchError, StoreError, Super
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import wait_for_release
 from ..hosts import stacks
-from ..hosts.base import ExitStatus, KillReport, LaunchRequest, StackDumper
+from ..hosts.base import ExitStatus, KillReport, LaunchRequest, StackDumper, UsageReader
 from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites, when_free
 from ..policy import RestartPolicy
@@ -138,6 +138,7 @@ class JobRunner(Adopting, GpuWaiting):
             fingerprint = live.failure.fingerprint if live.failure else None
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
+                await self._record_usage(live)
                 self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action="stopped by user", verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
                 self._action(live, "stopped by user", {})
@@ -255,6 +256,7 @@ class JobRunner(Adopting, GpuWaiting):
             reason += f"; its exit could not be awaited ({wait_error})"
         self.live = None
         live.exit_status = status
+        await self._record_usage(live)
         stopped = self._stop_requested.is_set()
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
                      state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
@@ -403,7 +405,20 @@ class JobRunner(Adopting, GpuWaiting):
             await self._alert(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}), "not relaunching: GPU memory still held")
         return result.released
 
+    async def _record_usage(self, live: Live) -> None:
+        """What the attempt used, stored with it: its GPU figures, and its cgroup's where the host has one."""
+        host = self.ctx.host
+        from_host = None
+        if isinstance(host, UsageReader):
+            try:
+                from_host = await host.attempt_usage(live.handle)
+            except (SuperviseError, OSError) as exc:
+                log.warning("cannot read what the attempt used", job=self.spec.name, attempt=live.row.n, error=str(exc))
+        live.row.usage = live.gpu_meter.usage().with_host(from_host)
+        self._update(live.row.n, usage=live.row.usage)
+
     async def _end_attempt(self, live: Live, judgement: Judgement, action: str) -> None:
+        await self._record_usage(live)
         self._update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
                      verdict=judgement.verdict.value, reason=judgement.reason)
         self._action(live, action, {})

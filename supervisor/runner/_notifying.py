@@ -101,11 +101,16 @@ class Notifying(Recording):
         live = self.live
         if live is None or host != self.ctx.host.name:
             return
+        ours = await self._attempt_pids(live)
+        held: dict[int, int] = {}
+        for p in sample.processes:
+            if p.pid in ours:
+                held[p.gpu_index] = held.get(p.gpu_index, 0) + (p.used_mib or 0)
+        live.gpu_meter.sampled(sample.ts, held)
         if self.spec.gpu.devices != "all":
             devices = {d for d in self.spec.gpu.devices if sample.device(d) is not None}
         else:
-            ours = await self._attempt_pids(live)
-            devices = {p.gpu_index for p in sample.processes if p.pid in ours}
+            devices = set(held)
         utilisation = [u for d in devices if (device := sample.device(d)) and (u := device.util_pct) is not None]
         if not utilisation:
             return  # not on a GPU, or a board that does not tell

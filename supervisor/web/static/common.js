@@ -98,6 +98,17 @@ function stallBounds(job) {
     text: `stall bound ${dur(b.bound_s)} (${b.source}) for ${b.bar}, ${dur(Math.max(0, b.in_s - elapsed()))} left` })));
 }
 
+// What an ended attempt used, as `status` says it: CPU, peak memory, GPU-hours.
+function usageText(u) {
+  const parts = [];
+  if (u.cpu_s !== null && u.cpu_s !== undefined) parts.push("cpu " + (u.cpu_s < 1 ? u.cpu_s.toFixed(2) + "s" : dur(u.cpu_s)));
+  if (u.peak_memory_mib !== null && u.peak_memory_mib !== undefined) parts.push(`peak memory ${u.peak_memory_mib.toLocaleString("en")} MiB`);
+  const gpus = Object.entries(u.gpu_peak_mib || {});
+  if (gpus.length) parts.push(`${(u.gpu_s / 3600).toFixed(2)} GPU-hours (` +
+    gpus.map(([g, mib]) => `GPU ${g} ${mib.toLocaleString("en")} MiB`).join(", ") + " at most)");
+  return parts.length ? "used " + parts.join(", ") : "";
+}
+
 function jobCard(job, readOnly) {
   const a = job.attempt;
   const stop = !readOnly && ACTIVE.has(job.state)
@@ -120,7 +131,8 @@ function jobCard(job, readOnly) {
     sh ? null : health(job),  // a sharded job's health is each shard's, on its card
     job.last_output_age_s !== null && job.last_output_age_s !== undefined && ACTIVE.has(job.state)
       ? el("span", { class: "age", text: `output ${dur(job.last_output_age_s + elapsed())} ago` }) : null,
-    job.host !== "local" ? el("span", { text: job.host }) : null);
+    job.host !== "local" ? el("span", { text: job.host }) : null,
+    !sh && a && a.usage ? el("span", { class: "usage", text: usageText(a.usage) }) : null);
   return el("div", { class: "card job", "data-job": job.name, "data-state": job.state },
     el("h3", {}, el("a", { href: "/job/" + encodeURIComponent(job.name), text: job.name }),
       el("span", { class: "badge " + job.state, text: job.state }), stop, hold, release, restart),
