@@ -74,6 +74,40 @@ _SEVERITY = {
     AlertKind.DONE: Severity.SUCCESS, AlertKind.RECOVERED: Severity.SUCCESS,
     AlertKind.PHASE: Severity.INFO, AlertKind.ETA: Severity.INFO,
 }
+# A URL may be routed: "failure,gpu_fault=ntfy://ntfy.sh/pager" gets only the alerts of those
+# severities or kinds (apprise's own "tag=url" form); an unrouted URL gets every alert.
+_ROUTE = re.compile(r"^\s*([a-z_]+(?:\s*,\s*[a-z_]+)*)\s*=(.+)$", re.S)
+_EVERY_ALERT = "supervise-every-alert"
+
+
+def route_tags() -> list[str]:
+    """What a route may name: a severity or an alert kind."""
+    return [s.value for s in Severity] + [k.value for k in AlertKind]
+
+
+def parse_route(entry: str) -> tuple[frozenset[str], str]:
+    """("failure,gpu_fault=ntfy://…") -> ({failure, gpu_fault}, "ntfy://…"); an unrouted URL has no
+    tags.  A name that is neither a severity nor a kind is a ValueError saying which are."""
+    match = _ROUTE.match(entry)
+    if match is None or "://" not in match.group(2):
+        return frozenset(), entry.strip()
+    tags = frozenset(t.strip() for t in match.group(1).split(","))
+    unknown = sorted(tags - set(route_tags()))
+    if unknown:
+        raise ValueError(f"alert route {unknown[0]!r} is neither a severity ({', '.join(s.value for s in Severity)}) "
+                         f"nor an alert kind ({', '.join(k.value for k in AlertKind)})")
+    return tags, match.group(2).strip()
+
+
+def shown_route(entry: str) -> str:
+    """A route as it may be shown: its tags and its URL redacted."""
+    try:
+        tags, url = parse_route(entry)
+    except ValueError:
+        return redact_url(entry)
+    return (",".join(sorted(tags)) + "=" if tags else "") + redact_url(url)
+
+
 # Alerts that end a run of repeats: they say how many of the job's alerts were folded in.
 _ENDS_A_LOOP = frozenset({AlertKind.GAVE_UP, AlertKind.DONE, AlertKind.RECOVERED})
 _QUEUE_LIMIT = 100
@@ -150,7 +184,7 @@ class Alerter:
         self.dropped_total = 0
         self.failed_total = 0
         self.delivered_total = 0
-        self._urls = [redact_url(u) for u in urls]
+        self._urls = [shown_route(u) for u in urls]
         self._apprise = _build_apprise(urls) if urls else None
         self._queue: deque[tuple[Alert, str]] = deque()
         self._queue_limit = queue_limit
@@ -263,9 +297,12 @@ class Alerter:
         assert self._apprise is not None
         apobj = self._apprise
         try:
+            # Any of these tags (apprise ORs a list): every unrouted URL, and the routes naming its
+            # severity or its kind.
+            tags = [_EVERY_ALERT, alert.severity.value, alert.kind.value]
             ok = bool(await asyncio.wait_for(
                 _in_own_thread(apobj.notify, body=body, title=alert.title,
-                               notify_type=alert.severity.value), self._timeout_s))
+                               notify_type=alert.severity.value, tag=tags), self._timeout_s))
         except TimeoutError:
             ok = False
             log.warning("alert delivery timed out", job=alert.job, attempt=alert.attempt,
@@ -319,8 +356,9 @@ def _build_apprise(urls: list[str]) -> Any:
         # Loading apprise's plugins imports the stdlib's deprecated imghdr (email plugin)
         # on Python 3.11/3.12; that is apprise's business, not a problem of ours.
         warnings.simplefilter("ignore", DeprecationWarning)
-        for url in urls:
-            if not apobj.add(url):
+        for entry in urls:
+            tags, url = parse_route(entry)
+            if not apobj.add(url, tag=sorted(tags) or [_EVERY_ALERT]):
                 log.warning("alert URL not understood by apprise", url=redact_url(url))
     return apobj if len(apobj) else None  # no URL understood: nothing to deliver to
 

@@ -83,7 +83,9 @@ class DaemonSettings(BaseModel):
     poll_interval_s: float = Field(0.5, gt=0, description="log polling period where inotify is unavailable")
     kernel_log: str = Field("/dev/kmsg", max_length=4096, description="the local kernel log, read for GPU Xid errors "
                             "where NVML's event set cannot report them (\"\": not read)")
-    alert_urls: tuple[str, ...] = Field((), description="apprise URLs that alerts go to (in the environment: separated by spaces)")
+    alert_urls: tuple[str, ...] = Field((), description="apprise URLs that alerts go to (in the environment: separated by "
+                                        "spaces); `failure,gpu_fault=URL` sends that URL only alerts of those "
+                                        "severities or kinds")
     alert_min_interval_s: float = Field(60.0, ge=0, description="at most one alert per job and kind within this many seconds")
     metrics_addr: str | None = Field(None, description="host:port for Prometheus metrics over TCP, loopback only (e.g. 127.0.0.1:9464); "
                                                     "off when unset; /metrics on the control socket is always on")
@@ -98,7 +100,14 @@ class DaemonSettings(BaseModel):
     @field_validator("alert_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
-        return tuple(value.split()) if isinstance(value, str) else value
+        urls = tuple(value.split()) if isinstance(value, str) else value
+        if isinstance(urls, (tuple, list)):
+            from .alerts import parse_route
+
+            for entry in urls:
+                if isinstance(entry, str):
+                    parse_route(entry)  # a route naming no severity or kind: one line saying which exist
+        return urls
 
     @field_validator("metrics_addr", mode="before")
     @classmethod
