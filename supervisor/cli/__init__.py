@@ -24,6 +24,7 @@ from ..events import EventKind
 from ._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
 from .jobs import cmd_attempts, cmd_hold, cmd_stack, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .accounting import cmd_accounting
+from .completion import SHELLS, cmd_completion
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
 from .views import cmd_gpus, cmd_report, cmd_status
@@ -118,6 +119,13 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
     p = add("jobs", cmd_jobs, "list known jobs")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--names", action="store_true", help="only their names, one a line (nothing when no daemon answers)")
+    p.add_argument("--specs", action="store_true", help="with --names: also the job specs `start` finds by name")
+
+    p = add("completion", cmd_completion, "print a shell completion script: "
+                                          "eval \"$(supervise completion bash)\" in ~/.bashrc (zsh likewise; "
+                                          "fish: > ~/.config/fish/completions/supervise.fish)")
+    p.add_argument("shell", choices=SHELLS)
 
 
 def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

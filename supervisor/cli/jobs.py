@@ -128,6 +128,8 @@ def cmd_attempts(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    if args.names or args.specs:
+        return _names(args.names, args.specs)
     response = _client().status()
     if args.json:
         print(protocol.JobsResponse(jobs=response.jobs).model_dump_json(indent=2))
@@ -136,4 +138,25 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         a = job.attempt
         attempt = _fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}"
         print(f"{job.name:<20} {job.state:<10} attempt {attempt}  {job.reason}")
+    return 0
+
+
+def _names(known: bool, specs: bool) -> int:
+    """Names for shell completion, one a line: the daemon's jobs (none when it does not answer),
+    and with ``specs`` the job specs `start` finds by name."""
+    from ..errors import SuperviseError
+    from ..spec import spec_search_path
+
+    names: set[str] = set()
+    if known:
+        try:
+            names |= {job.name for job in _client().status().jobs}
+        except SuperviseError:
+            pass  # no daemon: nothing to complete from it
+    if specs:
+        for directory in spec_search_path():
+            if directory.is_dir():
+                names |= {path.stem for path in directory.glob("*.toml")}
+    for name in sorted(names):
+        print(name)
     return 0

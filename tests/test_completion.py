@@ -1,0 +1,95 @@
+"""Shell completion made from the CLI's own parser: verbs, a verb's flags, a flag's choices, and job
+names asked of the running daemon; in real bash, zsh (through bashcompinit) and fish."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state, supervise
+from supervisor.cli import _parser
+from supervisor.cli.completion import script
+
+BIN = str(Path(sys.executable).parent)  # where the `supervise` entry point is installed
+
+
+def _env(daemon_env: dict[str, str]) -> dict[str, str]:
+    return {**daemon_env, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+
+
+def _bash(env: dict[str, str], *words: str) -> list[str]:
+    # COMP_WORDS as bash gives it: the command, then each word, the one being completed last.
+    code = (f'eval "$(supervise completion bash)"; COMP_WORDS=({" ".join(repr(w) for w in words)}); '
+            f'COMP_CWORD={len(words) - 1}; _supervise; printf "%s\\n" "${{COMPREPLY[@]}}"')
+    out = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+@pytest.fixture
+def known_job(daemon: DaemonProcess, daemon_env: dict[str, str], make_job: Callable[..., Path]) -> dict[str, str]:
+    client = daemon.client()
+    client.start(str(make_job("extract-shard", "print('hi')\n")), {})
+    wait_until(lambda: job_state(client, "extract-shard") == "done", timeout=30)
+    return _env(daemon_env)
+
+
+def test_bash_completes_verbs_flags_choices_and_the_daemon_s_job_names(known_job: dict[str, str]) -> None:
+    assert _bash(known_job, "supervise", "lo") == ["logs"]
+    assert set(_bash(known_job, "supervise", "ac")) == {"accounting"}
+    assert _bash(known_job, "supervise", "logs", "--gr") == ["--grep"]
+    assert set(_bash(known_job, "supervise", "events", "--kind", "gpu_")) == {"gpu_wait", "gpu_fault"}
+    assert _bash(known_job, "supervise", "completion", "z") == ["zsh"]
+    assert _bash(known_job, "supervise", "logs", "extr") == ["extract-shard"]
+    assert "extract" in _bash(known_job, "supervise", "start", "ext")  # a built-in spec, by name
+
+
+def test_without_a_daemon_job_names_are_nothing_and_nothing_breaks(daemon_env: dict[str, str], home: Path) -> None:
+    env = _env({**daemon_env, "SUPERVISE_HOME": str(home / "no-daemon-here")})
+    assert _bash(env, "supervise", "logs", "") == []
+    out = supervise(env, "jobs", "--names")
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
+    bad = supervise(env, "completion", "powershell", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "supervise completion: error: argument shell: invalid choice: 'powershell'")
+
+
+def test_every_verb_and_flag_of_the_parser_is_in_each_script() -> None:
+    parser = _parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for shell in ("bash", "zsh", "fish"):
+        text = script(shell, parser)
+        for verb, verb_parser in sub.choices.items():
+            assert verb in text, (shell, verb)
+            for action in verb_parser._actions:
+                for option in action.option_strings:
+                    assert (option if shell != "fish" else option.lstrip("-")) in text, (shell, verb, option)
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_runs_the_same_completion_through_bashcompinit(known_job: dict[str, str]) -> None:
+    code = ('autoload -U compinit && compinit -u; eval "$(supervise completion zsh)"; setopt ksharrays; '
+            'COMP_WORDS=(supervise logs extr); COMP_CWORD=2; _supervise; print -l "${COMPREPLY[@]}"')
+    out = subprocess.run(["zsh", "-f", "-c", code], env=known_job, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["extract-shard"], (out.stdout, out.stderr)
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_fish_completes_verbs_flags_and_job_names(known_job: dict[str, str]) -> None:
+    def complete(line: str) -> list[str]:
+        code = f"supervise completion fish | source; complete -C {line!r}"
+        out = subprocess.run(["fish", "--no-config", "-c", code], env=known_job, capture_output=True, text=True,
+                             timeout=60, check=True)
+        return [row.split("\t")[0] for row in out.stdout.splitlines()]
+
+    assert "logs" in complete("supervise lo")
+    assert complete("supervise logs --gr") == ["--grep"]
+    assert "extract-shard" in complete("supervise logs ")
+    assert "zsh" in complete("supervise completion ")
