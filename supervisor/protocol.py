@@ -172,6 +172,8 @@ class JobStatus(BaseModel):
     stall_bounds: list[StallBoundInfo] = Field(default_factory=list,
                                                description="each watched bar's stall bound and where it came from")
     shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
+    program_pid: int | None = Field(default=None, description="the running attempt's program (the child of its "
+                                                              "wrapper shell, whose pid is attempt.pid)")
     stacks: str | None = Field(default=None, description="the latest attempt's processes' innermost frames, dumped "
                                                          "before it was killed (`supervise stack JOB` for a running one)")
 

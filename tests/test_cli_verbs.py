@@ -190,7 +190,8 @@ def test_logs_and_events_take_n_since_and_kind(daemon: DaemonProcess, daemon_env
         assert out.returncode == 2 and out.stdout == "" and last.startswith("supervise logs: error: argument --grep: ") \
             and "WARNING" not in out.stderr, \
             (bad[:20], out.returncode, out.stderr)
-    # status: when a finished attempt ended and how long it ran
+    # status: when a finished attempt ended and how long it ran (and no program pid once it ended)
+    assert client.status("progress").jobs[0].program_pid is None
     shown = supervise(daemon_env, "status", "progress").stdout
     attempt = client.attempts("progress").attempts[-1]
     assert f"ended {dt.datetime.fromtimestamp(attempt.ended):%Y-%m-%d %H:%M:%S}  ran " in shown, shown
@@ -216,3 +217,14 @@ def test_status_of_a_failed_job_exits_1_and_json_is_unchanged(daemon: DaemonProc
     assert json.loads(as_json.stdout) == json.loads(client.status("crashy").model_dump_json()) | {
         "jobs": json.loads(as_json.stdout)["jobs"]}  # the API's own model, nothing added
     assert supervise(daemon_env, "status", check=False).returncode == 0  # all jobs: a listing, not a question
+
+
+def test_status_shows_the_program_s_pid_beside_its_wrapper_s(daemon: DaemonProcess, daemon_env, make_job) -> None:
+    client = daemon.client()
+    client.start(str(make_job("napper", "import time\ndef napping_here():\n    time.sleep(60)\nnapping_here()\n")), {})
+    wait_until(lambda: client.status("napper").jobs[0].program_pid is not None, timeout=20)
+    job = client.status("napper").jobs[0]
+    program, wrapper = job.program_pid, job.attempt.pid
+    assert psutil.Process(program).ppid() == wrapper and "napper.py" in " ".join(psutil.Process(program).cmdline())
+    assert f"pid {program} (wrapper {wrapper})" in supervise(daemon_env, "status", "napper").stdout
+    client.stop("napper", 1.0)

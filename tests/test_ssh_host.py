@@ -1021,3 +1021,27 @@ def test_stacks_of_a_remote_attempt_name_where_it_waits_and_without_py_spy_one_l
     assert "remote_frozen_here" in dumped.summary()
     assert [p.error for p in dumped.processes if not p.stack] == ["not a Python process"] * (len(dumped.processes) - 1)
     assert missing.processes == () and "py-spy not found on" in missing.note
+
+
+def test_the_program_pid_of_a_remote_attempt_is_its_wrapper_s_child(ssh_env, tmp_path: Path, cleanup_tags,
+                                                                      url: str) -> None:
+    cleanup_tags.append("s.prog.abc")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[ProcessHandle, int | None, int | None]:
+        try:
+            handle = await host.launch(request(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+                                               "s.prog.abc"))
+            wait_for_file(Path(handle.log_path))
+            found = await host.program_pid(handle)
+            # the box is this machine: the pid is the program's (python), a child of the wrapper shell
+            assert found is not None and psutil.Process(found).ppid() == handle.pid
+            assert "time.sleep(60)" in " ".join(psutil.Process(found).cmdline())
+            await host.kill_tree(handle, 1)
+            gone = await host.program_pid(handle)
+            return handle, found, gone
+        finally:
+            await host.close()
+
+    handle, found, gone = run(go)
+    assert found is not None and found != handle.pid and gone is None

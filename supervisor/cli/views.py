@@ -65,7 +65,8 @@ def status_block(job: protocol.JobStatus) -> str:
         # Only a job being watched has a verdict in the making, a rate and an ETA; an ended
         # attempt shows how it ended, never the last healthy reading.
         live = job.state is JobState.RUNNING and a.state is AttemptState.RUNNING
-        lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  pid {a.pid}  host {a.host}  "
+        pid = f"pid {job.program_pid} (wrapper {a.pid})" if job.program_pid and live else f"pid {a.pid}"
+        lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  {pid}  host {a.host}  "
                      f"started {_fmt.timestamp(a.started)}{_ended(a)}")
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or (Verdict.HEALTHY if live else a.state)}")
         if job.stacks:

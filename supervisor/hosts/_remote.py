@@ -353,6 +353,11 @@ exit 0
     "@HEALTH_QUERY_OLD@", HEALTH_QUERY_OLD).replace("@HEALTH_QUERY@", HEALTH_QUERY).replace(
     "@XID_UNREADABLE@", XID_UNREADABLE)
 
+# $1: the wrapper's pid: its child, the program it runs (the oldest, if it has several).
+PROGRAM_PID = r"""
+pgrep -o -P "$1" 2>/dev/null || ps -o pid= --ppid "$1" 2>/dev/null | head -n 1
+"""
+
 # $1: the log root (already expanded); $2: the nvidia-smi command.  key=value lines.
 DOCTOR = r"""
 root=$1 smi=$2 spy=${3:-py-spy} klog=${4:-}

@@ -230,6 +230,15 @@ class QueuedHost(Protocol):
 
 
 @runtime_checkable
+class ProgramFinder(Protocol):
+    """A host that can tell which process the attempt's wrapper runs (its program's pid)."""
+
+    async def program_pid(self, handle: ProcessHandle) -> int | None:
+        """The wrapper's child (None while it has none, or once it is gone)."""
+        ...
+
+
+@runtime_checkable
 class UsageReader(Protocol):
     """A host that reads what an attempt used from its cgroup (the local host)."""
 

@@ -117,6 +117,16 @@ class LocalHost:
         if usage is not None:
             self._usage[handle.tag] = usage
 
+    async def program_pid(self, handle: ProcessHandle) -> int | None:
+        """The wrapper's child: the program it runs (the wrapper stays to record its exit)."""
+        if not _alive(handle):
+            return None
+        try:
+            children = psutil.Process(handle.pid).children()
+        except psutil.Error:
+            return None
+        return min((c.pid for c in children), default=None)
+
     async def attempt_usage(self, handle: ProcessHandle) -> AttemptUsage | None:
         """What the attempt used, from its cgroup: as read when it went, else now (it runs on)."""
         kept = self._usage.pop(handle.tag, None)

@@ -204,6 +204,14 @@ class SshHost(SshConnection):
             return GpuSample(ts, False, f"nvidia-smi not found on {self.target.display}", (), ())
         return _remote_parse.gpu_sample(ts, rc, lines, err.decode(errors="replace"), self.target.display, self._xids)
 
+    async def program_pid(self, handle: ProcessHandle) -> int | None:
+        """The wrapper's child on the box (its program); None while it has none."""
+        if handle.pid <= 1:
+            return None
+        _, out, _ = await self._exec(_remote.PROGRAM_PID, str(handle.pid))
+        found = _remote_parse.parse_pids(out)
+        return min(found) if found else None
+
     # -- remote facts -------------------------------------------------------------------------
 
     async def log_root(self) -> str:

@@ -75,6 +75,7 @@ class Live:
     stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
     gpu_meter: GpuUsageMeter = field(default_factory=GpuUsageMeter)  # its GPU memory and GPU-seconds
+    program_pid: int | None = None  # the program the wrapper runs, once seen (_program.py)
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""

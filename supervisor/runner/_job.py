@@ -31,6 +31,7 @@ from ._adopting import Adopting
 from ._after import wait_for_after
 from ._context import Live, RunnerContext, cancel_until_done, describe_exit
 from ._gpu_wait import GpuWaiting
+from ._program import learn_program_pid
 
 log = structlog.get_logger("supervise.runner")
 
@@ -133,7 +134,11 @@ class JobRunner(Adopting, GpuWaiting):
                     return
                 live = await self._launch(run)
             self._current = self.live = live
-            judgement = await self._watch(live)
+            finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
+            try:
+                judgement = await self._watch(live)
+            finally:
+                finder.cancel()
             self.live = None
             fingerprint = live.failure.fingerprint if live.failure else None
             if self._stop_requested.is_set():
@@ -353,7 +358,7 @@ class JobRunner(Adopting, GpuWaiting):
         if live is None:
             return RunnerSnapshot(job=self.spec.name, attempt=None, next_relaunch_at=self.next_relaunch_at)
         return watching(self.spec.name, live.row.n, live.watchdog, self.ctx.clock(), last_output=live.last_output,
-                        known_pids=frozenset(live.known_pids))
+                        known_pids=frozenset(live.known_pids), program_pid=live.program_pid)
 
     async def _cleanup(self, live: Live, judgement: Judgement) -> None:
         if judgement.verdict in _FINAL_VERDICTS and not await self.ctx.host.attempt_pids(live.handle):
