@@ -245,7 +245,7 @@ def _message(error: Any) -> str:
 
 def describe_settings(loaded: LoadedSettings) -> Any:
     """The effective settings as the API shows them (alert URLs redacted: they carry secrets)."""
-    from .alerts import redact_url
+    from .redact import redact_url
     from .protocol import ConfigResponse, SettingInfo
 
     rows = []

@@ -12,7 +12,8 @@ import pytest
 import structlog
 from aiohttp import web
 
-from supervisor.alerts import Alert, AlertKind, Alerter, format_body, redact_text, redact_url
+from supervisor.alerts import Alert, AlertKind, Alerter, format_body
+from supervisor.redact import redact_text, redact_url
 
 
 class Clock:
