@@ -123,8 +123,10 @@ class Client:
                          kinds=",".join(kinds or []) or None)
         yield from self._stream(f"/v1/jobs/{job}/events", params, protocol.EventInfo)
 
-    def follow_log(self, job: str, *, attempt: int | None, follow: bool, offset: int = 0) -> Iterator[protocol.LogChunk]:
-        params = _params(attempt=attempt, follow="1" if follow else None, offset=offset or None)
+    def follow_log(self, job: str, *, attempt: int | None, follow: bool, offset: int = 0,
+                   timestamps: bool = False) -> Iterator[protocol.LogChunk]:
+        params = _params(attempt=attempt, follow="1" if follow else None, offset=offset or None,
+                         timestamps="1" if timestamps else None)
         yield from self._stream(f"/v1/jobs/{job}/log", params, protocol.LogChunk)
 
     def restart(self, job: str, grace_s: float | None, fields: FieldOverrides | None = None) -> protocol.RestartResponse:

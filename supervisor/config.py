@@ -49,6 +49,11 @@ class Paths:
     def logs(self) -> Path:
         return self.state_dir / "logs"
 
+    @property
+    def arrivals(self) -> Path:
+        """When each attempt's log lines arrived (arrivals.py), for `logs --timestamps`."""
+        return self.state_dir / "arrivals"
+
 
 def default_paths() -> Paths:
     explicit = os.environ.get("SUPERVISE_HOME")

@@ -285,6 +285,8 @@ class LogChunk(BaseModel):
     # The log's current unterminated tail (a progress bar's latest redraw): shown until the
     # complete record, sent later with the same offset, replaces it.
     partial: bool = False
+    ts: float | None = Field(default=None, description="with timestamps=1: when the record had arrived (Unix time, "
+                                                         "to within a second); null where not known")
 
 
 class PingResponse(BaseModel):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from . import arrivals
 from .store import AttemptRow
 
 
@@ -82,3 +84,10 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def prune_arrivals(attempts: list[AttemptRow], rule: Retention, pruned: list[PrunedFile], root: Path) -> None:
+    """The arrival marks (arrivals.py) go with their logs; a remote attempt's, whose log is the
+    box's own, go once it is older than the last ``keep_attempts`` of its job."""
+    by_count = select_for_pruning(attempts, {}, Retention(rule.keep_attempts, 0))
+    arrivals.forget(root, {(p.job, p.attempt) for p in pruned} | {(a.job, a.n) for a in by_count})

@@ -36,7 +36,7 @@ from .hosts.registry import Hosts
 from .gpu_faults import GpuRouter
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .pipelines import Pipelines
-from .retention import Retention, prune_logs
+from .retention import Retention, prune_arrivals, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
 from .shard_views import ShardRows, shard_rows
 from .sharding import ShardedJob
@@ -92,7 +92,8 @@ class Service:
         gpu = slot.gpu
         return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
                              alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
-                             records_seen=self.metrics.records_seen, down_since=self.down_since)
+                             records_seen=self.metrics.records_seen, down_since=self.down_since,
+                             arrivals=self.paths.arrivals)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""
@@ -323,8 +324,11 @@ class Service:
         """Log retention: each launch trims its job's older logs (never a running attempt's)."""
         rule = Retention(self.settings.log_keep_attempts, self.settings.log_max_bytes)
         for job in {e.job for e in events if e.kind is EventKind.LAUNCHED}:
-            for pruned in prune_logs(self.store.attempts(job), rule):
-                log.info("log pruned", job=job, attempt=pruned.attempt, path=pruned.path, bytes=pruned.size)
+            attempts = self.store.attempts(job)
+            pruned = prune_logs(attempts, rule)
+            for p in pruned:
+                log.info("log pruned", job=job, attempt=p.attempt, path=p.path, bytes=p.size)
+            prune_arrivals(attempts, rule, pruned, self.paths.arrivals)
 
     def _log_event(self, events: list[Event]) -> None:
         for event in events:

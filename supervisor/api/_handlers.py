@@ -11,7 +11,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from .. import __version__, protocol
+from .. import __version__, arrivals, protocol
 from .. import streams as _streams
 from ..command_check import check_local_command
 from ..config import config_changed, describe_settings
@@ -286,18 +286,19 @@ class Api:
         if row is None:
             raise NotFound(f"job '{name}' has no attempts yet")
         follow = request.query.get("follow") == "1"
+        stamp = await arrivals.stamper(self.service.paths.arrivals, row) if request.query.get("timestamps") == "1" else None
         response = await _ndjson(request)
         follower = self.service.hosts.get(row.host).host.follow(row.log_path, offset)
         ender = asyncio.create_task(self._finish_when_ended(request, row, follower, follow))
         try:
             async for batch in follower.records():
                 for record in batch:
-                    await _write_line(response, protocol.LogChunk(attempt=row.n, offset=record.offset,
-                                                                 text=record.text, redraw=record.redraw))
+                    await _write_line(response, protocol.LogChunk(attempt=row.n, offset=record.offset, text=record.text,
+                                                                 redraw=record.redraw, ts=stamp and stamp(record.end)))
                 tail = follower.partial_text()
                 if tail:
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text=tail,
-                                                                 redraw=True, partial=True))
+                                                                 redraw=True, partial=True, ts=stamp and stamp(follower.offset)))
             await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text="", end=True))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
@@ -376,6 +377,7 @@ class Api:
         self.service.runners.pop(name, None)
         if request.query.get("logs") == "1":
             removed = remove_logs(attempts)
+            arrivals.forget_job(self.service.paths.arrivals, name)
             message = f"forgot {name} ({len(attempts)} attempts) and deleted {len(removed)} log files"
         else:
             removed = []
@@ -390,6 +392,7 @@ class Api:
         settings = self.service.loaded.settings
         rule = Retention(settings.log_keep_attempts, settings.log_max_bytes)
         removed = [p for name in names for p in prune_logs(self.service.store.attempts(name), rule)]
+        arrivals.forget(self.service.paths.arrivals, [(p.job, p.attempt) for p in removed])
         freed = sum(p.size for p in removed)
         message = (f"removed {len(removed)} attempt logs ({freed} bytes); keeping the last {rule.keep_attempts} per job"
                    + (f" within {rule.max_bytes} bytes" if rule.max_bytes else ""))

@@ -147,6 +147,8 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--events", action="store_true", help="show probe events instead of raw lines")
     p.add_argument("--grep", type=grep_pattern, default=None, metavar="PATTERN",
                    help="only lines this RE2 pattern matches (with -n: the last N of them)")
+    p.add_argument("--timestamps", action="store_true",
+                   help="each line's arrival time first, to the second (as the daemon read it)")
 
     p = add("events", cmd_events, "events of a job (phases, progress, failures, verdicts, actions)")
     p.add_argument("job")

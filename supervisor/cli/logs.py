@@ -24,7 +24,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return _print_events(client, args, kinds=[])
     attempt = args.attempt or _latest_attempt(client, args.job)
     after = _last_line_before(client, args.job, attempt, args.since) if args.since is not None else -1
-    _LogPrinter().print_all(_log_chunks(client, args.job, attempt, after, args.lines, args.follow, args.grep))
+    chunks = _log_chunks(client, args.job, attempt, after, args.lines, args.follow, args.grep, args.timestamps)
+    _LogPrinter(timestamps=args.timestamps).print_all(chunks)
     return 0
 
 
@@ -50,7 +51,7 @@ def _last_line_before(client: Client, job: str, attempt: int, since: float) -> i
 
 
 def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last: int | None,
-                follow: bool, grep: Any = None) -> Iterator[protocol.LogChunk]:
+                follow: bool, grep: Any = None, timestamps: bool = False) -> Iterator[protocol.LogChunk]:
     """The log's records that start after offset `after` (-1: all); with `last`, only the last
     N of them, then (with `follow`) everything written later; with `grep`, only the whole records
     it matches (matched before `last` counts them, as `grep | tail -n` would)."""
@@ -63,7 +64,7 @@ def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last:
     start = max(after, 0)
     if last is not None:
         tail: deque[protocol.LogChunk] = deque(maxlen=last)
-        for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=start):
+        for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=start, timestamps=timestamps):
             if not chunk.end and not chunk.partial and chunk.offset > after and wanted(chunk):
                 tail.append(chunk)
         if not follow:
@@ -72,7 +73,7 @@ def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last:
         if tail:
             start = tail[0].offset
             after = start - 1
-    for chunk in client.follow_log(job, attempt=attempt, follow=follow, offset=start):
+    for chunk in client.follow_log(job, attempt=attempt, follow=follow, offset=start, timestamps=timestamps):
         if chunk.end:
             return
         if (chunk.offset > after or chunk.partial) and wanted(chunk):
@@ -82,9 +83,10 @@ def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last:
 class _LogPrinter:
     """Raw lines; on a terminal a tqdm redraw overwrites the previous one."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, timestamps: bool = False) -> None:
         self.tty = sys.stdout.isatty()
         self.redraw_pending = False
+        self.timestamps = timestamps
 
     def print_all(self, chunks: Iterable[protocol.LogChunk]) -> None:
         for chunk in chunks:
@@ -98,15 +100,21 @@ class _LogPrinter:
         if chunk.redraw and self.tty:
             # A tqdm redraw replaces the previous state: overwrite the line, cut to the
             # terminal's width (a wrapped line cannot be overwritten by \r).
-            sys.stdout.write("\r\x1b[2K" + _fit_line(chunk.text))
+            sys.stdout.write("\r\x1b[2K" + _fit_line(self._stamp(chunk) + chunk.text))
             sys.stdout.flush()
             self.redraw_pending = True
             return
         if self.redraw_pending:
             sys.stdout.write("\r\x1b[2K")
             self.redraw_pending = False
-        sys.stdout.write(chunk.text + "\n")
+        sys.stdout.write(self._stamp(chunk) + chunk.text + "\n")
         sys.stdout.flush()
+
+    def _stamp(self, chunk: protocol.LogChunk) -> str:
+        """journalctl's way: each line's arrival time first (to the second; '?' where not known)."""
+        if not self.timestamps:
+            return ""
+        return (_fmt.timestamp(chunk.ts) if chunk.ts is not None else "????-??-?? ??:??:??") + " "
 
 
 def _fit_line(text: str) -> str:

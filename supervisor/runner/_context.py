@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ class RunnerContext:
     # recovery pass only: what a re-adopted attempt's `daemon_restarted` event says.
     down_since: float | None = None
     records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
+    arrivals: Path | None = None  # where each attempt's arrival marks go (arrivals.py); None: not noted
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from ..arrivals import ArrivalWriter, marks_path
 from ..errors import StoreError
 from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record
 from ..hosts import kernel_log
@@ -113,9 +114,20 @@ class Watching(Pacing, Queueing):
                 self._writes.submit(lambda: self._save(live, events, offset, force=True))
 
     async def _read_batches(self, live: Live, follower: Follower, engine: Matcher, unsaved: list[Event]) -> None:
+        redraws = TailReader(follower, engine)
+        root = self.ctx.arrivals
+        arrivals = None if root is None else ArrivalWriter(marks_path(root, self.spec.name, live.row.n))
+        try:
+            await self._read_each(live, follower, engine, unsaved, redraws, arrivals)
+        finally:
+            if arrivals is not None:
+                arrivals.close()
+
+    async def _read_each(self, live: Live, follower: Follower, engine: Matcher, unsaved: list[Event],
+                         redraws: TailReader, arrivals: ArrivalWriter | None) -> None:
         last_save = 0.0
         disk_warned = False
-        redraws = TailReader(follower, engine)
+
         def quiet_wait() -> float | None:
             wait = self._quiet_wait(live, engine, redraws)
             return wait if not unsaved else _UNSAVED_RETRY_S if wait is None else min(wait, _UNSAVED_RETRY_S)
@@ -133,6 +145,8 @@ class Watching(Pacing, Queueing):
                 if self.ctx.records_seen is not None:
                     self.ctx.records_seen(self.spec.name, len(batch))
                 live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
+                if arrivals is not None:
+                    arrivals.arrived(batch[-1].generation, batch[-1].end, self._arrived_at(live, batch[-1]))
                 matched = self._matched(live, await engine.feed(batch))
                 unsaved.extend(self._observe(live, matched, records=len(batch), last=batch[-1]))
             self._caught_up(live, follower, quiet=batch is None)
@@ -152,6 +166,14 @@ class Watching(Pacing, Queueing):
                     with contextlib.suppress(StoreError):
                         self._save(live, unsaved, engine.resume_offset, force=True)
                         unsaved.clear()
+
+    @staticmethod
+    def _arrived_at(live: Live, last: Record) -> float:
+        """When a batch ending with ``last`` arrived: now, or when a backlog's line was written."""
+        backlog = live.backlog
+        if backlog is not None and backlog.covers(last.offset, last.generation):
+            return backlog.wall_at(last.offset)
+        return time.time()
 
     @staticmethod
     def _caught_up(live: Live, follower: Follower, *, quiet: bool) -> None:
