@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..alerts import Alerter
@@ -18,10 +18,10 @@ from ..events import Event, EventKind, Failure, JobState, ProbeEvent
 from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
-from ..usage import GpuUsageMeter
 from ..pending_writes import PendingWrites
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
+from ..usage import GpuUsageMeter
 from ..watchdog import ProgressState, Watchdog
 from ._backlog import Backlog
 

@@ -181,11 +181,12 @@ class Notifying(Recording):
         live.stacks_pending = task
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+        task.add_done_callback(lambda done: setattr(live, "stacks_pending", None) if live.stacks_pending is done else None)
 
     async def _dump_stacks(self, live: Live, judgement: Judgement, when: str) -> None:
         """Every process's Python stack, stored as an event with the verdict; bounded, and never
         in the way of the kill (no py-spy, no permission: one line, and the kill goes on)."""
-        pending, live.stacks_pending = live.stacks_pending, None
+        pending = live.stacks_pending
         if pending is not None and not pending.done() and pending is not asyncio.current_task():
             # Two py-spy attaching to one process at once: the second is refused.
             await asyncio.wait({pending}, timeout=stacks.PER_PROCESS_S + 30)
