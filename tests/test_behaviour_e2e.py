@@ -155,3 +155,17 @@ def test_rm_of_a_waiting_job_says_it_is_waiting_not_running(daemon: DaemonProces
     assert result.returncode == 75 and "is waiting (not ended)" in result.stderr, result.stderr
     assert "is running" not in result.stderr
     gate.touch()
+
+
+def test_a_long_bar_piped_to_a_file_is_a_line_per_percent_not_per_redraw(daemon: DaemonProcess, daemon_env,
+                                                                          make_job) -> None:
+    # 2,000 steps in about a second: piped, `start --follow` prints at most one line a percent (plus
+    # one a second), and the bar's last state.
+    spec = make_job("longbar", PROGRESS_JOB, params=', "2000", "0.0005"')
+    out = supervise(daemon_env, "start", str(spec), "--follow").stdout
+    bar = [line for line in out.splitlines() if " progress " in line]
+    assert 2 <= len(bar) <= 101 + 10, (len(bar), bar[:5])
+    assert " 2000/2000" in bar[-1], bar[-3:]
+    done = [int(line.split(": ", 1)[1].split("/")[0]) for line in bar]
+    assert done == sorted(done)  # in order, none repeated
+    assert len(set(done)) == len(done)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -156,14 +157,22 @@ def follow_job(client: Client, job: str, attempt: int) -> int:
     return 0 if status.state is JobState.DONE else 1
 
 
+_PIPED_BAR_EVERY_S = 1.0  # piped, a moving bar is printed at most this often (and at each whole percent)
+
+
 class _EventPrinter:
-    """One line per event; progress on a terminal is a single updating line."""
+    """One line per event; progress on a terminal is a single updating line.  Piped (a file, `tee`,
+    `less`), a bar is printed when it starts, at each whole percent, at most once a second
+    otherwise, and as it ends (its latest state before the next other event, or at the end): a
+    20,000-step bar is about a hundred lines, not 20,000."""
 
     def __init__(self, as_json: bool = False) -> None:
         self.as_json = as_json
         self.tty = sys.stdout.isatty()
         self.progress_open = False
         self.last_progress: dict[str, Any] = {}
+        self._printed: dict[str, tuple[Any, int | None, float]] = {}  # bar -> (done, percent, wall time) printed
+        self._unprinted: dict[str, str] = {}  # bar -> its latest line, not printed yet (piped)
 
     def show(self, event: protocol.EventInfo) -> None:
         if self.as_json:
@@ -187,18 +196,31 @@ class _EventPrinter:
             if key in event.data:
                 extra += f" {key}={event.data[key]}"
         line = f"{_fmt.clock(event.ts)} #{event.attempt} progress {event.probe}: {_fmt.num(done)}/{_fmt.num(total)}{extra}"
+        bar = event.probe or ""
         if self.tty:
             sys.stdout.write("\r\x1b[2K" + line)
             sys.stdout.flush()
             self.progress_open = True
-        elif self.last_progress.get(event.probe or "") != done:
-            print(line, flush=True)
-        self.last_progress[event.probe or ""] = done
+        elif self.last_progress.get(bar) != done:
+            percent = int(done * 100 // total) if isinstance(done, (int, float)) and isinstance(total, (int, float)) \
+                and total > 0 else None
+            printed = self._printed.get(bar)
+            if (printed is None or percent != printed[1] or time.monotonic() - printed[2] >= _PIPED_BAR_EVERY_S
+                    or (total is not None and done == total)):
+                print(line, flush=True)
+                self._printed[bar] = (done, percent, time.monotonic())
+                self._unprinted.pop(bar, None)
+            else:
+                self._unprinted[bar] = line
+        self.last_progress[bar] = done
 
     def _end_progress(self) -> None:
         if self.progress_open:
             sys.stdout.write("\n")
             self.progress_open = False
+        for line in self._unprinted.values():  # each bar's latest state, before what comes next
+            print(line, flush=True)
+        self._unprinted.clear()
 
     def close(self) -> None:
         self._end_progress()
