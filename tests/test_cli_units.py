@@ -179,3 +179,26 @@ def test_the_pipelines_overall_eta_adds_the_running_bar_and_the_usual_durations_
     assert unknown.eta_s is None and unknown.note == "ETA unknown: no history for step c"
     steps[1] = _step("b", "failed")
     assert overall_eta(steps, lambda job: history.get(job, []), now) == overall_eta([], lambda job: [], now)
+
+
+def test_logs_n_counts_the_lines_a_person_sees_on_a_terminal() -> None:
+    from collections import deque
+
+    from supervisor.cli.logs import keep_last_visible
+    from supervisor.protocol import LogChunk
+
+    records = [LogChunk(attempt=1, offset=0, text="loading")]
+    records += [LogChunk(attempt=1, offset=10 + i, text=f"bar {i}/100", redraw=True) for i in range(100)]
+    records += [LogChunk(attempt=1, offset=200, text="bar 100/100"), LogChunk(attempt=1, offset=220, text="ready"),
+                LogChunk(attempt=1, offset=230, text="serving 1/9", redraw=True)]
+    on_screen: deque[LogChunk] = deque(maxlen=3)
+    piped: deque[LogChunk] = deque(maxlen=3)
+    for chunk in records:
+        keep_last_visible(on_screen, chunk, overwrite=True)
+        keep_last_visible(piped, chunk, overwrite=False)
+    assert [c.text for c in on_screen] == ["bar 100/100", "ready", "serving 1/9"]  # what the screen shows
+    assert [c.text for c in piped] == ["bar 100/100", "ready", "serving 1/9"]
+    on_screen = deque(maxlen=2)
+    for chunk in records[:60]:
+        keep_last_visible(on_screen, chunk, overwrite=True)
+    assert [c.text for c in on_screen] == ["loading", "bar 58/100"]  # not two redraws of one bar

@@ -67,7 +67,7 @@ def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last:
         tail: deque[protocol.LogChunk] = deque(maxlen=last)
         for chunk in client.follow_log(job, attempt=attempt, follow=False, offset=start, timestamps=timestamps):
             if not chunk.end and not chunk.partial and chunk.offset > after and wanted(chunk):
-                tail.append(chunk)
+                keep_last_visible(tail, chunk, overwrite=sys.stdout.isatty())
         if not follow:
             yield from tail
             return
@@ -79,6 +79,14 @@ def _log_chunks(client: Client, job: str, attempt: int, after: int | None, last:
             return
         if (chunk.offset > after or chunk.partial) and wanted(chunk):
             yield chunk
+
+
+def keep_last_visible(tail: deque[protocol.LogChunk], chunk: protocol.LogChunk, *, overwrite: bool) -> None:
+    """Add ``chunk`` to the last lines kept for `-n`.  On a terminal (``overwrite``) a redraw is
+    overwritten by whatever comes next, so it is not a line a person sees: -n counts those."""
+    if overwrite and tail and tail[-1].redraw:
+        tail.pop()
+    tail.append(chunk)
 
 
 class _LogPrinter:
