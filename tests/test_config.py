@@ -72,6 +72,15 @@ def test_bad_environment_value_names_the_variable_and_hides_urls(tmp_path: Path)
     assert "key 'alert_urls'" in str(info.value)
     with pytest.raises(ConfigError, match="no such file"):
         _load(tmp_path, {"SUPERVISE_CONFIG": str(tmp_path / "missing.toml")})
+    (tmp_path / "config.toml").write_text('kernel_log = 5\n')
+    with pytest.raises(ConfigError, match=r"key 'kernel_log'.*valid string") as info:
+        _load(tmp_path)
+    assert "\n" not in str(info.value)
+    (tmp_path / "config.toml").write_text(f'kernel_log = "{"x" * 5000}"\n')
+    with pytest.raises(ConfigError, match="key 'kernel_log'"):
+        _load(tmp_path)
+    (tmp_path / "config.toml").write_text('kernel_log = ""\n')  # "": not read
+    assert _load(tmp_path).settings.kernel_log == ""
 
 
 def test_loopback_addresses_accepted() -> None:
