@@ -66,7 +66,7 @@ def usage(used: Any) -> str:
         parts.append(f"peak memory {size(used.peak_memory_mib * 1024 * 1024)}")
     if used.peak_tasks is not None:
         parts.append(f"{used.peak_tasks} tasks at most")
-    if used.gpu_peak_mib:
+    if used.gpu_peak_mib and used.gpu_hours is not None:
         held = ", ".join(f"GPU {gpu} {mib:,} MiB" for gpu, mib in used.gpu_peak_mib.items())
         parts.append(f"{used.gpu_hours:.2f} GPU-hours ({held} at most)")
     return "  ".join(parts)

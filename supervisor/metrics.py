@@ -270,7 +270,8 @@ class _StateCollector(Collector):
                     cpu_s.add_metric([job.name], row.usage.cpu_s)
                 if row.usage.peak_memory_mib is not None:
                     peak_memory.add_metric([job.name], row.usage.peak_memory_mib * 1024.0 * 1024.0)
-                gpu_s.add_metric([job.name], row.usage.gpu_s)
+                if row.usage.gpu_s is not None:
+                    gpu_s.add_metric([job.name], row.usage.gpu_s)
             # The runner's view counts only while it watches the latest attempt.
             live = reading.runner if reading.runner is not None and reading.runner.attempt == row.n else None
             current_phase = live.phase if live is not None and live.phase else row.phase

@@ -23,11 +23,12 @@ class AttemptUsage(BaseModel):
     peak_tasks: int | None = Field(default=None, description="the most tasks (processes and threads) at once")
     gpu_peak_mib: dict[int, int] = Field(default_factory=dict,
                                          description="per GPU index, the most memory its processes held (sampled)")
-    gpu_s: float = Field(default=0.0, description="GPU-seconds: GPUs its processes held x time (sampled)")
+    gpu_s: float | None = Field(default=None, description="GPU-seconds: GPUs its processes held x time (sampled); "
+                                                         "null where its host's GPUs could not be read")
 
     @property
-    def gpu_hours(self) -> float:
-        return self.gpu_s / 3600
+    def gpu_hours(self) -> float | None:
+        return None if self.gpu_s is None else self.gpu_s / 3600
 
     def with_host(self, host: AttemptUsage | None) -> AttemptUsage:
         """These GPU figures with the host's cgroup figures."""
@@ -55,4 +56,6 @@ class GpuUsageMeter:
             self.peak_mib[gpu] = max(mib, self.peak_mib.get(gpu, 0))
 
     def usage(self) -> AttemptUsage:
-        return AttemptUsage(gpu_peak_mib=dict(sorted(self.peak_mib.items())), gpu_s=round(self.gpu_s, 3))
+        """What the samples showed (GPU-seconds unknown when no sample of its host could be read)."""
+        return AttemptUsage(gpu_peak_mib=dict(sorted(self.peak_mib.items())),
+                            gpu_s=None if self._last_ts is None else round(self.gpu_s, 3))

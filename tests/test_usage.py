@@ -42,6 +42,7 @@ def test_the_gpu_meter_counts_gpus_held_times_time_and_the_peak_per_gpu() -> Non
     meter.sampled(103.0, {0: 10})  # 2 GPUs x 1 s
     meter.sampled(503.0, {})  # a gap (daemon down): 1 GPU x 60 s at most
     meter.sampled(504.0, {})
+    assert GpuUsageMeter().usage().gpu_s is None  # never sampled (its host's GPUs unreadable): unknown, not 0
     used = meter.usage()
     assert used.gpu_s == 4 + 2 + 60 and used.gpu_peak_mib == {0: 3000, 1: 500}
     assert used.with_host(AttemptUsage(cpu_s=1.5, peak_memory_mib=20, peak_tasks=3)).model_dump() == {
@@ -85,6 +86,7 @@ def test_accounting_lists_every_attempt_as_sacct_does(daemon: DaemonProcess, dae
         assert f'supervise_job_attempt_cpu_seconds{{job="burner"}} {attempt.usage.cpu_s}' in metrics
         assert "used: cpu " in supervise(daemon_env, "attempts", "burner").stdout
         assert "  used cpu " in supervise(daemon_env, "status", "burner").stdout
+    assert attempt.usage is None or attempt.usage.gpu_s is None  # no GPU could be read here: unknown, not 0
     as_json = [json.loads(line) for line in supervise(daemon_env, "accounting", "--json").stdout.splitlines()]
     assert [(r["job"], r["attempt"], r["state"], r["exit_code"], r["host"]) for r in as_json] == [
         ("burner", 1, "done", 0, "local")]

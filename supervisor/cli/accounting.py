@@ -65,7 +65,7 @@ def _row(a: protocol.AttemptInfo, now: float) -> Row:
                duration_s=round((a.ended if a.ended is not None else now) - a.started, 3),
                state=(a.verdict or a.state).value, cpu_s=None if used is None else used.cpu_s,
                peak_memory_mib=None if used is None else used.peak_memory_mib,
-               gpu_hours=None if used is None else round(used.gpu_hours, 4),
+               gpu_hours=None if used is None or used.gpu_hours is None else round(used.gpu_hours, 4),
                exit_code=a.exit_code, exit_signal=a.exit_signal)
 
 

@@ -106,7 +106,8 @@ class Notifying(Recording):
         for p in sample.processes:
             if p.pid in ours:
                 held[p.gpu_index] = held.get(p.gpu_index, 0) + (p.used_mib or 0)
-        live.gpu_meter.sampled(sample.ts, held)
+        if sample.available:  # a host whose GPUs cannot be read says nothing of what the attempt held
+            live.gpu_meter.sampled(sample.ts, held)
         if self.spec.gpu.devices != "all":
             devices = {d for d in self.spec.gpu.devices if sample.device(d) is not None}
         else:
