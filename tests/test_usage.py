@@ -17,7 +17,7 @@ import pytest
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
-from supervisor.cli.accounting import accounting
+from supervisor.cli.accounting import Row, _print_table, accounting
 from supervisor.hosts import cgroup
 from supervisor.hosts.cgroup import ContainmentKind
 from supervisor.usage import AttemptUsage, GpuUsageMeter
@@ -118,3 +118,18 @@ def test_a_killed_attempt_keeps_what_its_cgroup_counted(daemon: DaemonProcess, m
     wait_until(lambda: job_state(client, "spinner") == "stopped", timeout=30)
     used = client.attempts("spinner").attempts[0].usage
     assert used is not None and used.cpu_s is not None and used.cpu_s >= 0.4, used
+
+
+def test_accounting_table_cuts_no_host_or_job_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """A host is shown as sacct's NodeList shows one (no scheme, no login); long names are not cut."""
+    rows = [Row(job="extract-qwen3-235b-shard-07", attempt=1, shard=7, host="ssh://me@gpu-box-17.example:2222",
+                start=0.0, end=60.0, duration_s=60.0, state="done", cpu_s=1.0, peak_memory_mib=10, gpu_hours=None,
+                exit_code=0, exit_signal=None),
+            Row(job="t", attempt=2, shard=None, host="local", start=0.0, end=None, duration_s=5.0, state="running",
+                cpu_s=None, peak_memory_mib=None, gpu_hours=None, exit_code=None, exit_signal=None)]
+    _print_table(rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert "extract-qwen3-235b-shard-07" in lines[1] and " gpu-box-17.example:2222 " in lines[1]
+    assert "ssh://" not in lines[1] and "me@" not in lines[1]
+    assert lines[2].split()[:4] == ["t", "2", "-", "local"]
+    assert lines[0].index("host") == lines[1].index("gpu-box") == lines[2].index("local")

@@ -73,14 +73,27 @@ def _print_table(rows: list[Row]) -> None:
     if not rows:
         print("no attempts")
         return
-    print(f"{'job':<24} {'#':>4} {'shard':>5} {'host':<12} {'start':<19} {'end':<19} {'duration':>9} {'state':<9} "
+    # Job and host columns as wide as their longest entry (a host is shown without its scheme and
+    # login, as sacct's NodeList: `ssh://me@gpu-box:22` is `gpu-box:22`), so nothing is cut.
+    hosts = [_host_label(r.host) for r in rows]
+    jw = max(3, *(len(r.job) for r in rows))
+    hw = max(4, *(len(h) for h in hosts))
+    print(f"{'job':<{jw}} {'#':>4} {'shard':>5} {'host':<{hw}} {'start':<19} {'end':<19} {'duration':>9} {'state':<9} "
           f"{'cpu':>9} {'peak mem':>10} {'GPU-h':>7} exit")
-    for r in rows:
+    for r, host in zip(rows, hosts, strict=True):
         end = _fmt.timestamp(r.end) if r.end is not None else "running"
         exit_ = "-" if r.exit_code is None else (f"sig {r.exit_signal}" if r.exit_signal else str(r.exit_code))
         mem = _fmt.size(r.peak_memory_mib * 1024 * 1024) if r.peak_memory_mib is not None else "-"
         cpu = _fmt.cpu_time(r.cpu_s) if r.cpu_s is not None else "-"
         gpu = f"{r.gpu_hours:.2f}" if r.gpu_hours is not None else "-"
         shard = "-" if r.shard is None else ("gather" if r.shard < 0 else str(r.shard))
-        print(f"{r.job[:24]:<24} {r.attempt:>4} {shard:>5} {r.host[:12]:<12} {_fmt.timestamp(r.start):<19} {end:<19} "
+        print(f"{r.job:<{jw}} {r.attempt:>4} {shard:>5} {host:<{hw}} {_fmt.timestamp(r.start):<19} {end:<19} "
               f"{_fmt.duration(r.duration_s):>9} {r.state:<9} {cpu:>9} {mem:>10} {gpu:>7} {exit_}")
+
+
+def _host_label(host: str) -> str:
+    """`ssh://me@gpu-box:2222` -> `gpu-box:2222`; `local` and other forms unchanged but for the scheme."""
+    _, sep, rest = host.partition("://")
+    if not sep:
+        return host
+    return rest.rpartition("@")[2].split("?", 1)[0] or host
