@@ -31,8 +31,27 @@ def _relinker(source: str, page: str):  # type: ignore[no-untyped-def]
     return relink
 
 
+_ITEM = re.compile(r"^(?:[-*+]|\d+\.) ")
+
+
+def _blank_before_lists(text: str) -> str:
+    """A blank line before a list that follows a paragraph line: GitHub starts a list there, Python-Markdown
+    (MkDocs) only after a blank line."""
+    out: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        previous = out[-1] if out else ""
+        if (not fenced and _ITEM.match(line) and previous.strip() and not _ITEM.match(previous)
+                and not previous.startswith((" ", "|", "#"))):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
 def copy(source: str, page: str) -> str:
-    text = (REPO / source).read_text(encoding="utf-8")
+    text = _blank_before_lists((REPO / source).read_text(encoding="utf-8"))
     body = _LINK.sub(_relinker(source, page), text)
     first, _, rest = body.partition("\n")
     return (f"{first}\n\n<!-- Generated from {source} by `python docs/gen_reference.py`: edit that file, not this"
