@@ -98,3 +98,20 @@ def test_the_job_requirements_say_what_command_one_does() -> None:
     assert "DESIGN.md" not in text and "never install" not in text.lower()
     for mentioned in re.findall(r"docs/[\w/.-]+\.md", text):
         assert (REPO / mentioned).exists(), mentioned
+
+
+def test_every_job_spec_the_docs_show_validates(tmp_path: Path) -> None:
+    from supervisor.spec import find_spec
+
+    pages = [REPO / "README.md", *(p for p in DOCS.rglob("*.md") if not p.relative_to(DOCS).parts[0] in
+                                   ("reference", "results"))]
+    shown = 0
+    for page in pages:
+        for n, block in enumerate(re.findall(r"```toml\n(.*?)```", page.read_text(encoding="utf-8"), re.S)):
+            if "command" not in block or "[[probes]]" in block:
+                continue  # a config file, a pipeline or a probe pack
+            spec = tmp_path / f"{page.stem}-{n}.toml"
+            spec.write_text(block, encoding="utf-8")
+            find_spec(str(spec))  # a SpecError names the file and the field
+            shown += 1
+    assert shown >= 5
