@@ -36,8 +36,8 @@ def _names(action: argparse.Action) -> str:
         return f"`{name.upper() if name == action.dest else name}`" + (" (optional)" if action.nargs == "?" else "")
     takes_value = action.nargs != 0
     metavar = action.metavar or (action.dest.upper() if takes_value else "")
-    flags = ", ".join(f"`{o}{' ' + metavar if takes_value and not action.choices else ''}`"
-                      for o in action.option_strings)
+    shown = takes_value and (action.metavar is not None or not action.choices)  # choices are listed instead
+    flags = ", ".join(f"`{o}{' ' + metavar if shown else ''}`" for o in action.option_strings)
     return flags
 
 
