@@ -36,7 +36,7 @@ GraceSeconds = Annotated[float, Field(ge=0, le=MAX_GRACE_S, allow_inf_nan=False)
 class ErrorBody(BaseModel):
     error: str = Field(description="one line for humans: what went wrong and what to do")
     kind: ErrorKind = Field(description="the error's class, as errors.TABLE names it; the CLI raises that class")
-    exit_code: int = Field(description="the CLI's exit status for this error (README: exit codes)")
+    exit_code: int = Field(description="the CLI's exit status for this error (docs/reference/exit-codes.md)")
 
 
 class StartRequest(BaseModel):

@@ -1,6 +1,6 @@
 """Where the built-in probe packs and jobs are on disk, in a checkout and in an installed wheel.
 
-The repository keeps them at its top level, `probes/` and `jobs/` (README, "Layout").
+The repository keeps them at its top level, `probes/` and `jobs/` (docs/design.md, "The layers").
 A wheel carries the same files inside the package, as `supervisor/_builtin/probes` and
 `supervisor/_builtin/jobs` (pyproject.toml maps them there), because a non-editable install
 copies only packages.  The packaged copy is looked for first; a checkout (editable install, or

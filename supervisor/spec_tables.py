@@ -80,11 +80,11 @@ class HealthSpec(_Strict):
     # in a row, is `diverged`.  diverge_k None: only a non-finite loss counts.
     diverge_k: Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None = 10.0
     diverge_steps: Annotated[int, Field(ge=1, le=100_000)] = 20
-    # Each of those two may be wrong about a job nobody here has seen: warned about, not killed,
-    # unless the spec says otherwise (same values as `action`).
     # The attempt's GPUs at 0% utilisation and no progress (no bar step, no new phase) for this
     # long is `idle`.  None turns it off.
     idle_s: PositiveSeconds | None = 1800.0
+    # Each of hung_s, idle_s and diverge_k may be wrong about a job nobody here has seen: warned about,
+    # not killed, unless the spec says otherwise (same values as `action`).
     hung_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
     idle_action: Literal["kill", "warn", "warn_then_kill"] = "warn"
     diverge_action: Literal["kill", "warn", "warn_then_kill"] = "warn"

@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted({REPO / "README.md", REPO / "jobs" / "README.md", REPO / "tests" / "perf" / "RESULTS.md",
-               *(REPO / "docs").glob("*.md")})
+               *(REPO / "docs").rglob("*.md")})  # the documentation site's pages, generated ones included
 # [text](target) and ![alt](target "title"); the target ends at whitespace or ')'.
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _EXTERNAL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # https:, mailto:, ...

@@ -1,5 +1,5 @@
 """The error map, end to end through a real daemon: for each class of bad input it can meet,
-the CLI exits with the documented code (README: exit codes) and one line, the client raises
+the CLI exits with the documented code (docs/reference/exit-codes.md) and one line, the client raises
 the same class the daemon found, and no job is left in a state nobody can leave."""
 
 from __future__ import annotations
@@ -172,12 +172,17 @@ def test_a_pack_gone_while_the_daemon_was_down_fails_its_job_not_the_daemon(
     assert status.state == "failed" and "unknown probe pack 'mine'" in status.reason, status
 
 
+EXIT_CODES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "exit-codes.md"
+
+
 def _readme_exit_codes() -> dict[int, str]:
-    """README's exit-code table: code -> the verbs it names."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("Exit codes:"):]
+    """The documented exit-code table (docs/reference/exit-codes.md, made by docs/gen_reference.py):
+    code -> the verbs it names."""
+    page = EXIT_CODES_PAGE.read_text()
+    section = page[page.index("## Exit codes"):]
+    section = section[:section.index("\n## ", 1)]
     rows = re.findall(r"^\| *(\d+) *\| *([^|]+?) *\| *([^|]+?) *\|$", section, re.MULTILINE)
-    assert rows, "README has no exit-code table"
+    assert rows, f"{EXIT_CODES_PAGE} has no exit-code table"
     return {int(code): verbs for code, _, verbs in rows}
 
 

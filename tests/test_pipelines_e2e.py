@@ -280,7 +280,7 @@ def test_after_an_unknown_job_or_a_cycle_is_refused(daemon: DaemonProcess, home:
 @pytest.mark.timeout(600)  # extraction then 2 epochs of training: about 4 minutes on 2 busy cores
 def test_the_eagle3_pipeline_extracts_then_trains_on_the_embedded_default(daemon: DaemonProcess, home: Path,
                                                                           daemon_env: dict[str, str]) -> None:
-    result = supervise(daemon_env, "start", "eagle3", "--set", "train.epochs=2")  # the README's example
+    result = supervise(daemon_env, "start", "eagle3", "--set", "train.epochs=2")  # docs/guides/pipelines.md's example
     assert "steps extract -> train" in result.stdout
     client = daemon.client()
     status = _ends(client, JobState.DONE, timeout=540, name="eagle3")

@@ -1,5 +1,5 @@
 """A job sharded over two SSH hosts through a real daemon and a real sshd on loopback (the
-README's example): each shard runs on its own host entry, then the gather step."""
+example in docs/guides/sharding.md): each shard runs on its own host entry, then the gather step."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The web page in a real headless browser (Debian's chromium + chromium-driver, driven by selenium),
 served by a real daemon running real jobs.  CI installs chromium (.ci/run): these tests never skip.
 
-Screenshots for the README: `SUPERVISE_WEB_SHOTS=docs pytest tests/test_web.py -k stuck` saves the
+Screenshots for the README and docs/guides/web.md: `SUPERVISE_WEB_SHOTS=docs pytest tests/test_web.py -k stuck` saves the
 overview and the job page of the stuck-load-then-relaunch run there.
 """
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 HISTORY = 150_000
 FAILURES = 3000  # milestones: more than a page's worth of them too
-REPLAYED = 2000  # the page's list shows as many (README: the web page)
+REPLAYED = 2000  # the page's list shows as many (docs/guides/web.md)
 
 
 def _free_port() -> int:

@@ -6,7 +6,7 @@ when none runs), except `probe`, which reads a log offline, and `daemon --foregr
     system    daemon (run, stop, restart), config, probe, doctor, web
     views     status (and its live view), gpus, report
 
-Exit codes (README's table): 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or
+Exit codes (docs/reference/exit-codes.md): 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or
 probe pack; 66 unknown job; 69 daemon or host unavailable; 70 internal error in the daemon;
 74 store or file I/O; 75 the job is already running; 78 configuration.  An error the daemon
 finds exits with the same code as if the CLI had found it (errors.TABLE).
@@ -190,7 +190,7 @@ def _system_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--host", default=None, metavar="ssh://[user@]host[:port]",
                    help="the remote host to check (default: this machine)")
 
-    p = add("web", cmd_web, "serve a live web page of the jobs on loopback TCP, behind a token (README: web page)")
+    p = add("web", cmd_web, "serve a live web page of the jobs on loopback TCP, behind a token")
     p.add_argument("--port", type=int, default=8787)
     p.add_argument("--bind", default="127.0.0.1", help="loopback unless --allow-remote")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --bind")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole loop on a real GPU (NVIDIA H200, vLLM 0.23.0, real NVML). Run from the repo root on the GPU
-# machine, after the vLLM wheels were copied to /tmp/parts (see ../../../README.md, "Proof on a GPU").
+# machine, after the vLLM wheels were copied to /tmp/parts (see docs/results/index.md, "Proof on a GPU").
 #   OUT=/some/dir bash tests/perf/gpu/run_gpu.sh
 # supervise runs in its own venv (no system site packages: vLLM installs supervisord's `supervisor`);
 # jobs run under the machine's torch python with vLLM on PYTHONPATH.
