@@ -32,8 +32,16 @@ _TOKENISH = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-.~%:]{16,}$")
 _URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]{1,15}://[^\s'\"<>]+")
 
 
+# An alert route's tags before its URL (`failure,gpu_fault=ntfy://…`): kept, the URL after redacted.
+_ROUTE_TAGS = re.compile(r"^\s*[\w\s,-]+=(?=\s*[a-zA-Z][a-zA-Z0-9+.\-]*://)")
+
+
 def redact_url(url: str) -> str:
-    """The URL with passwords, tokens and webhook keys replaced by ``***`` (safe to log)."""
+    """The URL with passwords, tokens and webhook keys replaced by ``***`` (safe to log); an alert
+    route's tags (`TAGS=URL`) are kept and its URL redacted."""
+    route = _ROUTE_TAGS.match(url)
+    if route:
+        return route.group(0) + redact_url(url[route.end():].strip())
     try:
         return _redact(url)
     except Exception:  # noqa: BLE001 - unparseable: show only the scheme

@@ -97,7 +97,8 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_config_show_says_where_each_value_came_from(home: Path, daemon_env: dict[str, str]) -> None:
     config = home / "other.toml"
-    config.write_text('gpu_interval_s = 4\nalert_urls = ["tgram://123:secret-token/456"]\n')
+    config.write_text('gpu_interval_s = 4\nalert_urls = ["tgram://123:secret-token/456", '
+                      '"failure,gpu_fault=ntfy://ntfy.sh/routed-secret-topic"]\n')
     env = {**daemon_env, "SUPERVISE_CONFIG": str(config), "SUPERVISE_METRICS_ADDR": "127.0.0.1:9464"}
     result = _cli(env, "config", "show")
     assert result.returncode == 0, result.stderr
@@ -106,6 +107,8 @@ def test_config_show_says_where_each_value_came_from(home: Path, daemon_env: dic
     assert "gpu_interval_s       = 4.0" in out and f"from {config}" in out
     assert "127.0.0.1:9464" in out and "from env SUPERVISE_METRICS_ADDR" in out
     assert "secret-token" not in out and "tgram://***" in out
+    # A routed URL (its tags before it) is redacted as well, its tags shown.
+    assert "routed-secret-topic" not in out and "failure,gpu_fault=ntfy://***" in out
     shown = json.loads(_cli(env, "config", "show", "--json").stdout)
     assert {s["name"]: s["source"] for s in shown["settings"]}["poll_interval_s"] == "default"
 
