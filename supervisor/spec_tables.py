@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from .errors import shown
 from .events import Phase, Verdict
@@ -16,6 +16,17 @@ from .events import Phase, Verdict
 MAX_SECONDS = 366 * 24 * 3600.0
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+
+def off_to_none(value: object) -> object:
+    """TOML has no null: a rule that can be turned off is written `"off"` (or `false`)."""
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    return value
+
+
+# A bound whose rule can be turned off: `"off"` (or `false`) in the spec, None in the model.
+SecondsOrOff = Annotated[PositiveSeconds | None, BeforeValidator(off_to_none)]
 
 
 class _Strict(BaseModel):
@@ -59,30 +70,32 @@ class HealthSpec(_Strict):
     phase_deadline_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     # A failure logged, then nothing moved and nothing printed for this long, with the process
     # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
-    # by default before it gives up).  None turns the rule off.
+    # by default before it gives up).  `"off"` turns the rule off.
     # Not applied once a server is ready: it logs a failed request and then idles, quietly.  Long
     # enough that a job writing a checkpoint after a background thread's traceback (a metrics
     # uploader's network error) is not cut short, half NCCL's default timeout.
-    hang_after_failure_s: PositiveSeconds | None = 300.0
+    hang_after_failure_s: SecondsOrOff = 300.0
     # No output but "still waiting" lines (vLLM's "No available shared memory broadcast block
     # found in 60 seconds"), or none at all, for this long in a start-up phase: stalled.  Seen on
     # 2 H200s: a TP rank frozen while loading left the log silent for good once rank 0 had
     # loaded, and there is no bar left to stall.  A ready server may idle quietly, hence the phases.
-    waiting_s: PositiveSeconds | None = 1800.0
+    # `"off"` turns it off.
+    waiting_s: SecondsOrOff = 1800.0
     waiting_phases: list[Phase] = Field(
         default_factory=lambda: [p for p in Phase if p.rank < Phase.ENGINE_READY.rank]
     )
 
     # A serving engine printing 0 tokens/s with requests running or waiting (vLLM's periodic
-    # throughput lines, SGLang's decode batches) for this long is `hung`.  None turns it off.
-    hung_s: PositiveSeconds | None = 600.0
+    # throughput lines, SGLang's decode batches) for this long is `hung`.  `"off"` turns it off.
+    hung_s: SecondsOrOff = 600.0
     # A training loss that is NaN/inf, or over diverge_k x its median for diverge_steps readings
-    # in a row, is `diverged`.  diverge_k None: only a non-finite loss counts.
-    diverge_k: Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None = 10.0
+    # in a row, is `diverged`.  diverge_k `"off"`: only a non-finite loss counts.
+    diverge_k: Annotated[Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None,
+                         BeforeValidator(off_to_none)] = 10.0
     diverge_steps: Annotated[int, Field(ge=1, le=100_000)] = 20
     # The attempt's GPUs at 0% utilisation and no progress (no bar step, no new phase) for this
-    # long is `idle`.  None turns it off.
-    idle_s: PositiveSeconds | None = 1800.0
+    # long is `idle`.  `"off"` turns it off.
+    idle_s: SecondsOrOff = 1800.0
     # Each of hung_s, idle_s and diverge_k may be wrong about a job nobody here has seen: warned about,
     # not killed, unless the spec says otherwise (same values as `action`).
     hung_action: Literal["kill", "warn", "warn_then_kill"] = "warn"

@@ -237,3 +237,16 @@ def test_relative_probe_files_are_the_specs_neighbours(tmp_path: Path) -> None:
     spec_file.write_text('name = "j"\ncommand = ["true"]\nprobe_files = ["packs/mine.toml", "/abs/other.toml"]\n')
     spec = load_spec(spec_file)
     assert spec.probe_files == [str(tmp_path.resolve() / "packs" / "mine.toml"), "/abs/other.toml"]
+
+
+@pytest.mark.parametrize("field", ["hang_after_failure_s", "waiting_s", "hung_s", "idle_s", "diverge_k"])
+def test_a_rule_that_can_be_off_is_written_off(tmp_path: Path, field: str) -> None:
+    """TOML has no null: the rules the docs say can be turned off are turned off with "off" (or false);
+    anything else that is not a value stays refused in one line naming the field."""
+    for off in ('"off"', '"OFF"', "false"):
+        spec = load_spec(write(tmp_path, f'command = ["x"]\n[health]\n{field} = {off}'))
+        assert getattr(spec.health, field) is None, off
+    assert getattr(load_spec(write(tmp_path, 'command = ["x"]')).health, field) is not None
+    for bad in ('"of"', '"none"', "0", "-1", '""'):
+        message = spec_error(write(tmp_path, f'command = ["x"]\n[health]\n{field} = {bad}'))
+        assert f"field 'health.{field}'" in message and "\n" not in message.strip(), (bad, message)

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from supervisor.spec_tables import MAX_SECONDS
+from supervisor.spec_tables import MAX_SECONDS, off_to_none
 
 from .source import cell, doc, member_comments
 
@@ -46,12 +46,15 @@ def type_name(annotation: Any) -> str:
     """A reader's name for a type: `list of phase`, `kill | warn`, `float (≥ 0, ≤ 3.16e+07)`."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
+        if any(getattr(m, "func", None) is off_to_none for m in args[1:]):
+            return f'{type_name(args[0])} or `"off"`'  # written "off" in a spec, None in the model
         bounds = _bounds(list(args[1:]))
         return f"{type_name(args[0])} ({bounds})" if bounds else type_name(args[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join("none" if a is type(None) else type_name(a) for a in args)
+        # TOML has no null: an optional field is left out (its default says "unset"), never written none.
+        return " or ".join(type_name(a) for a in args if a is not type(None))
     if origin is list:
         return f"list of {type_name(args[0])}"
     if origin is tuple:
