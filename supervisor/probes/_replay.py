@@ -51,7 +51,7 @@ from ._engine import ProbeEngine
 from ._identity import BarBook, BarRun
 from ._loading import load_packs, search_dirs
 from ._phasefold import entered_phase, entering_recovers, goes_on_serving, survived
-from ._rootcause import root_cause
+from ._rootcause import echoes_only, root_cause
 from ._spool import EventSpool
 
 _CHUNK = 4 << 20
@@ -379,7 +379,9 @@ class _FailureCandidates:
             kept.append((self._seq, offset, failure))
 
     def choose(self) -> Failure | None:
-        latest = self._fatal + self._survivable or self._went_on_from
+        latest = self._fatal + self._survivable
+        if not latest or echoes_only([f for _, _, f in latest]):
+            latest = self._went_on_from + latest
         return root_cause([f for _, _, f in sorted(latest, key=lambda c: c[0])])
 
 
