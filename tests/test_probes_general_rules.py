@@ -196,3 +196,26 @@ def test_a_step_line_glued_after_a_bar_redraw_leaves_the_record_to_the_bar(tmp_p
     assert [(p.probe, p.done, p.total) for p in report.progress] == [("tqdm.training_bar", 10, 32)]
     assert [e.probe for e in _events(["train:  16%|##   | 5/32 [00:00<00:00, 42.69it/s]step 5 loss 6.5"])] == [
         "tqdm.training_bar", "training.step_after_bar"]
+
+
+@pytest.mark.parametrize("signal", [15, 2, 1])
+def test_a_launcher_that_got_a_termination_signal_was_ended_from_outside(tmp_path: Path, signal: int) -> None:
+    report = replay(tmp_path, [
+        "W1203 23:26:45.487000 7535 torch/distributed/run.py:874] Setting OMP_NUM_THREADS environment variable for "
+        "each process to be 1 in default, to avoid your system being overloaded",
+        "[rank 0] pipeline stage 0 of 2: 2112 parameters",
+        f"W1203 23:31:43.186000 7535 torch/distributed/elastic/agent/server/api.py:753] Received {signal} death signal, "
+        "shutting down workers",
+        "W1203 23:31:43.187000 7535 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 7568 closing "
+        "signal SIGTERM",
+        "Traceback (most recent call last):", '  File "/usr/bin/torchrun", line 8, in <module>',
+        f"torch.distributed.elastic.multiprocessing.api.SignalException: Process 7535 got signal: {signal}",
+    ])
+    assert report.outcome is Outcome.CRASHED and report.failure is not None
+    assert report.failure.kind is FailureKind.KILLED and "death signal" in report.failure.line
+
+
+def test_a_fatal_failure_is_never_one_the_program_survives_whatever_its_level() -> None:
+    from supervisor.events import Failure
+    assert Failure(FailureKind.OTHER, "x", level="WARNING").survivable
+    assert not Failure(FailureKind.KILLED, "x", level="WARNING", fatal=True).survivable
