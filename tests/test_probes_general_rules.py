@@ -219,3 +219,20 @@ def test_a_fatal_failure_is_never_one_the_program_survives_whatever_its_level() 
     from supervisor.events import Failure
     assert Failure(FailureKind.OTHER, "x", level="WARNING").survivable
     assert not Failure(FailureKind.KILLED, "x", level="WARNING", fatal=True).survivable
+
+
+def test_after_a_launcher_restarts_failed_workers_the_last_attempts_failure_explains_the_end(tmp_path: Path) -> None:
+    again = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "train.py", line 2, in <module>',
+             "[rank1]: RuntimeError: Gloo connectFullMesh failed with timed out connecting: Connection refused"]
+    lines = [*RANK1_CRASH, *TORCHRUN_SUMMARY[:1], *again, *TORCHRUN_SUMMARY]
+    report = replay(tmp_path, lines)
+    assert report.failure is not None and "connectFullMesh" in report.failure.line, report.failure
+    facts = Facts(started_at=0.0)
+    for event in _events(lines):
+        facts.observe(event, 1.0)
+    assert facts.primary_failure is not None and facts.primary_failure.line == report.failure.line
+
+
+def test_the_launchers_own_summary_after_its_failed_line_starts_no_new_attempt(tmp_path: Path) -> None:
+    report = replay(tmp_path, [*RANK1_CRASH, *TORCHRUN_SUMMARY])
+    assert report.failure is not None and report.failure.line.strip().endswith("unexpected end of file")

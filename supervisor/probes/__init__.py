@@ -17,9 +17,9 @@ from ._fingerprint import fingerprint
 from ._identity import BarBook, process_of
 from ._loading import load_packs
 from ._pack import Pack
-from ._phasefold import entered_phase, entering_recovers, goes_on_serving, survived
+from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
 from ._replay import ReplayReport, probe_command, replay_file
 from ._rootcause import echoes_only, root_cause
 
-__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "echoes_only", "entered_phase", "entering_recovers", "fingerprint", "goes_on_serving", "load_packs", "probe_command",
-           "process_of", "replay_file", "root_cause", "survived"]
+__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "echoes_only", "ends_attempt", "entered_phase", "entering_recovers", "fingerprint", "goes_on_serving", "load_packs", "probe_command",
+           "process_of", "replay_file", "root_cause", "starts_new_attempt", "survived"]

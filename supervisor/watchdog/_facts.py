@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
-from ..probes import BarBook, echoes_only, entered_phase, entering_recovers, goes_on_serving, root_cause, survived
+from ..probes import (BarBook, echoes_only, ends_attempt, entered_phase, entering_recovers, goes_on_serving, root_cause,
+                      starts_new_attempt, survived)
 from ..probes._identity import BarRun
 from ._divergence import LossTrack
 from ._idle import GpuUse
@@ -55,6 +56,7 @@ class Facts:
     since_advance: int = 0  # failures kept before the last advance (phase change or progress step)
     # The first failure since the last advance not logged below ERROR, should the list be full.
     _first_unrecovered: Failure | None = None
+    _attempt_over: bool = False  # a launcher said the workers' attempt failed (``attempt_over`` probes)
     oom: Failure | None = None
     # A failure after which the program cannot do its work whatever it prints next (``fatal``
     # probes: vLLM's engine dead behind an API server that still answers), and when it came.
@@ -131,7 +133,11 @@ class Facts:
                 self.failures, self.since_advance, self._first_unrecovered = [], 0, None
                 self.failures_since_advance, self.failures_before_advance = [], []
                 self.fatal = None
-            self._failure(event.failure or Failure(FailureKind.OTHER, event.message), at)
+            failure = event.failure or Failure(FailureKind.OTHER, event.message)
+            if starts_new_attempt(self._attempt_over, failure):  # the launcher restarted the workers
+                self.failures_before_advance, self.failures_since_advance = self.failures_since_advance, []
+            self._attempt_over = ends_attempt(self._attempt_over, failure, event.data)
+            self._failure(failure, at)
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
