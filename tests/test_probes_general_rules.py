@@ -143,6 +143,7 @@ def _events(lines: list[str]) -> list[Event]:
     "Step 31/80 | loss: 1.0",
     "[rank0] step=31/80, loss=1.0e+00",
     "step 31 loss 1.0",
+    "steps: 31 loss: 1.0000 iter time (s): 0.063 samples/sec: 253.011",  # DeepSpeed's pipeline engine
 ])
 def test_a_trainers_own_step_loss_line_is_running_phase_progress_with_its_loss(tmp_path: Path, line: str) -> None:
     report = replay(tmp_path, [line.replace("31", "30"), line])
