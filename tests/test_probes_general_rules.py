@@ -237,3 +237,19 @@ def test_after_a_launcher_restarts_failed_workers_the_last_attempts_failure_expl
 def test_the_launchers_own_summary_after_its_failed_line_starts_no_new_attempt(tmp_path: Path) -> None:
     report = replay(tmp_path, [*RANK1_CRASH, *TORCHRUN_SUMMARY])
     assert report.failure is not None and report.failure.line.strip().endswith("unexpected end of file")
+
+
+def test_a_trainers_step_lines_that_stop_are_a_stall_and_while_they_move_have_an_eta() -> None:
+    from supervisor.events import Verdict
+    from supervisor.spec import HealthSpec
+    from supervisor.watchdog import Watchdog
+    clock = [0.0]
+    watchdog = Watchdog(HealthSpec(stall_floor_s=30), clock=lambda: clock[0])
+    for i, event in enumerate(_events([f"step {n}/80 loss {2.0 - n / 100:.3f}" for n in range(1, 21)])):
+        clock[0] = 5.0 * i  # a step every 5 s
+        watchdog.observe(event)
+    progress = watchdog.progress
+    assert progress is not None and (progress.done, progress.total) == (20, 80)
+    assert progress.eta_s == pytest.approx(300.0, rel=0.1)  # 60 steps to go at 5 s a step
+    assert watchdog.check(clock[0] + 29).verdict is Verdict.HEALTHY
+    assert watchdog.check(clock[0] + 31).verdict is Verdict.STALLED
