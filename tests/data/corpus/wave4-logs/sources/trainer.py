@@ -5,6 +5,7 @@
     python trainer.py long                  # one process, 3000 steps (about 4 minutes)
     torchrun --nproc_per_node 2 --max-restarts 2 trainer.py elastic-once   # rank 1 fails once, the restart finishes
     torchrun --nproc_per_node 2 --max-restarts 1 trainer.py elastic-always # rank 1 fails at step 6 on every attempt
+    torchrun --nproc_per_node 2 --max-restarts 1 trainer.py elastic-sigkill-once  # rank 0 SIGKILLed at step 6, once
     torchrun --nproc_per_node 2 trainer.py pipeline          # GPipe over 2 stages (gloo), 30 steps
     torchrun --nproc_per_node 2 trainer.py pipeline-shapes   # the same, each stage given its shapes
     torchrun --nproc_per_node 2 trainer.py pipeline-mismatch # stage 1 built for the wrong width
@@ -50,7 +51,7 @@ def plain(total: int = 60, bad_step: int | None = None) -> None:
     log(f"training finished: {total} steps, final loss {loss.item():.4f}, saved /tmp/trainer-plain.pt")
 
 
-def elastic(always: bool) -> None:
+def elastic(always: bool, sigkill: bool = False) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -60,7 +61,9 @@ def elastic(always: bool) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     total = 20
     for step in range(1, total + 1):
-        if rank == 1 and step == 6 and (always or restart == 0):
+        if sigkill and rank == 0 and step == 6 and restart == 0:
+            os.kill(os.getpid(), 9)  # as the kernel's OOM killer or a hand's kill -9 would
+        if not sigkill and rank == 1 and step == 6 and (always or restart == 0):
             raise RuntimeError(f"data shard /data/shard-{rank:03d}.bin: unexpected end of file at record {step * 16}")
         x, y = data(step * world + rank)
         loss = nn.functional.mse_loss(model(x), y)
@@ -117,8 +120,8 @@ if __name__ == "__main__":
         plain(total=3000)
     elif mode == "shape-error":
         plain(bad_step=23)
-    elif mode in ("elastic-once", "elastic-always"):
-        elastic(mode == "elastic-always")
+    elif mode in ("elastic-once", "elastic-always", "elastic-sigkill-once"):
+        elastic(mode == "elastic-always", sigkill=mode == "elastic-sigkill-once")
     elif mode in ("pipeline", "pipeline-mismatch", "pipeline-shapes"):
         pipeline(mode == "pipeline-mismatch", shapes=mode == "pipeline-shapes")
     else:
