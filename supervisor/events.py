@@ -149,8 +149,9 @@ class Failure:
 
     @property
     def survivable(self) -> bool:
-        """Logged below ERROR: a program reporting an error it handled."""
-        return self.level in SURVIVABLE_LEVELS
+        """Logged below ERROR: a program reporting an error it handled.  Never a fatal one, whatever
+        its level (torchrun's agent warns that it got SIGTERM and shuts its workers down)."""
+        return self.level in SURVIVABLE_LEVELS and not self.fatal
 
     def to_json(self) -> dict[str, Any]:
         data = {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,

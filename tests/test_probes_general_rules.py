@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.events import FailureKind, Outcome, Phase
-from supervisor.probes import replay_file
+from supervisor.events import Event, EventKind, FailureKind, Outcome, Phase
+from supervisor.probes import ProbeEngine, load_packs, replay_file
+from supervisor.records import Record
+from supervisor.watchdog._facts import Facts
 
 
 def replay(tmp_path: Path, lines: list[str]):  # noqa: ANN201 - a ReplayReport
@@ -122,3 +124,132 @@ def test_a_failure_the_program_went_on_from_is_not_the_root_cause_of_a_later_end
         "slurmstepd: error: *** JOB 267039 ON dgx-06 CANCELLED AT 2025-08-21T02:53:05 ***",
     ])
     assert report.failure is not None and report.failure.kind is FailureKind.KILLED, report.failure
+
+
+def _events(lines: list[str]) -> list[Event]:
+    engine = ProbeEngine(load_packs(None))
+    offset, found = 0, []
+    for text in lines:
+        record = Record(text, offset, offset + len(text) + 1)
+        offset = record.end
+        found += engine.feed(record)
+    found += engine.flush()
+    return [Event(job="j", attempt=1, kind=EventKind(e.kind.value), message=e.line, probe=e.probe, phase=e.phase,
+                  data=dict(e.fields), failure=e.failure) for e in found]
+
+
+@pytest.mark.parametrize("line", [
+    "step 31/80 loss 1.0",
+    "Step 31/80 | loss: 1.0",
+    "[rank0] step=31/80, loss=1.0e+00",
+    "step 31 loss 1.0",
+    "steps: 31 loss: 1.0000 iter time (s): 0.063 samples/sec: 253.011",  # DeepSpeed's pipeline engine
+])
+def test_a_trainers_own_step_loss_line_is_running_phase_progress_with_its_loss(tmp_path: Path, line: str) -> None:
+    report = replay(tmp_path, [line.replace("31", "30"), line])
+    assert report.last_phase is Phase.RUNNING
+    assert [p.done for p in report.progress] == [31]
+    assert all(e.probe == "training.step" and e.kind.value == "progress" for e in _events([line]))
+    assert _events([line])[0].data["loss"] == 1.0  # the divergence rule reads it
+
+
+@pytest.mark.parametrize("line", ["loss 1.0 at step 31", "stepping 31/80 loss 1.0", "steps: 31/80 lossless"])
+def test_lines_that_only_mention_steps_and_loss_are_not_step_progress(tmp_path: Path, line: str) -> None:
+    assert not [e for e in _events([line]) if e.probe == "training.step"]
+
+
+TORCHRUN_SUMMARY = [
+    "E1203 23:26:11.299000 6952 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) "
+    "local_rank: 1 (pid: 6958) of binary: /usr/bin/python3",
+    "Traceback (most recent call last):", '  File "/usr/bin/torchrun", line 8, in <module>', "    sys.exit(main())",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+]
+RANK1_CRASH = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "train.py", line 3, in <module>',
+               "[rank1]: RuntimeError: data shard 3: unexpected end of file"]
+
+
+def test_a_worker_that_fails_and_a_restart_that_trains_on_to_the_end_is_no_crash(tmp_path: Path) -> None:
+    steps = [f"step {i}/20 loss 1.0" for i in range(1, 6)]
+    report = replay(tmp_path, [*steps, *RANK1_CRASH, TORCHRUN_SUMMARY[0], *[f"step {i}/20 loss 1.0" for i in range(1, 21)]])
+    assert report.failure is None and report.outcome is not Outcome.CRASHED
+
+
+@pytest.mark.parametrize("late", [
+    "step 6/20 loss 1.0",
+    "Training:  30%|###       | 6/20 [00:06<00:14, 1.0it/s]",
+    " [2025-01-01 00:00:06] iteration        6/      20 | consumed samples:           48 | lm loss: 1.0E+00 |",
+])
+def test_a_launchers_summary_after_another_ranks_late_step_still_echoes_the_crash_before_it(
+        tmp_path: Path, late: str) -> None:
+    before = [late.replace("6/", "5/").replace("6/      20", "5/      20"), *RANK1_CRASH, late, *TORCHRUN_SUMMARY]
+    report = replay(tmp_path, before)
+    assert report.outcome is Outcome.CRASHED and report.failure is not None
+    assert report.failure.line.strip().endswith("RuntimeError: data shard 3: unexpected end of file"), report.failure
+    facts = Facts(started_at=0.0)  # the watchdog names the same root cause
+    for event in _events(before):
+        facts.observe(event, 1.0)
+    assert facts.primary_failure is not None and facts.primary_failure.line == report.failure.line
+
+
+def test_a_step_line_glued_after_a_bar_redraw_leaves_the_record_to_the_bar(tmp_path: Path) -> None:
+    report = replay(tmp_path, [f"train:  {p}%|##   | {d}/32 [00:00<00:00, 42.69it/s]step {d} loss 6.5" for p, d in
+                               ((16, 5), (31, 10))])
+    assert [(p.probe, p.done, p.total) for p in report.progress] == [("tqdm.training_bar", 10, 32)]
+    assert [e.probe for e in _events(["train:  16%|##   | 5/32 [00:00<00:00, 42.69it/s]step 5 loss 6.5"])] == [
+        "tqdm.training_bar", "training.step_after_bar"]
+
+
+@pytest.mark.parametrize("signal", [15, 2, 1])
+def test_a_launcher_that_got_a_termination_signal_was_ended_from_outside(tmp_path: Path, signal: int) -> None:
+    report = replay(tmp_path, [
+        "W1203 23:26:45.487000 7535 torch/distributed/run.py:874] Setting OMP_NUM_THREADS environment variable for "
+        "each process to be 1 in default, to avoid your system being overloaded",
+        "[rank 0] pipeline stage 0 of 2: 2112 parameters",
+        f"W1203 23:31:43.186000 7535 torch/distributed/elastic/agent/server/api.py:753] Received {signal} death signal, "
+        "shutting down workers",
+        "W1203 23:31:43.187000 7535 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 7568 closing "
+        "signal SIGTERM",
+        "Traceback (most recent call last):", '  File "/usr/bin/torchrun", line 8, in <module>',
+        f"torch.distributed.elastic.multiprocessing.api.SignalException: Process 7535 got signal: {signal}",
+    ])
+    assert report.outcome is Outcome.CRASHED and report.failure is not None
+    assert report.failure.kind is FailureKind.KILLED and "death signal" in report.failure.line
+
+
+def test_a_fatal_failure_is_never_one_the_program_survives_whatever_its_level() -> None:
+    from supervisor.events import Failure
+    assert Failure(FailureKind.OTHER, "x", level="WARNING").survivable
+    assert not Failure(FailureKind.KILLED, "x", level="WARNING", fatal=True).survivable
+
+
+def test_after_a_launcher_restarts_failed_workers_the_last_attempts_failure_explains_the_end(tmp_path: Path) -> None:
+    again = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "train.py", line 2, in <module>',
+             "[rank1]: RuntimeError: Gloo connectFullMesh failed with timed out connecting: Connection refused"]
+    lines = [*RANK1_CRASH, *TORCHRUN_SUMMARY[:1], *again, *TORCHRUN_SUMMARY]
+    report = replay(tmp_path, lines)
+    assert report.failure is not None and "connectFullMesh" in report.failure.line, report.failure
+    facts = Facts(started_at=0.0)
+    for event in _events(lines):
+        facts.observe(event, 1.0)
+    assert facts.primary_failure is not None and facts.primary_failure.line == report.failure.line
+
+
+def test_the_launchers_own_summary_after_its_failed_line_starts_no_new_attempt(tmp_path: Path) -> None:
+    report = replay(tmp_path, [*RANK1_CRASH, *TORCHRUN_SUMMARY])
+    assert report.failure is not None and report.failure.line.strip().endswith("unexpected end of file")
+
+
+def test_a_trainers_step_lines_that_stop_are_a_stall_and_while_they_move_have_an_eta() -> None:
+    from supervisor.events import Verdict
+    from supervisor.spec import HealthSpec
+    from supervisor.watchdog import Watchdog
+    clock = [0.0]
+    watchdog = Watchdog(HealthSpec(stall_floor_s=30), clock=lambda: clock[0])
+    for i, event in enumerate(_events([f"step {n}/80 loss {2.0 - n / 100:.3f}" for n in range(1, 21)])):
+        clock[0] = 5.0 * i  # a step every 5 s
+        watchdog.observe(event)
+    progress = watchdog.progress
+    assert progress is not None and (progress.done, progress.total) == (20, 80)
+    assert progress.eta_s == pytest.approx(300.0, rel=0.1)  # 60 steps to go at 5 s a step
+    assert watchdog.check(clock[0] + 29).verdict is Verdict.HEALTHY
+    assert watchdog.check(clock[0] + 31).verdict is Verdict.STALLED

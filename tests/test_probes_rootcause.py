@@ -140,7 +140,8 @@ def test_torchrun_and_nccl_start_up_lines_are_distributed_init() -> None:
 def test_each_ranks_bar_and_each_evaluation_bar_is_listed() -> None:
     ranks = replay_file(DEVICE / "run-torchrun-ddp-gloo-2rank-done.log").progress
     assert [(p.bar, p.done, p.total) for p in ranks] == [
-        ("train rank 1 (tee=default1)", 30, 30), ("train rank 0 (tee=default0)", 30, 30)]
+        ("train rank 1 (tee=default1)", 30, 30), ("train rank 0 (tee=default0)", 30, 30),
+        ("training.step (tee=default0)", 20, None)]  # rank 0's own `step N loss X` lines, a bar of their own
     trainer = replay_file(DEVICE / "run-hf-trainer-eval-bars-done.log").progress
     assert [(p.done, p.total) for p in trainer] == [(40, 40), (32, 32), (32, 32), (32, 32)]
 

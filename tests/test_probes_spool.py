@@ -60,7 +60,7 @@ def test_probe_cli_prints_the_report() -> None:
 
 def test_spool_holds_no_event_in_memory(tmp_path: Path) -> None:
     log = tmp_path / "bars.log"
-    log.write_text("".join(f"step {i} loss 0.5\n" for i in range(3000)))
+    log.write_text("".join(f"{{'loss': 0.5, 'grad_norm': 1.0, 'learning_rate': 3e-05, 'epoch': {i}}}\n" for i in range(3000)))
     spool = EventSpool(keep_json=True)
     try:
         report = replay_file(log, spool=spool)

@@ -6,7 +6,8 @@
 - ``replay_file(path, pack_names=None, pack_paths=())``: a finished log's ``ReplayReport``.
 - ``probe_command(...)``: the ``supervise probe`` command.
 - ``fingerprint(exc_type, message, innermost_frame)``: a failure's stable id.
-- ``root_cause(failures)``: the attempt's failure (the root cause) among failures in log order.
+- ``root_cause(failures)``: the attempt's failure (the root cause) among failures in log order;
+  ``echoes_only(failures)``: whether they only echo an earlier one (consequences alone).
 - ``BarBook``, ``process_of``: which bar a progress line draws, which process wrote a line.
 - ``entered_phase(current, implied, recovered=...)``: the phase rule the watchdog and the replay share.
 """
@@ -16,9 +17,9 @@ from ._fingerprint import fingerprint
 from ._identity import BarBook, process_of
 from ._loading import load_packs
 from ._pack import Pack
-from ._phasefold import entered_phase, entering_recovers, goes_on_serving, survived
+from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
 from ._replay import ReplayReport, probe_command, replay_file
-from ._rootcause import root_cause
+from ._rootcause import echoes_only, root_cause
 
-__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "entered_phase", "entering_recovers", "fingerprint", "goes_on_serving", "load_packs", "probe_command",
-           "process_of", "replay_file", "root_cause", "survived"]
+__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "echoes_only", "ends_attempt", "entered_phase", "entering_recovers", "fingerprint", "goes_on_serving", "load_packs", "probe_command",
+           "process_of", "replay_file", "root_cause", "starts_new_attempt", "survived"]

@@ -10,14 +10,17 @@ mean for the phase, so that `status` and `supervise probe` name the same one:
 - ``done`` reached after a failure with no advance since (no progress step, no other phase) is
   no recovery: vLLM logs ``[shutdown] MPClient: complete`` after a dead worker, then exits 0;
 - a server that answers a request after a failure (``serving`` lines with a status under 500)
-  goes on working: the failure was one call's (vLLM's failed ``wake_up``), not the server's end.
+  goes on working: the failure was one call's (vLLM's failed ``wake_up``), not the server's end;
+- a failure of its own after a launcher said the workers' attempt failed (an ``attempt_over``
+  probe: torchrun's ``failed (exitcode: 1) local_rank: 1``) is the next attempt's, the launcher
+  having restarted them (``--max-restarts``): it, not the earlier attempt's, explains what follows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..events import Phase, ProbeKind
+from ..events import Failure, Phase, ProbeKind
 
 
 def entered_phase(current: Phase | None, implied: Phase | None, *, recovered: bool) -> Phase | None:
@@ -60,3 +63,17 @@ def goes_on_serving(fields: dict[str, Any]) -> bool:
         return status is None or int(status) < 500
     except (TypeError, ValueError):
         return False
+
+
+def starts_new_attempt(attempt_over: bool, failure: Failure) -> bool:
+    """Whether ``failure`` is a restarted attempt's own: one that is not an echo, after a launcher
+    said the attempt before failed."""
+    return attempt_over and not failure.consequence
+
+
+def ends_attempt(attempt_over: bool, failure: Failure, fields: dict[str, Any]) -> bool:
+    """Whether, after ``failure``, the workers' attempt is over (the launcher said so, and no
+    restarted attempt's failure has come since)."""
+    if fields.get("attempt_over") is True:
+        return True
+    return attempt_over and failure.consequence

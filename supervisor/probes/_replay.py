@@ -50,8 +50,8 @@ from ..records import split_records
 from ._engine import ProbeEngine
 from ._identity import BarBook, BarRun
 from ._loading import load_packs, search_dirs
-from ._phasefold import entered_phase, entering_recovers, goes_on_serving, survived
-from ._rootcause import root_cause
+from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
+from ._rootcause import echoes_only, root_cause
 from ._spool import EventSpool
 
 _CHUNK = 4 << 20
@@ -262,6 +262,7 @@ class _Summary:
         # No failure since the last advance (``entered_phase``), and each bar's count as last seen.
         self._recovered = True
         self._fatal_seen = False  # a ``fatal = true`` failure: never recovered from
+        self._attempt_over = False  # a launcher said the workers' attempt failed (``attempt_over``)
         self._done_seen: dict[int, float] = {}
 
     def add(self, events: Iterable[ProbeEvent]) -> None:
@@ -285,6 +286,9 @@ class _Summary:
         if event.kind is ProbeKind.PROGRESS:
             self._progress(event)
         if event.failure is not None:
+            if starts_new_attempt(self._attempt_over, event.failure):
+                self.failures.recovered()  # the earlier attempt's failures explain only that attempt
+            self._attempt_over = ends_attempt(self._attempt_over, event.failure, event.fields)
             # One the program survives (a ready server's failed request) is no candidate.
             if not survived(event.failure.survivable, self.last_phase):
                 self.failures.add(event.failure, event.offset)
@@ -379,7 +383,9 @@ class _FailureCandidates:
             kept.append((self._seq, offset, failure))
 
     def choose(self) -> Failure | None:
-        latest = self._fatal + self._survivable or self._went_on_from
+        latest = self._fatal + self._survivable
+        if not latest or echoes_only([f for _, _, f in latest]):
+            latest = self._went_on_from + latest
         return root_cause([f for _, _, f in sorted(latest, key=lambda c: c[0])])
 
 

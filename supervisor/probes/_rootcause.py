@@ -112,6 +112,14 @@ def root_cause(failures: Sequence[Failure]) -> Failure | None:
     return _first_specific(serious or list(failures))
 
 
+def echoes_only(failures: Sequence[Failure]) -> bool:
+    """Whether these failures only echo one logged before them (consequences alone: torchrun's
+    summary of a rank's crash).  Such a summary after the program seemed to go on (another rank's
+    step, printed late, between the crash and the summary) explains nothing by itself: the failure
+    it echoes, from before that step, is the root cause."""
+    return bool(failures) and all(f.consequence for f in failures)
+
+
 def _first_specific(failures: list[Failure]) -> Failure:
     return next((f for f in failures if f.kind is not FailureKind.OTHER), failures[0])
 

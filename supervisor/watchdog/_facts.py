@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
-from ..probes import BarBook, entered_phase, entering_recovers, goes_on_serving, root_cause, survived
+from ..probes import (BarBook, echoes_only, ends_attempt, entered_phase, entering_recovers, goes_on_serving, root_cause,
+                      starts_new_attempt, survived)
 from ..probes._identity import BarRun
 from ._divergence import LossTrack
 from ._idle import GpuUse
@@ -44,6 +45,7 @@ class Facts:
     # The first ones since the last advance: the root cause when there are any (a failure the
     # program went on from explains nothing that came after), as the offline replay reads it.
     failures_since_advance: list[Failure] = field(default_factory=list)
+    failures_before_advance: list[Failure] = field(default_factory=list)  # those the last advance cleared
     # The log generation the kept failures come from: a truncated or rotated log is a new log,
     # and the root cause is sought in the log as it now stands (a failure after truncation is
     # not a consequence of one the program wrote over).
@@ -54,6 +56,7 @@ class Facts:
     since_advance: int = 0  # failures kept before the last advance (phase change or progress step)
     # The first failure since the last advance not logged below ERROR, should the list be full.
     _first_unrecovered: Failure | None = None
+    _attempt_over: bool = False  # a launcher said the workers' attempt failed (``attempt_over`` probes)
     oom: Failure | None = None
     # A failure after which the program cannot do its work whatever it prints next (``fatal``
     # probes: vLLM's engine dead behind an API server that still answers), and when it came.
@@ -85,7 +88,10 @@ class Facts:
         that a worker died (``probes.root_cause``).  The attempt's failure as stored."""
         if self.fatal is not None:  # never gone on from: the engine is dead whatever prints next
             return root_cause(self.failures)
-        return root_cause(self.failures_since_advance or self.failures)
+        since = self.failures_since_advance
+        if echoes_only(since) and self.failures_before_advance:  # a summary of a crash a late step came between
+            since = self.failures_before_advance + since
+        return root_cause(since or self.failures)
 
     @property
     def unrecovered_failure(self) -> Failure | None:
@@ -125,9 +131,13 @@ class Facts:
             if event.generation > self.failures_generation:
                 self.failures_generation = event.generation
                 self.failures, self.since_advance, self._first_unrecovered = [], 0, None
-                self.failures_since_advance = []
+                self.failures_since_advance, self.failures_before_advance = [], []
                 self.fatal = None
-            self._failure(event.failure or Failure(FailureKind.OTHER, event.message), at)
+            failure = event.failure or Failure(FailureKind.OTHER, event.message)
+            if starts_new_attempt(self._attempt_over, failure):  # the launcher restarted the workers
+                self.failures_before_advance, self.failures_since_advance = self.failures_since_advance, []
+            self._attempt_over = ends_attempt(self._attempt_over, failure, event.data)
+            self._failure(failure, at)
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
@@ -216,7 +226,7 @@ class Facts:
         self.advanced_since_failure = True
         self.since_advance = len(self.failures)
         if self.failures_since_advance:
-            self.failures_since_advance = []
+            self.failures_before_advance, self.failures_since_advance = self.failures_since_advance, []
         self._first_unrecovered = None
 
 
