@@ -202,6 +202,16 @@ class Job:
                                                 torch.tensor(s.loss_mask, dtype=torch.uint8)))
         self.done.add(i)
 
+    def place_sample(self, i: int, path: Path, header: dict[str, Any]) -> str | None:
+        """Rename the complete file ``path`` into place as sample ``i`` if it is in the output's layout
+        (:meth:`formats.Writer.adopt`); how it went, or None when it must be rewritten (write_sample)."""
+        if i in self.done:
+            raise RuntimeError(f"sample {i} is finished already and is never rewritten")
+        how = self.writer.adopt(i, path, header, move=True)
+        if how is not None:
+            self.done.add(i)
+        return how
+
     def batch_finished(self, written: int, tokens: int, seconds: float) -> None:
         if self.t_loop is None:
             self.t_loop = time.monotonic() - seconds
@@ -399,6 +409,7 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
         _check_fingerprint(out, fingerprint, args.format)
 
     writer = formats.make_writer(args.format, out, layer_ids, num_layers, hidden, model_dir)
+    writer.masks_elsewhere = not sharded  # prepared.safetensors holds every loss mask (below)
     part = shards.select([s.index for s in samples], args.shard, args.num_shards, args.batch_size)
     job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer, part)
     masked, every = data_mod.token_frequencies([samples[i] for i in part], vocab)
