@@ -5,7 +5,10 @@
 ``DST`` gets the same samples in the layout asked for (see :mod:`.formats`) and a ``manifest.json``
 that records it (``output_format``, ``exported_from``). SpecForge's post-norm ``hidden_state`` needs
 the target's final-norm weight: it is read from ``--model`` (default: the manifest's ``model``), and
-the export refuses in one line without it (exit code 78).
+the export refuses in one line without it (exit code 78). SpecForge's files store no layer ids: the
+draft config SpecForge trains with must name the 3 auxiliary layers in SGLang's numbering, one lower
+than ours (see :mod:`.draft_export`); the manifest records them as ``sglang_aux_layer_ids`` and an
+``export note:`` line prints them.
 
 A sample file that already is what the new layout reads (ours to ours, speculators' to ours, ours
 written by the vLLM backend to speculators') is hard-linked, not copied: no byte is written for it.
@@ -38,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, formats
+from . import _io, draft_export, formats
 
 EXIT_INCOMPLETE = 3
 EXIT_DISK_FULL = 75
@@ -144,9 +147,17 @@ def _export_locked(args: argparse.Namespace, src: Path, dst: Path, manifest: dic
         _io.place_file(src / "token_freq.safetensors", dst / "token_freq.safetensors", move=False)
     writer.write_dataset(token_ids, masks, masked)
 
+    sglang_ids = None
+    if args.format is formats.Format.SPECFORGE:
+        sglang_ids = draft_export.renumber(layer_ids[:-1], "vllm", "sglang")
+        say(f"export note: SpecForge's draft config takes these auxiliary layers as eagle_aux_hidden_state_layer_ids "
+            f"{sglang_ids} (SGLang numbering, one lower than vLLM's {layer_ids[:-1]})")
+
     def write_manifest(status: str, done: int) -> None:
         m = {**manifest, **origin, "status": status, "finished": done,
              "files": {**writer.files(), "prepared": "prepared.safetensors"}}
+        if sglang_ids is not None:
+            m["sglang_aux_layer_ids"] = sglang_ids
         _io.atomic_write_json(m, dst / "manifest.json")
 
     if (src / "prepared.safetensors").is_file():

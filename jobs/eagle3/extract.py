@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, formats, shards
+from . import _io, draft_export, formats, shards
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
@@ -273,6 +273,8 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
                      "plus the end-of-turn token right after each",
         "fingerprint": fingerprint,
     }
+    if job.writer.fmt is formats.Format.SPECFORGE:  # its draft config names them in SGLang's numbering
+        m["sglang_aux_layer_ids"] = draft_export.renumber(job.layer_ids[:-1], "vllm", "sglang")
     if verify is not None:
         m["verify"] = verify
     if args.num_shards > 1:  # the set's size, and this shard's part of it (gather merges the parts)
