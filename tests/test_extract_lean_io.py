@@ -89,12 +89,22 @@ def test_a_staged_file_in_another_dtype_is_rewritten_with_its_mask(tmp_path, tar
     assert sorted(f) == ["hidden_states", "loss_mask", "token_ids"] and f["hidden_states"].dtype == torch.bfloat16
 
 
-def test_a_shard_s_files_keep_their_loss_mask(tmp_path, target, capsys):
-    """Shards write no prepared.safetensors (gather builds it from the sample files): rewritten."""
+def test_shards_rename_too_and_gather_equals_the_unsharded_output(tmp_path, target, capsys):
+    """Each shard writes the whole set's prepared data (the loss masks), so its files are renamed into
+    place as well; gather links shard 0's as prepared.safetensors. Equal to an unsharded run's."""
     model, prompts, _ = target
-    extract_vllm(capsys, model, prompts, tmp_path / "out", None, "--num-shards", 2, "--shard", 0)
-    f = load_file(str(tmp_path / "out" / "hs_0.safetensors"))
-    assert "loss_mask" in f
+    one, out = tmp_path / "one", tmp_path / "sharded"
+    extract_vllm(capsys, model, prompts, one)
+    renamed = _io.stats["renamed"]
+    for shard in (0, 1):
+        extract_vllm(capsys, model, prompts, out, None, "--num-shards", 2, "--shard", shard)
+    assert _io.stats["renamed"] - renamed == N
+    assert extract.main(["gather", "--out", str(out)]) == 0
+    assert os.path.samefile(out / "prepared.shard-0-of-2.safetensors", out / "prepared.safetensors")
+    for name in ["prepared.safetensors", "token_freq.safetensors"] + [f"hs_{i}.safetensors" for i in range(N)]:
+        assert (out / name).read_bytes() == (one / name).read_bytes(), name
+    a, b = formats.Reader(out, formats.Format.SUPERVISE), formats.Reader(one, formats.Format.SUPERVISE)
+    assert torch.equal(a.load(N - 1).loss_mask, b.load(N - 1).loss_mask)
 
 
 @pytest.mark.parametrize("fmt", ["supervise", "speculators"])

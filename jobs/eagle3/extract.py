@@ -411,7 +411,7 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
         _check_fingerprint(out, fingerprint, args.format)
 
     writer = formats.make_writer(args.format, out, layer_ids, num_layers, hidden, model_dir)
-    writer.masks_elsewhere = not sharded  # prepared.safetensors holds every loss mask (below)
+    writer.masks_elsewhere = True  # prepared.safetensors (a shard: its partial, gather's) holds every loss mask
     part = shards.select([s.index for s in samples], args.shard, args.num_shards, args.batch_size)
     job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer, part)
     masked, every = data_mod.token_frequencies([samples[i] for i in part], vocab)
@@ -419,6 +419,8 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
     if sharded:  # the files describing the whole set are `gather`'s to write
         _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every},
                                     out / shards.partial("token_freq", args.shard, args.num_shards, ".safetensors"))
+        _io.atomic_save_safetensors(data_mod.packed(samples),  # the whole set's: gather takes it
+                                    out / shards.partial("prepared", args.shard, args.num_shards, ".safetensors"))
         manifest_path = out / shards.partial("manifest", args.shard, args.num_shards, ".json")
     else:
         _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every}, out / "token_freq.safetensors")

@@ -126,8 +126,8 @@ class Writer:
         self.layer_ids = list(layer_ids)
         self.num_layers = num_layers
         self.hidden = hidden
-        # True when the output's prepared.safetensors holds every sample's loss mask (an unsharded
-        # extraction, an export): sample files may then come without one.
+        # True when the output's prepared.safetensors holds every sample's loss mask (an extraction,
+        # whose shards each write the whole set's for gather; an export): sample files may then lack one.
         self.masks_elsewhere = False
 
     def adoptable(self, h: dict[str, Any]) -> bool:

@@ -10,8 +10,8 @@ named in the request output's ``kv_transfer_params["hidden_states_path"]``. Each
 checked against the sample from its header and token ids (the hidden states are not read), then,
 when it already is what the output layout reads (bf16 hidden states, int64 token ids, nothing else;
 the loss masks are in ``prepared.safetensors`` or the speculators dataset), fsynced and renamed
-into place as ``hs_{i}.safetensors``: written once, by vLLM. Otherwise (another dtype, a sharded
-run, whose files carry their loss mask, SpecForge's layout) it is read and rewritten. Either way
+into place as ``hs_{i}.safetensors``: written once, by vLLM. Otherwise (another dtype, SpecForge's
+layout) it is read and rewritten. Either way
 this runs in a small thread pool (``io_workers``), and the ``.lock`` companion is removed after.
 
 Failure handling:
