@@ -258,11 +258,13 @@ class Store:
     # -- events -----------------------------------------------------------------------
 
     def record_events(self, events: Iterable[Event], *, offset: int | None = None,
-                      attempt_fields: dict[str, Any] | None = None) -> list[Event]:
+                      attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = ()) -> list[Event]:
         """Store events (assigning ids) and, in the same transaction, the attempt's new log
-        offset and any derived fields (phase, progress)."""
+        offset and any derived fields (phase, progress); ``replaced``: ids of progress events
+        the new ones stand in for (a bar's latest line, progress_milestones.py), deleted."""
         stored = list(events)
         with self._tx() as db:
+            db.executemany("DELETE FROM events WHERE id = ? AND kind = 'progress'", [(i,) for i in replaced])
             for event in stored:
                 cur = db.execute(
                     "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "
