@@ -214,6 +214,14 @@ class Store:
             db.execute("DELETE FROM bar_paces WHERE job=?", (name,))
             db.execute("DELETE FROM jobs WHERE name=?", (name,))
 
+    def delete_events(self, job: str, attempts: Iterable[int], kinds: Iterable[str]) -> int:
+        """Delete the events of these kinds of these attempts of a job; how many went."""
+        pairs = [(job, n, kind) for n in attempts for kind in kinds]
+        with self._tx() as db:
+            before = db.total_changes
+            db.executemany("DELETE FROM events WHERE job=? AND attempt=? AND kind=?", pairs)
+            return db.total_changes - before
+
     # -- attempts ---------------------------------------------------------------------
 
     def next_attempt_number(self, job: str) -> int:
