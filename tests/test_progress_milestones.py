@@ -98,3 +98,21 @@ def test_other_events_and_uncounted_progress_are_always_kept() -> None:
     phase = Event(job="j", attempt=1, kind=EventKind.PHASE, message="p")
     odd = Event(job="j", attempt=1, kind=EventKind.PROGRESS, message="?", data={"eta": "1s"})
     assert sieve.sieve([phase, odd, phase, odd], 0.0) == [phase, odd, phase, odd]
+
+
+def test_the_store_replaces_a_bars_latest_row_in_the_same_write(tmp_path) -> None:
+    from supervisor.store import Store
+    from test_store import attempt
+
+    store = Store(tmp_path / "s.db")
+    store.upsert_job("j", {}, "running")
+    store.add_attempt(attempt())
+    phase = Event(job="j", attempt=1, kind=EventKind.PHASE, message="p")
+    _, latest, phase_row = store.record_events([_bar(0, 1000, offset=0), _bar(5, 1000, offset=5), phase], offset=5)
+    assert latest.id is not None and phase_row.id is not None
+    store.record_events([_bar(6, 1000, offset=6)], offset=6, replaced=[latest.id, phase_row.id])
+    # The progress row goes; an id that is not a progress row's is never deleted.
+    assert [(e.kind, e.data.get("done")) for e in store.events("j")] == [("progress", 0), ("phase", None),
+                                                                       ("progress", 6)]
+    assert store.attempt("j", 1).log_offset == 6
+    store.close()
