@@ -98,7 +98,7 @@ class DaemonSettings(BaseModel):
     request_timeout_s: float = Field(10.0, gt=0, le=3600, description="seconds a client may take to send a request's "
                                      "headers, and again its body; a slower one is disconnected")
     log_keep_attempts: int = Field(20, ge=1, description="attempt logs kept per job: older ones are deleted at each launch "
-                                                         "and by `supervise prune` (a running attempt's log never is)")
+                                                         "and by `supervise prune`, with their progress and metric events (a running attempt's log never is)")
     log_max_bytes: int = Field(0, ge=0, description="per job, older attempt logs are deleted until the job's logs "
                                                     "fit in this many bytes (0: no limit; the running attempt's log is kept)")
 

@@ -4,7 +4,9 @@ Every attempt writes its own log (never overwritten), so a job relaunching for d
 disk.  Per job, the newest `log_keep_attempts` logs are kept, and older ones go until the job's
 logs fit in `log_max_bytes` (0: no byte limit).  The log of an attempt that is still running is
 never deleted, whatever the limits say.  Only logs on this machine are pruned: a remote host's
-logs are its own.  The attempts and their events stay in the store; only the files go.
+logs are its own.  The attempts stay in the store, and so do their launch, exit, verdict, action,
+failure and alert events; the progress and metric events read from a log go with it
+(``prune_events``): the bulk of an attempt's history, only worth keeping while its log is there.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import arrivals
-from .store import AttemptRow
+from .events import EventKind
+from .store import AttemptRow, Store
+
+# The events that go with their attempt's log: each bar's steps and each metric line.
+PRUNED_KINDS = (EventKind.PROGRESS.value, EventKind.METRIC.value)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,14 @@ def prune_logs(attempts: list[AttemptRow], rule: Retention) -> list[PrunedFile]:
         removed.append(PrunedFile(row.job, row.n, row.log_path, sizes[row.log_path]))
         _unlink(row.log_path)
     return removed
+
+
+def prune_events(store: Store, pruned: Iterable[PrunedFile]) -> int:
+    """Delete the progress and metric events of the attempts whose logs were pruned; how many went."""
+    by_job: dict[str, list[int]] = {}
+    for p in pruned:
+        by_job.setdefault(p.job, []).append(p.attempt)
+    return sum(store.delete_events(job, attempts, PRUNED_KINDS) for job, attempts in by_job.items())
 
 
 def remove_logs(attempts: list[AttemptRow]) -> list[str]:

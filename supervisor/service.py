@@ -36,7 +36,7 @@ from .hosts.registry import Hosts
 from .gpu_faults import GpuRouter
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .pipelines import Pipelines
-from .retention import Retention, prune_arrivals, prune_logs
+from .retention import Retention, prune_arrivals, prune_events, prune_logs
 from .runner import GpuView, JobRunner, RunnerContext
 from .shard_views import ShardRows, shard_rows
 from .sharding import ShardedJob
@@ -329,6 +329,7 @@ class Service:
             for p in pruned:
                 log.info("log pruned", job=job, attempt=p.attempt, path=p.path, bytes=p.size)
             prune_arrivals(attempts, rule, pruned, self.paths.arrivals)
+            prune_events(self.store, pruned)
 
     def _log_event(self, events: list[Event]) -> None:
         for event in events:

@@ -214,6 +214,14 @@ class Store:
             db.execute("DELETE FROM bar_paces WHERE job=?", (name,))
             db.execute("DELETE FROM jobs WHERE name=?", (name,))
 
+    def delete_events(self, job: str, attempts: Iterable[int], kinds: Iterable[str]) -> int:
+        """Delete the events of these kinds of these attempts of a job; how many went."""
+        pairs = [(job, n, kind) for n in attempts for kind in kinds]
+        with self._tx() as db:
+            before = db.total_changes
+            db.executemany("DELETE FROM events WHERE job=? AND attempt=? AND kind=?", pairs)
+            return db.total_changes - before
+
     # -- attempts ---------------------------------------------------------------------
 
     def next_attempt_number(self, job: str) -> int:
@@ -258,11 +266,13 @@ class Store:
     # -- events -----------------------------------------------------------------------
 
     def record_events(self, events: Iterable[Event], *, offset: int | None = None,
-                      attempt_fields: dict[str, Any] | None = None) -> list[Event]:
+                      attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = ()) -> list[Event]:
         """Store events (assigning ids) and, in the same transaction, the attempt's new log
-        offset and any derived fields (phase, progress)."""
+        offset and any derived fields (phase, progress); ``replaced``: ids of progress events
+        the new ones stand in for (a bar's latest line, progress_milestones.py), deleted."""
         stored = list(events)
         with self._tx() as db:
+            db.executemany("DELETE FROM events WHERE id = ? AND kind = 'progress'", [(i,) for i in replaced])
             for event in stored:
                 cur = db.execute(
                     "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "

@@ -138,4 +138,35 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN usage_json TEXT;
     """,
+    # Progress as milestones (progress_milestones.py): a bar's rows thinned to its first and last,
+    # each change of its whole percent (a bar with a total) or one per 30 s (one without).  A bar
+    # is told by its probe, its description and its writer's prefix fields, per attempt.
+    """
+    WITH p AS (
+        SELECT id, job, attempt, ts, COALESCE(probe, '') AS probe,
+               CASE WHEN json_valid(data_json) THEN data_json END AS d
+        FROM events WHERE kind = 'progress'
+    ), bars AS (
+        SELECT id, job, attempt,
+               probe || '|' || COALESCE(json_extract(d, '$.desc'), '') || '|' || COALESCE(json_extract(d, '$.service'), '')
+                   || '|' || COALESCE(json_extract(d, '$.host'), '') || '|' || COALESCE(json_extract(d, '$.tee'), '')
+                   || '|' || COALESCE(json_extract(d, '$.proc'), '') || '|' || COALESCE(json_extract(d, '$.rank'), '')
+                   || '|' || COALESCE(json_extract(d, '$.pid'), '') AS bar,
+               CASE WHEN CAST(json_extract(d, '$.total') AS REAL) > 0
+                    THEN CAST(100 * MIN(CAST(json_extract(d, '$.done') AS REAL), CAST(json_extract(d, '$.total') AS REAL))
+                              / CAST(json_extract(d, '$.total') AS REAL) AS INTEGER) END AS pct,
+               CAST(ts / 30 AS INTEGER) AS bucket
+        FROM p WHERE json_extract(d, '$.done') IS NOT NULL
+    ), marked AS (
+        SELECT id, pct, bucket,
+               LAG(id) OVER w AS prev_id, LEAD(id) OVER w AS next_id,
+               LAG(pct) OVER w AS prev_pct, LAG(bucket) OVER w AS prev_bucket
+        FROM bars WINDOW w AS (PARTITION BY job, attempt, bar ORDER BY id)
+    )
+    DELETE FROM events WHERE id IN (
+        SELECT id FROM marked
+        WHERE prev_id IS NOT NULL AND next_id IS NOT NULL
+          AND ((pct IS NOT NULL AND pct IS prev_pct) OR (pct IS NULL AND bucket IS prev_bucket))
+    );
+    """,
 )

@@ -71,8 +71,12 @@ def test_daemon_survives_a_full_disk_and_keeps_what_it_stored(small_home: Path, 
     try:
         client = daemon.client()
         client.start(str(spec), {})
-        wait_until(lambda: len([e for e in client.events("fill").events if e.kind == "progress"]) >= 19)
-        stored_before = [(e.id, e.message) for e in client.events("fill").events]
+        wait_until(lambda: (steps := [e for e in client.events("fill").events if e.kind == "progress"])
+                   and steps[-1].data["done"] >= 19)
+        events = client.events("fill").events
+        # The bar's latest row stands for its end until a later line replaces it: all but it stay.
+        latest = [e for e in events if e.kind == "progress"][-1]
+        stored_before = [(e.id, e.message) for e in events if e is not latest]
         filler = small_home / "filler"
         with open(filler, "wb") as f:  # fill the disk to the last byte
             try:

@@ -86,10 +86,11 @@ def test_the_log_written_while_the_daemon_was_down_keeps_its_own_times(daemon: D
     steps = _progress(client, "busy")
     unwatched = [ts for ts in steps.values() if killed_at < ts < up_at]
     # Stored with when they were written (by their place in the log), not when they were read.
-    assert len(unwatched) >= 10, sorted(steps.items())
-    times = [steps[d] for d in sorted(steps)]
-    gaps = [b - a for a, b in pairwise(times)]
-    assert 0.025 < statistics.median(gaps) < 0.1, gaps
+    # A bar's milestones are stored (each whole percent of 240 steps: every second or third step).
+    assert len(unwatched) >= 5, sorted(steps.items())
+    done = sorted(steps)
+    per_step = [(steps[b] - steps[a]) / (b - a) for a, b in pairwise(done)]
+    assert 0.025 < statistics.median(per_step) < 0.1, per_step
     wait_until(lambda: job_state(client, "busy") == "done", timeout=30)
 
 

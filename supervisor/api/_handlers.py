@@ -24,7 +24,7 @@ from ..hosts.base import Follower, KillReport
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..pending_writes import when_free
 from ..probes import load_packs
-from ..retention import Retention, prune_logs, remove_logs
+from ..retention import Retention, prune_events, prune_logs, remove_logs
 from ..spec import JobSpec
 from ..store import AttemptRow, EventQuery
 from ..strays import StrayStop, merge_reports, stop_strays, stray_handle
@@ -393,6 +393,7 @@ class Api:
         rule = Retention(settings.log_keep_attempts, settings.log_max_bytes)
         removed = [p for name in names for p in prune_logs(self.service.store.attempts(name), rule)]
         arrivals.forget(self.service.paths.arrivals, [(p.job, p.attempt) for p in removed])
+        prune_events(self.service.store, removed)
         freed = sum(p.size for p in removed)
         message = (f"removed {len(removed)} attempt logs ({freed} bytes); keeping the last {rule.keep_attempts} per job"
                    + (f" within {rule.max_bytes} bytes" if rule.max_bytes else ""))

@@ -19,6 +19,7 @@ from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites
+from ..progress_milestones import ProgressMilestones
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
 from ..usage import GpuUsageMeter
@@ -78,6 +79,8 @@ class Live:
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
     gpu_meter: GpuUsageMeter = field(default_factory=GpuUsageMeter)  # its GPU memory and GPU-seconds
     program_pid: int | None = None  # the program the wrapper runs, once seen (_program.py)
+    # Which progress lines are stored (its milestones); the watchdog sees them all.
+    stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""

@@ -211,7 +211,10 @@ class Watching(Pacing, Queueing):
 
     def _observe(self, live: Live, probe_events: list[ProbeEvent], *, output: bool = True,
                  records: int = 0, last: Record | None = None) -> list[Event]:
-        """Feed the watchdog (output seen, each event) and return the events to store.
+        """Feed the watchdog (output seen, each event) and return the events to store: all but
+        the progress redraws between a bar's milestones (progress_milestones.py; ``_save`` adds
+        each bar's latest line), decided here, once per event, so that a write the store refused
+        is tried again with the same events.
         ``records``: how many records brought these events, ``last`` the last of them.
         ``output=False``: events completed later from records already seen, which date from the
         last output, not from now.  Records written while the daemon was down date from then."""
@@ -237,7 +240,7 @@ class Watching(Pacing, Queueing):
                 at = self._clock_at(event.ts)
             self._note(live, event, at)
         self._notify_observed(live, events)
-        return events
+        return [event for event in events if live.stored_progress.keep(event, event.ts)]
 
     def _clock_at(self, wall: float) -> float:
         """A wall-clock time on the watchdog's clock."""
@@ -245,7 +248,8 @@ class Watching(Pacing, Queueing):
 
     def _save(self, live: Live, events: list[Event], offset: int, *, force: bool) -> bool:
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""
-        if not events and not force:
+        latest, replaced = live.stored_progress.to_save()  # each bar's latest line, in place of the one before
+        if not events and not latest and not force:
             return False
         state = live.watchdog.state()  # one look per batch: what to store, and when to look again
         fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
@@ -255,9 +259,13 @@ class Watching(Pacing, Queueing):
         if state.failure is not None:
             fields["failure"] = state.failure
             fields["fingerprint"] = state.failure.fingerprint
-        if events:
-            stored = self.ctx.store.record_events(events, offset=offset, attempt_fields=fields)
-            self.ctx.bus.publish([e for e in stored if e.id is not None])
+        if events or latest:
+            stored = self.ctx.store.record_events(events + latest, offset=offset, attempt_fields=fields,
+                                                  replaced=replaced)
+            live.stored_progress.saved()
+            # Milestones only: a bar's latest line stands for its end until the next write replaces
+            # it, so that a follower of the bus (events -f, the page) is not sent each one.
+            self.ctx.bus.publish([e for e in stored[:len(events)] if e.id is not None])
         else:
             self.ctx.store.update_attempt(self.spec.name, live.row.n, log_offset=offset, **fields)
         live.row.log_offset = offset

@@ -1,0 +1,44 @@
+"""A long bar under a real daemon: its milestones are stored, not each redraw, while `status`
+still shows the true count and `events` the bar's first and last step (progress_milestones.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state, supervise
+
+from supervisor.config import Paths
+
+# tqdm itself, redrawn at every step (no rate limit): 20,001 redraws in a second or two.
+FAST_BAR_JOB = """\
+import sys
+from tqdm import tqdm
+for _ in tqdm(range(20_000), desc="train", file=sys.stdout, mininterval=0, miniters=1):
+    pass
+print("all good", flush=True)
+"""
+
+
+def _progress_rows(home: Path, job: str) -> int:
+    with sqlite3.connect(Paths(home).db) as db:
+        return db.execute("SELECT COUNT(*) FROM events WHERE job = ? AND kind = 'progress'", (job,)).fetchone()[0]
+
+
+def test_a_fast_20000_step_bar_stores_its_milestones_only(daemon: DaemonProcess, make_job, home: Path,
+                                                         daemon_env: dict[str, str]) -> None:
+    spec = make_job("fast", FAST_BAR_JOB, probes='["tqdm"]')
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "fast") == "done", timeout=60)
+    rows = _progress_rows(home, "fast")
+    assert 100 <= rows <= 150, rows  # the first step, each whole percent, the last: not 20,001
+    attempt = client.attempts("fast").attempts[0]
+    assert attempt.progress is not None and (attempt.progress.done, attempt.progress.total) == (20_000, 20_000)
+    status = supervise(daemon_env, "status", "fast").stdout
+    assert "20000/20000" in status, status
+    events = supervise(daemon_env, "events", "fast", "--kind", "progress", "-n", "1000").stdout
+    lines = [line for line in events.splitlines() if "/20000" in line]
+    assert len(lines) == rows, events
+    assert "0/20000" in lines[0] and "20000/20000" in lines[-1], (lines[0], lines[-1])
