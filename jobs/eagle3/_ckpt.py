@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._io import fsync_path
+
 MARKER = "COMPLETE"
 STATE = "state.pt"
 FORMAT = "eagle3-train-checkpoint/1"
@@ -40,14 +42,6 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
                 break
             h.update(b)
     return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Checkpoints:
@@ -100,12 +94,12 @@ class Checkpoints:
                 f.write(json.dumps(marker, indent=1, sort_keys=True) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync(tmp)
+            fsync_path(tmp)
             final = self.path(step)
             if final.exists():  # e.g. a damaged checkpoint of this step from an earlier run
                 self._remove(final)
             os.rename(tmp, final)
-            _fsync(self.root)
+            fsync_path(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

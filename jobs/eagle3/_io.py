@@ -64,8 +64,9 @@ def temp_path(path: str | os.PathLike[str]) -> Path:
     return p.with_name(f".{p.name}{TMP_MARK}{os.getpid()}")
 
 
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file (its data) or a directory (the names in it)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -111,7 +112,7 @@ def atomic_write_bytes(data: bytes, path: str | os.PathLike[str], *, sample: boo
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
         _add("bytes_written", len(data))
     except OSError as e:
         try:
@@ -147,22 +148,14 @@ def _sample_hooks(path: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _copy(src: Path, path: Path) -> None:
     """Copy ``src`` onto ``path`` atomically (temporary + fsync + rename + directory fsync)."""
     tmp = temp_path(path)
     try:
         shutil.copyfile(src, tmp)
-        _fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
     except BaseException as e:
         try:
             tmp.unlink()
@@ -191,7 +184,7 @@ def place_file(src: str | os.PathLike[str], path: str | os.PathLike[str], *, mov
         _sample_hooks(path)
     how = "copied"
     if move:
-        _fsync_file(src)  # its data on disk before its name appears
+        fsync_path(src)  # its data on disk before its name appears
         try:
             os.replace(src, path)
             how = "renamed"
@@ -213,7 +206,7 @@ def place_file(src: str | os.PathLike[str], path: str | os.PathLike[str], *, mov
                 raise
             _copy(src, path)
     if how != "copied":
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
         _add(how)
     if sample:
         with _lock:

@@ -221,7 +221,7 @@ class SpeculatorsWriter(Writer):
         # state.json last: load_from_disk needs it, so a kill before it leaves no half dataset in use.
         for name in DATASET_FILES:
             os.replace(tmp / name, self.root / name)
-        _io.fsync_dir(self.root)
+        _io.fsync_path(self.root)
         shutil.rmtree(tmp, ignore_errors=True)
         counts = {int(k): int(c) for k, c in enumerate(masked_freq.tolist()) if c}
         buf = io.BytesIO()
