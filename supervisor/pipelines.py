@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,7 +45,7 @@ _WAITING = (JobState.STARTING, JobState.WAITING)
 
 
 class Pipelines:
-    def __init__(self, store: Store, hosts: Hosts, runners: dict[str, JobRunner | ShardedJob],
+    def __init__(self, store: Store, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
                  start_runner: Callable[[JobSpec], JobRunner | ShardedJob]) -> None:
         self.store = store
         self.rows = PipelineStore(store)

@@ -32,7 +32,7 @@ from .hosts.stacks import StackDump
 from .pending_writes import PendingWrites
 from .placement import Placement
 from .policy import Decision, RestartPolicy
-from .runner import JobRunner, RunnerContext
+from .runner import JobRunner, RunnerContext, StartNews
 from .runner._context import Live, cancel_until_done
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
@@ -54,12 +54,14 @@ class ShardRunner(JobRunner):
         self.shard = shard
         self.index = shard  # the same, typed as always set
         self.coordinator = coordinator
+        self.news = coordinator.news  # the first shard's attempt, or its wait, is the start's news
         self.state = JobState.STARTING
         self.reason = ""
         self.policy = _ShardPolicy(self.policy, coordinator, shard)
 
     def _set_job(self, state: JobState, reason: str) -> None:
         self.state, self.reason = state, reason
+        self.news.said(state)
         self.coordinator.shard_moved()
 
     def _new_run(self) -> int:
@@ -143,6 +145,7 @@ class ShardedJob:
         self.ctx = context(spec.host)  # the store and the bus, which every shard shares
         self.numbering = asyncio.Lock()
         self.run = 0
+        self.news = StartNews()  # what `start` awaits, told by the shards
         self.shards = [self._shard_runner(spec.for_shard(p), p.shard) for p in spec.placements()]
         self.gather: ShardRunner | None = None
         self.task: asyncio.Task[None] | None = None
@@ -284,6 +287,7 @@ class ShardedJob:
 
     def _set_job(self, state: JobState, reason: str) -> None:
         self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+        self.news.said(state)
 
     # -- what the service and the API call ----------------------------------------------
 

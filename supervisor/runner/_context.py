@@ -25,6 +25,7 @@ from ..store import AttemptRow, Store
 from ..usage import GpuUsageMeter
 from ..watchdog import ProgressState, Watchdog
 from ._backlog import Backlog
+from ._news import StartNews
 
 
 class GpuView:
@@ -103,9 +104,11 @@ class Recording:
     spec: JobSpec
     ctx: RunnerContext
     _writes: PendingWrites
+    news: StartNews
 
     def _set_job(self, state: JobState, reason: str) -> None:
         self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+        self.news.said(state)
 
     def _update(self, n: int, **fields: Any) -> None:
         self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))

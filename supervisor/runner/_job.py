@@ -31,6 +31,7 @@ from ._adopting import Adopting
 from ._after import wait_for_after
 from ._context import Live, RunnerContext, cancel_until_done, describe_exit
 from ._gpu_wait import GpuWaiting
+from ._news import StartNews
 from ._program import learn_program_pid
 
 log = structlog.get_logger("supervise.runner")
@@ -49,7 +50,9 @@ class JobRunner(Adopting, GpuWaiting):
         self.spec = spec
         self.ctx = ctx
         self.policy = RestartPolicy(spec.restart)
-        self.live: Live | None = None
+        self.news = StartNews()  # what `start` awaits: the first attempt running, or a wait said at once
+        self._live: Live | None = None
+        self._watching_one = asyncio.Event()  # set while ``live`` is an attempt (what a stop awaits)
         self.next_relaunch_at: float | None = None
         self._stop_requested = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -64,6 +67,19 @@ class JobRunner(Adopting, GpuWaiting):
 
     def start(self, resume: AttemptRow | None = None) -> None:
         self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
+
+    @property
+    def live(self) -> Live | None:
+        """The attempt being watched now, if any."""
+        return self._live
+
+    @live.setter
+    def live(self, live: Live | None) -> None:
+        self._live = live
+        if live is None:
+            self._watching_one.clear()
+        else:
+            self._watching_one.set()
 
     @property
     def running(self) -> bool:
@@ -87,9 +103,12 @@ class JobRunner(Adopting, GpuWaiting):
         """A stop that comes while an attempt is being launched (a `restart` just before, say) waits
         for its process to exist, to kill it: a stop is never lost between launch and watch.  The
         loop itself sees the stop everywhere else (backoff, GPU and `after` waits) and ends."""
-        deadline = time.monotonic() + timeout_s
-        while self.live is None and self.task is not None and not self.task.done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        if self.live is None and self.task is not None and not self.task.done():
+            watching = asyncio.ensure_future(self._watching_one.wait())
+            try:
+                await asyncio.wait({watching, self.task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watching.cancel()
         return self.live
 
     async def detach(self) -> None:
@@ -335,6 +354,7 @@ class JobRunner(Adopting, GpuWaiting):
         row.scheduler_id = handle.scheduler_id
         self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING,
                      scheduler_id=handle.scheduler_id)
+        self.news.running(row)
         what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                                    {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name,
