@@ -17,13 +17,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 from . import arrivals, protocol
-from .bus import EventBus
 from .dependencies import check_after
 from .errors import AlreadyRunning, NotFound, RequestRejected, SuperviseError, error_of, http_status, row_of
-from .events import JobState
+from .events import EventKind, JobState
 from .hosts.registry import Hosts
 from .pending_writes import when_free
 from .pipelines import Pipelines
+from .recorder import Recorder
 from .recovery import Recovery
 from .retention import Retention, prune_events, prune_logs, remove_logs
 from .runner import JobRunner, RunnerContext
@@ -31,10 +31,11 @@ from .sharding import ShardedJob
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .stopping import VERB_STORE_WAIT_S, Stopping
-from .store import AttemptRow, Store
+from .store import AttemptRow
 from .views import job_status
 
-_LAUNCH_WITHIN_S = 60.0  # `start` answers 504 past this, never hangs
+_LAUNCH_WITHIN_S = 60.0
+_ENDING = frozenset({EventKind.ACTION, EventKind.EXITED, EventKind.STATE})  # `start` answers 504 past this, never hangs
 
 Runner = JobRunner | ShardedJob
 
@@ -42,18 +43,19 @@ Runner = JobRunner | ShardedJob
 class Supervisor:
     """The daemon's jobs: their runners and the verbs on them."""
 
-    def __init__(self, store: Store, bus: EventBus, hosts: Hosts, context: Callable[[str], RunnerContext],
+    def __init__(self, recorder: Recorder, hosts: Hosts, context: Callable[[str], RunnerContext],
                  retention: Retention, arrivals_dir: Path) -> None:
-        self.store = store
-        self.bus = bus
+        self.recorder = recorder
+        self.store = store = recorder.store
+        self.bus = recorder.bus
         self.hosts = hosts
         self.context = context
         self.retention = retention
         self.arrivals = arrivals_dir
         self._runners: dict[str, Runner] = {}
         self.runners: Mapping[str, Runner] = MappingProxyType(self._runners)  # readers' view
-        self.pipelines = Pipelines(store, hosts, self.runners, self.start_runner)
-        self._stopping = Stopping(store, bus, hosts, self.runners, self.pipelines)
+        self.pipelines = Pipelines(recorder, hosts, self.runners, self.start_runner)
+        self._stopping = Stopping(recorder, hosts, self.runners, self.pipelines)
 
     # -- runners --------------------------------------------------------------------------
 
@@ -63,7 +65,7 @@ class Supervisor:
             runner: Runner = ShardedJob(spec, self.context) if spec.shards > 1 else JobRunner(spec, self.context(spec.host))
         except SuperviseError as exc:
             # No runner will ever move this job on: its state must say so, not stay `starting`.
-            self.store.set_job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")
+            self.recorder.job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")
             raise
         self._runners[spec.name] = runner
         if isinstance(runner, ShardedJob):
@@ -101,7 +103,7 @@ class Supervisor:
     async def recover(self) -> list[str]:
         """The start-up pass: re-adopt, finish or mark lost every attempt the store thinks running;
         then the jobs waiting for their `after` get their runners back."""
-        notes = await Recovery(self.store, self.hosts, self.runners, self.start_runner, self.sharded).run()
+        notes = await Recovery(self.recorder, self.hosts, self.runners, self.start_runner, self.sharded).run()
         return notes + self.pipelines.resume_waiting()
 
     def refuse_start(self, spec: JobSpec) -> None:
@@ -112,8 +114,7 @@ class Supervisor:
 
     async def launch(self, spec: JobSpec) -> protocol.StartResponse:
         """Store the job, start its runner, and answer once its first attempt runs or it waits."""
-        await when_free(lambda: self.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING),
-                        within_s=VERB_STORE_WAIT_S)
+        await when_free(lambda: self._store_job(spec), within_s=VERB_STORE_WAIT_S)
         first = self.store.next_attempt_number(spec.name)  # this run's first: its shards number on from it
         runner = self.start_runner(spec)
         row = await self._first_news(spec, runner)
@@ -131,6 +132,11 @@ class Supervisor:
         else:
             message = f"started {spec.name} attempt {row.n} (pid {row.pid})"
         return protocol.StartResponse(job=spec.name, attempt=row.n, log_path=row.log_path, message=message)
+
+    def _store_job(self, spec: JobSpec) -> None:
+        """The job's spec, stored; its state `starting`, recorded (and said on the bus)."""
+        self.store.upsert_job(spec.name, spec.model_dump(mode="json"), JobState.STARTING)
+        self.recorder.job_state(spec.name, JobState.STARTING)
 
     async def _first_news(self, spec: JobSpec, runner: Runner) -> AttemptRow | None:
         """The start's first attempt once it runs; None when the start is held: by its `after`,
@@ -225,7 +231,8 @@ class Supervisor:
 
     async def attempt_ended(self, job: str, n: int, gone: Callable[[], bool], check_s: float = 0.25) -> None:
         """Until the attempt has ended (or ``gone()``: the reader left).  The store is read again
-        only when the bus brings news of the job: every end of an attempt comes with an event."""
+        only when the bus brings news of the job that may end it: every end of an attempt is
+        recorded before an event of these kinds (the action taken, its exit, the job's state)."""
         sub = self.bus.stream()
         try:
             while not gone():
@@ -243,7 +250,7 @@ class Supervisor:
                         sub.close()
                         sub = self.bus.stream()
                         break
-                    if any(e.job == job for e in batch):
+                    if any(e.job == job and e.kind in _ENDING for e in batch):
                         break
         finally:
             sub.close()

@@ -20,7 +20,8 @@ from .spec import JobSpec
 from .hosts.registry import Hosts
 from .runner import JobRunner
 from .sharding import ShardedJob
-from .store import AttemptRow, Store
+from .recorder import Recorder
+from .store import AttemptRow
 
 _TAKEN_UP = (JobState.RUNNING, JobState.BACKOFF)  # a sharded job's states that a restarted daemon goes on with
 log = structlog.get_logger("supervise.daemon")
@@ -30,9 +31,10 @@ class Recovery:
     """One pass; the runners it makes are the caller's (``start_runner``, ``sharded``: a sharded
     job's coordinator, made without starting it), ``runners`` what the caller holds already."""
 
-    def __init__(self, store: Store, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
+    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
                  start_runner: Callable[..., JobRunner | ShardedJob], sharded: Callable[[JobSpec], ShardedJob]) -> None:
-        self.store = store
+        self.recorder = recorder
+        self.store = recorder.store
         self.hosts = hosts
         self.runners = runners
         self.start_runner = start_runner
@@ -83,7 +85,7 @@ class Recovery:
         if row.pid is None or (not alive and status is None and row.state is AttemptState.LAUNCHING):
             self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, ended=time.time(),
                                       reason="the daemon stopped while launching it")
-            self.store.set_job_state(row.job, JobState.FAILED, "attempt lost during launch; start the job again")
+            self.recorder.job_state(row.job, JobState.FAILED, "attempt lost during launch; start the job again")
             return f"{row.job}#{row.n}: lost during launch"
         # Alive, or ended while we were away: either way the runner drains the log from the
         # saved offset and judges it; a dead wrapper is noticed at once by wait_exit.
@@ -135,7 +137,7 @@ class Recovery:
             try:
                 sharded = self.sharded(JobSpec.model_validate(job.spec))
             except (ValidationError, SuperviseError) as exc:
-                self.store.set_job_state(job.name, JobState.FAILED, f"not taken up again on recovery: {exc}")
+                self.recorder.job_state(job.name, JobState.FAILED, f"not taken up again on recovery: {exc}")
                 notes.append(f"{job.name}: not taken up again ({exc})")
                 continue
             sharded.start({})

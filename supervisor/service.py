@@ -34,8 +34,9 @@ from .hosts.base import Host
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
 from .gpu_faults import GpuRouter
-from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .jobs import Supervisor
+from .metrics import HostReading, JobReading, Metrics, serve_tcp
+from .recorder import Recorder
 from .retention import Retention, prune_arrivals, prune_events, prune_logs
 from .runner import GpuView, RunnerContext
 from .shard_views import ShardRows, shard_rows
@@ -63,13 +64,14 @@ class Service:
         secure_state_dir(paths)  # 0700 and 0600: specs hold tokens, logs hold anything
         self.store = Store(paths.db)
         self.bus = EventBus()
+        self.recorder = Recorder(self.store, self.bus)  # every event and job state: stored, then published
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml,
                                    kernel_log=settings.kernel_log or None)
         # GPU samples and faults go to the attempts using those GPUs (and faults to the metrics).
         self.hosts = Hosts(self.store, settings, local, on_sample=lambda *sampled: self._gpu_router(*sampled))
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)
         retention = Retention(self.loaded.settings.log_keep_attempts, self.loaded.settings.log_max_bytes)
-        self.jobs = Supervisor(self.store, self.bus, self.hosts, self.context, retention, paths.arrivals)
+        self.jobs = Supervisor(self.recorder, self.hosts, self.context, retention, paths.arrivals)
         self.recovery_notes: list[str] = []
         self.down_since: float | None = None  # the previous daemon's last heartbeat (what re-adoptions say)
         self._stopping = asyncio.Event()
@@ -87,7 +89,7 @@ class Service:
     def context(self, host_name: str) -> RunnerContext:
         slot = self.hosts.get(host_name)
         gpu = slot.gpu
-        return RunnerContext(store=self.store, bus=self.bus, host=slot.host,
+        return RunnerContext(store=self.store, bus=self.bus, recorder=self.recorder, host=slot.host,
                              alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
                              records_seen=self.metrics.records_seen, down_since=self.down_since,
                              arrivals=self.paths.arrivals)

@@ -286,7 +286,7 @@ class ShardedJob:
         return first
 
     def _set_job(self, state: JobState, reason: str) -> None:
-        self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+        self._writes.submit(lambda: self.ctx.recorder.job_state(self.spec.name, state, reason))
         self.news.said(state)
 
     # -- what the service and the API call ----------------------------------------------

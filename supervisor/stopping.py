@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import protocol
-from .bus import EventBus
 from .errors import ConnectionLost, HostError, HostRefused, NotFound, RequestRejected
 from .events import JobState
 from .gpu_holders import attempt_pids, still_held
@@ -16,10 +15,10 @@ from .hosts.base import KillReport
 from .hosts.registry import Hosts
 from .pending_writes import when_free
 from .pipelines import Pipelines
+from .recorder import Recorder
 from .runner import JobRunner
 from .sharding import ShardedJob
 from .spec import JobSpec
-from .store import Store
 from .strays import StrayStop, merge_reports, stop_strays, stray_handle
 
 # A verb's write waits this long for a lock another process holds, then answers "store busy" (74).
@@ -32,10 +31,10 @@ _UNENDED = frozenset({JobState.STARTING, JobState.WAITING, JobState.RUNNING, Job
 class Stopping:
     """Stops for the jobs domain: it reads the runners (``runners``), never adds or drops one."""
 
-    def __init__(self, store: Store, bus: EventBus, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
+    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
                  pipelines: Pipelines) -> None:
-        self.store = store
-        self.bus = bus
+        self.recorder = recorder
+        self.store = recorder.store
         self.hosts = hosts
         self.runners = runners
         self.pipelines = pipelines
@@ -73,7 +72,7 @@ class Stopping:
                 await runner.stop(grace_s)
             if store.job(step.job).state in _UNENDED:
                 reason = f"stopped with pipeline {pipeline.name} before it launched"
-                await when_free(lambda job=step.job, why=reason: store.set_job_state(job, JobState.STOPPED, why),
+                await when_free(lambda job=step.job, why=reason: self.recorder.job_state(job, JobState.STOPPED, why),
                                 within_s=VERB_STORE_WAIT_S)
             said.append(f"{step.step}: not launched")
         message = (f"stopped pipeline {pipeline.name}: " + "; ".join(said) if said
@@ -93,15 +92,13 @@ class Stopping:
         strays = StrayStop()
         for host in dict.fromkeys([spec.host, *spec.hosts]):  # a sharded job's shards run on several
             try:
-                found = await stop_strays(self.store, self.hosts.get(host).host, name,
+                found = await stop_strays(self.recorder, self.hosts.get(host).host, name,
                                           None, spec.stop_grace_s if grace_s is None else grace_s)
             except (ConnectionLost, HostRefused) as exc:
                 raise HostError(f"cannot reach {host} to stop {name} ({exc}); its supervision is stopped, its process "
                                 f"may still run there: `supervise stop {name}` again once the host answers") from exc
             strays.attempts += found.attempts
-            strays.events += found.events
             merge_reports(strays.report, found.report)
-        self.bus.publish(strays.events)
         if not running and not strays.attempts:
             return None
         merge_reports(report, strays.report)
@@ -109,7 +106,7 @@ class Stopping:
         pids = await attempt_pids(slot.host, unended, report, before.known_pids if before else ())
         held = await still_held(slot.gpu.sample, pids)
         if strays.attempts and not running:
-            await when_free(lambda: self.store.set_job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)"),
+            await when_free(lambda: self.recorder.job_state(name, JobState.STOPPED, "stopped by user (it was running unwatched)"),
                             within_s=VERB_STORE_WAIT_S)
         orphans = set(report.reparented)
         processes = [protocol.KilledProcess(pid=p, name=n, signal="SIGTERM", reparented=p in orphans)
