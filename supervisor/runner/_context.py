@@ -27,6 +27,7 @@ from ..usage import GpuUsageMeter
 from ..watchdog import ProgressState, Watchdog
 from ._backlog import Backlog
 from ._news import StartNews
+from ._scope import JobScope
 
 
 class GpuView:
@@ -107,9 +108,10 @@ class Recording:
     ctx: RunnerContext
     _writes: PendingWrites
     news: StartNews
+    scope: JobScope
 
     def _set_job(self, state: JobState, reason: str) -> None:
-        self._writes.submit(lambda: self.ctx.recorder.job_state(self.spec.name, state, reason))
+        self.scope.set_state(self._writes, state, reason)
         self.news.said(state)
 
     def _update(self, n: int, **fields: Any) -> None:
