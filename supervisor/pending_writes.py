@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -58,6 +58,14 @@ class PendingWrites:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+    def now(self, write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``write(*args, **kwargs)`` now, in its turn: refused (StoreError, nothing written) while earlier writes
+        wait to be stored, so that a caller keeping its own pending writes (the log's events and
+        offset, kept for the next batch) never stores them ahead of those."""
+        if self._kept:
+            raise StoreError(f"{len(self._kept)} earlier writes are not stored yet")
+        return write(*args, **kwargs)
 
     def submit(self, write: Callable[[], object]) -> None:
         """Write now if nothing is kept, else (or if the store refuses) keep it for later."""

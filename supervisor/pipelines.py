@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,16 +38,17 @@ from .runner import JobRunner
 if TYPE_CHECKING:
     from .sharding import ShardedJob
 from .spec import JobSpec
-from .store import Store
+from .recorder import Recorder
 from .views import attempt_info
 
 _WAITING = (JobState.STARTING, JobState.WAITING)
 
 
 class Pipelines:
-    def __init__(self, store: Store, hosts: Hosts, runners: dict[str, JobRunner | ShardedJob],
+    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
                  start_runner: Callable[[JobSpec], JobRunner | ShardedJob]) -> None:
-        self.store = store
+        self.recorder = recorder
+        self.store = store = recorder.store
         self.rows = PipelineStore(store)
         self.hosts = hosts
         self.runners = runners
@@ -73,6 +74,7 @@ class Pipelines:
         # All registered before any runner starts: a step must never see the previous run's `done`.
         for step in to_run:
             self.store.upsert_job(step.job, step.spec.model_dump(mode="json"), JobState.STARTING)
+            self.recorder.job_state(step.job, JobState.STARTING)
         for step in to_run:
             self.start_runner(step.spec)
         return protocol.PipelineStartResponse(pipeline=pipeline.name, started=[s.step for s in to_run],
@@ -106,7 +108,7 @@ class Pipelines:
             try:
                 spec = JobSpec.model_validate(row.spec)
             except ValidationError as exc:
-                self.store.set_job_state(row.name, JobState.FAILED, f"spec unreadable on recovery: {exc.errors()[0]['msg']}")
+                self.recorder.job_state(row.name, JobState.FAILED, f"spec unreadable on recovery: {exc.errors()[0]['msg']}")
                 continue
             self.start_runner(spec)
             notes.append(f"{row.name}: waiting again for {', '.join(spec.after)}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,8 +31,9 @@ from .hosts.stacks import StackDump
 from .pending_writes import PendingWrites
 from .placement import Placement
 from .policy import Decision, RestartPolicy
-from .runner import JobRunner, RunnerContext
-from .runner._context import Live, cancel_until_done
+from .recorder import Recorder
+from .runner import JobRunner, JobScope, RunnerContext, StartNews
+from .runner._context import cancel_until_done
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow
@@ -45,29 +45,26 @@ GATHER_SHARD = -1  # the shard index the gather step's attempts are stored with
 _ENDED = {JobState.DONE, JobState.FAILED, JobState.STOPPED}
 
 
-class ShardRunner(JobRunner):
-    """One shard: a job runner whose attempts carry its shard index and whose state goes to the
-    coordinator instead of the job."""
+class ShardScope(JobScope):
+    """What a shard's attempts belong to: its index, the coordinator's run, launches numbered one
+    at a time across the job's shards; its state goes to the coordinator, which says the job's."""
 
-    def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, shard: int) -> None:
-        super().__init__(spec, ctx)
+    def __init__(self, recorder: Recorder, job: str, coordinator: ShardedJob, shard: int) -> None:
+        super().__init__(recorder, job)
         self.shard = shard
-        self.index = shard  # the same, typed as always set
         self.coordinator = coordinator
         self.state = JobState.STARTING
         self.reason = ""
-        self.policy = _ShardPolicy(self.policy, coordinator, shard)
 
-    def _set_job(self, state: JobState, reason: str) -> None:
+    def set_state(self, writes: PendingWrites, state: JobState, reason: str) -> None:
         self.state, self.reason = state, reason
         self.coordinator.shard_moved()
 
-    def _new_run(self) -> int:
-        return self.coordinator.run
-
-    def _run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
-        if resume is not None or not self.coordinator.continuing:
-            return super()._run_so_far(resume)
+    def run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
+        if resume is not None:
+            return super().run_so_far(resume)
+        if not self.coordinator.continuing:
+            return self.coordinator.run, 0, None
         # A daemon restart found this shard between attempts (a backoff, a launch it died in): its
         # run goes on with the attempts it has spent and its last failure.
         mine = self._mine()
@@ -75,39 +72,55 @@ class ShardRunner(JobRunner):
 
     def _mine(self) -> list[AttemptRow]:
         """This shard's attempts in the job's current run."""
-        return [a for a in self.ctx.store.attempts(self.spec.name) if a.shard == self.shard and a.run == self.coordinator.run]
+        return [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.run == self.coordinator.run]
 
-    async def _attempts(self, resume: AttemptRow | None) -> None:
-        if resume is None and self.coordinator.continuing and await self._rest_of_backoff():
-            self._set_job(JobState.STOPPED, "stopped by user during backoff")
-            return
-        await super()._attempts(resume)
+    def previous_fingerprint(self, resume: AttemptRow) -> str | None:
+        mine = [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.n < resume.n]
+        return mine[-1].fingerprint if mine else None
 
-    async def _rest_of_backoff(self) -> bool:
+    def rest_of_backoff(self, policy: RestartPolicy) -> float:
         """After a daemon restart in this shard's backoff: the rest of the wait (the policy's, from
-        the failed attempt's end) before its next launch.  True when a stop came meanwhile."""
+        the failed attempt's end) before its next launch."""
+        if not self.coordinator.continuing:
+            return 0.0
         mine = self._mine()
         last = mine[-1] if mine else None
         if last is None or last.ended is None or not (last.action or "").startswith("relaunch"):
-            return False
-        wait = 0.0 if last.verdict is Verdict.PREEMPTED else self.policy.wait_after(len(mine))
-        left = last.ended + wait - time.time()
-        if left <= 0:
-            return False
-        self._set_job(JobState.BACKOFF, f"relaunching in {left:.0f}s (the backoff the daemon restarted in)")
-        return await self._sleep_unless_stopped(left)
+            return 0.0
+        wait = 0.0 if last.verdict is Verdict.PREEMPTED else policy.wait_after(len(mine))
+        return max(0.0, last.ended + wait - time.time())
 
-    async def _launch(self, run: int) -> Live:
-        # One at a time across the job's shards: an attempt is numbered, then stored after an await.
-        async with self.coordinator.numbering:
-            return await super()._launch(run)
+    def numbering(self) -> asyncio.Lock:
+        return self.coordinator.numbering  # one at a time across the job's shards
 
-    def snapshot(self) -> RunnerSnapshot:
-        return dataclasses.replace(super().snapshot(), shard=self.shard)
 
-    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
-        mine = [a for a in self.ctx.store.attempts(self.spec.name) if a.shard == self.shard and a.n < resume.n]
-        return mine[-1].fingerprint if mine else None
+class ShardRunner(JobRunner):
+    """One shard: a job runner given a shard's scope, its coordinator's news and a policy that
+    hears of the failures other shards saw."""
+
+    scope: ShardScope
+
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, shard: int) -> None:
+        super().__init__(spec, ctx, ShardScope(ctx.recorder, spec.name, coordinator, shard))
+        self.index = shard  # the shard's index, typed as always set
+        self.news = coordinator.news  # the first shard's attempt, or its wait, is the start's news
+        self.policy = _ShardPolicy(self.policy, coordinator, shard)
+
+    @property
+    def state(self) -> JobState:
+        return self.scope.state
+
+    @state.setter
+    def state(self, state: JobState) -> None:
+        self.scope.state = state
+
+    @property
+    def reason(self) -> str:
+        return self.scope.reason
+
+    @reason.setter
+    def reason(self, reason: str) -> None:
+        self.scope.reason = reason
 
 
 class _ShardPolicy(RestartPolicy):
@@ -143,6 +156,7 @@ class ShardedJob:
         self.ctx = context(spec.host)  # the store and the bus, which every shard shares
         self.numbering = asyncio.Lock()
         self.run = 0
+        self.news = StartNews()  # what `start` awaits, told by the shards
         self.shards = [self._shard_runner(spec.for_shard(p), p.shard) for p in spec.placements()]
         self.gather: ShardRunner | None = None
         self.task: asyncio.Task[None] | None = None
@@ -283,7 +297,8 @@ class ShardedJob:
         return first
 
     def _set_job(self, state: JobState, reason: str) -> None:
-        self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+        self._writes.submit(lambda: self.ctx.recorder.job_state(self.spec.name, state, reason))
+        self.news.said(state)
 
     # -- what the service and the API call ----------------------------------------------
 

@@ -266,12 +266,18 @@ class Store:
     # -- events -----------------------------------------------------------------------
 
     def record_events(self, events: Iterable[Event], *, offset: int | None = None,
-                      attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = ()) -> list[Event]:
+                      attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = (),
+                      job_state: tuple[JobState, str] | None = None) -> list[Event]:
         """Store events (assigning ids) and, in the same transaction, the attempt's new log
         offset and any derived fields (phase, progress); ``replaced``: ids of progress events
-        the new ones stand in for (a bar's latest line, progress_milestones.py), deleted."""
+        the new ones stand in for (a bar's latest line, progress_milestones.py), deleted;
+        ``job_state``: the job's new state and reason (nothing is stored for a job forgotten)."""
         stored = list(events)
         with self._tx() as db:
+            if job_state is not None and stored and not db.execute(
+                    "UPDATE jobs SET state=?, reason=?, updated=? WHERE name=?",
+                    (*job_state, time.time(), stored[0].job)).rowcount:
+                return []
             db.executemany("DELETE FROM events WHERE id = ? AND kind = 'progress'", [(i,) for i in replaced])
             for event in stored:
                 cur = db.execute(

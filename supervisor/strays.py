@@ -16,6 +16,7 @@ import structlog
 
 from .events import AttemptState, Event, EventKind
 from .hosts.base import Host, KillReport, ProcessHandle
+from .recorder import Recorder
 from .store import AttemptRow, Store
 
 log = structlog.get_logger("supervise.strays")
@@ -27,7 +28,6 @@ class StrayStop:
 
     attempts: list[int] = field(default_factory=list)  # the attempts found alive and stopped
     report: KillReport = field(default_factory=KillReport)
-    events: list[Event] = field(default_factory=list)  # stored, to be published
 
 
 def stray_handle(row: AttemptRow) -> ProcessHandle:
@@ -50,9 +50,10 @@ async def alive_unwatched(store: Store, host: Host, job: str, watched: int | Non
     return found
 
 
-async def stop_strays(store: Store, host: Host, job: str, watched: int | None, grace_s: float) -> StrayStop:
+async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | None, grace_s: float) -> StrayStop:
     """Kill every unwatched live attempt of ``job`` and record it (attempt stopped, an event)."""
     result = StrayStop()
+    store = recorder.store
     for row in await alive_unwatched(store, host, job, watched):
         handle = stray_handle(row)
         report = await host.kill_tree(handle, grace_s)
@@ -62,7 +63,7 @@ async def stop_strays(store: Store, host: Host, job: str, watched: int | None, g
         store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", reason=reason,
                              exit_code=status.returncode if status else None,
                              exit_signal=status.signal if status else None)
-        result.events += store.record_events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,
+        recorder.events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,
                                    message=f"stopped by user (it was running unwatched): {report.summary()}",
                                    data={"terminated": [p for p, _ in report.terminated],
                                          "killed": [p for p, _ in report.killed],

@@ -8,17 +8,14 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from .. import protocol
-from ..runner import JobRunner
-from ..sharding import ShardedJob
-from ..spec import JobSpec
-from ..store import AttemptRow, Store
+from ..store import Store
 
 if TYPE_CHECKING:
     from ..bus import EventBus
     from ..config import DaemonSettings, LoadedSettings, Paths
     from ..hosts.registry import Hosts
+    from ..jobs import Supervisor
     from ..metrics import Metrics
-    from ..pipelines import Pipelines
     from ..snapshot import RunnerSnapshot
 
 log = structlog.get_logger("supervise.api")
@@ -60,15 +57,10 @@ class Service(Protocol):
     def metrics(self) -> Metrics: ...
 
     @property
-    def runners(self) -> dict[str, JobRunner | ShardedJob]: ...
+    def jobs(self) -> Supervisor: ...
 
     @property
     def web(self) -> WebControl: ...
-
-    @property
-    def pipelines(self) -> Pipelines: ...
-
-    def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> JobRunner | ShardedJob: ...
 
     def snapshot(self, job: str) -> RunnerSnapshot | None: ...
 

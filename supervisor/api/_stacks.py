@@ -12,7 +12,7 @@ from ._service import Service
 
 async def job_stacks(service: Service, name: str) -> protocol.StacksResponse:
     service.store.job(name)  # an unknown job: 404
-    runner = service.runners.get(name)
+    runner = service.jobs.runners.get(name)
     dump = None
     if runner is not None and runner.running:
         dump = await asyncio.wait_for(runner.stacks_now(), stacks.PER_PROCESS_S + 30)

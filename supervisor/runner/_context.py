@@ -19,12 +19,15 @@ from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites
+from ..recorder import Recorder
 from ..progress_milestones import ProgressMilestones
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
 from ..usage import GpuUsageMeter
 from ..watchdog import ProgressState, Watchdog
 from ._backlog import Backlog
+from ._news import StartNews
+from ._scope import JobScope
 
 
 class GpuView:
@@ -42,6 +45,7 @@ class GpuView:
 class RunnerContext:
     store: Store
     bus: EventBus
+    recorder: Recorder  # the one writer of events and job states: store, then publish
     host: Host
     alerter: Alerter
     gpu: GpuView
@@ -97,15 +101,18 @@ class Live:
 
 class Recording:
     """How a runner records what happens: job state, attempt fields and events, each through the
-    pending-writes queue (a full disk delays them, never drops or reorders them), events then
-    published on the bus."""
+    pending-writes queue (a full disk delays them, never drops or reorders them) to the recorder,
+    which stores each, then publishes it."""
 
     spec: JobSpec
     ctx: RunnerContext
     _writes: PendingWrites
+    news: StartNews
+    scope: JobScope
 
     def _set_job(self, state: JobState, reason: str) -> None:
-        self._writes.submit(lambda: self.ctx.store.set_job_state(self.spec.name, state, reason))
+        self.scope.set_state(self._writes, state, reason)
+        self.news.said(state)
 
     def _update(self, n: int, **fields: Any) -> None:
         self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
@@ -121,7 +128,7 @@ class Recording:
                      probe=pe.probe, phase=pe.phase, offset=pe.offset, data=jsonable(pe.fields), failure=pe.failure)
 
     def _publish(self, events: list[Event]) -> None:
-        self._writes.submit(lambda: self.ctx.bus.publish(self.ctx.store.record_events(events)))
+        self._writes.submit(lambda: self.ctx.recorder.events(events))
 
 
 def describe_exit(status: ExitStatus | None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -31,6 +32,8 @@ from ._adopting import Adopting
 from ._after import wait_for_after
 from ._context import Live, RunnerContext, cancel_until_done, describe_exit
 from ._gpu_wait import GpuWaiting
+from ._news import StartNews
+from ._scope import JobScope
 from ._program import learn_program_pid
 
 log = structlog.get_logger("supervise.runner")
@@ -43,13 +46,14 @@ _REACH_AGAIN_S = (2.0, 30.0)  # the first wait before asking the host again, and
 LAUNCH_PACK = "launch"  # probes/launch.toml
 
 class JobRunner(Adopting, GpuWaiting):
-    shard: int | None = None  # stored with each attempt; a shard's runner (sharding.py) sets it
-
-    def __init__(self, spec: JobSpec, ctx: RunnerContext) -> None:
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, scope: JobScope | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
+        self.scope = scope or JobScope(ctx.recorder, spec.name)  # a shard's runner: its coordinator's (sharding.py)
         self.policy = RestartPolicy(spec.restart)
-        self.live: Live | None = None
+        self.news = StartNews()  # what `start` awaits: the first attempt running, or a wait said at once
+        self._live: Live | None = None
+        self._watching_one = asyncio.Event()  # set while ``live`` is an attempt (what a stop awaits)
         self.next_relaunch_at: float | None = None
         self._stop_requested = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -64,6 +68,24 @@ class JobRunner(Adopting, GpuWaiting):
 
     def start(self, resume: AttemptRow | None = None) -> None:
         self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
+
+    @property
+    def live(self) -> Live | None:
+        """The attempt being watched now, if any."""
+        return self._live
+
+    @live.setter
+    def live(self, live: Live | None) -> None:
+        self._live = live
+        if live is None:
+            self._watching_one.clear()
+        else:
+            self._watching_one.set()
+
+    @property
+    def shard(self) -> int | None:
+        """Stored with each attempt: the shard's index, for a shard's runner."""
+        return self.scope.shard
 
     @property
     def running(self) -> bool:
@@ -87,9 +109,12 @@ class JobRunner(Adopting, GpuWaiting):
         """A stop that comes while an attempt is being launched (a `restart` just before, say) waits
         for its process to exist, to kill it: a stop is never lost between launch and watch.  The
         loop itself sees the stop everywhere else (backoff, GPU and `after` waits) and ends."""
-        deadline = time.monotonic() + timeout_s
-        while self.live is None and self.task is not None and not self.task.done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        if self.live is None and self.task is not None and not self.task.done():
+            watching = asyncio.ensure_future(self._watching_one.wait())
+            try:
+                await asyncio.wait({watching, self.task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watching.cancel()
         return self.live
 
     async def detach(self) -> None:
@@ -119,9 +144,12 @@ class JobRunner(Adopting, GpuWaiting):
         await self._writes.drained()  # the run's end is stored before the runner counts as ended
 
     async def _attempts(self, resume: AttemptRow | None) -> None:
-        # A re-adopted attempt continues the run it belonged to; a fresh `start` opens a new run
-        # with a fresh budget.
-        run, run_attempts, previous_fp = self._run_so_far(resume)
+        run, run_attempts, previous_fp = self.scope.run_so_far(resume)
+        if resume is None and (left := self.scope.rest_of_backoff(self.policy)) > 0:
+            self._set_job(JobState.BACKOFF, f"relaunching in {left:.0f}s (the backoff the daemon restarted in)")
+            if await self._sleep_unless_stopped(left):
+                self._set_job(JobState.STOPPED, "stopped by user during backoff")
+                return
         if resume is None and self.spec.after and not await wait_for_after(self, self._stop_requested):
             return
         while True:
@@ -132,7 +160,8 @@ class JobRunner(Adopting, GpuWaiting):
             else:
                 if not await self._prelaunch_gpu_check():
                     return
-                live = await self._launch(run)
+                async with self.scope.numbering():
+                    live = await self._launch(run)
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
             try:
@@ -276,21 +305,6 @@ class JobRunner(Adopting, GpuWaiting):
         else:
             self._set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
 
-    def _run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
-        """The run the coming attempts belong to, the attempts of it already spent, and the
-        fingerprint of the last one (the policy's "same failure twice")."""
-        if resume is None:
-            return self._new_run(), 0, None
-        return resume.run, resume.run_attempt - 1, self._previous_fingerprint(resume)
-
-    def _new_run(self) -> int:
-        return self.ctx.store.next_run_number(self.spec.name)
-
-    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
-        with contextlib.suppress(SuperviseError):
-            return self.ctx.store.attempt(self.spec.name, resume.n - 1).fingerprint
-        return None
-
     async def _sleep_unless_stopped(self, seconds: float) -> bool:
         self.next_relaunch_at = time.time() + seconds
         try:
@@ -335,6 +349,7 @@ class JobRunner(Adopting, GpuWaiting):
         row.scheduler_id = handle.scheduler_id
         self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING,
                      scheduler_id=handle.scheduler_id)
+        self.news.running(row)
         what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                                    {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name,
@@ -356,9 +371,10 @@ class JobRunner(Adopting, GpuWaiting):
         """What the runner shows readers (status, metrics) now: a frozen copy, never live state."""
         live = self.live
         if live is None:
-            return RunnerSnapshot(job=self.spec.name, attempt=None, next_relaunch_at=self.next_relaunch_at)
-        return watching(self.spec.name, live.row.n, live.watchdog, self.ctx.clock(), last_output=live.last_output,
+            return RunnerSnapshot(job=self.spec.name, attempt=None, next_relaunch_at=self.next_relaunch_at, shard=self.shard)
+        seen = watching(self.spec.name, live.row.n, live.watchdog, self.ctx.clock(), last_output=live.last_output,
                         known_pids=frozenset(live.known_pids), program_pid=live.program_pid)
+        return seen if self.shard is None else dataclasses.replace(seen, shard=self.shard)
 
     async def _cleanup(self, live: Live, judgement: Judgement) -> None:
         if judgement.verdict in _FINAL_VERDICTS and not await self.ctx.host.attempt_pids(live.handle):

@@ -152,7 +152,7 @@ class Watching(Pacing, Queueing):
             self._caught_up(live, follower, quiet=batch is None)
             force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
             try:
-                if self._save(live, unsaved, engine.resume_offset, force=force):
+                if self._writes.now(self._save, live, unsaved, engine.resume_offset, force=force):
                     last_save = time.monotonic()
                 unsaved.clear()
                 disk_warned = False
@@ -164,7 +164,7 @@ class Watching(Pacing, Queueing):
                 while len(unsaved) >= _MAX_UNSAVED_EVENTS:  # bounded: read no further until the store takes them
                     await asyncio.sleep(_UNSAVED_RETRY_S)
                     with contextlib.suppress(StoreError):
-                        self._save(live, unsaved, engine.resume_offset, force=True)
+                        self._writes.now(self._save, live, unsaved, engine.resume_offset, force=True)
                         unsaved.clear()
 
     @staticmethod
@@ -260,12 +260,10 @@ class Watching(Pacing, Queueing):
             fields["failure"] = state.failure
             fields["fingerprint"] = state.failure.fingerprint
         if events or latest:
-            stored = self.ctx.store.record_events(events + latest, offset=offset, attempt_fields=fields,
-                                                  replaced=replaced)
+            # Milestones only are published: a bar's latest line stands for its end until the next
+            # write replaces it, so that a follower of the bus (events -f, the page) is not sent each one.
+            self.ctx.recorder.events(events, unpublished=latest, offset=offset, attempt_fields=fields, replaced=replaced)
             live.stored_progress.saved()
-            # Milestones only: a bar's latest line stands for its end until the next write replaces
-            # it, so that a follower of the bus (events -f, the page) is not sent each one.
-            self.ctx.bus.publish([e for e in stored[:len(events)] if e.id is not None])
         else:
             self.ctx.store.update_attempt(self.spec.name, live.row.n, log_offset=offset, **fields)
         live.row.log_offset = offset

@@ -41,7 +41,7 @@ def page_status(service: WebService, read_only: bool, job: str | None) -> PageSt
     rows = [store.job(job)] if job else store.jobs()
     snapshots = {row.name: service.snapshot(row.name) for row in rows}
     sample = service.hosts.local.gpu.latest
-    pid_jobs = {pid: name for name, snap in ((n, service.snapshot(n)) for n in service.runners)
+    pid_jobs = {pid: name for name, snap in ((n, service.snapshot(n)) for n in service.jobs.runners)
                 if snap is not None for pid in snap.known_pids}
     return PageStatus(
         now=time.time(), read_only=read_only,
