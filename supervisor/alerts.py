@@ -215,8 +215,8 @@ class Alerter:
         why_not = self._suppression(alert.key, now)
         if why_not:
             self._pending_suppressed[alert.key] = self._pending_suppressed.get(alert.key, 0) + 1
-            folded = self._folded.setdefault(alert.job, {})
-            folded[alert.what] = folded.get(alert.what, 0) + 1
+            counts = self._folded.setdefault(alert.job, {})
+            counts[alert.what] = counts.get(alert.what, 0) + 1
             self.suppressed_total += 1
             log.info("alert suppressed", job=alert.job, attempt=alert.attempt, key=alert.key, why=why_not,
                      suppressed=self._pending_suppressed[alert.key])
@@ -224,7 +224,9 @@ class Alerter:
         suppressed = self._pending_suppressed.pop(alert.key, 0)
         if suppressed:
             self._forget_folded(alert.job, alert.what, suppressed)
-        folded = self._folded.pop(alert.job, None) if alert.kind in _ENDS_A_LOOP else None
+        folded: dict[str, int] | None = None
+        if alert.kind in _ENDS_A_LOOP:
+            folded = self._folded.pop(alert.job, None)
         body = format_body(alert, suppressed, folded)
         log.warning("alert", job=alert.job, attempt=alert.attempt, title=alert.title, what=alert.what,
                     severity=alert.severity.value, gpu=alert.gpu, next=alert.next_action, key=alert.key)

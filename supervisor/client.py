@@ -20,8 +20,8 @@ from pydantic import BaseModel
 
 from . import protocol
 from .config import Paths, load_settings
-from .spec_fields import FieldOverrides
 from .errors import DaemonError, DaemonNotRunning, RequestRejected, error_of
+from .spec_fields import FieldOverrides
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -250,8 +250,8 @@ def _message(error: Any) -> str:
 
 def describe_settings(loaded: LoadedSettings) -> Any:
     """The effective settings as the API shows them (alert URLs redacted: they carry secrets)."""
-    from .redact import redact_url
     from .protocol import ConfigResponse, SettingInfo
+    from .redact import redact_url
 
     rows = []
     for name, field in DaemonSettings.model_fields.items():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .config import Paths
-from .hosts import _remote, _remote_parse
 from .errors import ConnectionLost, SuperviseError
+from .hosts import DOCTOR_SCRIPT, after_mark, parse_keys, script
 
 if TYPE_CHECKING:
     from .hosts.ssh import SshHost
@@ -78,11 +78,11 @@ async def _remote_checks(url: str) -> list[Check]:
         checks.append(Check("ok", "login", f"logged in as {host.target.user or 'the default user'}"))
         try:
             root = await host.log_root()
-            _, out, _ = await host.run_script(_remote.DOCTOR, root, host.nvidia_smi, host.pyspy, host.kernel_log)
+            _, out, _ = await host.run_script(DOCTOR_SCRIPT, root, host.nvidia_smi, host.pyspy, host.kernel_log)
         except SuperviseError as exc:
-            return checks + [Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
-        values = _remote_parse.parse_keys(out)
-        checks += _shell_checks(values, where, remote=True) + [_remote_pyspy_check(values, where)]
+            return [*checks, Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
+        values = parse_keys(out)
+        checks += [*_shell_checks(values, where, remote=True), _remote_pyspy_check(values, where)]
         checks += _remote_kernel_log_check(values, where, host.kernel_log)
     finally:
         await host.close()
@@ -112,11 +112,11 @@ def _local_checks() -> list[Check]:
 
     root = str(default_paths().logs)
     try:
-        proc = subprocess.run(["/bin/sh", "-s"], input=_remote.script(_remote.DOCTOR, root, "nvidia-smi"),
+        proc = subprocess.run(["/bin/sh", "-s"], input=script(DOCTOR_SCRIPT, root, "nvidia-smi"),
                               capture_output=True, timeout=60, check=False)
     except OSError as exc:
         return [Check("MISSING", "/bin/sh", f"cannot run /bin/sh: {exc}")]
-    values = _remote_parse.parse_keys(_remote.after_mark(proc.stdout) or b"")
+    values = parse_keys(after_mark(proc.stdout) or b"")
     checks = _shell_checks(values, "this machine", remote=False)
     sampler = NvmlSampler(kernel_log=KmsgReader(DaemonSettings().kernel_log))
     sample = sampler.sample()
@@ -128,7 +128,7 @@ def _local_checks() -> list[Check]:
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
-    return checks + [_containment_check(), _pyspy_check()] + _mode_checks(default_paths()) + [_web_check(default_paths())]
+    return [*checks, _containment_check(), _pyspy_check(), *_mode_checks(default_paths()), _web_check(default_paths())]
 
 
 def _pyspy_check() -> Check:

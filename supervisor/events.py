@@ -155,7 +155,7 @@ class Failure:
         return self.level in SURVIVABLE_LEVELS and not self.fatal
 
     def to_json(self) -> dict[str, Any]:
-        data = {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,
+        data: dict[str, Any] = {"kind": self.kind.value, "line": self.line, "fingerprint": self.fingerprint,
                 "traceback": self.traceback, "level": self.level}
         # Only when set: the shape stored rows and API clients have always had otherwise.
         if self.consequence:

@@ -40,7 +40,7 @@ class GpuRouter:
         for runner in list(self._runners()):
             try:
                 await runner.gpus_sampled(host, sample)
-            except Exception:  # noqa: BLE001 - one job's host that cannot be asked must not starve the others
+            except Exception:  # one job's host that cannot be asked must not starve the others
                 log.exception("a GPU sample could not be handed to a job", host=host)
         for fault in faults:
             self._metrics.gpu_faults.labels(host, str(fault.gpu), fault.kind.value,
@@ -54,6 +54,6 @@ class GpuRouter:
 async def _told(runner: SampleTaker, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
     try:
         return await runner.gpu_fault(host, fault, device_pids)
-    except Exception:  # noqa: BLE001 - a fault reaches the other jobs whatever one of them raises
+    except Exception:  # a fault reaches the other jobs whatever one of them raises
         log.exception("a GPU fault could not be handed to a job", host=host, gpu=fault.gpu)
         return False

@@ -46,7 +46,7 @@ class Supervisor:
     def __init__(self, recorder: Recorder, hosts: Hosts, context: Callable[[str], RunnerContext],
                  retention: Retention, arrivals_dir: Path) -> None:
         self.recorder = recorder
-        self.store = store = recorder.store
+        self.store = recorder.store
         self.bus = recorder.bus
         self.hosts = hosts
         self.context = context

@@ -118,7 +118,7 @@ class KmsgReader:
             if raw.startswith(b" ") or b"NVRM: Xid" not in raw:
                 continue
             text = raw.decode(errors="replace")
-            header, sep, message = text.partition(";")
+            _, sep, message = text.partition(";")
             xid = parse_xid(message if sep else text)
             if xid is not None:
                 found.append(xid)

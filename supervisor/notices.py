@@ -16,7 +16,7 @@ from typing import Any
 from .alerts import Alert, AlertKind
 from .events import Failure, Phase
 from .gpu_health import GpuFault
-from .spec import AlertSpec
+from .spec_tables import AlertSpec
 from .watchdog import Judgement, ProgressState, fine_duration, format_duration, label
 
 

@@ -37,8 +37,8 @@ from .runner import JobRunner
 
 if TYPE_CHECKING:
     from .sharding import ShardedJob
-from .spec import JobSpec
 from .recorder import Recorder
+from .spec import JobSpec
 from .views import attempt_info
 
 _WAITING = (JobState.STARTING, JobState.WAITING)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from .backoff import Backoff
 from .events import FailureKind, Verdict
-from .spec import RestartSpec
+from .spec_tables import RestartSpec
 
 Action = Literal["relaunch", "give_up", "none"]
 

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from .errors import SuperviseError
 from .events import AttemptState, JobState
 from .hosts.base import ExitStatus, ProcessHandle
-from .spec import JobSpec
 from .hosts.registry import Hosts
+from .recorder import Recorder
 from .runner import JobRunner
 from .sharding import ShardedJob
-from .recorder import Recorder
+from .spec import JobSpec
 from .store import AttemptRow
 
 _TAKEN_UP = (JobState.RUNNING, JobState.BACKOFF)  # a sharded job's states that a restarted daemon goes on with

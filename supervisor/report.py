@@ -27,15 +27,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: never a display
 
-import matplotlib.dates as mdates  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.dates as mdates
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-from . import _format as _fmt  # noqa: E402
-from . import protocol  # noqa: E402
-from .errors import ConfigError, FileWriteError  # noqa: E402
-from .events import EventKind, Phase, Verdict  # noqa: E402
+from . import _format as _fmt
+from . import protocol
+from .errors import ConfigError, FileWriteError
+from .events import EventKind, Phase, Verdict
 
 _PAGE = 10_000  # events per API call
 _MAX_EVENTS = 200_000
@@ -76,7 +76,7 @@ class History:
 
     def relaunched(self) -> list[protocol.AttemptInfo]:
         """The attempts the next attempt of their run was launched after."""
-        return [a for a, b in zip(self.attempts, self.attempts[1:]) if b.run == a.run and a.ended is not None]
+        return [a for a, b in zip(self.attempts, self.attempts[1:], strict=False) if b.run == a.run and a.ended is not None]
 
 
 def fetch_history(client: Any, job: str) -> History:
@@ -259,7 +259,7 @@ def _draw_gpu(axis: Any, history: History) -> None:
     for s in samples:
         series[s.gpu].append((s.ts, s.used_mib / 1024, s.total_mib / 1024))
     for gpu, points in sorted(series.items()):
-        points = _thin(points)  # type: ignore[arg-type]
+        points = _thin(points)
         total = max(p[2] for p in points)
         axis.plot([_d(t) for t, _, _ in points], [u for _, u, _ in points], linewidth=1.6,
                   label=f"GPU {gpu} (of {total:.0f} GiB)")

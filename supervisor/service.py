@@ -30,10 +30,10 @@ from .config import DaemonSettings, LoadedSettings, Paths
 from .errors import DaemonError, SuperviseError
 from .events import Event, EventKind
 from .filemodes import secure_state_dir
+from .gpu_faults import GpuRouter
 from .hosts.base import Host
 from .hosts.local import LocalHost
 from .hosts.registry import Hosts
-from .gpu_faults import GpuRouter
 from .jobs import Supervisor
 from .metrics import HostReading, JobReading, Metrics, serve_tcp
 from .recorder import Recorder

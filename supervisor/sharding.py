@@ -24,16 +24,15 @@ import structlog
 
 from .errors import SuperviseError
 from .events import FailureKind, JobState, Verdict
-from .hosts.base import KillReport
 from .gpu import GpuSample
 from .gpu_health import GpuFault
+from .hosts.base import KillReport
 from .hosts.stacks import StackDump
 from .pending_writes import PendingWrites
 from .placement import Placement
 from .policy import Decision, RestartPolicy
 from .recorder import Recorder
-from .runner import JobRunner, JobScope, RunnerContext, StartNews
-from .runner._context import cancel_until_done
+from .runner import JobRunner, JobScope, RunnerContext, StartNews, cancel_until_done
 from .snapshot import RunnerSnapshot
 from .spec import JobSpec
 from .store import AttemptRow
@@ -162,6 +161,8 @@ class ShardedJob:
         self.task: asyncio.Task[None] | None = None
         self.stopped_by: str | None = None  # why the coordinator stopped every shard, if it did
         self._failures: dict[str, int] = {}  # fingerprint -> the first shard it was seen on
+        # The other shards' stops, held so the loop cannot collect them half-way (it keeps only weak references).
+        self._stopping: set[asyncio.Task[KillReport]] = set()
         self._stop_requested = False
         self._writes = PendingWrites(spec.name)
         self.resume: dict[int, AttemptRow] = {}  # the live attempts a daemon restart re-adopts, by shard
@@ -293,7 +294,9 @@ class ShardedJob:
         log.info("deterministic failure across shards: stopping the job", job=self.spec.name, shards=[first, shard])
         for runner in self.shards:
             if runner.shard != shard and runner.running:
-                asyncio.create_task(runner.stop(), name=f"stop:{self.spec.name}:{runner.shard}")
+                task = asyncio.create_task(runner.stop(), name=f"stop:{self.spec.name}:{runner.shard}")
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
         return first
 
     def _set_job(self, state: JobState, reason: str) -> None:

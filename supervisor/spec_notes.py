@@ -11,7 +11,8 @@ from typing import Any
 
 from .events import Phase
 from .probes import Pack
-from .spec import HealthSpec, JobSpec
+from .spec import JobSpec
+from .spec_tables import HealthSpec
 
 # Health fields keyed by (or listing) phases: each means nothing for a phase no pack recognises.
 _PHASE_FIELDS = ("stall_floor_by_phase", "first_progress_s", "phase_deadline_s", "silence_phases", "waiting_phases")

@@ -4,6 +4,7 @@ its running step and every step still to come, so that nothing of it launches af
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from . import protocol
@@ -72,7 +73,7 @@ class Stopping:
                 await runner.stop(grace_s)
             if store.job(step.job).state in _UNENDED:
                 reason = f"stopped with pipeline {pipeline.name} before it launched"
-                await when_free(lambda job=step.job, why=reason: self.recorder.job_state(job, JobState.STOPPED, why),
+                await when_free(functools.partial(self.recorder.job_state, step.job, JobState.STOPPED, reason),
                                 within_s=VERB_STORE_WAIT_S)
             said.append(f"{step.step}: not launched")
         message = (f"stopped pipeline {pipeline.name}: " + "; ".join(said) if said

@@ -365,7 +365,7 @@ class Store:
         rows = self._read(
             "SELECT ts, gpu, used_mib, total_mib FROM gpu_samples WHERE host=? AND ts>=? ORDER BY ts", (host, since)
         )
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        return [tuple(r) for r in rows]
 
 
 def _busy(exc: sqlite3.Error) -> bool:

@@ -38,5 +38,6 @@ def client_gone(request: web.Request) -> bool:
 
 
 async def _end_all(app: web.Application) -> None:
-    for task in list(app[OPEN_STREAMS]):
+    open_streams: set[asyncio.Task[object]] = app[OPEN_STREAMS]
+    for task in list(open_streams):
         task.cancel()

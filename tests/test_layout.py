@@ -1,5 +1,6 @@
-"""The house rules that keep the package readable, checked: no import cycle, no grab-bag module,
-no caller reaching into a runner's internals."""
+"""The house rules that keep the package readable, checked: no import cycle, no caller reaching into
+another package's private modules.  The layers themselves are import-linter's contracts (pyproject.toml,
+run by tests/test_lint.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "supervisor"
-MAX_MODULE_LINES = 450
 
 
 def _module_name(path: Path) -> str:
@@ -110,7 +110,22 @@ def test_runtime_import_graph_is_acyclic_too() -> None:
             visit(m, [])
 
 
-def test_no_module_is_a_grab_bag() -> None:
-    too_long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
-                if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert not too_long, f"split by concept: modules over {MAX_MODULE_LINES} lines: {too_long}"
+def test_no_module_reaches_into_another_packages_private_modules() -> None:
+    """A package's ``_module`` is its own business: others use what its ``__init__`` exports, so the
+    package can be rearranged inside without breaking them."""
+    modules = _modules()
+    reaching: list[str] = []
+    for name, path in sorted(modules.items()):
+        is_package = path.name == "__init__.py"
+        own = name if is_package else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = _resolve(name, is_package, node)
+            for imported in [target] + [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]:
+                parts = imported.split(".")
+                private = [k for k, part in enumerate(parts) if part.startswith("_") and not part.startswith("__")]
+                if private and own != ".".join(parts[:private[0]]) and \
+                        not own.startswith(".".join(parts[:private[0]]) + "."):
+                    reaching.append(f"{name} imports {imported}")
+    assert not reaching, "import from the package's public face instead: " + "; ".join(reaching)

@@ -37,8 +37,8 @@ from ._http import (
 from ._openapi import openapi_schema
 from ._routes import ROUTES
 from ._service import Service
-from ._stacks import job_stacks
 from ._specs import check_hosts, start_notes, stored_spec, validated_spec
+from ._stacks import job_stacks
 
 log = structlog.get_logger("supervise.api")
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from .. import __version__, protocol
-
-if TYPE_CHECKING:
-    pass
+from ._routes import ROUTES
 
 log = structlog.get_logger("supervise.api")
-
-from ._routes import ROUTES
 
 
 def openapi_schema() -> dict[str, Any]:

@@ -22,9 +22,20 @@ from .. import __version__
 from ..errors import SuperviseError
 from ..events import EventKind
 from ._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
-from .jobs import cmd_attempts, cmd_hold, cmd_stack, cmd_jobs, cmd_prune, cmd_release, cmd_restart, cmd_rm, cmd_start, cmd_stop
 from .accounting import cmd_accounting
 from .completion import SHELLS, cmd_completion
+from .jobs import (
+    cmd_attempts,
+    cmd_hold,
+    cmd_jobs,
+    cmd_prune,
+    cmd_release,
+    cmd_restart,
+    cmd_rm,
+    cmd_stack,
+    cmd_start,
+    cmd_stop,
+)
 from .logs import cmd_events, cmd_logs
 from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
 from .views import cmd_gpus, cmd_report, cmd_status
@@ -62,7 +73,7 @@ Command = Callable[[argparse.Namespace], int]
 
 def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], argparse.ArgumentParser]:  # type: ignore[type-arg]
     def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         return p
 

@@ -58,7 +58,7 @@ def grep_pattern(text: str) -> Any:
     1,000 characters; a bad one is a usage error in one line."""
     import re2
 
-    from ..probes._pack import re2_options
+    from ..probes import re2_options
 
     if len(text) > 1000:
         raise argparse.ArgumentTypeError(f"a pattern of at most 1,000 characters, got {len(text):,}")

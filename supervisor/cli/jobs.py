@@ -8,8 +8,8 @@ import time
 
 from .. import _format as _fmt
 from .. import protocol
-from ..events import JobState, Verdict
 from ..dependencies import with_after
+from ..events import JobState, Verdict
 from ..pipeline import find_pipeline
 from ..spec import find_spec, parse_overrides
 from ._args import client as _client

@@ -26,6 +26,9 @@ Both followers are byte transports around one `records.RecordBuffer` (bytes in, 
 A new kind of host is one new module implementing `Host`, and one line in registry's `_KINDS`.
 """
 
+from ._remote import DOCTOR as DOCTOR_SCRIPT
+from ._remote import after_mark, script
+from ._remote_parse import parse_keys
 from .base import (
     TAG_VAR,
     ExitStatus,
@@ -36,4 +39,5 @@ from .base import (
     ProcessHandle,
 )
 
-__all__ = ["TAG_VAR", "ExitStatus", "Follower", "Host", "KillReport", "LaunchRequest", "ProcessHandle"]
+__all__ = ["DOCTOR_SCRIPT", "TAG_VAR", "ExitStatus", "Follower", "Host", "KillReport", "LaunchRequest", "ProcessHandle",
+           "after_mark", "parse_keys", "script"]

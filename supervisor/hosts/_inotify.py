@@ -13,9 +13,9 @@ import ctypes
 import ctypes.util
 import errno
 import itertools
-import time
 import os
 import struct
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import shlex
 
-
 MARK = b"@@supervise@@"
 
 

@@ -25,11 +25,11 @@ from ..filemodes import job_umask
 from ..gpu import GpuSample, NvmlSampler
 from ..kernel_xids import KmsgReader
 from ..usage import AttemptUsage
-from .local_follow import LogFollower
-from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths, shown_command
 from . import cgroup, stacks
-from .stacks import StackDump
+from .base import TAG_VAR, WRAPPER_SH, ExitStatus, KillReport, LaunchRequest, ProcessHandle, log_paths, shown_command
 from .cgroup import CGROUP_VAR, Containment
+from .local_follow import LogFollower
+from .stacks import StackDump
 
 log = structlog.get_logger("supervise.launch")
 
@@ -138,7 +138,7 @@ class LocalHost:
         except ProcessLookupError:
             return
         except (AttributeError, OSError):
-            while _alive(handle):
+            while _alive(handle):  # noqa: ASYNC110 - no pidfd here (old kernel): nothing to await but time
                 await asyncio.sleep(self.poll_interval_s)
             return
         try:
@@ -253,9 +253,8 @@ def _attempt_processes(handle: ProcessHandle, group: Path | None = None) -> list
             continue
         try:
             in_group = wrapper_alive and os.getpgid(proc.pid) == handle.pgid
-            if in_group or _has_tag(proc, handle.tag):
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    found[proc.pid] = proc
+            if (in_group or _has_tag(proc, handle.tag)) and proc.status() != psutil.STATUS_ZOMBIE:
+                found[proc.pid] = proc
         except (psutil.Error, OSError):
             continue
     return [p for p in found.values() if p.pid not in spared]

@@ -72,7 +72,7 @@ class GpuMonitor:
         if sample.available and self.on_sample is not None:
             try:
                 await self.on_sample(self.host_name, sample, new_faults(previous, sample))
-            except Exception:  # noqa: BLE001 - what a sample is told to must never stop the sampling
+            except Exception:  # what a sample is told to must never stop the sampling
                 log.exception("handing a GPU sample on failed", host=self.host_name)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:

@@ -62,7 +62,6 @@ from ..errors import HostError, LaunchError, SuperviseError
 from ..gpu import GpuSample
 from ..kernel_xids import XidCursor
 from . import _remote, _remote_parse, stacks
-from .stacks import StackDump
 from .base import (
     TAG_VAR,
     WRAPPER_SH,
@@ -80,14 +79,15 @@ from .ssh_mux_follow import MuxFollower
 from .ssh_target import (
     _ENV_NAME,
     DEFAULT_LOG_ROOT,
-    ENV_LOG_ROOT,
     ENV_KERNEL_LOG,
+    ENV_LOG_ROOT,
     ENV_NVIDIA_SMI,
     ENV_PYSPY,
     ENV_PYTHON,
     SshTarget,
     parse_target,
 )
+from .stacks import StackDump
 
 __all__ = ["MuxFollower", "SshFollower", "SshHost", "SshTarget", "parse_target"]
 

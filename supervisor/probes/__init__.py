@@ -14,12 +14,31 @@
 
 from ._engine import ProbeEngine
 from ._fingerprint import fingerprint
-from ._identity import BarBook, process_of
+from ._identity import BarBook, BarRun, process_of
 from ._loading import load_packs
-from ._pack import Pack
+from ._pack import Pack, re2_options
 from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
 from ._replay import ReplayReport, probe_command, replay_file
 from ._rootcause import echoes_only, root_cause
 
-__all__ = ["BarBook", "Pack", "ProbeEngine", "ReplayReport", "echoes_only", "ends_attempt", "entered_phase", "entering_recovers", "fingerprint", "goes_on_serving", "load_packs", "probe_command",
-           "process_of", "replay_file", "root_cause", "starts_new_attempt", "survived"]
+__all__ = [
+           "BarBook",
+           "BarRun",
+           "Pack",
+           "ProbeEngine",
+           "ReplayReport",
+           "echoes_only",
+           "ends_attempt",
+           "entered_phase",
+           "entering_recovers",
+           "fingerprint",
+           "goes_on_serving",
+           "load_packs",
+           "probe_command",
+           "process_of",
+           "re2_options",
+           "replay_file",
+           "root_cause",
+           "starts_new_attempt",
+           "survived",
+]

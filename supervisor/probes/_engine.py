@@ -59,7 +59,7 @@ _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
 
 
 class _CompiledProbe:
-    __slots__ = ("probe", "regex", "layout", "constants")
+    __slots__ = ("constants", "layout", "probe", "regex")
 
     def __init__(self, probe: Probe) -> None:
         compiled = re2.compile(probe.regex, re2_options())

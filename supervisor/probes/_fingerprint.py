@@ -45,7 +45,7 @@ def normalize_message(message: str) -> str:
     """``message`` with run-specific details replaced by placeholders."""
     text = message[:_MAX_MESSAGE_CHARS]
     digit = _HAS_DIGIT.search(text) is not None
-    for (pattern, placeholder), need in zip(_NORMALIZERS, _NEEDS):
+    for (pattern, placeholder), need in zip(_NORMALIZERS, _NEEDS, strict=True):
         if need is None or (digit if need is _DIGIT else need in text):
             text = pattern.sub(placeholder, text)
     return _SPACES.sub(" ", text).strip()

@@ -41,7 +41,7 @@ def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.Path
 def search_dirs() -> list[Path]:
     extra = os.environ.get(PROBE_PATH_ENV, "")
     dirs = [Path(d) for d in extra.split(os.pathsep) if d]
-    return dirs + [BUILTIN_DIR]
+    return [*dirs, BUILTIN_DIR]
 
 
 def _all_packs(dirs: list[Path]) -> list[Pack]:

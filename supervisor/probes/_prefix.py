@@ -63,10 +63,7 @@ def normalize_level(level: str | None) -> str | None:
 
 
 def _contains_any(text: str, literals: tuple[str, ...]) -> bool:
-    for literal in literals:
-        if literal in text:
-            return True
-    return False
+    return any(literal in text for literal in literals)
 
 
 class _Rules:
@@ -93,10 +90,7 @@ class _Rules:
         """False when no rule can match at the start of ``text`` (no RE2 call needed)."""
         if not text:
             return False
-        for _, needed in self._candidates(text):
-            if needed is None or _contains_any(text, needed):
-                return True
-        return False
+        return any(needed is None or _contains_any(text, needed) for _, needed in self._candidates(text))
 
     def match(self, text: str) -> tuple[int, dict[str, str]] | None:
         """(characters matched, named groups) of the first rule matching at the start."""

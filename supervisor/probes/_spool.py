@@ -49,7 +49,7 @@ def _adapter(model: type[BaseModel]) -> TypeAdapter[Any]:
 
 
 def _as_list(events: list[Listed]) -> TypeAdapter[Any]:
-    return _adapter(type(events[0]))  # type: ignore[arg-type]  # the events are the report's models
+    return _adapter(type(events[0]))  # the events are the report's models
 
 
 class EventSpool(Generic[Listed]):

@@ -7,9 +7,9 @@
     _context    what a runner works with (context, live handles) and how it records events
 """
 
-from ._context import GpuView, RunnerContext
+from ._context import GpuView, RunnerContext, cancel_until_done
 from ._job import JobRunner
 from ._news import StartNews
 from ._scope import JobScope
 
-__all__ = ["GpuView", "JobRunner", "JobScope", "RunnerContext", "StartNews"]
+__all__ = ["GpuView", "JobRunner", "JobScope", "RunnerContext", "StartNews", "cancel_until_done"]

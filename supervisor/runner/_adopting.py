@@ -119,10 +119,10 @@ class Adopting(Watching):
             self._send_soon(live, notices.reachable(self._about(live), where, down_s))
             return
         known = [t for t in (self.ctx.down_since, last[-1].ts if last else None) if t is not None]
-        down_since = max(known) if known else None
-        down_s = None if down_since is None else max(0.0, time.time() - down_since)
-        for_how_long = "for an unknown time" if down_s is None else f"for {format_duration(down_s)}"
+        gone_since = max(known) if known else None
+        gone_s = None if gone_since is None else max(0.0, time.time() - gone_since)
+        for_how_long = "for an unknown time" if gone_s is None else f"for {format_duration(gone_s)}"
         self._publish([self._event(n, EventKind.DAEMON_RESTARTED,
                                    f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}",
-                                   {"down_s": down_s, "down_since": down_since, "pid": live.row.pid})])
+                                   {"down_s": gone_s, "down_since": gone_since, "pid": live.row.pid})])
         self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")

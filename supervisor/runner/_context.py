@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,8 @@ from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites
-from ..recorder import Recorder
 from ..progress_milestones import ProgressMilestones
+from ..recorder import Recorder
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
 from ..usage import GpuUsageMeter
@@ -33,11 +33,11 @@ from ._scope import JobScope
 class GpuView:
     """What a runner needs of the daemon's GPU sampler."""
 
-    def __init__(self, sample: Callable[[], Any], latest: Callable[[], GpuSample | None],
-                 next_sample: Callable[[], Any] | None = None) -> None:
-        self.sample = sample  # async () -> GpuSample: one taken now
+    def __init__(self, sample: Callable[[], Awaitable[GpuSample]], latest: Callable[[], GpuSample | None],
+                 next_sample: Callable[[], Awaitable[GpuSample]] | None = None) -> None:
+        self.sample = sample  # one taken now
         self.latest = latest
-        # async () -> GpuSample: the next one the sampler takes on its own (default: one taken now)
+        # the next one the sampler takes on its own (default: one taken now)
         self.next_sample = next_sample or sample
 
 

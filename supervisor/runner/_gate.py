@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..events import Verdict
-from ..spec import HealthSpec
+from ..spec_tables import HealthSpec
 from ..watchdog import Judgement
 
 

@@ -10,14 +10,13 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from typing import Any
 
 import structlog
 
 from .. import notices
 from ..errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
 from ..events import AttemptState, EventKind, JobState, Verdict
-from ..gpu import wait_for_release
+from ..gpu import ReleaseResult, wait_for_release
 from ..hosts import stacks
 from ..hosts.base import ExitStatus, KillReport, LaunchRequest, StackDumper, UsageReader
 from ..hosts.stacks import StackDump
@@ -33,8 +32,8 @@ from ._after import wait_for_after
 from ._context import Live, RunnerContext, cancel_until_done, describe_exit
 from ._gpu_wait import GpuWaiting
 from ._news import StartNews
-from ._scope import JobScope
 from ._program import learn_program_pid
+from ._scope import JobScope
 
 log = structlog.get_logger("supervise.runner")
 
@@ -411,7 +410,7 @@ class JobRunner(Adopting, GpuWaiting):
         # Every pid the attempt ever showed: NVML may still list a process that psutil no longer sees.
         known = {live.handle.pid} | live.known_pids | await self.ctx.host.attempt_pids(live.handle)
 
-        async def wait() -> Any:
+        async def wait() -> ReleaseResult:
             return await wait_for_release(self.ctx.gpu.sample, devices, self._baseline, lambda: known,
                                           tolerance_mib=gpu.release_tolerance_mib, timeout_s=gpu.release_timeout_s)
 

@@ -23,7 +23,6 @@ from ..watchdog import Judgement
 from ._context import Live, Recording, gpu_summary, jsonable
 from ._gate import KillGate, Step
 
-
 _PIDS_FRESH_S = 10.0
 # A warning about these says "it may be stuck": the stacks are dumped with it, as before a kill (a
 # diverging loss or a GPU fault is not a hang, and its stacks would say nothing).
@@ -125,9 +124,8 @@ class Notifying(Recording):
         if live is None or host != self.ctx.host.name:
             return False
         named = self.spec.gpu.devices != "all" and fault.gpu in self.spec.gpu.devices
-        if not named:
-            if not await self._attempt_pids(live) & device_pids:
-                return False
+        if not named and not await self._attempt_pids(live) & device_pids:
+            return False
         self._publish([self._event(live.row.n, EventKind.GPU_FAULT, fault.describe(),
                                    {"gpu": fault.gpu, "kind": fault.kind.value, "xid": fault.xid, "detail": fault.detail})])
         self._send_soon(live, notices.gpu_fault(self._about(live), host, fault))

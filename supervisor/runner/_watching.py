@@ -18,7 +18,7 @@ from ..errors import StoreError
 from ..events import Event, EventKind, ProbeEvent, ProbeKind, Record
 from ..hosts import kernel_log
 from ..hosts.base import ExitStatus, Follower
-from ..matching import Matcher, PackDisabled, TailReader
+from ..matching import Matched, Matcher, PackDisabled, TailReader
 from ..tasks import cancel_and_wait
 from ..watchdog import Judgement
 from ._context import Live, progress_dict
@@ -185,7 +185,7 @@ class Watching(Pacing, Queueing):
             live.catch_up_until = None
             live.wake.set()
 
-    def _matched(self, live: Live, matched: Any) -> list[ProbeEvent]:
+    def _matched(self, live: Live, matched: Matched) -> list[ProbeEvent]:
         """The events matched; each pack the matcher disabled (too slow, or raising) is reported."""
         for disabled in matched.disabled:
             self._pack_disabled(live, disabled)
@@ -297,7 +297,7 @@ class Watching(Pacing, Queueing):
         # A log that cannot be read to its end must not stop the attempt from being judged.
         try:
             await asyncio.wait_for(reader, timeout=30)
-        except Exception:  # noqa: BLE001, S110 - timed out, or the reader failed (said when it did)
+        except Exception:  # noqa: BLE001 - timed out, or the reader failed (said when it did)
             pass
         except asyncio.CancelledError:
             # The reader was cancelled: judge anyway.  This task being cancelled (the daemon

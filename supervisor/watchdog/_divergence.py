@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Verdict
-from ..spec import HealthSpec
+from ..spec_tables import HealthSpec
 from ._conditions import Condition
 
 _BASELINE = 64  # readings the median is taken over

@@ -6,8 +6,9 @@ import signal as signal_module
 from typing import Any
 
 from ..events import Phase, Verdict
+from ._conditions import Judgement
 from ._facts import Facts
-from ._rules import Judgement, failure_evidence
+from ._rules import failure_evidence
 
 _SIGKILL = int(signal_module.SIGKILL)
 # Signals that ask a program to shut down (systemd, Slurm's scancel, a container runtime, Ctrl-C).

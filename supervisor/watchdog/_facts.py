@@ -10,9 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
-from ..probes import (BarBook, echoes_only, ends_attempt, entered_phase, entering_recovers, goes_on_serving, root_cause,
-                      starts_new_attempt, survived)
-from ..probes._identity import BarRun
+from ..probes import (
+    BarBook,
+    BarRun,
+    echoes_only,
+    ends_attempt,
+    entered_phase,
+    entering_recovers,
+    goes_on_serving,
+    root_cause,
+    starts_new_attempt,
+    survived,
+)
 from ._divergence import LossTrack
 from ._idle import GpuUse
 from ._pace import PaceHistory, bar_key

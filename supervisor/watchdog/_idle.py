@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import Verdict
-from ..spec import HealthSpec
+from ..spec_tables import HealthSpec
 from ._conditions import Condition, format_duration
 
 

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..events import Event, Failure, Phase, Verdict
-from ..spec import HealthSpec
+from ..spec_tables import HealthSpec
+from ._conditions import Condition, Judgement
 from ._exit import judge_exit
 from ._facts import Facts
 from ._pace import BoundSource, PaceHistory
 from ._progress import ProgressState
-from ._rules import Condition, Judgement, conditions, healthy
+from ._rules import conditions, healthy
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..events import BoundKind, Failure, FailureKind, Phase, Verdict
-from ..spec import HealthSpec
+from ..spec_tables import HealthSpec
 from ._conditions import Condition, Judgement, fine_duration, format_duration
 from ._divergence import diverged
 from ._facts import Facts

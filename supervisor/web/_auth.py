@@ -70,6 +70,7 @@ def middleware(config: WebConfig) -> Middleware:
             return refuse(421, f"this page answers to 127.0.0.1:{config.port} only, not {request.host[:100]!r}: "
                                "open the URL that `supervise web` printed")
         in_header = _bearer(request)
+        given: tuple[str | None, ...]
         if request.method in ("GET", "HEAD"):
             given = (in_header, request.query.get("token"))  # ?token=: an event stream cannot send a header
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Awaitable, Callable
 from importlib import resources
 
 import structlog
@@ -103,7 +104,8 @@ class Pages:
         verb = request.match_info["verb"]
         if verb not in ACTIONS:
             raise RequestRejected(f"no action {verb[:40]!r}; the page can {', '.join(ACTIONS)}", 404)
-        return await getattr(self.api, ACTIONS[verb])(request)
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(self.api, ACTIONS[verb])
+        return await handler(request)
 
 
 def build_web_app(service: WebService, config: WebConfig) -> web.Application:

@@ -12,8 +12,8 @@ from .. import protocol
 from ..views import attempt_info, gpu_devices, job_status
 
 if TYPE_CHECKING:
-    from ..hosts.base import Host
     from ..api import Service as WebService
+    from ..hosts.base import Host
 
 _TAIL_BYTES = 256 * 1024  # how far back from a log's end the tail starts
 
