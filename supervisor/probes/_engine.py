@@ -61,7 +61,7 @@ _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
 
 
 class _CompiledProbe:
-    __slots__ = ("probe", "regex", "layout", "constants")
+    __slots__ = ("probe", "regex", "layout", "bar_layout", "constants")
 
     def __init__(self, probe: Probe) -> None:
         compiled = re2.compile(probe.regex, re2_options())
@@ -73,18 +73,20 @@ class _CompiledProbe:
             (idx, name, None if probe.fields.get(name, "str") == "str" else CONVERTERS[probe.fields[name]])
             for name, idx in sorted(compiled.groupindex.items())
         ]
+        self.bar_layout = [entry for entry in self.layout if entry[1] in RunFold.NAMES]  # what _barfold compares
 
-    def fields(self, data: bytes, line: str, only: frozenset[str] | None = None) -> dict[str, Any] | None:
-        """The probe's fields if it matches (``data`` is ``line`` encoded); ``only``: just those
-        (with the constants), what ``_barfold`` compares, the rest not converted."""
+    def fields(self, data: bytes, line: str, layout: list[tuple[int, str, Converter | None]] | None = None
+               ) -> dict[str, Any] | None:
+        """The probe's fields if it matches (``data`` is ``line`` encoded); ``layout``: only
+        those groups (with the constants: ``bar_layout`` for ``_barfold``), the rest not converted."""
         spans = self.regex.Match(_UNANCHORED, data, 0, len(data))
         if spans[0][0] < 0:
             return None
         out: dict[str, Any] = self.constants.copy() if self.constants else {}
         same = len(data) == len(line)  # ASCII: byte offsets are character offsets
-        for idx, name, convert in self.layout:
+        for idx, name, convert in self.layout if layout is None else layout:
             start, end = spans[idx]
-            if start < 0 or (only is not None and name not in only):
+            if start < 0:
                 continue
             raw = line[start:end] if same else data[start:end].decode("utf-8", "replace")
             if convert is None:
@@ -292,7 +294,8 @@ class ProbeEngine:
         hits = self._set.Match(data)
         if not hits or min(hits) != fold.index:
             return False
-        fields = self._probes[fold.index].fields(data, text, fold.NAMES)
+        probe = self._probes[fold.index]
+        fields = probe.fields(data, text, probe.bar_layout)
         if fields is None or not fold.keeps_bar(fields):
             return False
         fold.hold(prev, record, fields["done"])
