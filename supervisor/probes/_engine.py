@@ -164,7 +164,8 @@ class ProbeEngine:
         self._end = start_offset
         self._last: Record | None = None
         self._last_read: tuple[int, str, dict[str, Any]] = (-1, "", {})  # (offset, line, fields)
-        # Offline only (``_barfold``): a bar's run of lines read as its first and last.
+        # Offline only (``_barfold``): a bar's run of lines read as its first and last.  Not for a
+        # daemon: it stores every event, and ``resume_offset`` does not count a held line.
         self._fold = RunFold() if fold_runs and self._set is not None else None
 
     # ---- building ---------------------------------------------------------------------
