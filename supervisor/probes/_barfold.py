@@ -62,8 +62,7 @@ class RunFold:
         """A line just read gave one progress event of probe ``index`` (its groups ``layout``)
         with ``fields``; a run may start.  A probe that may capture a field the report reads
         from every event never folds: a folded line is read for ``NAMES`` only."""
-        self.index = -1
-        self.counts = []
+        self.stop()
         if phase is Phase.DONE or any(f in fields for f in _READ_EVERY) or any(
                 name in _READ_EVERY for _, name, _ in layout):
             return
@@ -78,7 +77,8 @@ class RunFold:
 
     def stop(self) -> None:
         self.index = -1
-        self.counts = []
+        if self.counts:
+            self.counts.clear()  # (release copied what it keeps; no new list a line read)
 
     def hold(self, prev: Record, record: Record, done: float) -> None:
         self.held = (prev, record)
