@@ -164,8 +164,7 @@ class ProbeEngine:
         self._end = start_offset
         self._last: Record | None = None
         self._last_read: tuple[int, str, dict[str, Any]] = (-1, "", {})  # (offset, line, fields)
-        # Offline only (``_barfold``): a bar's run of lines read as its first and last.  Not for a
-        # daemon: it stores every event, and ``resume_offset`` does not count a held line.
+        # Offline only (``_barfold``; ``resume_offset`` does not count a held line).
         self._fold = RunFold() if fold_runs and self._set is not None else None
 
     # ---- building ---------------------------------------------------------------------
@@ -244,8 +243,13 @@ class ProbeEngine:
                 scanner = None  # a text with its own newline: read every record
         i = 0
         candidate = -1  # the next record (>= i) that some probe might match; n: none left
+        fold = self._fold
         while i < n:
             if candidate < i:
+                # The next line of a bar's run (the set match in ``_folds`` finds what the scan would).
+                if fold is not None and fold.index >= 0 and not self._tracker.active and self._folds(records, i):
+                    i += 1
+                    continue
                 found = scanner.next_candidate(i) if scanner is not None else i
                 candidate = n if found is None else found
             if self._tracker.active:
@@ -304,11 +308,9 @@ class ProbeEngine:
 
     def _unfold(self, out: list[ProbeEvent]) -> None:
         """The run being folded ends: its held last line is read in full."""
-        if self._fold is not None:
-            held = self._fold.release()
-            if held is not None:
-                self._read(held, 1, out, probe=True)
-                self._fold.stop()
+        if self._fold is not None and (held := self._fold.release()) is not None:
+            self._read(held, 1, out, probe=True)
+            self._fold.stop()
 
     # ---- one record -------------------------------------------------------------------
 
