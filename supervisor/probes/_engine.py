@@ -39,7 +39,9 @@ from typing import Any
 
 import re2
 
-from ..events import Failure, FailureKind, ProbeEvent, ProbeKind, Record
+from ..events import Failure, ProbeEvent, ProbeKind, Record
+from ._barfold import RunFold
+from ._classify import Classifier
 from ._fields import CONVERTERS, Converter
 from ._fingerprint import fingerprint
 from ._literals import required_literals
@@ -59,7 +61,7 @@ _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
 
 
 class _CompiledProbe:
-    __slots__ = ("constants", "layout", "probe", "regex")
+    __slots__ = ("bar_layout", "constants", "layout", "probe", "regex")
 
     def __init__(self, probe: Probe) -> None:
         compiled = re2.compile(probe.regex, re2_options())
@@ -71,15 +73,18 @@ class _CompiledProbe:
             (idx, name, None if probe.fields.get(name, "str") == "str" else CONVERTERS[probe.fields[name]])
             for name, idx in sorted(compiled.groupindex.items())
         ]
+        self.bar_layout = [entry for entry in self.layout if entry[1] in RunFold.NAMES]  # what _barfold compares
 
-    def fields(self, data: bytes, line: str) -> dict[str, Any] | None:
-        """The probe's fields if it matches (``data`` is ``line`` encoded)."""
+    def fields(self, data: bytes, line: str, layout: list[tuple[int, str, Converter | None]] | None = None
+               ) -> dict[str, Any] | None:
+        """The probe's fields if it matches (``data`` is ``line`` encoded); ``layout``: only
+        those groups (with the constants: ``bar_layout`` for ``_barfold``), the rest not converted."""
         spans = self.regex.Match(_UNANCHORED, data, 0, len(data))
         if spans[0][0] < 0:
             return None
         out: dict[str, Any] = self.constants.copy() if self.constants else {}
         same = len(data) == len(line)  # ASCII: byte offsets are character offsets
-        for idx, name, convert in self.layout:
+        for idx, name, convert in self.layout if layout is None else layout:
             start, end = spans[idx]
             if start < 0:
                 continue
@@ -94,29 +99,6 @@ class _CompiledProbe:
             if value is not None:
                 out[name] = value
         return out
-
-
-class _Classifier:
-    """Failure text to FailureKind: the packs' ``classify`` rules, first match wins."""
-
-    def __init__(self, packs: Sequence[Pack]) -> None:
-        self._kinds: list[FailureKind] = []
-        self._set: Any = None
-        rules = [rule for pack in packs for rule in pack.classify]
-        if rules:
-            rset = re2.Set.SearchSet(re2_options(capture=False))
-            for rule in rules:
-                rset.Add(rule.regex)
-                assert rule.failure is not None
-                self._kinds.append(rule.failure)
-            rset.Compile()
-            self._set = rset
-
-    def __call__(self, text: str) -> FailureKind:
-        if self._set is None or not text:
-            return FailureKind.OTHER
-        hits = self._set.Match(text)
-        return self._kinds[min(hits)] if hits else FailureKind.OTHER
 
 
 class _Scanner:
@@ -158,16 +140,20 @@ class ProbeEngine:
     ``flush`` (at end of file or process exit) completes the rest.
     """
 
-    def __init__(self, packs: Iterable[Pack], start_offset: int = 0) -> None:
+    def __init__(self, packs: Iterable[Pack], start_offset: int = 0, *, fold_runs: bool = False,
+                 prefilter: bool = True) -> None:
         self.packs: tuple[Pack, ...] = tuple(sorted(packs, key=lambda p: (p.priority, p.name)))
         self._probes = [_CompiledProbe(p) for pack in self.packs for p in pack.probes]
         self._split = LineSplitter(
             [r for pack in self.packs for r in pack.prefixes], [r for pack in self.packs for r in pack.headers]
         )
-        self._classify = _Classifier(self.packs)
+        self._classify = Classifier(self.packs)
         self._failures = FailureReader(self.packs)
         self._set = self._probe_set()
-        self._prefilter, self._always = self._build_prefilter()
+        # prefilter=False: every record is read (what the literal scan must agree with; tests).
+        self._prefilter: Any
+        self._always: bool
+        self._prefilter, self._always = self._build_prefilter() if prefilter else (None, bool(self._probes))
         tb_pack = next((p.name for p in self.packs if p.tracebacks), None)
         self._tb_probe = f"{tb_pack}.traceback" if tb_pack else None
         self._tracker = TracebackTracker()
@@ -180,6 +166,8 @@ class ProbeEngine:
         self._end = start_offset
         self._last: Record | None = None
         self._last_read: tuple[int, str, dict[str, Any]] = (-1, "", {})  # (offset, line, fields)
+        # Offline only (``_barfold``; ``resume_offset`` does not count a held line).
+        self._fold = RunFold() if fold_runs and self._set is not None else None
 
     # ---- building ---------------------------------------------------------------------
 
@@ -217,6 +205,12 @@ class ProbeEngine:
         return self._end
 
     @property
+    def folded(self) -> dict[int, list[float]]:
+        """With ``fold_runs``: offset of a run's last line -> the counts of the lines folded
+        before it (``_barfold``); the reader pops them.  Empty otherwise."""
+        return self._fold.folded if self._fold is not None else {}
+
+    @property
     def has_open_traceback(self) -> bool:
         """A traceback is being captured: its event comes with a later line or ``flush``."""
         return self._tracker.active
@@ -224,7 +218,7 @@ class ProbeEngine:
     def feed(self, record: Record) -> list[ProbeEvent]:
         """Feed one record; returns the events that are complete (see ``feed_many``)."""
         text = record.text
-        if self._tracker.active or self._always or self._prefilter is None or "\n" in text:
+        if self._fold is not None or self._tracker.active or self._always or self._prefilter is None or "\n" in text:
             return self.feed_many((record,))
         # The batch path, minus its set-up: most records are skipped by one prefilter call.
         data = text.encode("utf-8", "replace")
@@ -251,15 +245,25 @@ class ProbeEngine:
                 scanner = None  # a text with its own newline: read every record
         i = 0
         candidate = -1  # the next record (>= i) that some probe might match; n: none left
+        fold = self._fold
         while i < n:
             if candidate < i:
+                # The next line of a bar's run (the set match in ``_folds`` finds what the scan would).
+                if fold is not None and fold.index >= 0 and not self._tracker.active and self._folds(records, i):
+                    i += 1
+                    continue
                 found = scanner.next_candidate(i) if scanner is not None else i
                 candidate = n if found is None else found
             if self._tracker.active:
                 # An open traceback must see every line; only candidates are probed.
+                self._unfold(out)
                 self._read(records, i, out, probe=i == candidate)
                 i += 1
             elif candidate < n:
+                if self._fold is not None and self._folds(records, candidate):
+                    i = candidate + 1
+                    continue
+                self._unfold(out)
                 self._read(records, candidate, out, probe=True)
                 i = candidate + 1
             else:
@@ -276,9 +280,39 @@ class ProbeEngine:
         """End of the log, or a quiet one: finish open tracebacks and return every event
         still held.  Feeding may go on afterwards."""
         out: list[ProbeEvent] = []
+        self._unfold(out)
         events = [self._traceback_event(cap) for cap in self._tracker.flush()]
         self._hold(events, out)
         return out
+
+    def _folds(self, records: Sequence[Record], i: int) -> bool:
+        """Whether record ``i`` joins the bar's run being folded (see ``_barfold``): then it is
+        held, unread, as the run's last line so far."""
+        fold = self._fold
+        assert fold is not None
+        record = records[i]
+        text = record.text
+        prev = records[i - 1] if i > 0 else self._last
+        if (prev is None or not fold.same_key(text) or "\x1b" in text or _may_start_traceback(text)
+                or (self._split.may_strip(text) and self._split.strip(text)[0] is not text)
+                or (prev is not fold.last and self._lent_fields(records, i))):
+            return False  # (the run's line before lends nothing: it has no prefix)
+        data = text.encode("utf-8", "replace")
+        hits = self._set.Match(data)
+        if not hits or min(hits) != fold.index:
+            return False
+        probe = self._probes[fold.index]
+        fields = probe.fields(data, text, probe.bar_layout)
+        if fields is None or not fold.keeps_bar(fields):
+            return False
+        fold.hold(prev, record, fields["done"])
+        return True
+
+    def _unfold(self, out: list[ProbeEvent]) -> None:
+        """The run being folded ends: its held last line is read in full."""
+        if self._fold is not None and (held := self._fold.release()) is not None:
+            self._read(held, 1, out, probe=True)
+            self._fold.stop()
 
     # ---- one record -------------------------------------------------------------------
 
@@ -359,6 +393,8 @@ class ProbeEngine:
             if primary is not None:
                 return [event, primary]
             if probe.kind is ProbeKind.PROGRESS:
+                if self._fold is not None and not prefix_fields and line is record.text:
+                    self._fold.start(index, cp.layout, probe.phase, record, fields)
                 return [event]
             primary = event
         return [primary] if primary is not None else []

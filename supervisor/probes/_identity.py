@@ -86,9 +86,11 @@ class BarBook:
     recent: deque[BarRun] = field(default_factory=deque)
     next_id: int = 0
 
-    def place(self, probe: str, fields: Mapping[str, Any], done: float, total: float | None) -> tuple[BarRun, bool]:
-        """The bar this line draws, updated, and whether the line started it."""
-        seen = bar_of(probe, fields)
+    def place(self, probe: str, fields: Mapping[str, Any], done: float, total: float | None,
+              seen: Bar | None = None) -> tuple[BarRun, bool]:
+        """The bar this line draws, updated, and whether the line started it (``seen``: the
+        line's ``bar_of``, when the caller has it already)."""
+        seen = seen or bar_of(probe, fields)
         for run in reversed(self.recent):
             bar = run.bar
             if bar.probe != probe or bar.desc != seen.desc or not _same_process(bar.process, seen.process):

@@ -28,7 +28,6 @@ those listed events on disk until it prints them (``_spool``).
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -44,11 +43,11 @@ from ..events import (
     Phase,
     ProbeEvent,
     ProbeKind,
-    Record,
 )
 from ..records import split_records
+from ._barfold import RedrawCoalescer
 from ._engine import ProbeEngine
-from ._identity import BarBook, BarRun
+from ._identity import Bar, BarBook, BarRun, bar_of
 from ._loading import load_packs, search_dirs
 from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
 from ._rootcause import echoes_only, root_cause
@@ -57,7 +56,6 @@ from ._spool import EventSpool
 _CHUNK = 4 << 20
 _MAX_EVENTS = 100_000  # listed in a report; the summary counts every event
 _MAX_CANDIDATES = 1_000  # failures kept for the root-cause choice, of each kind (fatal, survivable)
-_BAR_KEY = re.compile(r"[^\d]*")  # a bar's redraws share the text before their first digit
 _TRACEBACK_TAIL = 15
 _CRASHED = frozenset({Outcome.CRASHED, Outcome.OOM})
 _EX_NOINPUT = 66  # sysexits: an input file did not exist or was not readable
@@ -182,9 +180,9 @@ def replay_file(
     if not packs:  # nothing could match: "no failure" would be a lie
         searched = ", ".join(str(d) for d in search_dirs())
         raise ProbePackError(f"no probe pack found (searched {searched}); reinstall supervise or pass --pack-file")
-    engine = ProbeEngine(packs)
+    engine = ProbeEngine(packs, fold_runs=True)
     summary = _Summary(spool)
-    bars = _RedrawCoalescer()
+    bars = RedrawCoalescer()
     offset = 0
     pending = b""
     with open(path, "rb") as handle:
@@ -192,14 +190,14 @@ def replay_file(
             chunk = handle.read(_CHUNK)
             data = pending + chunk
             records, used = split_records(data, offset, final=not chunk)
-            summary.add(engine.feed_many(bars.feed(records)))
+            summary.add(engine.feed_many(bars.feed(records)), engine.folded)
             del records
             pending = data[used:]
             offset += used
             if not chunk:
                 break
-    summary.add(engine.feed_many(bars.flush()))
-    summary.add(engine.flush())
+    summary.add(engine.feed_many(bars.flush()), engine.folded)
+    summary.add(engine.flush(), engine.folded)
     return summary.report()
 
 
@@ -208,37 +206,6 @@ def build_report(events: Iterable[ProbeEvent]) -> ReplayReport:
     summary = _Summary()
     summary.add(events)
     return summary.report()
-
-
-class _RedrawCoalescer:
-    """Of a run of redraws of one bar (records ended by a carriage return, alike up to their
-    first digit), passes on the first and the last: the redraws between say nothing the last
-    does not, and there may be millions of them."""
-
-    def __init__(self) -> None:
-        self._key: str | None = None
-        self._held: Record | None = None  # the latest redraw of the run, not passed on yet
-
-    def feed(self, records: Iterable[Record]) -> list[Record]:
-        out: list[Record] = []
-        for record in records:
-            key = _bar_key(record.text) if record.redraw else None
-            if key is not None and key == self._key:
-                self._held = record
-                continue
-            out += self.flush()
-            self._key = key
-            out.append(record)
-        return out
-
-    def flush(self) -> list[Record]:
-        held, self._held = self._held, None
-        return [] if held is None else [held]
-
-
-def _bar_key(text: str) -> str:
-    found = _BAR_KEY.match(text)
-    return found.group() if found else ""
 
 
 class _Summary:
@@ -265,8 +232,19 @@ class _Summary:
         self._attempt_over = False  # a launcher said the workers' attempt failed (``attempt_over``)
         self._done_seen: dict[int, float] = {}
 
-    def add(self, events: Iterable[ProbeEvent]) -> None:
+    def add(self, events: Iterable[ProbeEvent], folded: dict[int, list[float]] | None = None) -> None:
+        """Take the next events; ``folded``: the counts of bar lines the engine folded before
+        the event at each offset (``_barfold``), each counted and placed as its event would be."""
         for event in events:
+            counts = folded.pop(event.offset, None) if folded and event.kind is ProbeKind.PROGRESS else None
+            if counts:
+                seen = bar_of(event.probe, event.fields)
+                for done in counts:
+                    was_recovered = self._recovered
+                    self.counts["progress"] = self.counts.get("progress", 0) + 1
+                    self._place(event.probe, event.fields, done, event.fields.get("total"), seen)
+                    if self._recovered and not was_recovered and not self._fatal_seen:
+                        self.failures.recovered()
             was_recovered = self._recovered
             self._add(event)
             if self._recovered and not was_recovered and not self._fatal_seen:
@@ -298,9 +276,11 @@ class _Summary:
 
     def _progress(self, event: ProbeEvent) -> None:
         done, total = event.fields.get("done"), event.fields.get("total")
-        if not isinstance(done, (int, float)):
-            return
-        run, new = self._bars.place(event.probe, event.fields, done, total if isinstance(total, (int, float)) else None)
+        if isinstance(done, (int, float)):
+            self._place(event.probe, event.fields, done, total)
+
+    def _place(self, probe: str, fields: dict[str, Any], done: float, total: Any, seen: Bar | None = None) -> None:
+        run, new = self._bars.place(probe, fields, done, total if isinstance(total, (int, float)) else None, seen)
         if not new and self._done_seen.get(run.id) != run.done:
             self._recovered = True  # a step forward of a bar already drawn: an advance, as the watchdog counts it
         self._done_seen[run.id] = run.done

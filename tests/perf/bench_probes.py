@@ -17,7 +17,10 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
   same probe regexes: a block scan of each 1 MiB chunk (every match reported, nothing done
   with it: the ceiling for reading the bytes), and a Python loop scanning line by line (the
   floor any per-line Python reader pays before doing anything with a line);
-- peak RSS of ``supervise probe --json`` on a log of ``--redraws`` tqdm redraws (the memory target).
+- peak RSS of ``supervise probe --json`` on a log of ``--redraws`` tqdm redraws (the memory target);
+- the offline replay on a log of bar runs (``--bars-mb``: tqdm bars piped to a file, one
+  ``\n``-ended line a draw, and Megatron ``iteration N/ M`` lines), with the fold of a bar's run
+  (``_barfold``) and without it (every line through the engine and the summary), in-process.
 
 Times are wall-clock and CPU seconds (the machine may be shared); ratios use CPU time.
 Prints a markdown table and the targets (offline >= 50 MB/s and >= 8x grep in the C locale;
@@ -42,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from supervisor.probes import ProbeEngine, load_packs  # noqa: E402
+from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
+from supervisor.probes._replay import build_report, replay_file  # noqa: E402
 from supervisor.probes._ere import to_posix_ere  # noqa: E402
 from supervisor.records import split_records  # noqa: E402
 
@@ -188,6 +193,41 @@ def redraw_log(path: Path, redraws: int) -> int:
     return path.stat().st_size
 
 
+def bars_log(path: Path, megabytes: float, seed: int = 7) -> int:
+    """tqdm bars piped to a file (a line a draw) and Megatron iteration lines, then a crash."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        while f.tell() < megabytes * 1e6:
+            total = rng.randint(100, 2000)
+            f.write("".join(f"Map: {100 * i // total:3d}%|{'#' * (10 * i // total):<10}| {i}/{total} "
+                            f"[00:01<00:02, 3000.00 examples/s]\n" for i in range(total + 1)))
+            f.write("INFO a line between bars\n")
+            f.write("".join(f" iteration {it:8d}/  500000 | consumed samples: {it * 32:12d} | elapsed time per "
+                            f"iteration (ms): 1401.4 | learning rate: 1.406E-07 | global batch size:    32 | lm loss: "
+                            f"{rng.random():.6E} | loss scale: 1.0 | grad norm: 3.020 | number of skipped iterations:"
+                            f"   0 | number of nan iterations:   0 |\n" for it in range(1, 200)))
+        f.write("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
+                "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    return path.stat().st_size
+
+
+def run_replay(path: Path, size: int, fold: bool) -> tuple[Timing, str]:
+    """The offline report, in-process: ``replay_file`` (the fold on), or every line of a run
+    through the engine and the summary (as before the fold)."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    if fold:
+        report = replay_file(path)
+    else:
+        records, _ = split_records(path.read_bytes(), 0, final=True)
+        bars, engine = RedrawCoalescer(), ProbeEngine(load_packs())
+        report = build_report(engine.feed_many(bars.feed(records) + bars.flush()) + engine.flush())
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    label = "offline report of the bar log, " + ("a bar's run folded" if fold else "every line read")
+    return Timing(label, wall, cpu, size, "", engine=True), report.to_json()
+
+
 def run_grep(path: Path, patterns: Path, size: int, locale: str | None) -> Timing:
     env = dict(os.environ)
     if locale is not None:
@@ -209,6 +249,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log (default 100)")
     parser.add_argument("--redraws", type=int, default=1_000_000, help="redraws in the memory log (default 10^6)")
+    parser.add_argument("--bars-mb", type=float, default=10.0, help="size of the bar-run log (default 10)")
     parser.add_argument("--keep", type=Path, help="write the log and patterns here and keep them")
     parser.add_argument("--grep-default", action="store_true",
                         help="also grep in the default locale (UTF-8: 5-6x slower than the C locale)")
@@ -240,8 +281,20 @@ def main() -> int:
     print(f"target `supervise probe --json` <= {TARGET_RSS_MB:.0f} MB RSS on {args.redraws} redraws "
           f"({redraw_size / 1e6:.0f} MB, {measured['cpu']:.1f} CPU s): {rss:.0f} MiB -> "
           f"{'met' if rss <= TARGET_RSS_MB else 'MISSED'}")
+    bars = workdir / "bars.log"
+    bars_size = bars_log(bars, args.bars_mb)
+    (folded, folded_json), (plain, plain_json) = run_replay(bars, bars_size, True), run_replay(bars, bars_size, False)
+    bar_greps = [run_grep(bars, patterns, bars_size, "C")]
+    bar_hs = run_hyperscan(bars, bars_size, per_line=False)
+    print(f"\nbar-run log: {bars_size / 1e6:.1f} MB (reports {'identical' if folded_json == plain_json else 'DIFFER'})\n")
+    print("| run | wall s | CPU s | MB/s (CPU) | vs grep | |")
+    print("|---|---:|---:|---:|---:|---|")
+    for t in [folded, plain, *bar_greps, *([bar_hs] if bar_hs else [])]:
+        ratio = f"{t.mb_s / bar_greps[0].mb_s:.1f}x" if t.engine else "-"
+        print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
+    print(f"\nfold: {plain.cpu / folded.cpu:.2f}x less CPU on the bar log")
     if args.keep is None:
-        for path in (log, patterns, redraws):
+        for path in (log, patterns, redraws, bars):
             path.unlink(missing_ok=True)
         workdir.rmdir()
     return 0

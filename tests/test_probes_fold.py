@@ -1,0 +1,123 @@
+"""The engine's shortcuts change nothing it reports.
+
+- The literal prefilter (one RE2 scan of a batch, only lines with a hit looked at) gives the
+  same events as reading every line, on random lines and on every corpus log's lines.
+- The offline fold of a bar's run of lines (``_barfold``) gives the same report, JSON and
+  text (every event counted), as the engine reading every line of the run: on every corpus
+  log, and on random logs of bars that restart, share a description, switch process, and
+  meet tracebacks, prefixes and failures.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+import pytest
+
+from probe_golden import corpus_logs, event_json, packs
+from supervisor.probes import ProbeEngine
+from supervisor.probes._barfold import RedrawCoalescer
+from supervisor.probes._replay import build_report, replay_file
+from supervisor.records import RecordBuffer, split_records
+
+
+def _events(data: bytes, *, prefilter: bool, chunk: int = 997) -> str:
+    """Every event, as JSON (a NaN loss compares equal so)."""
+    engine = ProbeEngine(packs(), prefilter=prefilter)
+    buffer = RecordBuffer()
+    events = []
+    for pos in range(0, len(data), chunk):
+        events += engine.feed_many(buffer.feed(data[pos:pos + chunk]))
+    events += engine.feed_many(buffer.flush()) + engine.flush()
+    return json.dumps([event_json(e) for e in events], sort_keys=True)
+
+
+def _unfolded_report(path: Path) -> tuple[str, str]:
+    """The report the way it was read before the fold: every line of a run through the engine."""
+    records, _ = split_records(path.read_bytes(), 0, final=True)
+    bars = RedrawCoalescer()
+    engine = ProbeEngine(packs())
+    events = engine.feed_many(bars.feed(records) + bars.flush()) + engine.flush()
+    report = build_report(events)
+    return report.to_json(), report.render_text()
+
+
+def _folded_report(path: Path) -> tuple[str, str]:
+    report = replay_file(path)
+    return report.to_json(), report.render_text()
+
+
+# ---- random logs ----------------------------------------------------------------------
+
+_PREFIXES = ["", "", "", "[rank1]: ", "(VllmWorker rank=0 pid=79) ", "[default0]:"]
+_FAILURES = ["RuntimeError: CUDA error: an illegal memory access was encountered",
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+             "ERROR 05-01 12:00:00 engine.py:12] Engine core failed", "Killed"]
+
+
+def _bar(rng: random.Random, desc: str, total: int) -> list[str]:
+    out, done = [], 0
+    while done <= total:
+        pct = 100 * done // max(total, 1)
+        out.append(f"{desc}: {pct:3d}%|{'#' * (pct // 10):<10}| {done}/{total} [00:01<00:02, {rng.random() * 99:.2f}it/s]")
+        done += rng.choice([1, 1, 2, 5, 0])
+        if rng.random() < 0.05:
+            done = max(0, done - rng.randint(1, 5))  # a bar drawn again from further back: a new bar
+    return out
+
+
+def _random_log(rng: random.Random) -> str:
+    lines: list[str] = []
+    for _ in range(rng.randint(5, 25)):
+        pick = rng.random()
+        prefix = rng.choice(_PREFIXES)
+        if pick < 0.3:
+            bar = _bar(rng, rng.choice(["Map", "Loading checkpoint shards", "Processed prompts", "Training"]),
+                       rng.choice([3, 10, 48, 100]))
+            lines += [(prefix if rng.random() < 0.2 else "") + line for line in bar]
+        elif pick < 0.5:
+            start = rng.randint(0, 30)
+            for step in range(start, start + rng.randint(1, 40), rng.choice([1, 5])):
+                lines.append(f"step {step} loss {rng.random():.4f}" if rng.random() < 0.9 else f"step {step} loss nan")
+        elif pick < 0.65:
+            for it in range(rng.randint(1, 30), rng.randint(31, 60)):
+                lines.append(f" iteration {it:8d}/     500 | consumed samples: {it * 32:9d} | lm loss: {rng.random():.6E}"
+                             " | number of skipped iterations:   0 | number of nan iterations:   0 |")
+        elif pick < 0.75:
+            lines += [prefix + "Traceback (most recent call last):", prefix + '  File "train.py", line 3, in <module>',
+                      prefix + "    main()", prefix + rng.choice(_FAILURES)]
+        elif pick < 0.85:
+            lines.append(prefix + rng.choice(_FAILURES))
+        else:
+            lines += [prefix + rng.choice(["INFO starting", "", "  ", "Saving model checkpoint to /ckpt",
+                                           "[INFO|trainer.py:4309] Saving", "{'loss': 0.5, 'epoch': 1.0}"])]
+    return "\n".join(lines) + ("\n" if rng.random() < 0.8 else "")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fold_and_prefilter_change_nothing_on_random_logs(seed: int, tmp_path: Path) -> None:
+    rng = random.Random(seed)
+    path = tmp_path / "random.log"
+    path.write_text(_random_log(rng), encoding="utf-8")
+    assert _folded_report(path) == _unfolded_report(path)
+    data = path.read_bytes()
+    assert _events(data, prefilter=True) == _events(data, prefilter=False)
+
+
+def test_fold_keeps_every_count_where_bars_of_one_name_interleave(tmp_path: Path) -> None:
+    # Which of two bars of the same probe a count continues depends on every count before it:
+    # folding 10 and 15 away would make 20 continue the first bar, not the second.
+    lines = [f"step {n} loss 0.5" for n in (5, 10, 15, 20, 25, 30, 5, 10, 15, 20, 40, 45, 3, 4)]
+    path = tmp_path / "steps.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    folded, unfolded = _folded_report(path), _unfolded_report(path)
+    assert folded == unfolded
+    assert "events: 14 (14 progress)" in folded[1]  # every line counted, folded or not
+
+
+@pytest.mark.parametrize("path", corpus_logs(), ids=lambda p: p.name)
+def test_fold_and_prefilter_change_nothing_on_corpus_logs(path: Path) -> None:
+    assert _folded_report(path) == _unfolded_report(path)
+    data = path.read_bytes()
+    assert _events(data, prefilter=True, chunk=4096) == _events(data, prefilter=False, chunk=4096)
