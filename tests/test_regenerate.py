@@ -79,3 +79,17 @@ def test_refusals_are_one_line_exit_78(model, tmp_path, capsys, case):
     text = capsys.readouterr().out
     assert text.count("\n") == 1 and text.startswith("regenerate error: ")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_the_shipped_pipeline_extracts_what_regenerate_wrote():
+    from pathlib import Path
+
+    from supervisor.pipeline import load_pipeline, resolve
+
+    path = Path(REPO) / "jobs" / "eagle3-regen.toml"
+    steps = {s.step: s.spec.argv(1) for s in resolve(load_pipeline(path), path, {}).steps}
+    assert list(steps) == ["regenerate", "extract", "train"]
+    regen_out = steps["regenerate"][steps["regenerate"].index("--out") + 1]
+    assert steps["extract"][steps["extract"].index("--prompts") + 1] == regen_out
+    extract_out = steps["extract"][steps["extract"].index("--out") + 1]
+    assert steps["train"][steps["train"].index("--data") + 1] == extract_out

@@ -109,6 +109,10 @@ def generate_vllm(model_dir: str, prompts: Sequence[list[int]], max_new: int, st
 
 
 def regenerate(args: argparse.Namespace) -> tuple[list[Answer], float]:
+    if not args.model:  # the embedded tiny model, built as eagle3.extract builds it (the same directory)
+        from .tiny_model import build, default_model_dir
+
+        args.model = str(build(default_model_dir(args.cache_dir)))
     model_dir = Path(args.model)
     try:
         config = json.loads((model_dir / "config.json").read_text())
@@ -144,7 +148,9 @@ def regenerate(args: argparse.Namespace) -> tuple[list[Answer], float]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eagle3.regenerate",
                                  description="Have the target answer the prompts; write them for eagle3.extract.")
-    ap.add_argument("--model", required=True, help="the target's local model directory")
+    ap.add_argument("--model", default="", help="the target's local model directory (empty: the embedded tiny "
+                                                "model, built into --cache-dir as eagle3.extract builds it)")
+    ap.add_argument("--cache-dir", default="", help="where the embedded tiny model is built")
     ap.add_argument("--prompts", required=True, help="JSONL prompt set (prompt, messages or token_ids records)")
     ap.add_argument("--out", required=True, help="JSONL of token_ids + loss_mask records to write")
     ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
