@@ -347,12 +347,13 @@ def draft_config(target: Target, ds: Dataset, draft_vocab_size: int, args: argpa
 
 def ttt_forward(draft: Eagle3Draft, target: Target, batch: dict[str, torch.Tensor], steps: int,
                 decay: float, device: torch.device, amp: torch.dtype | None,
-                denoms: Sequence[float] | None = None,
+                denoms: Sequence[float] | None = None, record: list[torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """(total loss, per-step losses, per-step accuracies) of one batch; see the module docstring.
 
     ``denoms``: the loss-masked position count of each step over the whole global batch (several
-    ranks); default: this batch's own (:func:`masked_counts`)."""
+    ranks); default: this batch's own (:func:`masked_counts`). ``record``: gets each step's per-position
+    hits ``[B, m_i]`` (the draft's greedy proposal equals the target's argmax), for ``eagle3.heldout``."""
     aux = batch["aux"].to(device)
     last = batch["last"].to(device)
     ids = batch["ids"].to(device)
@@ -392,6 +393,8 @@ def ttt_forward(draft: Eagle3Draft, target: Target, batch: dict[str, torch.Tenso
             with torch.no_grad():
                 hit = draft.to_target_ids(logits.argmax(-1)) == targ_arg[:, 1 + i:1 + i + m]
                 acc_i = (hit & pm & inv).sum() / count
+                if record is not None:
+                    record.append(hit)
             losses.append(loss_i)
             accs.append(acc_i)
             total = total + (decay ** i) * loss_i

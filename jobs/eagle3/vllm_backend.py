@@ -26,7 +26,12 @@ Failure handling:
 * the DeepSeek family cannot give id L (the final layer) on vLLM releases before
   :data:`FINAL_LAYER_MIN_VLLM`: 0.23.0 crashes on the first batch, after the full start-up,
   with ``The expanded size of the tensor (4) must match the existing size (3)``. That request is
-  refused before anything loads (:class:`FinalLayerUnsupported`) unless forced.
+  refused before anything loads (:class:`FinalLayerUnsupported`) unless forced. Read in 0.23.0's
+  ``deepseek_v2.py``: ``DeepseekV2ForCausalLM`` does implement ``SupportsEagle3`` (default auxiliary
+  layers ``(2, L // 2, L - 3)``), and its model captures an id k as the input of layer k, inside the
+  layer loop only: id L is never reached, 3 states come back where 4 were asked. Ids below L work, so
+  EAGLE-3 serving of this family with a draft is supported by 0.23.0; only the training data's last
+  layer cannot come from it (the hf backend gives it).
 
 vLLM is imported only here, and only by :func:`load_vllm_api`; tests pass a fake API object.
 """
