@@ -84,6 +84,39 @@ class ProgressMilestones:
         kept.latest = event
         return False
 
+    def resume(self, stored: list[Event]) -> None:
+        """Take up the bars of an attempt a daemon before this one stored (re-adoption):
+        ``stored``, its progress rows in the order stored.  A bar whose last row is a stand-in
+        for its end (no milestone: the same whole percent, or the same ``interval_s`` slot, as
+        the row before it) gets that row back as the one its next line replaces; otherwise the
+        restarted daemon would store a second first line beside it and leave it orphaned."""
+        rows: dict[int, list[Event]] = {}
+        for event in stored:
+            done = _number(event.data.get("done")) if event.kind is EventKind.PROGRESS else None
+            if done is None or event.id is None:
+                continue
+            run, new = self._book.place(event.probe or "progress", event.data, done, _number(event.data.get("total")))
+            if new:
+                rows[run.id] = []
+            rows.setdefault(run.id, []).append(event)
+        for bar, events in rows.items():
+            last = events[-1]
+            done = _number(last.data.get("done")) or 0.0
+            percent = _percent(done, _number(last.data.get("total")))
+            kept = _Kept(done, percent, last.ts, done)
+            if len(events) > 1:
+                before = events[-2]
+                before_done = _number(before.data.get("done")) or 0.0
+                before_percent = _percent(before_done, _number(before.data.get("total")))
+                total = _number(last.data.get("total"))
+                if percent is not None:
+                    stand_in = percent == before_percent and total is not None and done < total
+                else:
+                    stand_in = last.ts - before.ts < self.interval_s
+                if stand_in:
+                    kept = _Kept(before_done, before_percent, before.ts, done, row=last.id)
+            self._bars[bar] = kept
+
     def sieve(self, events: list[Event], now: float) -> list[Event]:
         """The milestones among ``events``, in their order."""
         return [event for event in events if self.keep(event, now)]

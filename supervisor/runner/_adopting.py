@@ -53,6 +53,8 @@ class Adopting(Watching):
             self._note(live, event, self._clock_at(event.ts))
         if probe_events:
             live.last_output = probe_events[-1].ts
+        # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
+        live.stored_progress.resume([e for e in probe_events if e.kind is EventKind.PROGRESS])
         log_stat = self._log_stat(row)
         live.backlog = None if log_stat is None else self._backlog(row, probe_events, *log_stat)
         live.judge_at_once = True
