@@ -53,6 +53,8 @@ class ProgressMilestones:
         self._book = BarBook()
         self._bars: dict[int, _Kept] = {}
         self._replaced: list[int] = []  # rows of lines a later line of their bar replaces
+        # Past the attempt's event cap (event_cap.py): a known bar's lines are no milestones, its latest is kept in place.
+        self.latest_only = False
 
     def keep(self, event: Event, now: float) -> bool:
         """Whether ``event`` is a milestone; anything but a progress line with a count always is."""
@@ -67,6 +69,9 @@ class ProgressMilestones:
         percent = _percent(done, total)
         if new or kept is None:
             self._bars[run.id] = _Kept(done, percent, now, done)
+            if self.latest_only:  # past the cap, a new bar too is its latest line, in place
+                self._bars[run.id].latest = event
+                return False
             return True
         if done == kept.seen:
             return False  # the same step drawn again: nothing new
@@ -78,7 +83,7 @@ class ProgressMilestones:
             due = percent != kept.percent or done >= total
         else:
             due = now - kept.at >= self.interval_s
-        if due:
+        if due and not self.latest_only:
             kept.done, kept.percent, kept.at, kept.latest = done, percent, now, None
             return True
         kept.latest = event

@@ -16,7 +16,8 @@ import time
 from .. import notices
 from ..events import Event, EventKind, JobState
 from ..hosts.base import ProcessHandle
-from ..store import AttemptRow
+from ..event_cap import EventCap
+from ..store import AttemptRow, EventQuery
 from ..watchdog import format_duration
 from ._backlog import Backlog, backlog_of
 from ._context import Live
@@ -29,6 +30,8 @@ _RARE_KINDS = [EventKind.PHASE.value, EventKind.FAILURE.value]
 _FREQUENT_KINDS = [[EventKind.PROGRESS.value], [EventKind.METRIC.value, EventKind.INFO.value]]  # each its own window
 _FREQUENT_REPLAYED = 4096
 _PAGE = 10_000
+# The kinds read from the log: what the event cap counts (event_cap.py).
+_LOG_KINDS = (EventKind.PHASE, EventKind.PROGRESS, EventKind.FAILURE, EventKind.METRIC, EventKind.INFO)
 # The longest a re-adopted attempt waits for its backlog to be read before it is judged: reading
 # takes well under a second even for megabytes; this bounds a log that cannot be read to its end.
 _CATCH_UP_MAX_S = 5.0
@@ -45,7 +48,9 @@ class Adopting(Watching):
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
                                scheduler_id=row.scheduler_id)
         watchdog = self._new_watchdog(row.n, started_at=self._clock_at(row.started))
-        live = Live(row=row, handle=handle, watchdog=watchdog)
+        stored = self.ctx.store.count_events(EventQuery(self.spec.name, attempt=row.n))
+        logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
+        live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(self.ctx.events_per_attempt, logged))
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)

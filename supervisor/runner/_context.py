@@ -20,6 +20,8 @@ from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites
 from ..recorder import Recorder
+from ..event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
+from ..event_cap import EventCap
 from ..progress_milestones import ProgressMilestones
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
@@ -55,6 +57,7 @@ class RunnerContext:
     down_since: float | None = None
     records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
     arrivals: Path | None = None  # where each attempt's arrival marks go (arrivals.py); None: not noted
+    events_per_attempt: int = DEFAULT_EVENT_CAP  # the settings' cap on an attempt's stored log events
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Live:
     program_pid: int | None = None  # the program the wrapper runs, once seen (_program.py)
     # Which progress lines are stored (its milestones); the watchdog sees them all.
     stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
+    event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""
