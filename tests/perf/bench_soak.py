@@ -92,9 +92,10 @@ def _web(d: Daemon, port: int) -> tuple[str, str]:
     return f"{parsed.scheme}://{parsed.netloc}", token
 
 
-def _written(d: Daemon, names: list[str], expected: int) -> float:
-    sizes = [p.stat().st_size for p in (d.paths.logs).rglob("*") if p.is_file()]
-    return sum(sizes) / max(1, expected) if names else 0.0
+def _read(d: Daemon, names: list[str], expected: int) -> float:
+    """The share of the expected log bytes the daemon has read (and stored the offset of)."""
+    rows = d.db().execute("SELECT COALESCE(SUM(log_offset), 0) FROM attempts").fetchone()
+    return rows[0] / max(1, expected) if names else 0.0
 
 
 def main() -> int:
@@ -103,7 +104,9 @@ def main() -> int:
     parser.add_argument("--redraws", type=int, default=650_000)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=0.0, help="redraws per second per job (0: full speed)")
     parser.add_argument("--port", type=int, default=18787)
+    parser.add_argument("--keep", action="store_true", help="keep the state directory (printed) to look into")
     args = parser.parse_args()
     redraws = max(1000, int(args.redraws * args.scale))
     metrics = redraws // 2000
@@ -112,9 +115,10 @@ def main() -> int:
     print(machine_note())
     print(f"\n{args.jobs} jobs x {redraws:,} redraws (scale {args.scale:g} of {args.redraws:,}), "
           f"a worker line per 4, {metrics} loss lines each; {args.kills} daemon SIGKILLs\n")
-    with Daemon(keep=False) as d:
+    with Daemon(keep=args.keep) as d:
+        print(f"state directory: {d.home}")
         web = _web(d, args.port)
-        specs = [d.spec(n, [PY, str(JOB), str(redraws)], probes=["python", "tqdm", "transformers"],
+        specs = [d.spec(n, [PY, str(JOB), str(redraws), "--rate", str(args.rate)], probes=["python", "tqdm", "transformers"],
                         extra='[health]\ndiverge_k = "off"\n') for n in names]
         sampler = Sampler(d, names[0])
         sampler.web = web
@@ -125,7 +129,7 @@ def main() -> int:
         kills: list[float] = []
         for k in range(args.kills):
             mark = (k + 1) / (args.kills + 1)
-            wait_until(lambda m=mark: _written(d, names, int(expected_bytes)) >= m, 3600, f"{mark:.0%} written", 0.2)
+            wait_until(lambda m=mark: _read(d, names, int(expected_bytes)) >= m, 3600, f"{mark:.0%} read", 0.2)
             sampler.down.set()
             d.proc.send_signal(signal.SIGKILL)
             d.proc.wait()
@@ -140,12 +144,21 @@ def main() -> int:
         sampler.join()
         client = d.client()
         lost = doubled = 0
+        unread = []
         for name in names:
             events = client.events(name, kinds=["progress", "metric"]).events
-            percents = [int(100 * e.data["done"] // e.data["total"]) for e in events if e.kind == "progress"]
+            dones = [int(e.data["done"]) for e in events if e.kind == "progress"]
+            percents = {100 * d // redraws for d in dones}
             losses = [int(float(e.data["loss"])) for e in events if e.kind == "metric"]
-            lost += len(set(range(101)) - set(percents)) + len(set(range(1, metrics + 1)) - set(losses))
-            doubled += (len(percents) - len(set(percents))) + (len(losses) - len(set(losses)))
+            # Lost: a whole percent or a loss line missing below the last one stored (a gap);
+            # doubled: a step or a loss line stored twice.  What was never read is apart (unread).
+            lost += len(set(range(max(percents) + 1)) - percents) + len(set(range(1, max(losses, default=0) + 1)) - set(losses))
+            doubled += (len(dones) - len(set(dones))) + (len(losses) - len(set(losses)))
+            offset, log = d.db().execute("SELECT log_offset, log_path FROM attempts WHERE job = ? ORDER BY n DESC",
+                                         (name,)).fetchone()
+            read = (offset or 0) / Path(log).stat().st_size
+            unread.append(1 - read)
+            print(f"{name}: {len(percents)}/101 percents, {len(set(losses))}/{metrics} loss lines, log read to {read:.0%}")
         db = d.paths.db
         size = sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
         rows = d.db().execute("SELECT COUNT(*) FROM events").fetchone()[0]
@@ -168,7 +181,8 @@ def main() -> int:
              f"({len(sampler.status_s)} calls)", "p99 <= 100 ms"),
             ("page first data", f"p50 {ms(percentile(sampler.page_s, 50))}, max {ms(max(sampler.page_s))} "
              f"({len(sampler.page_s)} opens)", "<= 500 ms"),
-            ("events lost / doubled", f"{lost} / {doubled}", "0 / 0"),
+            ("events lost / doubled across the kills", f"{lost} / {doubled}", "0 / 0"),
+            ("log left unread when judged", f"max {max(unread):.0%} of a job's log", "0"),
             ("report of one attempt", f"{report_s * 1000:.0f} ms (CLI process; `status` by the same CLI: {cli_s * 1000:.0f} ms)", "<= 1 s"),
         ]))
         print("\nRSS over time (s: MB): " + ", ".join(f"{at:.0f}: {mb:.0f}" for at, mb in rss[:: max(1, len(rss) // 16)]))
