@@ -14,9 +14,9 @@ import os
 import time
 
 from .. import notices
+from ..event_cap import EventCap
 from ..events import Event, EventKind, JobState
 from ..hosts.base import ProcessHandle
-from ..event_cap import EventCap
 from ..store import AttemptRow, EventQuery
 from ..watchdog import format_duration
 from ._backlog import Backlog, backlog_of

@@ -14,15 +14,15 @@ from typing import Any
 
 from ..alerts import Alerter
 from ..bus import EventBus
+from ..event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
+from ..event_cap import EventCap
 from ..events import Event, EventKind, Failure, JobState, ProbeEvent
 from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
 from ..hosts.stacks import StackDump
 from ..pending_writes import PendingWrites
-from ..recorder import Recorder
-from ..event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
-from ..event_cap import EventCap
 from ..progress_milestones import ProgressMilestones
+from ..recorder import Recorder
 from ..spec import JobSpec
 from ..store import AttemptRow, Store
 from ..usage import GpuUsageMeter

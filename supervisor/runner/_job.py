@@ -15,8 +15,8 @@ from typing import Any
 import structlog
 
 from .. import notices
-from ..event_cap import EventCap
 from ..errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
+from ..event_cap import EventCap
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import wait_for_release
 from ..hosts import stacks
