@@ -99,6 +99,9 @@ class DaemonSettings(BaseModel):
                                      "headers, and again its body; a slower one is disconnected")
     log_keep_attempts: int = Field(20, ge=1, description="attempt logs kept per job: older ones are deleted at each launch "
                                                          "and by `supervise prune`, with their progress and metric events (a running attempt's log never is)")
+    events_per_attempt: int = Field(10_000, ge=100, le=10_000_000, description="events read from an attempt's log "
+                                    "that the store keeps; past it the attempt's progress, metric and info lines are "
+                                    "not stored (one action event says so; each bar's latest count, phases and failures still are)")
     log_max_bytes: int = Field(0, ge=0, description="per job, older attempt logs are deleted until the job's logs "
                                                     "fit in this many bytes (0: no limit; the running attempt's log is kept)")
 

@@ -53,6 +53,8 @@ class ProgressMilestones:
         self._book = BarBook()
         self._bars: dict[int, _Kept] = {}
         self._replaced: list[int] = []  # rows of lines a later line of their bar replaces
+        # Past the attempt's event cap (event_cap.py): a known bar's lines are no milestones, its latest is kept in place.
+        self.latest_only = False
 
     def keep(self, event: Event, now: float) -> bool:
         """Whether ``event`` is a milestone; anything but a progress line with a count always is."""
@@ -67,6 +69,9 @@ class ProgressMilestones:
         percent = _percent(done, total)
         if new or kept is None:
             self._bars[run.id] = _Kept(done, percent, now, done)
+            if self.latest_only:  # past the cap, a new bar too is its latest line, in place
+                self._bars[run.id].latest = event
+                return False
             return True
         if done == kept.seen:
             return False  # the same step drawn again: nothing new
@@ -78,11 +83,44 @@ class ProgressMilestones:
             due = percent != kept.percent or done >= total
         else:
             due = now - kept.at >= self.interval_s
-        if due:
+        if due and not self.latest_only:
             kept.done, kept.percent, kept.at, kept.latest = done, percent, now, None
             return True
         kept.latest = event
         return False
+
+    def resume(self, stored: list[Event]) -> None:
+        """Take up the bars of an attempt a daemon before this one stored (re-adoption):
+        ``stored``, its progress rows in the order stored.  A bar whose last row is a stand-in
+        for its end (no milestone: the same whole percent, or the same ``interval_s`` slot, as
+        the row before it) gets that row back as the one its next line replaces; otherwise the
+        restarted daemon would store a second first line beside it and leave it orphaned."""
+        rows: dict[int, list[Event]] = {}
+        for event in stored:
+            done = _number(event.data.get("done")) if event.kind is EventKind.PROGRESS else None
+            if done is None or event.id is None:
+                continue
+            run, new = self._book.place(event.probe or "progress", event.data, done, _number(event.data.get("total")))
+            if new:
+                rows[run.id] = []
+            rows.setdefault(run.id, []).append(event)
+        for bar, events in rows.items():
+            last = events[-1]
+            done = _number(last.data.get("done")) or 0.0
+            percent = _percent(done, _number(last.data.get("total")))
+            kept = _Kept(done, percent, last.ts, done)
+            if len(events) > 1:
+                before = events[-2]
+                before_done = _number(before.data.get("done")) or 0.0
+                before_percent = _percent(before_done, _number(before.data.get("total")))
+                total = _number(last.data.get("total"))
+                if percent is not None:
+                    stand_in = percent == before_percent and total is not None and done < total
+                else:
+                    stand_in = last.ts - before.ts < self.interval_s
+                if stand_in:
+                    kept = _Kept(before_done, before_percent, before.ts, done, row=last.id)
+            self._bars[bar] = kept
 
     def sieve(self, events: list[Event], now: float) -> list[Event]:
         """The milestones among ``events``, in their order."""

@@ -92,7 +92,7 @@ class Service:
         return RunnerContext(store=self.store, bus=self.bus, recorder=self.recorder, host=slot.host,
                              alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
                              records_seen=self.metrics.records_seen, down_since=self.down_since,
-                             arrivals=self.paths.arrivals)
+                             arrivals=self.paths.arrivals, events_per_attempt=self.settings.events_per_attempt)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""

@@ -335,9 +335,13 @@ class Store:
         return found[::-1] if latest else found
 
     def count_events(self, query: EventQuery) -> dict[str, int]:
-        """How many events match ``query`` (job and after_id), by kind."""
-        rows = self._read("SELECT kind, COUNT(*) FROM events WHERE job=? AND id>? GROUP BY kind",
-                          (query.job, query.after_id))
+        """How many events match ``query`` (job, after_id and attempt), by kind."""
+        if query.attempt is not None:
+            rows = self._read("SELECT kind, COUNT(*) FROM events WHERE job=? AND attempt=? AND id>? GROUP BY kind",
+                              (query.job, query.attempt, query.after_id))
+        else:
+            rows = self._read("SELECT kind, COUNT(*) FROM events WHERE job=? AND id>? GROUP BY kind",
+                              (query.job, query.after_id))
         return {row[0]: int(row[1]) for row in rows}
 
     # -- the daemon's heartbeat ----------------------------------------------------------

@@ -32,7 +32,7 @@ def test_defaults_file_and_environment_in_that_order(tmp_path: Path) -> None:
         "gpu_interval_s": file, "gpu_store_every_s": "default", "poll_interval_s": "env SUPERVISE_POLL_INTERVAL_S",
         "alert_urls": file, "alert_min_interval_s": "env SUPERVISE_ALERT_MIN_INTERVAL_S", "metrics_addr": file,
         "loop_lag_interval_s": "default", "request_timeout_s": "default", "log_keep_attempts": "default",
-        "log_max_bytes": "default", "kernel_log": "default",
+        "log_max_bytes": "default", "kernel_log": "default", "events_per_attempt": "default",
     }
 
 
@@ -53,6 +53,7 @@ def test_existing_environment_names_still_work(tmp_path: Path) -> None:
     ('metrics_addr = "0.0.0.0:9464"', "key 'metrics_addr': '0.0.0.0:9464' is not a loopback address"),
     ('metrics_addr = "192.168.1.5:9464"', "is not a loopback address"),
     ('metrics_addr = "localhost"', "is not host:port"),
+    ("events_per_attempt = 5", "key 'events_per_attempt': Input should be greater than or equal to 100"),
 ])
 def test_malformed_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
     (tmp_path / "config.toml").write_text(text + "\n")

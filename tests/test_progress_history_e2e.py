@@ -42,3 +42,16 @@ def test_a_fast_20000_step_bar_stores_its_milestones_only(daemon: DaemonProcess,
     lines = [line for line in events.splitlines() if "/20000" in line]
     assert len(lines) == rows, events
     assert "0/20000" in lines[0] and "20000/20000" in lines[-1], (lines[0], lines[-1])
+
+
+def test_start_follow_piped_prints_a_fast_bar_per_whole_percent(daemon: DaemonProcess, make_job,
+                                                              daemon_env: dict[str, str]) -> None:
+    # Piped (not a terminal): the 20,001 redraws come out as the bar's milestones, about one line
+    # per whole percent (at most one a second between them), ending with the true count.
+    spec = make_job("piped", FAST_BAR_JOB, probes='["tqdm"]')
+    out = supervise(daemon_env, "start", str(spec), "--follow").stdout
+    lines = [line for line in out.splitlines() if "/20000" in line]
+    assert 100 <= len(lines) <= 150, len(lines)
+    assert "\r" not in out and "20000/20000" in lines[-1], lines[-3:]
+    percents = [int(line.split("/20000")[0].rsplit(" ", 1)[-1]) * 100 // 20000 for line in lines]
+    assert len(percents) - len(set(percents)) <= 5, lines  # a repeat only where a second passed

@@ -14,9 +14,10 @@ import os
 import time
 
 from .. import notices
+from ..event_cap import EventCap
 from ..events import Event, EventKind, JobState
 from ..hosts.base import ProcessHandle
-from ..store import AttemptRow
+from ..store import AttemptRow, EventQuery
 from ..watchdog import format_duration
 from ._backlog import Backlog, backlog_of
 from ._context import Live
@@ -29,6 +30,8 @@ _RARE_KINDS = [EventKind.PHASE.value, EventKind.FAILURE.value]
 _FREQUENT_KINDS = [[EventKind.PROGRESS.value], [EventKind.METRIC.value, EventKind.INFO.value]]  # each its own window
 _FREQUENT_REPLAYED = 4096
 _PAGE = 10_000
+# The kinds read from the log: what the event cap counts (event_cap.py).
+_LOG_KINDS = (EventKind.PHASE, EventKind.PROGRESS, EventKind.FAILURE, EventKind.METRIC, EventKind.INFO)
 # The longest a re-adopted attempt waits for its backlog to be read before it is judged: reading
 # takes well under a second even for megabytes; this bounds a log that cannot be read to its end.
 _CATCH_UP_MAX_S = 5.0
@@ -45,7 +48,9 @@ class Adopting(Watching):
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
                                scheduler_id=row.scheduler_id)
         watchdog = self._new_watchdog(row.n, started_at=self._clock_at(row.started))
-        live = Live(row=row, handle=handle, watchdog=watchdog)
+        stored = self.ctx.store.count_events(EventQuery(self.spec.name, attempt=row.n))
+        logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
+        live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(self.ctx.events_per_attempt, logged))
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)
@@ -53,6 +58,8 @@ class Adopting(Watching):
             self._note(live, event, self._clock_at(event.ts))
         if probe_events:
             live.last_output = probe_events[-1].ts
+        # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
+        live.stored_progress.resume([e for e in probe_events if e.kind is EventKind.PROGRESS])
         log_stat = self._log_stat(row)
         live.backlog = None if log_stat is None else self._backlog(row, probe_events, *log_stat)
         live.judge_at_once = True

@@ -14,6 +14,8 @@ from typing import Any
 
 from ..alerts import Alerter
 from ..bus import EventBus
+from ..event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
+from ..event_cap import EventCap
 from ..events import Event, EventKind, Failure, JobState, ProbeEvent
 from ..gpu import GpuSample
 from ..hosts.base import ExitStatus, Host, ProcessHandle
@@ -55,6 +57,7 @@ class RunnerContext:
     down_since: float | None = None
     records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
     arrivals: Path | None = None  # where each attempt's arrival marks go (arrivals.py); None: not noted
+    events_per_attempt: int = DEFAULT_EVENT_CAP  # the settings' cap on an attempt's stored log events
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Live:
     program_pid: int | None = None  # the program the wrapper runs, once seen (_program.py)
     # Which progress lines are stored (its milestones); the watchdog sees them all.
     stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
+    event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""

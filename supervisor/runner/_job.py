@@ -15,6 +15,7 @@ import structlog
 
 from .. import notices
 from ..errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
+from ..event_cap import EventCap
 from ..events import AttemptState, EventKind, JobState, Verdict
 from ..gpu import ReleaseResult, wait_for_release
 from ..hosts import stacks
@@ -353,7 +354,7 @@ class JobRunner(Adopting, GpuWaiting):
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                                    {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name,
                                     "scheduler_id": handle.scheduler_id})])
-        return Live(row=row, handle=handle, watchdog=self._new_watchdog(n))
+        return Live(row=row, handle=handle, watchdog=self._new_watchdog(n), event_cap=EventCap(self.ctx.events_per_attempt))
 
     def _adopt(self, row: AttemptRow) -> Live:
         self._baseline = self._gpu_baseline()

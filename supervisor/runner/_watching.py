@@ -240,7 +240,15 @@ class Watching(Pacing, Queueing):
                 at = self._clock_at(event.ts)
             self._note(live, event, at)
         self._notify_observed(live, events)
-        return [event for event in events if live.stored_progress.keep(event, event.ts)]
+        admitted = []
+        for event in events:
+            live.stored_progress.latest_only = live.event_cap.reached  # past the cap: each bar's latest, in place
+            if live.event_cap.admits(event, kept=live.stored_progress.keep(event, event.ts)):
+                admitted.append(event)
+        notice = live.event_cap.notice()
+        if notice is not None:
+            self._action(live, notice, {"events_per_attempt": live.event_cap.limit})
+        return admitted
 
     def _clock_at(self, wall: float) -> float:
         """A wall-clock time on the watchdog's clock."""

@@ -1,0 +1,65 @@
+"""The per-attempt event cap (event_cap.py): past it an attempt's bulk lines are not stored, its
+bars' latest counts, phases and failures still are, and one action event says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state
+
+from supervisor.event_cap import EventCap
+from supervisor.events import Event, EventKind
+
+
+def _event(kind: EventKind, n: int) -> Event:
+    return Event(job="j", attempt=1, kind=kind, message=f"line {n}", data={})
+
+
+def test_the_cap_drops_bulk_kinds_only_and_says_so_once() -> None:
+    cap = EventCap(limit=3)
+    assert cap.admit([_event(EventKind.METRIC, n) for n in range(3)]) and cap.notice() is None  # not past it
+    late = [_event(EventKind.METRIC, 3), _event(EventKind.FAILURE, 4), _event(EventKind.PROGRESS, 5),
+            _event(EventKind.PHASE, 6), _event(EventKind.INFO, 7)]
+    assert [e.kind for e in cap.admit(late)] == [EventKind.FAILURE, EventKind.PHASE]
+    assert cap.dropped == 3
+    notice = cap.notice()
+    assert notice is not None and "events_per_attempt" in notice
+    cap.admit([_event(EventKind.METRIC, 8)])
+    assert cap.notice() is None and cap.dropped == 4  # said once
+
+
+def test_a_cap_reached_before_a_restart_is_not_said_again() -> None:
+    cap = EventCap(limit=3, stored=5)
+    assert cap.admit([_event(EventKind.METRIC, 0)]) == [] and cap.notice() is None
+
+
+# 1000 steps of a bar (101 milestones: more than the cap of 100), then a crash.
+BAR_THEN_CRASH = """\
+import sys
+for i in range(0, 1001):
+    print(f"train: {i//10}%|###| {i}/1000 [00:00<00:01, 5.0it/s]", flush=True)
+raise KeyError("layers.0.weight_scale")
+"""
+
+
+def test_an_attempt_past_its_cap_keeps_its_bars_end_and_its_failure(home: Path, daemon_env, make_job,
+                                                                   monkeypatch) -> None:
+    (home / "config.toml").write_text("events_per_attempt = 100\n")
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        client = daemon.client()
+        spec = make_job("capped", BAR_THEN_CRASH)
+        client.start(str(spec), {})
+        wait_until(lambda: job_state(client, "capped") in {"failed", "backoff"}, timeout=60)
+        events = client.events("capped", attempt=1).events
+        progress = [int(e.data["done"]) for e in events if e.kind == "progress"]
+        # The cap (100 log events) and the bar's latest row, in place: its true end is kept.
+        assert len(progress) <= 101 and progress[-1] == 1000, progress
+        said = [e for e in events if e.kind == "action" and "events_per_attempt" in e.message]
+        assert len(said) == 1, [(e.kind, e.message) for e in events if e.kind not in ("progress",)]
+        assert any(e.kind == "failure" and "weight_scale" in e.message for e in events), events[-5:]
+    finally:
+        daemon.close()

@@ -1,0 +1,49 @@
+"""A bar's in-place latest row across a daemon restart: the daemon that re-adopts the attempt
+keeps replacing the row the killed one stored, so the history keeps one row per milestone and
+no stale stand-in (progress_milestones.py).  A real daemon killed with SIGKILL, a real job."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import job_state
+
+# 1000 steps; at step 505 (five past the 50% milestone, so its latest row is a stand-in) it
+# waits for the gate file, then draws the rest.
+GATED_BAR_JOB = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(0, 1001):
+    print(f"train: {i//10}%|###| {i}/1000 [00:00<00:01, 5.0it/s]", flush=True)
+    while i == 505 and not os.path.exists(gate):
+        time.sleep(0.01)
+print("all good", flush=True)
+"""
+
+
+def _progress_rows(daemon: DaemonProcess, job: str) -> list[int]:
+    """The counts of the bar's stored progress rows, in the order stored."""
+    return [int(e.data["done"]) for e in daemon.client().events(job, kinds=["progress"]).events]
+
+
+def test_a_bars_latest_row_is_replaced_by_the_daemon_that_re_adopts_it(
+        daemon: DaemonProcess, make_job, home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("gated", GATED_BAR_JOB, params=f', "{gate}"', probes='["tqdm"]')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: 505 in _progress_rows(daemon, "gated"), timeout=60)
+    assert _progress_rows(daemon, "gated")[-2:] == [500, 505]  # the 50% milestone, then its stand-in
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    client = daemon.client()
+    gate.write_text("go")
+    wait_until(lambda: job_state(client, "gated") == "done", timeout=60)
+    done = _progress_rows(daemon, "gated")
+    percents = [d // 10 for d in done]
+    # One row per whole percent, 0 to 100: the stand-in at 505 was replaced, not left beside a
+    # second 'first line' the restarted daemon would otherwise store for the same bar.
+    assert percents == list(range(101)), done
+    assert 505 not in done and done[-1] == 1000, done
