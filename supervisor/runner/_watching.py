@@ -22,6 +22,7 @@ from ..matching import Matched, Matcher, PackDisabled, TailReader
 from ..tasks import cancel_and_wait
 from ..watchdog import Judgement
 from ._context import Live, progress_dict
+from ._drain import drain
 from ._pacing import Pacing
 from ._queued import Queueing, scheduler_judgement
 
@@ -302,11 +303,13 @@ class Watching(Pacing, Queueing):
                       status: ExitStatus) -> Judgement:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
-        # A log that cannot be read to its end must not stop the attempt from being judged.
+        # A log that cannot be read to its end must not stop the attempt from being judged; one still
+        # being read, however long, is read to its end (see _drain).
         try:
-            await asyncio.wait_for(reader, timeout=30)
-        except Exception:  # noqa: BLE001 - timed out, or the reader failed (said when it did)
-            pass
+            if not await drain(reader, lambda: follower.offset):
+                await cancel_and_wait(reader)
+            elif not reader.cancelled():
+                reader.exception()  # taken: a reader that failed said so when it did
         except asyncio.CancelledError:
             # The reader was cancelled: judge anyway.  This task being cancelled (the daemon
             # detaching at shutdown) must go through, or the runner would relaunch regardless.
