@@ -4,11 +4,13 @@ never applies), what a job that is not running shows, and what `stop` lists."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, job_state, supervise
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, REPO, job_state, progress_done, supervise
 
 GATED_JOB = """\
 import os, sys, time
@@ -169,3 +171,30 @@ def test_a_long_bar_piped_to_a_file_is_a_line_per_percent_not_per_redraw(daemon:
     done = [int(line.split(": ", 1)[1].split("/")[0]) for line in bar]
     assert done == sorted(done)  # in order, none repeated
     assert len(set(done)) == len(done)
+
+
+def test_a_long_bar_followed_by_events_f_into_a_file_is_a_line_per_percent(daemon: DaemonProcess, daemon_env,
+                                                                            make_job, home: Path) -> None:
+    # `events -f` shares `start --follow`'s printer; here it is a pipe into a real file, attached
+    # before the bar's second half (2,000 steps, about a second) runs past it.
+    gate = home / "gate-bar"
+    spec = make_job("pipedbar", PROGRESS_JOB, params=f', "2000", "0.0005", "{gate}"')
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: progress_done(client, "pipedbar") >= 1000, timeout=30)
+    out_path = home / "events.out"
+    with out_path.open("w") as out:
+        follower = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "events", "pipedbar", "-f"],
+                                    env=daemon_env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            wait_until(lambda: " progress " in out_path.read_text(), timeout=30)
+            gate.touch()
+            wait_until(lambda: " 2000/2000" in out_path.read_text(), timeout=30)
+        finally:
+            follower.terminate()
+            follower.wait(timeout=10)
+    bar = [line for line in out_path.read_text().splitlines() if " progress " in line]
+    assert 2 <= len(bar) <= 101 + 10, (len(bar), bar[:5])
+    done = [int(line.split(": ", 1)[1].split("/")[0]) for line in bar]
+    assert done == sorted(done) and len(set(done)) == len(done), done
+    assert done[-1] == 2000

@@ -202,3 +202,26 @@ def test_logs_n_counts_the_lines_a_person_sees_on_a_terminal() -> None:
     for chunk in records[:60]:
         keep_last_visible(on_screen, chunk, overwrite=True)
     assert [c.text for c in on_screen] == ["loading", "bar 58/100"]  # not two redraws of one bar
+
+
+def test_piped_event_printer_prints_a_redrawn_bar_per_percent_and_its_latest_state(capsys) -> None:
+    # Every redraw of a 2,000-step bar handed to the piped printer (as a stream that carried each
+    # one would): a line at each whole percent (plus at most one a second), none repeated, and the
+    # latest state printed before the next other event even when it opened no new percent.
+    from supervisor.cli.logs import _EventPrinter
+    from supervisor.events import EventKind
+
+    def event(n: int, kind: EventKind, data: dict[str, int]) -> protocol.EventInfo:
+        return protocol.EventInfo(id=n, job="j", attempt=1, ts=1.0e9, kind=kind, probe="bar" if data else None,
+                                  phase=None, offset=None, message="m", data=data)
+
+    printer = _EventPrinter()
+    for i in range(1, 2000):
+        printer.show(event(i, EventKind.PROGRESS, {"done": i, "total": 2001}))
+    printer.show(event(2000, EventKind.EXITED, {}))
+    printer.close()
+    lines = capsys.readouterr().out.splitlines()
+    bar = [int(line.split(": ", 1)[1].split("/")[0]) for line in lines if " progress " in line]
+    assert 100 <= len(bar) <= 101 + 10, len(bar)
+    assert bar == sorted(set(bar)) and bar[-1] == 1999
+    assert " exited " in lines[-1] and " progress " in lines[-2]
