@@ -236,7 +236,8 @@ def _rewriters(new_modules: set[str]):
     for old, new in MOVES.items():
         o, n = f"{PKG}/{old.replace('.', '/')}", f"{PKG}/{new.replace('.', '/')}"
         paths[o + ".py"] = n + ".py"
-        paths[o + "/"] = n + "/"
+        if old in PACKAGES:  # a module's name with a slash is the package that took its name
+            paths[o + "/"] = n + "/"
     pkeys = sorted(paths, key=len, reverse=True)
     path_re = re.compile(r"(?<![\w/.])(" + "|".join(re.escape(k) for k in pkeys) + r")")
 
