@@ -241,9 +241,15 @@ def _rewriters(new_modules: set[str]):
     pkeys = sorted(paths, key=len, reverse=True)
     path_re = re.compile(r"(?<![\w/.])(" + "|".join(re.escape(k) for k in pkeys) + r")")
 
+    # Tests that name files relative to the package (`"runner/"`, `"metrics.py"`) as quoted strings.
+    inner = {k[len(PKG) + 1:]: v[len(PKG) + 1:] for k, v in paths.items()}
+    inner_re = re.compile(r"""(?<=["'])(""" + "|".join(re.escape(k) for k in sorted(inner, key=len, reverse=True)) + ")")
+
     def rewrite(text: str, python: bool) -> str:
         if python:
             text = from_re.sub(from_sub, text)
+            if "relative_to(PACKAGE)" in text:
+                text = inner_re.sub(lambda m: inner[m.group(1)], text)
         text = dot_re.sub(dot_sub, text)
         return path_re.sub(lambda m: paths[m.group(1)], text)
 
