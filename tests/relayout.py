@@ -57,7 +57,7 @@ MOVES: dict[str, str] = {
     "redact": "notify.redact",
     # gpu: NVML and the kernel's word on the GPUs
     "gpu": "gpu.nvml",
-    "gpu_faults": "gpu.faults",
+    "gpu_faults": "daemon.gpu_faults",  # routes samples to runners and the metrics
     "gpu_health": "gpu.health",
     "gpu_holders": "gpu.holders",
     "kernel_xids": "gpu.kernel_xids",
@@ -75,8 +75,8 @@ MOVES: dict[str, str] = {
     "strays": "jobs.strays",
     "policy": "jobs.policy",
     "dependencies": "jobs.dependencies",
-    "placement": "jobs.placement",
-    "usage": "jobs.usage",
+    "placement": "spec.placement",  # where shards run is part of what a job is
+    "usage": "core.usage",  # AttemptUsage: a value hosts, store and API all carry
     "matching": "jobs.matching",
     # daemon: the process, its API and its web page
     "daemon": "daemon.process",
