@@ -59,7 +59,7 @@ MOVES: dict[str, str] = {
     "gpu": "gpu.nvml",
     "gpu_faults": "daemon.gpu_faults",  # routes samples to runners and the metrics
     "gpu_health": "gpu.health",
-    "gpu_holders": "gpu.holders",
+    "gpu_holders": "jobs.gpu_holders",  # a stop's wait on a host's processes: acting, above hosts/
     "kernel_xids": "gpu.kernel_xids",
     # jobs: the domain — the owner of the runners, and what it uses
     "jobs": "jobs.owner",
@@ -85,7 +85,7 @@ MOVES: dict[str, str] = {
     "web": "daemon.web",
     "streams": "daemon.streams",
     "metrics": "daemon.metrics",
-    "views": "daemon.views",
+    "views": "jobs.views",  # what the Supervisor answers its verbs with
     # cli: every verb and the client it talks through
     "client": "cli.client",
     "watch": "cli.watch",
