@@ -30,12 +30,12 @@ SampleSink = Callable[[str, GpuSample, list[GpuFault]], Awaitable[None]]
 
 log = structlog.get_logger("supervise.hosts")
 
-# A host URL's scheme -> (module in this package, its Host class, made from the URL).  Imported
+# A host URL's scheme -> (its module, by full name, its Host class, made from the URL).  Imported
 # on first use, so a daemon with only local jobs never loads asyncssh.
 _KINDS: dict[str, tuple[str, str]] = {
-    "ssh": ("ssh", "SshHost"),  # ssh://[user@]host[:port]
-    "slurm": ("slurm", "SlurmHost"),  # slurm: (sbatch on this machine)
-    "slurm+ssh": ("slurm_ssh", "SlurmSshHost"),  # slurm+ssh://[user@]login-node[:port] (sbatch there)
+    "ssh": ("supervisor.hosts.ssh", "SshHost"),  # ssh://[user@]host[:port]
+    "slurm": ("supervisor.hosts.slurm", "SlurmHost"),  # slurm: (sbatch on this machine)
+    "slurm+ssh": ("supervisor.hosts.slurm_ssh", "SlurmSshHost"),  # slurm+ssh://[user@]login-node[:port] (sbatch there)
 }
 _USAGE = "use 'local', 'ssh://[user@]host[:port]', 'slurm:' or 'slurm+ssh://[user@]login-node[:port]'"
 
@@ -45,7 +45,7 @@ def connect(name: str) -> Host:
     kind = _KINDS.get(urlsplit(name).scheme) if "://" in name or name.startswith("slurm:") else None
     if kind is None:
         raise SpecError(f"unknown host '{name}': {_USAGE}")
-    module = importlib.import_module(f".{kind[0]}", __package__)
+    module = importlib.import_module(kind[0])
     host: Host = getattr(module, kind[1])(name)
     return host
 
