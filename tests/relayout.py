@@ -51,6 +51,7 @@ MOVES: dict[str, str] = {
     "progress_milestones": "store.milestones",
     "retention": "store.retention",
     "arrivals": "store.arrivals",
+    "event_cap": "store.event_cap",  # how many of an attempt's log events are kept as rows
     # notify: telling people
     "alerts": "notify.alerts",
     "notices": "notify.notices",
