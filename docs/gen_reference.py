@@ -4,7 +4,7 @@
     reference/spec.md        every job spec field, its type, default and range (the pydantic models)
     reference/config.md      the daemon's settings and the SUPERVISE_* environment variables
     reference/api.md         the HTTP API (the OpenAPI document), and reference/openapi.json itself
-    reference/exit-codes.md  the exit codes and the error table (supervisor/errors.py)
+    reference/exit-codes.md  the exit codes and the error table (supervisor/core/errors.py)
     reference/events.md      event kinds, phases, verdicts, states, alert kinds
     reference/metrics.md     every Prometheus metric
     reference/job-programs.md  jobs/README.md, the EAGLE-3 job programs (its links made site links or paths)

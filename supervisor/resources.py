@@ -16,7 +16,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from .errors import ConfigError
+from supervisor.core.errors import ConfigError
 
 _PACKAGED = "_builtin"
 

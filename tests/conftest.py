@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.client import Client
-from supervisor.config import Paths
+from supervisor.cli.client import Client
+from supervisor.core.config import Paths
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval:
 
 
 class DaemonProcess:
-    """A real `python -m supervisor.daemon` in its own state directory."""
+    """A real `python -m supervisor.daemon.process` in its own state directory."""
 
     def __init__(self, home: Path, env: dict[str, str]) -> None:
         self.home = home
@@ -46,7 +46,7 @@ class DaemonProcess:
     def start(self) -> None:
         log = open(self.home / "daemon-test.log", "ab")  # noqa: SIM115 - closed in stop()
         self._log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor.daemon"], env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor.daemon.process"], env=self.env,
                                      stdout=log, stderr=log, start_new_session=True)
         client = self.client()
         try:

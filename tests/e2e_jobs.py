@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import wait_until
 
-from supervisor.client import Client
+from supervisor.cli.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from supervisor.events import ProbeEvent
+from supervisor.core.events import ProbeEvent
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._replay import ReplayReport, build_report
-from supervisor.records import split_records
+from supervisor.core.records import split_records
 
 PACKS = load_packs()
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-from supervisor.alerts import Alert, AlertKind, Alerter, parse_route, shown_route
-from supervisor.config import Paths, load_settings
-from supervisor.errors import ConfigError
+from supervisor.notify.alerts import Alert, AlertKind, Alerter, parse_route, shown_route
+from supervisor.core.config import Paths, load_settings
+from supervisor.core.errors import ConfigError
 
 
 class PathSink(BaseHTTPRequestHandler):

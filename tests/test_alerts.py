@@ -12,8 +12,8 @@ import pytest
 import structlog
 from aiohttp import web
 
-from supervisor.alerts import Alert, AlertKind, Alerter, format_body
-from supervisor.redact import redact_text, redact_url
+from supervisor.notify.alerts import Alert, AlertKind, Alerter, format_body
+from supervisor.notify.redact import redact_text, redact_url
 
 
 class Clock:
@@ -255,8 +255,8 @@ def test_a_hanging_endpoint_never_holds_send_and_a_full_queue_drops_the_oldest()
 
 
 def test_a_verdict_alert_carries_the_first_frames_of_the_stacks_dumped_before_the_kill() -> None:
-    from supervisor import notices
-    from supervisor.events import Verdict
+    from supervisor.notify import notices
+    from supervisor.core.events import Verdict
     from supervisor.watchdog import Judgement
 
     at = notices.Attempt(job="j", n=2, gpu="", stacks="pid 7 (python job.py): frozen_here (job.py:5) < <module> (job.py:9)")

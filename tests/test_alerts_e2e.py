@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import AlertSink, supervise
-from supervisor.client import Client
+from supervisor.cli.client import Client
 
 CRASH_LOG = REPO / "tests" / "data" / "corpus" / "device-logs" / "run-torchrun-rank1-valueerror-startup.log"
 REPLAY = REPO / "tests" / "jobs" / "replay.py"
@@ -245,7 +245,7 @@ def test_outside_kill_9_is_killed_not_oom(alerting: DaemonProcess, home: Path, t
 
 def _memory_cgroup_root(home: Path) -> Path | None:
     """Where attempts' cgroups go, when the memory controller reaches them (else None)."""
-    from supervisor.hosts.cgroup import ContainmentKind, detect
+    from supervisor.hosts.local.cgroup import ContainmentKind, detect
 
     containment = detect()
     if containment.kind is not ContainmentKind.CGROUP or containment.root is None:

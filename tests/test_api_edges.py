@@ -13,9 +13,9 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import supervise
 
-from supervisor.client import Client
-from supervisor.events import Event, EventKind
-from supervisor.store import Store
+from supervisor.cli.client import Client
+from supervisor.core.events import Event, EventKind
+from supervisor.store.database import Store
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 from conftest import DaemonProcess
 from e2e_jobs import supervise
 
-from supervisor.client import Client
-from supervisor.errors import SpecError
+from supervisor.cli.client import Client
+from supervisor.core.errors import SpecError
 
 
 def test_a_fifo_spec_does_not_freeze_the_daemon(daemon: DaemonProcess, home: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 
-from supervisor.textfile import MAX_INPUT_BYTES
+from supervisor.core.textfile import MAX_INPUT_BYTES
 
 # Far above what any status takes on a loaded machine; far below what the loop was held for
 # (expanding the env took 2.8 s per launch, comparing it with the stored one minutes).

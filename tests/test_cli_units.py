@@ -15,16 +15,16 @@ import pytest
 from fakes.fake_nvml import FakeNvml
 from rich.console import Console
 
-from supervisor import protocol
+from supervisor.core import protocol
 from supervisor.cli._args import since_time
-from supervisor.errors import SpecError
-from supervisor.events import AttemptState
-from supervisor.gpu import NvmlSampler
-from supervisor.retention import Retention, select_for_pruning
-from supervisor.spec import load_spec
-from supervisor.store import AttemptRow
-from supervisor.views import gpu_devices
-from supervisor.watch import plain_lines, render, short_name
+from supervisor.core.errors import SpecError
+from supervisor.core.events import AttemptState
+from supervisor.gpu.nvml import NvmlSampler
+from supervisor.store.retention import Retention, select_for_pruning
+from supervisor.spec.model import load_spec
+from supervisor.store.database import AttemptRow
+from supervisor.jobs.views import gpu_devices
+from supervisor.cli.watch import plain_lines, render, short_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,7 @@ def _step(name: str, state: str, attempt: protocol.AttemptInfo | None = None) ->
 
 
 def test_the_pipelines_overall_eta_adds_the_running_bar_and_the_usual_durations_to_come() -> None:
-    from supervisor.pipeline_eta import overall_eta
+    from supervisor.jobs.pipeline_eta import overall_eta
 
     now = 1000.0
     running = protocol.AttemptInfo(job="p.b", n=2, state="running", host="local", pid=1, started=now - 5, ended=None,
@@ -185,7 +185,7 @@ def test_logs_n_counts_the_lines_a_person_sees_on_a_terminal() -> None:
     from collections import deque
 
     from supervisor.cli.logs import keep_last_visible
-    from supervisor.protocol import LogChunk
+    from supervisor.core.protocol import LogChunk
 
     records = [LogChunk(attempt=1, offset=0, text="loading")]
     records += [LogChunk(attempt=1, offset=10 + i, text=f"bar {i}/100", redraw=True) for i in range(100)]
@@ -209,7 +209,7 @@ def test_piped_event_printer_prints_a_redrawn_bar_per_percent_and_its_latest_sta
     # one would): a line at each whole percent (plus at most one a second), none repeated, and the
     # latest state printed before the next other event even when it opened no new percent.
     from supervisor.cli.logs import _EventPrinter
-    from supervisor.events import EventKind
+    from supervisor.core.events import EventKind
 
     def event(n: int, kind: EventKind, data: dict[str, int]) -> protocol.EventInfo:
         return protocol.EventInfo(id=n, job="j", attempt=1, ts=1.0e9, kind=kind, probe="bar" if data else None,

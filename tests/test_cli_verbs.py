@@ -14,8 +14,8 @@ import psutil
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, job_state, progress_done, supervise
 
-from supervisor.client import Client
-from supervisor.config import Paths
+from supervisor.cli.client import Client
+from supervisor.core.config import Paths
 
 GATED_JOB = """\
 import os, sys, time

@@ -14,8 +14,8 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 
-from supervisor.errors import SpecError
-from supervisor.events import FailureKind
+from supervisor.core.errors import SpecError
+from supervisor.core.events import FailureKind
 
 if TYPE_CHECKING:
     from sshd import SshServer

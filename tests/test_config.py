@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from supervisor.config import DaemonSettings, Paths, load_settings
-from supervisor.errors import ConfigError
+from supervisor.core.config import DaemonSettings, Paths, load_settings
+from supervisor.core.errors import ConfigError
 
 
 def _load(home: Path, env: dict[str, str] | None = None):  # noqa: ANN202 - LoadedSettings

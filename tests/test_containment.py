@@ -11,10 +11,10 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import supervise
 
-from supervisor.hosts import cgroup
+from supervisor.hosts.local import cgroup
 from supervisor.hosts.base import TAG_VAR, LaunchRequest
-from supervisor.hosts.cgroup import CGROUP_VAR, Containment, ContainmentKind
-from supervisor.hosts.local import LocalHost
+from supervisor.hosts.local.cgroup import CGROUP_VAR, Containment, ContainmentKind
+from supervisor.hosts.local.host import LocalHost
 
 HERE = cgroup.detect()
 needs_cgroup = pytest.mark.skipif(HERE.kind is not ContainmentKind.CGROUP, reason=HERE.reason)
@@ -113,7 +113,7 @@ def test_doctor_says_which_containment_is_in_force_and_the_state_modes(daemon_en
 
 @needs_cgroup
 def test_a_failed_launch_leaves_no_cgroup_and_start_up_sweeps_the_empty_ones(tmp_path: Path) -> None:
-    from supervisor.errors import LaunchError
+    from supervisor.core.errors import LaunchError
 
     assert HERE.root is not None
     host = LocalHost(tmp_path / "logs", containment=HERE)

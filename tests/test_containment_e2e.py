@@ -17,9 +17,9 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 from test_full_disk import small_home  # noqa: F401 - the 4 MiB tmpfs fixture
 
-from supervisor.config import Paths
-from supervisor.spec import load_spec
-from supervisor.store import AttemptRow, Store
+from supervisor.core.config import Paths
+from supervisor.spec.model import load_spec
+from supervisor.store.database import AttemptRow, Store
 
 # Valid RE2 within the load-time bounds (program size 9,906, fanout bucket under 8), yet about
 # 80 CPU seconds per MB on 1,000-character lines of words (15 s/MB on 200-character ones).

@@ -23,7 +23,7 @@ from e2e_jobs import (
     supervise,
 )
 
-from supervisor.watch import plain_lines
+from supervisor.cli.watch import plain_lines
 
 
 def test_start_status_logs_and_done(daemon: DaemonProcess, make_job, daemon_env) -> None:

@@ -70,7 +70,7 @@ def test_a_new_flag_changes_the_command_line_page(monkeypatch: pytest.MonkeyPatc
 def test_every_verb_and_spec_field_is_in_the_reference() -> None:
     from refgen import cli
 
-    from supervisor.spec import JobSpec
+    from supervisor.spec.model import JobSpec
 
     page = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
     for verb in cli._subcommands(cli._parser()):
@@ -101,7 +101,7 @@ def test_the_job_requirements_say_what_command_one_does() -> None:
 
 
 def test_every_job_spec_the_docs_show_validates(tmp_path: Path) -> None:
-    from supervisor.spec import find_spec
+    from supervisor.spec.model import find_spec
 
     pages = [REPO / "README.md", *(p for p in DOCS.rglob("*.md") if not p.relative_to(DOCS).parts[0] in
                                    ("reference", "results"))]

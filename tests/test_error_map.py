@@ -15,7 +15,7 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 
-from supervisor.errors import (
+from supervisor.core.errors import (
     TABLE,
     AlreadyRunning,
     ConnectionLost,

@@ -21,9 +21,9 @@ import pytest
 import structlog
 
 from supervisor.hosts import _inotify
-from supervisor.events import Record
-from supervisor.hosts.local_follow import LogFollower
-from supervisor.records import MAX_RECORD_BYTES
+from supervisor.core.events import Record
+from supervisor.hosts.local.follow import LogFollower
+from supervisor.core.records import MAX_RECORD_BYTES
 
 T = TypeVar("T")
 

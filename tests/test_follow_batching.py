@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from supervisor.hosts.local_follow import LogFollower
+from supervisor.hosts.local.follow import LogFollower
 
 
 def _write(path: Path, lines: int, rate: float, started: threading.Event) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.errors import ProbePackError, SpecError
-from supervisor.events import Record
+from supervisor.core.errors import ProbePackError, SpecError
+from supervisor.core.events import Record
 from supervisor.probes import ProbeEngine, load_packs
-from supervisor.spec import load_spec
+from supervisor.spec.model import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 15

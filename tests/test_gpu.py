@@ -12,9 +12,9 @@ import pynvml
 import pytest
 from fakes.fake_nvml import FakeNvml
 
-from supervisor.config import DaemonSettings
-from supervisor.errors import SpecError
-from supervisor.gpu import (
+from supervisor.core.config import DaemonSettings
+from supervisor.core.errors import SpecError
+from supervisor.gpu.nvml import (
     GpuProcess,
     GpuSample,
     NvmlSampler,
@@ -24,10 +24,10 @@ from supervisor.gpu import (
     foreign_processes,
     wait_for_release,
 )
-from supervisor.hosts.local import LocalHost
+from supervisor.hosts.local.host import LocalHost
 from supervisor.hosts.registry import Hosts, connect
-from supervisor.hosts.ssh import SshHost
-from supervisor.store import Store
+from supervisor.hosts.ssh.host import SshHost
+from supervisor.store.database import Store
 
 
 class Clock:

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
-from supervisor.gpu import NvmlSampler, new_faults
-from supervisor.gpu_health import THROTTLE_HW_THERMAL, FaultKind
+from supervisor.gpu.nvml import NvmlSampler, new_faults
+from supervisor.gpu.health import THROTTLE_HW_THERMAL, FaultKind
 from test_gpu_gating import ProcessBoundNvml, in_process_daemon
 
 

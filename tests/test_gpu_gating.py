@@ -20,10 +20,10 @@ import pytest
 
 from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
-from supervisor.client import Client
-from supervisor.config import DaemonSettings, Paths
-from supervisor.daemon import Daemon
-from supervisor.errors import RequestRejected
+from supervisor.cli.client import Client
+from supervisor.core.config import DaemonSettings, Paths
+from supervisor.daemon.process import Daemon
+from supervisor.core.errors import RequestRejected
 
 HOLD_MIB = 8000
 FREE_LAG_S = 1.5

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import HANG_AFTER_FAILURE_JOB, AlertSink
-from supervisor.client import Client
+from supervisor.cli.client import Client
 
 CORPUS = REPO / "tests" / "data" / "corpus"
 PACING = REPO / "tests" / "data" / "pacing"

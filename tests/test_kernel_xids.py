@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fakes.fake_nvml import FakeNvml
-from supervisor.gpu import NvmlSampler, new_faults
-from supervisor.gpu_health import FaultKind
-from supervisor.kernel_xids import KMSG, KernelXid, KmsgReader, XidCursor, parse_xid, pci_key, to_events
+from supervisor.gpu.nvml import NvmlSampler, new_faults
+from supervisor.gpu.health import FaultKind
+from supervisor.gpu.kernel_xids import KMSG, KernelXid, KmsgReader, XidCursor, parse_xid, pci_key, to_events
 
 # Xid lines as drivers 470-580 print them (NVIDIA's Xid catalogue and field reports).
 FALLEN = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."

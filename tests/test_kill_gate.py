@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from supervisor.events import Verdict
-from supervisor.runner._gate import KillGate, Step
-from supervisor.spec import HealthSpec
+from supervisor.core.events import Verdict
+from supervisor.jobs.runner._gate import KillGate, Step
+from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Judgement
 
 STALLED = Judgement(Verdict.STALLED, "shard 12/64, no progress for 2m00s", {})

@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from e2e_jobs import STOPPED_JOB
-from supervisor.errors import LaunchError
+from supervisor.core.errors import LaunchError
 from supervisor.hosts.base import LaunchRequest, ProcessHandle
-from supervisor.hosts.local import LocalHost
+from supervisor.hosts.local.host import LocalHost
 
 
 def request(tmp_path: Path, code: str, tag: str = "t.1.abc", workdir: Path | None = None) -> LaunchRequest:

@@ -15,7 +15,7 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from probe_golden import corpus_logs
 
-from supervisor.client import Client
+from supervisor.cli.client import Client
 from supervisor.probes import replay_file
 
 CRASHED = ("crashed", "oom")

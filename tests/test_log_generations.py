@@ -8,9 +8,9 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 
-from supervisor.events import Event, EventKind
-from supervisor.hosts.local_follow import LogFollower
-from supervisor.store import Store
+from supervisor.core.events import Event, EventKind
+from supervisor.hosts.local.follow import LogFollower
+from supervisor.store.database import Store
 
 # Fails, waits for gate 1, truncates its own log (stdout is the log, opened for appending),
 # waits for gate 2, fails differently at the same offset, exits 1.

@@ -23,8 +23,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, DaemonProcess, wait_until
-from supervisor import protocol
-from supervisor.watch import plain_lines
+from supervisor.core import protocol
+from supervisor.cli.watch import plain_lines
 
 MIB = 1024 * 1024
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")
@@ -130,7 +130,7 @@ def test_metrics_move_with_a_running_job(daemon: DaemonProcess, make_job, daemon
 
 def test_non_loopback_metrics_address_is_refused(home: Path, daemon_env: dict[str, str]) -> None:
     env = {**daemon_env, "SUPERVISE_METRICS_ADDR": "0.0.0.0:9464"}
-    result = subprocess.run([sys.executable, "-m", "supervisor.daemon"], env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "supervisor.daemon.process"], env=env, capture_output=True, text=True,
                             timeout=30, check=False)
     assert result.returncode == 78
     assert result.stderr.strip().endswith("environment SUPERVISE_METRICS_ADDR: '0.0.0.0:9464' is not a loopback address: "

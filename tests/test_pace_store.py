@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.events import JobState
-from supervisor.pace_store import PaceStore, spec_fingerprint
-from supervisor.spec import JobSpec
-from supervisor.store import Store
+from supervisor.core.events import JobState
+from supervisor.store.paces import PaceStore, spec_fingerprint
+from supervisor.spec.model import JobSpec
+from supervisor.store.database import Store
 
 BAR = "vllm.shards|Loading safetensors checkpoint shards"
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from supervisor.errors import StoreError
-from supervisor.pending_writes import PendingWrites
+from supervisor.core.errors import StoreError
+from supervisor.store.pending import PendingWrites
 
 
 def test_a_write_now_waits_its_turn_behind_kept_writes() -> None:

@@ -13,10 +13,10 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import REPO, supervise
 
-from supervisor import protocol
-from supervisor.client import Client
-from supervisor.errors import SpecError
-from supervisor.events import EventKind, JobState
+from supervisor.core import protocol
+from supervisor.cli.client import Client
+from supervisor.core.errors import SpecError
+from supervisor.core.events import EventKind, JobState
 
 # argv: out dir, input file ('' for none), gate file ('' for none), fail ('1': crash), label, runs log.
 STEP = """\

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from supervisor.events import Verdict
-from supervisor.policy import Decision, RestartPolicy
-from supervisor.spec import RestartSpec
+from supervisor.core.events import Verdict
+from supervisor.jobs.policy import Decision, RestartPolicy
+from supervisor.spec.model import RestartSpec
 
 
 def policy(rng_seed: int = 0, **restart: object) -> RestartPolicy:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from probe_helpers import events_of
 
-from supervisor.events import FailureKind, Outcome, Phase, ProbeEvent, ProbeKind, Record
+from supervisor.core.events import FailureKind, Outcome, Phase, ProbeEvent, ProbeKind, Record
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._replay import build_report
-from supervisor.records import split_records
+from supervisor.core.records import split_records
 
 PACKS = load_packs()
 CORPUS = Path(__file__).parent / "data" / "corpus"
@@ -469,7 +469,7 @@ def test_extract_job_log_end_to_end() -> None:
 def test_a_bar_with_the_next_log_line_glued_on_still_advances() -> None:
     # From a real LLaMA-Factory run: tqdm's last redraw, then the trainer's log line written
     # straight after it with no newline.  Both the bar and the log line are read.
-    from supervisor.events import ProbeKind, Record
+    from supervisor.core.events import ProbeKind, Record
     from supervisor.probes import ProbeEngine, load_packs
 
     text = ("100%|██████████| 72/72 [33:13<00:00, 22.84s/it][INFO|trainer.py:4309] 2026-04-22 01:29:39,056 >> "

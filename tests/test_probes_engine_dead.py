@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from probe_helpers import events_of as events_of_text
 
-from supervisor.errors import ProbePackError
-from supervisor.events import Event, EventKind, FailureKind, Phase, ProbeEvent, Verdict
+from supervisor.core.errors import ProbePackError
+from supervisor.core.events import Event, EventKind, FailureKind, Phase, ProbeEvent, Verdict
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._pack import parse_pack
-from supervisor.records import split_records
-from supervisor.spec import HealthSpec
+from supervisor.core.records import split_records
+from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Watchdog
 
 DATA = Path(__file__).parent / "data" / "engine_dead"

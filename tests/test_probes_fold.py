@@ -19,7 +19,7 @@ from probe_golden import corpus_logs, event_json, packs
 from supervisor.probes import ProbeEngine
 from supervisor.probes._barfold import RedrawCoalescer
 from supervisor.probes._replay import build_report, replay_file
-from supervisor.records import RecordBuffer, split_records
+from supervisor.core.records import RecordBuffer, split_records
 
 
 def _events(data: bytes, *, prefilter: bool, chunk: int = 997) -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.events import Event, EventKind, FailureKind, Outcome, Phase
+from supervisor.core.events import Event, EventKind, FailureKind, Outcome, Phase
 from supervisor.probes import ProbeEngine, load_packs, replay_file
-from supervisor.records import Record
+from supervisor.core.records import Record
 from supervisor.watchdog._facts import Facts
 
 
@@ -217,7 +217,7 @@ def test_a_launcher_that_got_a_termination_signal_was_ended_from_outside(tmp_pat
 
 
 def test_a_fatal_failure_is_never_one_the_program_survives_whatever_its_level() -> None:
-    from supervisor.events import Failure
+    from supervisor.core.events import Failure
     assert Failure(FailureKind.OTHER, "x", level="WARNING").survivable
     assert not Failure(FailureKind.KILLED, "x", level="WARNING", fatal=True).survivable
 
@@ -240,8 +240,8 @@ def test_the_launchers_own_summary_after_its_failed_line_starts_no_new_attempt(t
 
 
 def test_a_trainers_step_lines_that_stop_are_a_stall_and_while_they_move_have_an_eta() -> None:
-    from supervisor.events import Verdict
-    from supervisor.spec import HealthSpec
+    from supervisor.core.events import Verdict
+    from supervisor.spec.model import HealthSpec
     from supervisor.watchdog import Watchdog
     clock = [0.0]
     watchdog = Watchdog(HealthSpec(stall_floor_s=30), clock=lambda: clock[0])

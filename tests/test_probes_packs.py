@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import re2
 
-from supervisor.errors import ProbePackError
-from supervisor.events import Phase, ProbeKind, Record
+from supervisor.core.errors import ProbePackError
+from supervisor.core.events import Phase, ProbeKind, Record
 from supervisor.probes import ProbeEngine, _limits, load_packs, probe_command
 from supervisor.probes._literals import required_literals
 from supervisor.probes._loading import BUILTIN_DIR, PROBE_PATH_ENV

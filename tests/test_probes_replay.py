@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.events import FailureKind, Outcome, Phase
+from supervisor.core.events import FailureKind, Outcome, Phase
 from supervisor.probes import _loading, _replay, probe_command, replay_file
 
 CORPUS = Path(__file__).parent / "data" / "corpus"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from probe_helpers import events_of
 
-from supervisor.errors import ProbePackError
-from supervisor.events import Event, EventKind, FailureKind, Phase, Verdict
+from supervisor.core.errors import ProbePackError
+from supervisor.core.events import Event, EventKind, FailureKind, Phase, Verdict
 from supervisor.probes import load_packs, replay_file
 from supervisor.probes._pack import parse_pack
 from supervisor.probes._replay import build_report
-from supervisor.spec import HealthSpec
+from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Watchdog
 
 CORPUS = Path(__file__).parent / "data" / "corpus"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from probe_helpers import report_of
 
-from supervisor.events import FailureKind, Outcome, Phase
+from supervisor.core.events import FailureKind, Outcome, Phase
 from supervisor.probes import replay_file
 
 RUNS = Path(__file__).parent / "data" / "corpus" / "run-logs"

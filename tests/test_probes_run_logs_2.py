@@ -11,7 +11,7 @@ from pathlib import Path
 
 from probe_helpers import report_of
 
-from supervisor.events import FailureKind, Phase
+from supervisor.core.events import FailureKind, Phase
 from supervisor.probes import replay_file
 
 RUNS = Path(__file__).parent / "data" / "corpus" / "run-logs-2"

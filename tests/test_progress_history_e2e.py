@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 
-from supervisor.config import Paths
+from supervisor.core.config import Paths
 
 # tqdm itself, redrawn at every step (no rate limit): 20,001 redraws in a second or two.
 FAST_BAR_JOB = """\

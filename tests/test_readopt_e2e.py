@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import PROGRESS_JOB, job_state
 
-from supervisor.client import Client
+from supervisor.cli.client import Client
 
 
 def _progress(client: Client, job: str) -> dict[int, float]:
@@ -174,8 +174,8 @@ def test_a_job_that_moved_while_the_daemon_was_down_is_not_taken_for_stalled(
 
 def _progress_at(home: Path, job: str, done: int) -> float:
     """The stored time of a progress step, read from the store while no daemon runs."""
-    from supervisor.config import Paths
-    from supervisor.store import Store
+    from supervisor.core.config import Paths
+    from supervisor.store.database import Store
 
     store = Store(Paths(home).db)
     try:
@@ -256,8 +256,8 @@ def test_an_attempt_that_ended_while_the_daemon_was_down_ends_when_its_command_d
 
 def _status_path(home: Path, job: str) -> str:
     """The attempt's exit-status path, read from the store while no daemon runs."""
-    from supervisor.config import Paths
-    from supervisor.store import Store
+    from supervisor.core.config import Paths
+    from supervisor.store.database import Store
 
     store = Store(Paths(home).db)
     try:

@@ -9,7 +9,7 @@ import threading
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import PROGRESS_JOB, job_state
 
-from supervisor import protocol
+from supervisor.core import protocol
 
 
 def test_each_job_state_change_is_an_event_stored_in_order(daemon: DaemonProcess, make_job) -> None:

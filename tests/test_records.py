@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from supervisor.events import Record
-from supervisor.records import MAX_RECORD_BYTES, RecordBuffer, split_records
+from supervisor.core.events import Record
+from supervisor.core.records import MAX_RECORD_BYTES, RecordBuffer, split_records
 
 
 def texts(records: list[Record]) -> list[str]:

@@ -84,7 +84,7 @@ def test_refusals_are_one_line_exit_78(model, tmp_path, capsys, case):
 def test_the_shipped_pipeline_extracts_what_regenerate_wrote():
     from pathlib import Path
 
-    from supervisor.pipeline import load_pipeline, resolve
+    from supervisor.spec.pipeline import load_pipeline, resolve
 
     path = Path(REPO) / "jobs" / "eagle3-regen.toml"
     steps = {s.step: s.spec.argv(1) for s in resolve(load_pipeline(path), path, {}).steps}

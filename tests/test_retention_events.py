@@ -10,9 +10,9 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import PROGRESS_JOB, job_state
 
-from supervisor.events import AttemptState, Event, EventKind
-from supervisor.retention import Retention, prune_events, prune_logs
-from supervisor.store import Store
+from supervisor.core.events import AttemptState, Event, EventKind
+from supervisor.store.retention import Retention, prune_events, prune_logs
+from supervisor.store.database import Store
 from test_store import attempt
 
 KINDS = [EventKind.LAUNCHED, EventKind.PHASE, EventKind.PROGRESS, EventKind.METRIC, EventKind.FAILURE,

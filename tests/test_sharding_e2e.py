@@ -16,8 +16,8 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor import report
-from supervisor.events import EventKind
+from supervisor.cli import report
+from supervisor.core.events import EventKind
 
 # argv: shard, num_shards, out dir, gate.  Shard 1 crashes on its first attempt; the others hold
 # at the gate until the test has seen shard 1 relaunched, so all three run at once.

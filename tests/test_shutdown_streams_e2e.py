@@ -12,7 +12,7 @@ import httpx
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import supervise
 
-from supervisor import protocol
+from supervisor.core import protocol
 
 QUIET_JOB = "import time\nprint('working', flush=True)\ntime.sleep(120)\n"
 

@@ -118,7 +118,7 @@ def test_bad_slurm_over_ssh_urls_are_refused_in_one_line(daemon: DaemonProcess, 
 
 def test_a_log_root_the_daemon_cannot_see_is_followed_over_ssh(
         login_node: SshServer, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from supervisor.hosts.slurm_ssh import SlurmSshHost
+    from supervisor.hosts.slurm.ssh import SlurmSshHost
 
     for key, value in {**login_node.env(), "HOME": str(tmp_path), "SUPERVISE_SLURM_POLL_S": "0.2",
                        "SUPERVISE_SLURM_LOG_ROOT": str(tmp_path / "logs")}.items():

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.errors import SpecError
-from supervisor.events import Verdict
+from supervisor.core.errors import SpecError
+from supervisor.core.events import Verdict
 from supervisor.hosts.base import ExitStatus, SchedulerEnd
 from supervisor.hosts.registry import connect
-from supervisor.hosts.slurm_jobs import parse_sacct, parse_scontrol
-from supervisor.policy import RestartPolicy
-from supervisor.runner._queued import scheduler_judgement
-from supervisor.spec import JobSpec, RestartSpec
+from supervisor.hosts.slurm.jobs import parse_sacct, parse_scontrol
+from supervisor.jobs.policy import RestartPolicy
+from supervisor.jobs.runner._queued import scheduler_judgement
+from supervisor.spec.model import JobSpec, RestartSpec
 
 _LINE = ("JobId=7 JobName=t.1.abc UserId=root(0) JobState={state} Reason={reason} Dependency=(null) "
          "Requeue=1 Restarts={restarts} BatchFlag=1 ExitCode={code} NodeList={nodes} TRES=cpu=1,node=1,gres/gpu=2 "

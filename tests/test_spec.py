@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.errors import SpecError
-from supervisor.pipeline import is_pipeline_file, load_pipeline, resolve
-from supervisor.spec import find_spec, load_spec, parse_overrides
-from supervisor.spec_fields import FieldOverrides
+from supervisor.core.errors import SpecError
+from supervisor.spec.pipeline import is_pipeline_file, load_pipeline, resolve
+from supervisor.spec.model import find_spec, load_spec, parse_overrides
+from supervisor.spec.fields import FieldOverrides
 
 REPO = Path(__file__).resolve().parents[1]
 

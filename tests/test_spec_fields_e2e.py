@@ -13,7 +13,7 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 
-from supervisor.errors import SpecError
+from supervisor.core.errors import SpecError
 
 # Writes its shard index and working directory into the output directory, then ends.
 JOB = """\

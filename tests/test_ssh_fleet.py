@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
-from supervisor.events import Record
+from supervisor.core.events import Record
 from supervisor.hosts.base import LaunchRequest
-from supervisor.hosts.ssh import SshHost
+from supervisor.hosts.ssh.host import SshHost
 
 if TYPE_CHECKING:
     from sshd import SshServer

@@ -19,12 +19,12 @@ import psutil
 import pytest
 import structlog.testing
 from e2e_jobs import STOPPED_JOB
-from supervisor.errors import HostError, LaunchError
-from supervisor.events import Record
-from supervisor.hosts.local_follow import LogFollower
+from supervisor.core.errors import HostError, LaunchError
+from supervisor.core.events import Record
+from supervisor.hosts.local.follow import LogFollower
 from supervisor.hosts.base import LaunchRequest, ProcessHandle
-from supervisor.gpu import new_faults
-from supervisor.hosts.ssh import SshHost, parse_target
+from supervisor.gpu.nvml import new_faults
+from supervisor.hosts.ssh.host import SshHost, parse_target
 
 if TYPE_CHECKING:
     from sshd import SshServer
@@ -857,7 +857,7 @@ def test_sample_gpus_never_raises_when_the_host_is_unreachable(ssh_env) -> None:
 # -- doctor ------------------------------------------------------------------------------------------
 
 def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Path, monkeypatch, capsys, url: str) -> None:
-    from supervisor.doctor import doctor_command
+    from supervisor.cli.doctor import doctor_command
 
     for key, value in ssh_env.items():
         monkeypatch.setenv(key, value)
@@ -917,7 +917,7 @@ def test_a_remote_log_and_its_directory_are_private(ssh_env, tmp_path: Path, cle
 
 def test_the_pages_log_tail_of_a_remote_log_reads_from_near_its_end(ssh_env, tmp_path: Path, url: str) -> None:
     # It read a remote log from its start: 2.8 s a page load at 150 MB, a time-out past ~1 GB.
-    from supervisor.web._status import _TAIL_BYTES, log_tail
+    from supervisor.daemon.web._status import _TAIL_BYTES, log_tail
 
     log = tmp_path / "big.log"
     body = b"".join(f"line {i} {'x' * 90}\n".encode() for i in range(40_000))  # ~4 MB

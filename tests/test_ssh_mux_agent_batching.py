@@ -18,7 +18,7 @@ from typing import IO
 
 import pytest
 
-from supervisor.hosts.ssh_mux_agent import AGENT_PY
+from supervisor.hosts.ssh.mux_agent import AGENT_PY
 
 
 def _write(path: Path, lines: int, rate: float) -> None:
@@ -76,7 +76,7 @@ def test_a_quiet_log_is_sent_line_by_line(tmp_path: Path) -> None:
 
 def test_a_data_frame_announcing_more_than_the_agent_ever_sends_is_a_protocol_error() -> None:
     # A frame claiming 2^40 bytes was read as such: 84 -> 332 MB and following stalled.
-    from supervisor.hosts.ssh_mux_agent import MAX_FRAME_BYTES, Data, ProtocolError, parse_event
+    from supervisor.hosts.ssh.mux_agent import MAX_FRAME_BYTES, Data, ProtocolError, parse_event
 
     assert parse_event(b'{"ev": "data", "id": 3, "n": 262144}\n') == Data(3, 262144)
     for size in (2 ** 40, MAX_FRAME_BYTES + 1, -1):

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
-from supervisor.client import Client
+from supervisor.cli.client import Client
 from supervisor.hosts import stacks
 
 STUCK_JOB = """\

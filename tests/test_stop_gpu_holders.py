@@ -12,7 +12,7 @@ from conftest import wait_until
 from e2e_jobs import supervise
 from test_observe_e2e import FakeGpuDaemon, gpu_daemon  # noqa: F401 - the fixture
 
-from supervisor.errors import RequestRejected
+from supervisor.core.errors import RequestRejected
 
 
 def holding_job(holders: Path, line: str) -> str:

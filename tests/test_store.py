@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.errors import NotFound, StoreError
-from supervisor.events import AttemptState, Event, EventKind, Failure, FailureKind, JobState, Phase
-from supervisor.store import SCHEMA_VERSION, AttemptRow, Store
+from supervisor.core.errors import NotFound, StoreError
+from supervisor.core.events import AttemptState, Event, EventKind, Failure, FailureKind, JobState, Phase
+from supervisor.store.database import SCHEMA_VERSION, AttemptRow, Store
 
 
 def attempt(job: str = "j", n: int = 1) -> AttemptRow:
@@ -194,8 +194,8 @@ def test_run_numbers_are_stored_as_given(tmp_path: Path) -> None:
 
 
 def test_a_step_after_a_cancelled_step_says_not_launched_once(tmp_path: Path) -> None:
-    from supervisor.dependencies import readiness
-    from supervisor.events import JobState
+    from supervisor.jobs.dependencies import readiness
+    from supervisor.core.events import JobState
 
     store = Store(tmp_path / "s.db")
     store.upsert_job("p.work", {}, JobState.FAILED, "attempt 1/1 failed")

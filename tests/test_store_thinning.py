@@ -7,8 +7,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from supervisor.store import SCHEMA_VERSION, Store
-from supervisor.store_schema import MIGRATIONS
+from supervisor.store.database import SCHEMA_VERSION, Store
+from supervisor.store.schema import MIGRATIONS
 
 
 def _old_store(path: Path) -> sqlite3.Connection:

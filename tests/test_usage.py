@@ -18,9 +18,9 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 from supervisor.cli.accounting import Row, _print_table, accounting
-from supervisor.hosts import cgroup
-from supervisor.hosts.cgroup import ContainmentKind
-from supervisor.usage import AttemptUsage, GpuUsageMeter
+from supervisor.hosts.local import cgroup
+from supervisor.hosts.local.cgroup import ContainmentKind
+from supervisor.core.usage import AttemptUsage, GpuUsageMeter
 from test_gpu_gating import HOLD_MIB, ProcessBoundNvml, in_process_daemon
 
 # About 0.6 s of CPU, then a child that uses some too (a cgroup counts the whole tree).

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.events import Event, EventKind, Failure, FailureKind, Phase, Verdict
+from supervisor.core.events import Event, EventKind, Failure, FailureKind, Phase, Verdict
 from supervisor.probes import replay_file
-from supervisor.spec import HealthSpec
+from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Judgement, Watchdog, format_duration
 
 DATA = Path(__file__).parent / "data"

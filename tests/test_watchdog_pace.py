@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.events import BoundKind, Event, EventKind, Phase, Verdict
-from supervisor.spec import HealthSpec
+from supervisor.core.events import BoundKind, Event, EventKind, Phase, Verdict
+from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import BarPace, PaceHistory, Watchdog, bar_key
 
 SHARDS = "vllm.shards"

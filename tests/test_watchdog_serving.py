@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from supervisor.events import Event, EventKind, Phase, Verdict
+from supervisor.core.events import Event, EventKind, Phase, Verdict
 from supervisor.probes import ProbeEngine, load_packs
-from supervisor.records import Record
-from supervisor.runner._gate import KillGate, Step
-from supervisor.spec import HealthSpec
+from supervisor.core.records import Record
+from supervisor.jobs.runner._gate import KillGate, Step
+from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Watchdog
 
 

@@ -32,9 +32,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
-from supervisor import protocol
-from supervisor.hosts import cgroup
-from supervisor.hosts.cgroup import ContainmentKind
+from supervisor.core import protocol
+from supervisor.hosts.local import cgroup
+from supervisor.hosts.local.cgroup import ContainmentKind
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -249,7 +249,7 @@ def test_token_file_is_private_and_a_remote_bind_needs_the_flag(web: Web) -> Non
     path = web.daemon.home / "web.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(path.read_text())["token"] == web.token
-    from supervisor.errors import ConfigError
+    from supervisor.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not a loopback address"):
         web.daemon.client().web(protocol.WebRequest(port=_free_port(), bind="0.0.0.0"))
@@ -511,8 +511,8 @@ def test_a_host_header_naming_another_site_gets_421(web: Web) -> None:
 
 
 def test_the_hosts_the_page_answers_to() -> None:
-    from supervisor.web._auth import allowed_hosts
-    from supervisor.web._config import WebConfig
+    from supervisor.daemon.web._auth import allowed_hosts
+    from supervisor.daemon.web._config import WebConfig
 
     token = "t" * 20
     assert allowed_hosts(WebConfig(bind="127.0.0.1", port=8787, token=token)) == {

@@ -14,7 +14,7 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import PROGRESS_JOB, job_state
 
-from supervisor import protocol
+from supervisor.core import protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

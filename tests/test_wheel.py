@@ -164,7 +164,7 @@ def test_start_extract_from_the_wheel_runs_the_embedded_job(venv: Path, outside:
     assert (manifest["status"], manifest["num_samples"]) == ("complete", 64)
     events = _run([venv / "bin" / "supervise", "events", "extract", "--json"], cwd=outside, env=_env(user_home),
                   timeout=60)
-    launched = json.loads(events.stdout.splitlines()[0])
-    assert launched["kind"] == "launched"
+    # The job's state changes are events too (the first says it is starting): the launch is the first of its kind.
+    launched = next(e for line in events.stdout.splitlines() if (e := json.loads(line))["kind"] == "launched")
     argv = launched["data"]["argv"]
     assert Path(argv[argv.index("--prompts") + 1]).is_relative_to(venv)  # the job's data came with the wheel

@@ -1,4 +1,4 @@
-"""reference/config.md: the daemon's settings (supervisor/config.py's DaemonSettings) and every
+"""reference/config.md: the daemon's settings (supervisor/core/config.py's DaemonSettings) and every
 SUPERVISE_* environment variable the package reads or sets."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def variables_in_code() -> dict[str, list[str]]:
 
 
 def _settings_rows() -> list[str]:
-    from supervisor.config import DaemonSettings
+    from supervisor.core.config import DaemonSettings
 
     rows = ["| key | environment | type | default | what |", "|---|---|---|---|---|"]
     for name, info in DaemonSettings.model_fields.items():
@@ -65,8 +65,8 @@ def _settings_rows() -> list[str]:
 
 
 def render() -> str:
-    import supervisor.config as config
-    from supervisor.config import DaemonSettings
+    import supervisor.core.config as config
+    from supervisor.core.config import DaemonSettings
 
     in_code = variables_in_code()
     settings = {DaemonSettings.env_var(n) for n in DaemonSettings.model_fields}
@@ -76,7 +76,7 @@ def render() -> str:
         raise SystemExit(f"docs/refgen/config.py: VARIABLES lacks {missing} and describes what the code no longer "
                          f"names: {gone}")
     out = ["# Configuration", "",
-           "Generated from `supervisor/config.py` and the package's source by `python docs/gen_reference.py`;",
+           "Generated from `supervisor/core/config.py` and the package's source by `python docs/gen_reference.py`;",
            "do not edit by hand. How to use them: [the configuration guide](../guides/configuration.md).", "",
            doc(config), "", "## Daemon settings", "", doc(DaemonSettings), "", *_settings_rows(), "",
            "## Other environment variables", "",

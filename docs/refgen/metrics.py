@@ -1,5 +1,5 @@
 """reference/metrics.md: every metric the daemon exports, read from a Metrics registry built with an
-empty source (supervisor/metrics.py): its name, type, labels and help text."""
+empty source (supervisor/daemon/metrics.py): its name, type, labels and help text."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class _NoDaemon:
         return None
 
     def alert_counts(self) -> Any:
-        from supervisor.alerts import AlertCounts
+        from supervisor.notify.alerts import AlertCounts
 
         return AlertCounts(queued=0, suppressed=0, dropped=0, failed=0)
 
@@ -30,7 +30,7 @@ def families() -> list[tuple[str, str, str, str]]:
     """(exposed name, type, labels, help) for each family, in the order the daemon exports them."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from supervisor.metrics import Metrics
+    from supervisor.daemon.metrics import Metrics
 
     metrics = Metrics(_NoDaemon())  # type: ignore[arg-type]
     labels: dict[str, tuple[str, ...]] = {}
@@ -50,10 +50,10 @@ def families() -> list[tuple[str, str, str, str]]:
 
 
 def render() -> str:
-    import supervisor.metrics as module
+    import supervisor.daemon.metrics as module
 
     out = ["# Metrics", "",
-           "Generated from `supervisor/metrics.py` by `python docs/gen_reference.py`; do not edit by hand. How to",
+           "Generated from `supervisor/daemon/metrics.py` by `python docs/gen_reference.py`; do not edit by hand. How to",
            "scrape them and the alerting rules: [the metrics guide](../guides/metrics.md).", "",
            doc(module).split("\n\nTwo sources:")[0], "",
            "| metric | type | labels | what |", "|---|---|---|---|"]

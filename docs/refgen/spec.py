@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from supervisor.spec_tables import MAX_SECONDS, off_to_none
+from supervisor.spec.tables import MAX_SECONDS, off_to_none
 
 from .source import cell, doc, member_comments
 
@@ -109,10 +109,10 @@ def field_rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def render() -> str:
-    from supervisor.spec import JobSpec
+    from supervisor.spec.model import JobSpec
 
     out = ["# Job spec", "",
-           "Generated from the pydantic models (`supervisor/spec.py`, `supervisor/spec_tables.py`) by",
+           "Generated from the pydantic models (`supervisor/spec/model.py`, `supervisor/spec/tables.py`) by",
            "`python docs/gen_reference.py`; do not edit by hand. The notes are the comments beside each field in",
            "the source. Unknown fields are refused (one line naming the file and the field, exit 65). Durations",
            "are seconds, finite, at most 366 days. How to write a spec: [the guide](../guides/job-specs.md).", "",

@@ -1,5 +1,5 @@
-"""reference/exit-codes.md, reference/events.md and reference/metrics.md, from supervisor/errors.py,
-supervisor/events.py, supervisor/alerts.py and supervisor/metrics.py."""
+"""reference/exit-codes.md, reference/events.md and reference/metrics.md, from supervisor/core/errors.py,
+supervisor/core/events.py, supervisor/notify/alerts.py and supervisor/daemon/metrics.py."""
 
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ _TREE_LINE = re.compile(r"[├└]── (\w+)\s+(.+)$")
 
 
 def exit_codes() -> str:
-    import supervisor.errors as errors
+    import supervisor.core.errors as errors
 
     used = {row.cls.exit_code for row in errors.TABLE} | {0, 1, 2}
     if used != set(EXIT_CODES):
         raise SystemExit(f"docs/refgen/tables.py: EXIT_CODES has {sorted(EXIT_CODES)}, the code uses {sorted(used)}")
     what = {m.group(1): m.group(2).strip() for m in map(_TREE_LINE.search, (errors.__doc__ or "").splitlines()) if m}
     out = ["# Exit codes and errors", "",
-           "Generated from `supervisor/errors.py` (its `TABLE`) by `python docs/gen_reference.py`; do not edit by",
+           "Generated from `supervisor/core/errors.py` (its `TABLE`) by `python docs/gen_reference.py`; do not edit by",
            "hand.", "", "## Exit codes", "",
            "| code | meaning | e.g. |", "|-----:|---------|------|"]
     out += [f"| {code} | {cell(meaning)} | {cell(verbs)} |" for code, (meaning, verbs) in sorted(EXIT_CODES.items())]
@@ -85,12 +85,12 @@ def _enum_table(cls: type[Enum], heading: str, extra: dict[str, str] | None = No
 
 
 def events() -> str:
-    from supervisor.alerts import AlertKind, Severity
-    from supervisor.events import (AttemptState, BoundKind, EventKind, FailureKind, JobState, Outcome, Phase,
+    from supervisor.notify.alerts import AlertKind, Severity
+    from supervisor.core.events import (AttemptState, BoundKind, EventKind, FailureKind, JobState, Outcome, Phase,
                                    ProbeKind, Verdict)
 
     out = ["# Events, verdicts and states", "",
-           "Generated from `supervisor/events.py` and `supervisor/alerts.py` by `python docs/gen_reference.py`; do",
+           "Generated from `supervisor/core/events.py` and `supervisor/notify/alerts.py` by `python docs/gen_reference.py`; do",
            "not edit by hand. These strings are canonical: probe packs, the store, the API, `--json` output, alerts",
            "and metrics labels all use exactly them. What each verdict means in practice:",
            "[how a job is judged](../guides/verdicts.md).", ""]

@@ -18,13 +18,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from .. import __version__
-from ..errors import SuperviseError
-from ..events import EventKind
-from ._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
-from .accounting import cmd_accounting
-from .completion import SHELLS, cmd_completion
-from .jobs import (
+from supervisor import __version__
+from supervisor.cli._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
+from supervisor.cli.accounting import cmd_accounting
+from supervisor.cli.completion import SHELLS, cmd_completion
+from supervisor.cli.jobs import (
     cmd_attempts,
     cmd_hold,
     cmd_jobs,
@@ -36,9 +34,11 @@ from .jobs import (
     cmd_start,
     cmd_stop,
 )
-from .logs import cmd_events, cmd_logs
-from .system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
-from .views import cmd_gpus, cmd_report, cmd_status
+from supervisor.cli.logs import cmd_events, cmd_logs
+from supervisor.cli.system import cmd_config, cmd_daemon, cmd_doctor, cmd_probe, cmd_web
+from supervisor.cli.views import cmd_gpus, cmd_report, cmd_status
+from supervisor.core.errors import SuperviseError
+from supervisor.core.events import EventKind
 
 __all__ = ["main"]
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..client import Client
-from ..config import default_paths
-from ..protocol import MAX_GRACE_S
-from ..spec_fields import FieldOverrides
+from supervisor.cli.client import Client
+from supervisor.core.config import default_paths
+from supervisor.core.protocol import MAX_GRACE_S
+from supervisor.spec.fields import FieldOverrides
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -58,7 +58,7 @@ def grep_pattern(text: str) -> Any:
     1,000 characters; a bad one is a usage error in one line."""
     import re2
 
-    from ..probes import re2_options
+    from supervisor.probes import re2_options
 
     if len(text) > 1000:
         raise argparse.ArgumentTypeError(f"a pattern of at most 1,000 characters, got {len(text):,}")

@@ -10,10 +10,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from .. import _format as _fmt
-from .. import protocol
-from ..client import Client
-from ._args import client as _client
+from supervisor.cli._args import client as _client
+from supervisor.cli.client import Client
+from supervisor.core import formatting as _fmt
+from supervisor.core import protocol
 
 
 @dataclass(frozen=True)

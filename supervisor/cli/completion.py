@@ -20,7 +20,7 @@ _JOB_VERBS = ("status", "logs", "events", "attempts", "stop", "restart", "hold",
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from . import _parser
+    from supervisor.cli import _parser
 
     print(script(args.shell, _parser()))
     return 0

@@ -6,16 +6,16 @@ import argparse
 import sys
 import time
 
-from .. import _format as _fmt
-from .. import protocol
-from ..dependencies import with_after
-from ..events import JobState, Verdict
-from ..pipeline import find_pipeline
-from ..spec import find_spec, parse_overrides
-from ._args import client as _client
-from ._args import field_overrides
-from .logs import follow_job
-from .pipelines import start_pipeline
+from supervisor.cli._args import client as _client
+from supervisor.cli._args import field_overrides
+from supervisor.cli.logs import follow_job
+from supervisor.cli.pipelines import start_pipeline
+from supervisor.core import formatting as _fmt
+from supervisor.core import protocol
+from supervisor.core.events import JobState, Verdict
+from supervisor.jobs.dependencies import with_after
+from supervisor.spec.model import find_spec, parse_overrides
+from supervisor.spec.pipeline import find_pipeline
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -144,8 +144,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def _names(known: bool, specs: bool) -> int:
     """Names for shell completion, one a line: the daemon's jobs (none when it does not answer),
     and with ``specs`` the job specs `start` finds by name."""
-    from ..errors import SuperviseError
-    from ..spec import spec_search_path
+    from supervisor.core.errors import SuperviseError
+    from supervisor.spec.model import spec_search_path
 
     names: set[str] = set()
     if known:

@@ -11,12 +11,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .. import _format as _fmt
-from .. import protocol
-from ..client import Client
-from ..errors import NotFound
-from ..events import EventKind, JobState
-from ._args import client as _client
+from supervisor.cli._args import client as _client
+from supervisor.cli.client import Client
+from supervisor.core import formatting as _fmt
+from supervisor.core import protocol
+from supervisor.core.errors import NotFound
+from supervisor.core.events import EventKind, JobState
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -7,13 +7,13 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import _format as _fmt
-from .. import protocol
-from ..errors import SpecError
-from ..events import JobState
-from ..pipeline import load_pipeline, resolve
-from ..spec_fields import FieldOverrides
-from ._args import client as _client
+from supervisor.cli._args import client as _client
+from supervisor.core import formatting as _fmt
+from supervisor.core import protocol
+from supervisor.core.errors import SpecError
+from supervisor.core.events import JobState
+from supervisor.spec.fields import FieldOverrides
+from supervisor.spec.pipeline import load_pipeline, resolve
 
 FINAL = (JobState.DONE, JobState.FAILED, JobState.STOPPED, JobState.CANCELLED)
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from .. import protocol
-from ..client import Client
-from ..config import default_paths
-from ..errors import DaemonError
-from ._args import client as _client
+from supervisor.cli._args import client as _client
+from supervisor.cli.client import Client
+from supervisor.core import protocol
+from supervisor.core.config import default_paths
+from supervisor.core.errors import DaemonError
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     if args.foreground:
-        from ..daemon import run_daemon
+        from supervisor.daemon.process import run_daemon
 
         return run_daemon()
     client = Client(default_paths())
@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from ..config import describe_settings, load_settings
+    from supervisor.core.config import describe_settings, load_settings
 
     client = Client(default_paths())
     running = client.accepting()
@@ -76,13 +76,13 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from ..probes import probe_command
+    from supervisor.probes import probe_command
 
     return probe_command(args.logfile, args.pack, args.pack_file, args.json)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import doctor_command
+    from supervisor.cli.doctor import doctor_command
 
     return doctor_command(args.host)
 

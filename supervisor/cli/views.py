@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from .. import _format as _fmt
-from .. import protocol
-from ..events import AttemptState, JobState, Verdict
-from ._args import client as _client
-from .pipelines import pipeline_block
+from supervisor.cli._args import client as _client
+from supervisor.cli.pipelines import pipeline_block
+from supervisor.core import formatting as _fmt
+from supervisor.core import protocol
+from supervisor.core.events import AttemptState, JobState, Verdict
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     if args.watch:
-        from ..watch import watch_command
+        from supervisor.cli.watch import watch_command
 
         client = _client()
         return watch_command(lambda: client.status(args.job), plain_every_s=args.every)
@@ -51,7 +51,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..report import report_command
+    from supervisor.cli.report import report_command
 
     return report_command(_client(), args.job, args.out)
 

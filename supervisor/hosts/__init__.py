@@ -26,10 +26,10 @@ Both followers are byte transports around one `records.RecordBuffer` (bytes in, 
 A new kind of host is one new module implementing `Host`, and one line in registry's `_KINDS`.
 """
 
-from ._remote import DOCTOR as DOCTOR_SCRIPT
-from ._remote import after_mark, script
-from ._remote_parse import parse_keys
-from .base import (
+from supervisor.hosts._remote import DOCTOR as DOCTOR_SCRIPT
+from supervisor.hosts._remote import after_mark, script
+from supervisor.hosts._remote_parse import parse_keys
+from supervisor.hosts.base import (
     TAG_VAR,
     ExitStatus,
     Follower,

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import asyncssh
 
-from ..errors import ConnectionLost, HostError, SuperviseError
+from supervisor.core.errors import ConnectionLost, HostError, SuperviseError
 
 # asyncio's message when every address of a name failed: "Multiple exceptions: [Errno 111] ..., [Errno 111] ..."
 _ERRNO = re.compile(r"\[Errno (\d+)\]")

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
 from typing import Self
 
-from ..events import Record
+from supervisor.core.events import Record
 
 
 class IteratedOnce:

@@ -8,11 +8,11 @@ import csv
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ..gpu import GpuDevice, GpuProcess, GpuSample
-from ..gpu_health import DeviceHealth, XidEvent
-from ..kernel_xids import XidCursor, parse_xid, to_events
-from . import _remote
-from .base import ExitStatus, KillReport
+from supervisor.gpu.health import DeviceHealth, XidEvent
+from supervisor.gpu.kernel_xids import XidCursor, parse_xid, to_events
+from supervisor.gpu.nvml import GpuDevice, GpuProcess, GpuSample
+from supervisor.hosts import _remote
+from supervisor.hosts.base import ExitStatus, KillReport
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ..events import Record
-from ..gpu import GpuSample
-from ..usage import AttemptUsage
-from .stacks import StackDump
+from supervisor.core.events import Record
+from supervisor.core.usage import AttemptUsage
+from supervisor.gpu.nvml import GpuSample
+from supervisor.hosts.stacks import StackDump
 
 # The detached wrapper, identical locally and over SSH.  It starts the command in a new
 # session (so it is its own process group and no terminal hang-up reaches it), with stdin

@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 from urllib.parse import urlsplit
 
-from ..errors import ConnectionLost
-from .ssh_target import parse_target
+from supervisor.core.errors import ConnectionLost
+from supervisor.hosts.ssh.target import parse_target
 
 _PROBE_TIMEOUT_S = 3.0
 

@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from ..config import DaemonSettings
-from ..errors import SpecError, SuperviseError
-from ..gpu import GpuSample, new_faults
-from ..gpu_health import GpuFault
-from ..store import Store
-from ..tasks import cancel_and_wait
-from .base import Host
+from supervisor.core.config import DaemonSettings
+from supervisor.core.errors import SpecError, SuperviseError
+from supervisor.core.tasks import cancel_and_wait
+from supervisor.gpu.health import GpuFault
+from supervisor.gpu.nvml import GpuSample, new_faults
+from supervisor.hosts.base import Host
+from supervisor.store.database import Store
 
 # Told of each available sample, with the host's name and the faults it shows that the last did not.
 SampleSink = Callable[[str, GpuSample, list[GpuFault]], Awaitable[None]]
@@ -33,9 +33,9 @@ log = structlog.get_logger("supervise.hosts")
 # A host URL's scheme -> (its module, by full name, its Host class, made from the URL).  Imported
 # on first use, so a daemon with only local jobs never loads asyncssh.
 _KINDS: dict[str, tuple[str, str]] = {
-    "ssh": ("supervisor.hosts.ssh", "SshHost"),  # ssh://[user@]host[:port]
-    "slurm": ("supervisor.hosts.slurm", "SlurmHost"),  # slurm: (sbatch on this machine)
-    "slurm+ssh": ("supervisor.hosts.slurm_ssh", "SlurmSshHost"),  # slurm+ssh://[user@]login-node[:port] (sbatch there)
+    "ssh": ("supervisor.hosts.ssh.host", "SshHost"),  # ssh://[user@]host[:port]
+    "slurm": ("supervisor.hosts.slurm.host", "SlurmHost"),  # slurm: (sbatch on this machine)
+    "slurm+ssh": ("supervisor.hosts.slurm.ssh", "SlurmSshHost"),  # slurm+ssh://[user@]login-node[:port] (sbatch there)
 }
 _USAGE = "use 'local', 'ssh://[user@]host[:port]', 'slurm:' or 'slurm+ssh://[user@]login-node[:port]'"
 

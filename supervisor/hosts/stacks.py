@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from ..tasks import cancel_and_wait
+from supervisor.core.tasks import cancel_and_wait
 
 _WRAPPER_SCRIPT_START = 's=$1; shift;'  # the launch wrapper's inner shell (hosts/base.py's WRAPPER_SH)
 

@@ -12,14 +12,21 @@
 - ``entered_phase(current, implied, recovered=...)``: the phase rule the watchdog and the replay share.
 """
 
-from ._engine import ProbeEngine
-from ._fingerprint import fingerprint
-from ._identity import BarBook, BarRun, process_of
-from ._loading import load_packs
-from ._pack import Pack, re2_options
-from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
-from ._replay import ReplayReport, probe_command, replay_file
-from ._rootcause import echoes_only, root_cause
+from supervisor.probes._engine import ProbeEngine
+from supervisor.probes._fingerprint import fingerprint
+from supervisor.probes._identity import BarBook, BarRun, process_of
+from supervisor.probes._loading import load_packs
+from supervisor.probes._pack import Pack, re2_options
+from supervisor.probes._phasefold import (
+           ends_attempt,
+           entered_phase,
+           entering_recovers,
+           goes_on_serving,
+           starts_new_attempt,
+           survived,
+)
+from supervisor.probes._replay import ReplayReport, probe_command, replay_file
+from supervisor.probes._rootcause import echoes_only, root_cause
 
 __all__ = [
            "BarBook",

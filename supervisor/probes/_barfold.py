@@ -29,8 +29,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..events import Phase, Record
-from ._identity import PROCESS_FIELDS
+from supervisor.core.events import Phase, Record
+from supervisor.probes._identity import PROCESS_FIELDS
 
 # Fields the report reads from every event, and those that tell bars apart.
 _READ_EVERY = ("serving", "attempt_over", *PROCESS_FIELDS)

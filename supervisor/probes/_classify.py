@@ -7,8 +7,8 @@ from typing import Any
 
 import re2
 
-from ..events import FailureKind
-from ._pack import Pack, re2_options
+from supervisor.core.events import FailureKind
+from supervisor.probes._pack import Pack, re2_options
 
 
 class Classifier:

@@ -39,17 +39,17 @@ from typing import Any
 
 import re2
 
-from ..events import Failure, ProbeEvent, ProbeKind, Record
-from ._barfold import RunFold
-from ._classify import Classifier
-from ._fields import CONVERTERS, Converter
-from ._fingerprint import fingerprint
-from ._literals import required_literals
-from ._pack import Pack, Probe, re2_options
-from ._prefix import ANSI_BYTES_RE, LineSplitter
-from ._rootcause import FailureReader
-from ._syntax import Literal
-from ._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
+from supervisor.core.events import Failure, ProbeEvent, ProbeKind, Record
+from supervisor.probes._barfold import RunFold
+from supervisor.probes._classify import Classifier
+from supervisor.probes._fields import CONVERTERS, Converter
+from supervisor.probes._fingerprint import fingerprint
+from supervisor.probes._literals import required_literals
+from supervisor.probes._pack import Pack, Probe, re2_options
+from supervisor.probes._prefix import ANSI_BYTES_RE, LineSplitter
+from supervisor.probes._rootcause import FailureReader
+from supervisor.probes._syntax import Literal
+from supervisor.probes._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
 
 _UNANCHORED = re2._Anchor.UNANCHORED
 # Literals that may start a traceback; the prefilter must let such lines through.

@@ -3,7 +3,7 @@ say the same thing)."""
 
 from __future__ import annotations
 
-from ._syntax import _ESCAPED_CHARS, _Tok, _tokens
+from supervisor.probes._syntax import _ESCAPED_CHARS, _Tok, _tokens
 
 # ---- POSIX ERE export -----------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._syntax import _tokens
+from supervisor.probes._syntax import _tokens
 
 MAX_PATTERN_CHARS = 4096
 MAX_LITERAL_CHARS = 1000

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ._syntax import Literal, _Node, _parse, _tokens
+from supervisor.probes._syntax import Literal, _Node, _parse, _tokens
 
 _MAX_ALTERNATIVES = 24  # beyond this an alternation is not worth a prefilter entry
 

@@ -9,10 +9,10 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ProbePackError
-from ..resources import probes_dir
-from ..textfile import read_toml
-from ._pack import Pack, parse_pack
+from supervisor.core.errors import ProbePackError
+from supervisor.core.textfile import read_toml
+from supervisor.probes._pack import Pack, parse_pack
+from supervisor.resources import probes_dir
 
 PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
 BUILTIN_DIR = probes_dir()

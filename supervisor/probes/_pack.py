@@ -71,9 +71,9 @@ from typing import Any
 import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ProbePackError, one_line, shown
-from ..events import FailureKind, Phase, ProbeKind
-from . import _limits
+from supervisor.core.errors import ProbePackError, one_line, shown
+from supervisor.core.events import FailureKind, Phase, ProbeKind
+from supervisor.probes import _limits
 
 FIELD_TYPES = ("int", "float", "str", "bool", "duration", "rate")
 AUTO_FAILURE = "auto"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Failure, Phase, ProbeKind
+from supervisor.core.events import Failure, Phase, ProbeKind
 
 
 def entered_phase(current: Phase | None, implied: Phase | None, *, recovered: bool) -> Phase | None:

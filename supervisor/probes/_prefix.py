@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import re2
 
-from ._literals import first_chars, required_literals
-from ._pack import Rule, re2_options
+from supervisor.probes._literals import first_chars, required_literals
+from supervisor.probes._pack import Rule, re2_options
 
 # ANSI escape sequences (CSI such as colours and cursor moves, OSC, two-byte escapes).
 # A fixed pattern of ours, so Python's engine is safe here, and faster.  It never spans

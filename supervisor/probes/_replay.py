@@ -34,8 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ..errors import ProbePackError, SuperviseError
-from ..events import (
+from supervisor.core.errors import ProbePackError, SuperviseError
+from supervisor.core.events import (
     PHASE_ORDER,
     Failure,
     FailureKind,
@@ -44,14 +44,21 @@ from ..events import (
     ProbeEvent,
     ProbeKind,
 )
-from ..records import split_records
-from ._barfold import RedrawCoalescer
-from ._engine import ProbeEngine
-from ._identity import Bar, BarBook, BarRun, bar_of
-from ._loading import load_packs, search_dirs
-from ._phasefold import ends_attempt, entered_phase, entering_recovers, goes_on_serving, starts_new_attempt, survived
-from ._rootcause import echoes_only, root_cause
-from ._spool import EventSpool
+from supervisor.core.records import split_records
+from supervisor.probes._barfold import RedrawCoalescer
+from supervisor.probes._engine import ProbeEngine
+from supervisor.probes._identity import Bar, BarBook, BarRun, bar_of
+from supervisor.probes._loading import load_packs, search_dirs
+from supervisor.probes._phasefold import (
+    ends_attempt,
+    entered_phase,
+    entering_recovers,
+    goes_on_serving,
+    starts_new_attempt,
+    survived,
+)
+from supervisor.probes._rootcause import echoes_only, root_cause
+from supervisor.probes._spool import EventSpool
 
 _CHUNK = 4 << 20
 _MAX_EVENTS = 100_000  # listed in a report; the summary counts every event

@@ -30,9 +30,9 @@ from typing import Any
 
 import re2
 
-from ..events import Failure, FailureKind, Phase, ProbeEvent
-from ._pack import Pack, re2_options
-from ._traceback import TB_START
+from supervisor.core.events import Failure, FailureKind, Phase, ProbeEvent
+from supervisor.probes._pack import Pack, re2_options
+from supervisor.probes._traceback import TB_START
 
 _STARTUP_KINDS = frozenset({FailureKind.VALUE_ERROR, FailureKind.KEY_ERROR, FailureKind.ASSERTION,
                             FailureKind.NOT_IMPLEMENTED})

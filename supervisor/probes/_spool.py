@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
-from ..events import Phase, ProbeKind
+from supervisor.core.events import Phase, ProbeKind
 
 
 class EventModel(Protocol):

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..events import Failure, FailureKind, ProbeEvent, ProbeKind
-from ._fingerprint import fingerprint
+from supervisor.core.events import Failure, FailureKind, ProbeEvent, ProbeKind
+from supervisor.probes._fingerprint import fingerprint
 
 TB_START = "Traceback (most recent call last):"
 _DURING_HANDLING = "During handling of the above exception, another exception occurred:"

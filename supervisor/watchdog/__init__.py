@@ -19,11 +19,11 @@ exit), ``_pace`` (earlier attempts' bar paces, injected as a value), ``_judge`` 
 ``Watchdog`` that ties them together).
 """
 
-from ._conditions import Judgement, fine_duration, format_duration
-from ._judge import Watchdog, WatchdogState
-from ._pace import BarPace, BoundSource, PaceHistory, bar_key
-from ._progress import ProgressState
-from ._rules import label
+from supervisor.watchdog._conditions import Judgement, fine_duration, format_duration
+from supervisor.watchdog._judge import Watchdog, WatchdogState
+from supervisor.watchdog._pace import BarPace, BoundSource, PaceHistory, bar_key
+from supervisor.watchdog._progress import ProgressState
+from supervisor.watchdog._rules import label
 
 __all__ = ["BarPace", "BoundSource", "Judgement", "PaceHistory", "ProgressState", "Watchdog", "WatchdogState", "bar_key",
            "fine_duration", "format_duration", "label"]

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Verdict
-from ._pace import BoundSource
+from supervisor.core.events import Verdict
+from supervisor.watchdog._pace import BoundSource
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Verdict
-from ..spec_tables import HealthSpec
-from ._conditions import Condition
+from supervisor.core.events import Verdict
+from supervisor.spec.tables import HealthSpec
+from supervisor.watchdog._conditions import Condition
 
 _BASELINE = 64  # readings the median is taken over
 _MIN_BASELINE = 8

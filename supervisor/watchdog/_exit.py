@@ -5,10 +5,10 @@ from __future__ import annotations
 import signal as signal_module
 from typing import Any
 
-from ..events import Phase, Verdict
-from ._conditions import Judgement
-from ._facts import Facts
-from ._rules import failure_evidence
+from supervisor.core.events import Phase, Verdict
+from supervisor.watchdog._conditions import Judgement
+from supervisor.watchdog._facts import Facts
+from supervisor.watchdog._rules import failure_evidence
 
 _SIGKILL = int(signal_module.SIGKILL)
 # Signals that ask a program to shut down (systemd, Slurm's scancel, a container runtime, Ctrl-C).

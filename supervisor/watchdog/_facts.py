@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
-from ..probes import (
+from supervisor.core.events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
+from supervisor.probes import (
     BarBook,
     BarRun,
     echoes_only,
@@ -22,11 +22,11 @@ from ..probes import (
     starts_new_attempt,
     survived,
 )
-from ._divergence import LossTrack
-from ._idle import GpuUse
-from ._pace import PaceHistory, bar_key
-from ._progress import ProgressState, Track
-from ._serving import EngineLoad
+from supervisor.watchdog._divergence import LossTrack
+from supervisor.watchdog._idle import GpuUse
+from supervisor.watchdog._pace import PaceHistory, bar_key
+from supervisor.watchdog._progress import ProgressState, Track
+from supervisor.watchdog._serving import EngineLoad
 
 _PROBE_KINDS = frozenset(k.value for k in ProbeKind)
 # A program that logs the same error in a loop must not grow the watchdog without bound.

@@ -6,14 +6,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..events import Event, Failure, Phase, Verdict
-from ..spec_tables import HealthSpec
-from ._conditions import Condition, Judgement
-from ._exit import judge_exit
-from ._facts import Facts
-from ._pace import BoundSource, PaceHistory
-from ._progress import ProgressState
-from ._rules import conditions, healthy
+from supervisor.core.events import Event, Failure, Phase, Verdict
+from supervisor.spec.tables import HealthSpec
+from supervisor.watchdog._conditions import Condition, Judgement
+from supervisor.watchdog._exit import judge_exit
+from supervisor.watchdog._facts import Facts
+from supervisor.watchdog._pace import BoundSource, PaceHistory
+from supervisor.watchdog._progress import ProgressState
+from supervisor.watchdog._rules import conditions, healthy
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..events import BoundKind
+from supervisor.core.events import BoundKind
 
 # A bound from history is _DAY_MARGIN x k x this percentile of the intervals seen, at least
 # _MIN_BOUND_S and at least _MAX_MARGIN x the longest interval seen: a pause that happened before (a

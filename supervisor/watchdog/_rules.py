@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import BoundKind, Failure, FailureKind, Phase, Verdict
-from ..spec_tables import HealthSpec
-from ._conditions import Condition, Judgement, fine_duration, format_duration
-from ._divergence import diverged
-from ._facts import Facts
-from ._idle import idle
-from ._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
-from ._progress import Track
-from ._serving import hung_engine
+from supervisor.core.events import BoundKind, Failure, FailureKind, Phase, Verdict
+from supervisor.spec.tables import HealthSpec
+from supervisor.watchdog._conditions import Condition, Judgement, fine_duration, format_duration
+from supervisor.watchdog._divergence import diverged
+from supervisor.watchdog._facts import Facts
+from supervisor.watchdog._idle import idle
+from supervisor.watchdog._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
+from supervisor.watchdog._progress import Track
+from supervisor.watchdog._serving import hung_engine
 
 _TRACEBACK_TAIL_LINES = 15
 

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Verdict
-from ..spec_tables import HealthSpec
-from ._conditions import Condition, format_duration
+from supervisor.core.events import Verdict
+from supervisor.spec.tables import HealthSpec
+from supervisor.watchdog._conditions import Condition, format_duration
 
 
 @dataclass

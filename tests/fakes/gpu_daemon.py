@@ -1,4 +1,4 @@
-"""A real daemon process on a machine without a GPU: the daemon as `python -m supervisor.daemon`
+"""A real daemon process on a machine without a GPU: the daemon as `python -m supervisor.daemon.process`
 runs it, except that NVML is `FileNvml`, a FakeNvml whose processes are declared by files.
 
 A job process declares GPU memory by writing `<holders>/<pid>` with lines `GPU MIB` (rewrite
@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fakes.fake_nvml import FakeNvml  # noqa: E402
-from supervisor.config import default_paths, load_settings  # noqa: E402
-from supervisor.daemon import Daemon, configure_logging  # noqa: E402
+from supervisor.core.config import default_paths, load_settings  # noqa: E402
+from supervisor.daemon.process import Daemon, configure_logging  # noqa: E402
 
 FREE_LAG_S = 0.3
 

@@ -1,6 +1,6 @@
 """Shared plumbing for the daemon benchmarks (bench_detection, bench_crash, bench_stall, bench_scale).
 
-A real daemon (``python -m supervisor.daemon``) in a temporary ``SUPERVISE_HOME`` under /tmp,
+A real daemon (``python -m supervisor.daemon.process``) in a temporary ``SUPERVISE_HOME`` under /tmp,
 job specs written next to it, percentiles, a machine note and markdown tables.  Nothing here
 reaches into the daemon: figures come from what it stores (the ``events`` table) and what it
 serves over its socket.
@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 
 import psutil
 
-from supervisor.client import Client
-from supervisor.config import Paths
+from supervisor.cli.client import Client
+from supervisor.core.config import Paths
 
 PY = sys.executable
 WRITER = PERF / "_writer.py"
@@ -67,7 +67,7 @@ class Daemon:
 
     def start(self) -> None:
         self._log = open(self.home / "daemon.out", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon"], env=self.env, cwd=str(ROOT),
+        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon.process"], env=self.env, cwd=str(ROOT),
                                      stdout=self._log, stderr=self._log, start_new_session=True)
         client = self.client()
         wait_until(lambda: client.accepting() and client.ping() is not None, 20, "the daemon to answer")

@@ -42,8 +42,8 @@ def from_stdin(out: Path) -> None:
 
 def from_events(home: str, job: str, out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from supervisor.client import Client
-    from supervisor.config import Paths
+    from supervisor.cli.client import Client
+    from supervisor.core.config import Paths
 
     client = Client(Paths(Path(home)), timeout_s=60)
     ready(out)

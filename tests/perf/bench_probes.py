@@ -48,7 +48,7 @@ from supervisor.probes import ProbeEngine, load_packs  # noqa: E402
 from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
 from supervisor.probes._replay import build_report, replay_file  # noqa: E402
 from supervisor.probes._ere import to_posix_ere  # noqa: E402
-from supervisor.records import split_records  # noqa: E402
+from supervisor.core.records import split_records  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "corpus"
 TARGET_MB_S = 50.0

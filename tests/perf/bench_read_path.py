@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from supervisor.hosts._inotify import IN_MODIFY, parse_events
 from supervisor.probes import ProbeEngine, load_packs
-from supervisor.records import RecordBuffer
+from supervisor.core.records import RecordBuffer
 
 TARGET_US = 5.0
 

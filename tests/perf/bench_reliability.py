@@ -46,9 +46,9 @@ from _harness import PY, ROOT, WRITER, Daemon, machine_note, table, wait_until
 from test_fuzz_daemon_e2e import LOG_FUZZ_JOB
 from test_fuzz_inputs import FULL_SPEC, SEED, mutate
 
-from supervisor import protocol
-from supervisor.api._handlers import load_checked_spec
-from supervisor.errors import ProbePackError, SpecError
+from supervisor.core import protocol
+from supervisor.daemon.api._handlers import load_checked_spec
+from supervisor.core.errors import ProbePackError, SpecError
 
 FREEZE_S = 5.0
 
@@ -61,7 +61,7 @@ class TreeDaemon(Daemon):
 
     def start(self) -> None:
         self._log = open(self.home / "daemon.out", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon"], env=self.env, cwd=str(self.tree),
+        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon.process"], env=self.env, cwd=str(self.tree),
                                      stdout=self._log, stderr=self._log, start_new_session=True)
         api = Api(self)
         wait_until(lambda: self.paths.socket.exists() and api.ping(), 20, "the daemon to answer")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from slurm import SlurmCluster  # noqa: E402
 from supervisor.hosts.base import LaunchRequest  # noqa: E402
-from supervisor.hosts.slurm import SlurmHost  # noqa: E402
+from supervisor.hosts.slurm.host import SlurmHost  # noqa: E402
 
 _JOB = "import time; print('ready', flush=True); time.sleep(600)"
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 from _harness import PY, Daemon, machine_note, ms, percentile, table, wait_until
 
-from supervisor.protocol import WebRequest
+from supervisor.core.protocol import WebRequest
 
 JOB = Path(__file__).resolve().parent / "_soak_job.py"
 

@@ -3,7 +3,7 @@
 
     .venv/bin/python tests/perf/bench_ssh_latency.py [--rate 50] [--seconds 5] [--rounds 2]
 
-One real daemon (``python -m supervisor.daemon``) in a temporary SUPERVISE_HOME; one real
+One real daemon (``python -m supervisor.daemon.process``) in a temporary SUPERVISE_HOME; one real
 OpenSSH server (tests/sshd.py: /usr/sbin/sshd on 127.0.0.1, its own keys).  Each round runs a
 writer job locally and then the same job over SSH: it writes ``--rate`` lines a second for
 ``--seconds``, each a transformers shard bar starting with the ``time.time()`` taken just
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from _harness import percentile  # noqa: E402
 from sshd import SshServer  # noqa: E402
-from supervisor.client import Client  # noqa: E402
-from supervisor.config import Paths  # noqa: E402
+from supervisor.cli.client import Client  # noqa: E402
+from supervisor.core.config import Paths  # noqa: E402
 
 WRITER = """\
 import sys, time
@@ -116,7 +116,7 @@ def main() -> int:
     env.update({"SUPERVISE_HOME": str(home), "SUPERVISE_SSH_LOG_ROOT": str(home / "remote-logs"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
     log = open(home / "daemon.out", "ab")  # noqa: SIM115 - closed below
-    daemon = subprocess.Popen([sys.executable, "-m", "supervisor.daemon"], env=env, cwd=str(ROOT),
+    daemon = subprocess.Popen([sys.executable, "-m", "supervisor.daemon.process"], env=env, cwd=str(ROOT),
                               stdout=log, stderr=log, start_new_session=True)
     results: dict[str, list[float]] = {"local": [], "ssh": []}
     try:

@@ -19,7 +19,7 @@ SV() { PYTHONPATH=$REPO /tmp/sv/bin/python -m supervisor.cli "$@"; }
 say "health of the H200 (real NVML)"
 PYTHONPATH=$REPO /tmp/sv/bin/python - <<'PY' | tee "$OUT/h200-health.txt"
 import time
-from supervisor.gpu import NvmlSampler, new_faults
+from supervisor.gpu.nvml import NvmlSampler, new_faults
 sampler, previous, faults = NvmlSampler(), None, []
 for _ in range(10):
     sample = sampler.sample()

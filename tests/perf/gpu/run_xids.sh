@@ -14,9 +14,9 @@ fi
 PYTHONPATH=$REPO /tmp/sv/bin/python - <<'PY' 2>&1 | tee "$OUT/xids-h200.txt"
 import subprocess, time
 import pynvml
-from supervisor.gpu import NvmlSampler, new_faults
+from supervisor.gpu.nvml import NvmlSampler, new_faults
 from supervisor.hosts import _remote, _remote_parse
-from supervisor.kernel_xids import KmsgReader, XidCursor
+from supervisor.gpu.kernel_xids import KmsgReader, XidCursor
 
 
 class EventsRefused:

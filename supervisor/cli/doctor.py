@@ -1,0 +1,274 @@
+"""`supervise doctor [--host H]`: can this box run supervised jobs?  One line per check.
+
+With ``--host ssh://[user@]box[:port]`` it checks, in order: the SSH connection, the host
+key, the login, then on the box itself what the SSH host's scripts need (``/bin/sh``,
+``setsid``, ``/proc``, GNU ``tail -F`` and ``grep -z``, ``awk``, a fractional ``sleep``),
+``python3``, ``nvidia-smi`` and the free space under the remote log root.  Without a host it
+runs the same shell checks on this machine, against the local log root, and looks at NVML.
+
+Each line is ``ok`` or ``MISSING`` (or ``warn``), the check, and what was found or exactly
+what to do.  The exit status is 1 when a required check is MISSING, else 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from supervisor.core.config import Paths
+from supervisor.core.errors import ConnectionLost, SuperviseError
+from supervisor.hosts import DOCTOR_SCRIPT, after_mark, parse_keys, script
+
+if TYPE_CHECKING:
+    from supervisor.hosts.ssh.host import SshHost
+
+LOW_DISK_KIB = 1024 * 1024  # below 1 GiB free under the log root: a warning
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # "ok", "MISSING", "warn", "skipped"
+    name: str
+    detail: str
+    required: bool = True
+
+    def line(self) -> str:
+        return f"{self.status:<8} {self.name:<11} {self.detail}"
+
+
+def doctor_command(host: str | None) -> int:
+    if host in (None, "", "local"):
+        checks = _local_checks()
+    else:
+        checks = asyncio.run(_remote_checks(host))
+    for check in checks:
+        print(check.line(), flush=True)
+    failed = [c for c in checks if c.status == "MISSING" and c.required]
+    if failed:
+        print(f"doctor: {len(failed)} required check(s) MISSING: {', '.join(c.name for c in failed)}")
+        return 1
+    optional = [c for c in checks if c.status == "MISSING"]
+    print("doctor: ready" + (f" (optional, MISSING: {', '.join(c.name for c in optional)})" if optional else ""))
+    return 0
+
+
+# -- remote --------------------------------------------------------------------------------
+
+async def _remote_checks(url: str) -> list[Check]:
+    from supervisor.hosts.ssh.host import SshHost
+
+    checks: list[Check] = []
+    try:
+        host = SshHost(url)
+    except SuperviseError as exc:
+        return [Check("MISSING", "host", str(exc))]
+    where = host.target.display
+    try:
+        try:
+            await host.connection(deadline=time.monotonic() + 20.0)
+        except SuperviseError as exc:
+            return checks + _connection_failure(host, exc)
+        checks.append(Check("ok", "ssh", f"connected to {where}"))
+        checks.append(Check("ok", "host key", "matches known_hosts"))
+        checks.append(Check("ok", "login", f"logged in as {host.target.user or 'the default user'}"))
+        try:
+            root = await host.log_root()
+            _, out, _ = await host.run_script(DOCTOR_SCRIPT, root, host.nvidia_smi, host.pyspy, host.kernel_log)
+        except SuperviseError as exc:
+            return [*checks, Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
+        values = parse_keys(out)
+        checks += [*_shell_checks(values, where, remote=True), _remote_pyspy_check(values, where)]
+        checks += _remote_kernel_log_check(values, where, host.kernel_log)
+    finally:
+        await host.close()
+    return checks
+
+
+def _connection_failure(host: SshHost, exc: SuperviseError) -> list[Check]:
+    text = str(exc)
+    target = host.target
+    if isinstance(exc, ConnectionLost):
+        return [Check("MISSING", "ssh", f"{text}: check the host name and port, and that sshd runs there "
+                                        f"(`ssh -p {target.port or 22} {target.display.split(':')[0]}` should work)")]
+    if text.startswith("host key of"):
+        return [Check("ok", "ssh", f"{target.where} answers"), Check("MISSING", "host key", text)]
+    if text.startswith("SSH login"):
+        return [Check("ok", "ssh", f"{target.where} answers"), Check("ok", "host key", "matches known_hosts"),
+                Check("MISSING", "login", text)]
+    return [Check("MISSING", "ssh", text)]
+
+
+# -- local ---------------------------------------------------------------------------------
+
+def _local_checks() -> list[Check]:
+    from supervisor.core.config import DaemonSettings, default_paths
+    from supervisor.gpu.kernel_xids import KmsgReader
+    from supervisor.gpu.nvml import NvmlSampler
+
+    root = str(default_paths().logs)
+    try:
+        proc = subprocess.run(["/bin/sh", "-s"], input=script(DOCTOR_SCRIPT, root, "nvidia-smi"),
+                              capture_output=True, timeout=60, check=False)
+    except OSError as exc:
+        return [Check("MISSING", "/bin/sh", f"cannot run /bin/sh: {exc}")]
+    values = parse_keys(after_mark(proc.stdout) or b"")
+    checks = _shell_checks(values, "this machine", remote=False)
+    sampler = NvmlSampler(kernel_log=KmsgReader(DaemonSettings().kernel_log))
+    sample = sampler.sample()
+    xids = sampler.xid_source()
+    sampler.close()
+    if sample.available:
+        checks.append(Check("ok", "NVML", f"{len(sample.devices)} GPU(s) visible"))
+        checks.append(Check("ok" if xids.readable else "MISSING", "Xid errors", xids.text, required=False))
+    else:
+        checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
+                                               "(install the NVIDIA driver and nvidia-ml-py)", required=False))
+    return [*checks, _containment_check(), _pyspy_check(), *_mode_checks(default_paths()), _web_check(default_paths())]
+
+
+def _pyspy_check() -> Check:
+    from supervisor.hosts.stacks import find_pyspy
+
+    found = find_pyspy()
+    if found is None:
+        return Check("MISSING", "py-spy", "not found: a hung job's stacks are not dumped before its kill "
+                                         "(`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)", required=False)
+    return Check("ok", "py-spy", f"{found}: stacks are dumped before a kill and by `supervise stack`", required=False)
+
+
+def _remote_pyspy_check(v: dict[str, str], where: str) -> Check:
+    found = v.get("pyspy", "")
+    if not found:
+        return Check("MISSING", "py-spy", f"not found on {where}: a hung job's stacks are not dumped there before its "
+                                         "kill (`pip install --user py-spy` on the box, or set SUPERVISE_SSH_PYSPY="
+                                         "/path/to/py-spy for the daemon)", required=False)
+    return Check("ok", "py-spy", f"{found} ({v.get('pyspy_version') or '?'}): stacks are dumped on {where} "
+                                 "before a kill and by `supervise stack`", required=False)
+
+
+def _remote_kernel_log_check(v: dict[str, str], where: str, command: str) -> list[Check]:
+    if not command:
+        return []
+    if v.get("kernel_log") == "ok":
+        return [Check("ok", "Xid errors", f"read from `{command}` on {where} at each GPU sample", required=False)]
+    return [Check("MISSING", "Xid errors", f"`{command}` is refused on {where} (kernel.dmesg_restrict?): GPU Xid "
+                                          "errors are not seen there; ECC, pending pages and slowdowns still are "
+                                          "(let the user read the kernel log, or set SUPERVISE_SSH_KERNEL_LOG to a "
+                                          "command that can, e.g. `sudo -n dmesg`)", required=False)]
+
+
+def _web_check(paths: Paths) -> Check:
+    """Whether the page `supervise web` asked for is served (its port may have been taken while
+    the daemon was down); only the running daemon knows."""
+    from supervisor.cli.client import Client
+
+    client = Client(paths, timeout_s=10)
+    try:
+        note = client.status().web_note
+    except SuperviseError:
+        return Check("skipped", "web page", "the daemon is not running", required=False)
+    finally:
+        client.close()
+    if note:
+        return Check("warn", "web page", note, required=False)
+    return Check("ok", "web page", "served as asked (or off)", required=False)
+
+
+def _containment_check() -> Check:
+    from supervisor.hosts.local.cgroup import ContainmentKind, detect
+
+    found = detect()
+    status = "ok" if found.kind is ContainmentKind.CGROUP else "warn"
+    return Check(status, "containment", f"{found.kind.value} ({found.reason})", required=False)
+
+
+def _mode_checks(paths: Paths) -> list[Check]:
+    """The state directory and what it holds (specs' env, every job's log) are this user's only."""
+    checks = []
+    for name, path in (("state dir", paths.state_dir), ("store", paths.db), ("daemon log", paths.daemon_log),
+                       ("job logs", paths.logs)):
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            checks.append(Check("ok", name, f"{path}: not made yet", required=False))
+            continue
+        except OSError as exc:
+            checks.append(Check("warn", name, f"{path}: cannot stat: {exc.strerror}", required=False))
+            continue
+        if mode & 0o077:
+            checks.append(Check("warn", name, f"{path} is mode {mode:04o}: other users can read it; "
+                                              f"`chmod go-rwx {path}`", required=False))
+        else:
+            checks.append(Check("ok", name, f"{path} is mode {mode:04o}", required=False))
+    return checks
+
+
+# -- what the shell reported ---------------------------------------------------------------
+
+def _shell_checks(v: dict[str, str], where: str, *, remote: bool) -> list[Check]:
+    checks = [Check("ok", "/bin/sh", f"{v.get('sh') or '/bin/sh'} runs scripts")]
+    checks.append(Check("ok", "setsid", v["setsid"]) if v.get("setsid") else
+                  Check("MISSING", "setsid", f"not found on {where}: install util-linux "
+                                             "(`apt-get install util-linux` or `dnf install util-linux`)"))
+    checks.append(Check("ok", "/proc", "readable") if v.get("proc") == "ok" else
+                  Check("MISSING", "/proc", f"/proc is not readable on {where}: a Linux box with /proc mounted is needed"))
+    tail = v.get("tail", "")
+    if "GNU coreutils" in tail:
+        checks.append(Check("ok", "tail", tail))
+    else:
+        checks.append(Check("MISSING", "tail", f"GNU tail (for `tail -F`) not found on {where} (found: {tail or 'none'}): "
+                                               "install coreutils", required=remote))
+    checks.append(Check("ok", "grep -z", "GNU grep") if v.get("grep") == "ok" else
+                  Check("MISSING", "grep -z", f"`grep -z` does not work on {where}: install GNU grep", required=remote))
+    checks.append(Check("ok", "awk", "works") if v.get("awk") == "ok" else
+                  Check("MISSING", "awk", f"awk not found on {where}: install mawk or gawk", required=remote))
+    checks.append(Check("ok", "sleep", "takes fractions of a second") if v.get("sleep") == "ok" else
+                  Check("MISSING", "sleep", f"`sleep 0.01` fails on {where}: install coreutils", required=remote))
+    python = v.get("python3", "")
+    checks.append(Check("ok", "python3", python) if python.startswith("Python 3") else
+                  Check("MISSING", "python3", f"python3 not found on the PATH of {where}: install it (the SSH "
+                                              "host's agent follows all of a box's logs on one session with it; "
+                                              "without, one session per log), or name the job's interpreter with "
+                                              "`python = \"/path/to/bin/python\"` in the spec",
+                        required=False))
+    if remote:
+        checks.append(_nvidia_check(v, where))
+    checks.append(_disk_check(v, where))
+    return checks
+
+
+def _nvidia_check(v: dict[str, str], where: str) -> Check:
+    path = v.get("nvidia_smi", "")
+    if not path:
+        return Check("MISSING", "nvidia-smi", f"not found on the PATH of a non-interactive SSH session on {where}: "
+                                              "install the NVIDIA driver utilities, or set SUPERVISE_SSH_NVIDIA_SMI="
+                                              "/path/to/nvidia-smi for the daemon (GPU memory is not watched without it)",
+                     required=False)
+    if v.get("nvidia_smi_rc") != "0":
+        return Check("MISSING", "nvidia-smi", f"{path} fails: {v.get('nvidia_smi_first', '')}: check the driver "
+                                              "(`nvidia-smi` by hand on the box)", required=False)
+    return Check("ok", "nvidia-smi", f"{path}: {v.get('nvidia_smi_gpus', '0')} GPU(s)")
+
+
+def _disk_check(v: dict[str, str], where: str) -> Check:
+    root, existing = v.get("root", "?"), v.get("root_existing", "?")
+    free = v.get("df", "")
+    if v.get("root_writable") != "yes":
+        return Check("MISSING", "log root", f"{existing} (for {root}) is not writable on {where}: fix its "
+                                            "permissions or set SUPERVISE_SSH_LOG_ROOT / SUPERVISE_HOME")
+    if not free.isdigit():
+        return Check("warn", "log root", f"{root}: free space unknown (df gave {free or 'nothing'})", required=False)
+    kib = int(free)
+    text = f"{root}: {kib / 1024 / 1024:.1f} GiB free"
+    if kib < LOW_DISK_KIB:
+        return Check("MISSING", "log root", f"{text}: less than 1 GiB; free some space on {existing}")
+    return Check("ok", "log root", text)
+
+
+if __name__ == "__main__":
+    sys.exit(doctor_command(sys.argv[1] if len(sys.argv) > 1 else None))

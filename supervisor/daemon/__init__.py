@@ -1,0 +1,1 @@
+"""The daemon process: its lifecycle, its control API and its web page."""

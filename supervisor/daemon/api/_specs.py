@@ -1,0 +1,71 @@
+"""A job spec checked before anything is stored or launched: its file, overrides and templates,
+its probe packs, its command and working directory, its host's address; and the notes `start`
+prints beside it.  The file reads run in a thread: a spec or a pack may sit on a slow or hung file
+system, and the loop serves every job."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from supervisor.core import protocol
+from supervisor.core.errors import ConnectionLost, HostError, SpecError
+from supervisor.daemon.api._http import _checked_name
+from supervisor.hosts.reach import refuse_if_nothing_listens
+from supervisor.jobs.dependencies import with_after
+from supervisor.probes import load_packs
+from supervisor.spec.command_check import check_local_command
+from supervisor.spec.model import JobSpec, load_spec
+from supervisor.spec.notes import idle_learned_min, spec_change, unreachable_health
+
+if TYPE_CHECKING:
+    from supervisor.hosts.registry import Hosts
+
+
+async def validated_spec(body: protocol.StartRequest, hosts: Hosts) -> JobSpec:
+    """Everything a runner needs, checked before anything is stored: the spec with its
+    overrides, its argv templates, its probe packs and its host's address."""
+    _checked_name(body.spec_path, "spec_path")
+    # In a thread: the spec and its packs may sit on a slow or hung file system, and the loop serves every job.
+    spec = await asyncio.to_thread(load_checked_spec, body)
+    check_hosts(spec, hosts)
+    try:
+        await refuse_if_nothing_listens(spec.host)
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"could not start {spec.name}: {exc}") from exc
+    return spec
+
+
+def check_hosts(spec: JobSpec, hosts: Hosts) -> None:
+    for field, host in [("host", spec.host), *(("hosts", h) for h in spec.hosts)]:
+        try:
+            hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
+        except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
+            raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
+
+
+def start_notes(spec: JobSpec, stored: dict[str, Any] | None) -> list[str]:
+    changed = spec_change(spec.name, stored, spec) if stored is not None else None
+    packs = load_packs(spec.probes, spec.probe_files)
+    return [note for note in (changed, unreachable_health(spec, packs), idle_learned_min(spec)) if note]
+
+
+def load_checked_spec(body: protocol.StartRequest) -> JobSpec:
+    spec = with_after(load_spec(Path(body.spec_path)).with_overrides(body.overrides, body.fields), body.after)
+    spec.argv(1)  # expand templates now: a missing parameter is reported before anything runs
+    check_local_command(spec)
+    if spec.shards > 1 and spec.gather:
+        spec.model_copy(update={"command": spec.gather}).argv(1)
+    load_packs(spec.probes, spec.probe_files)
+    return spec
+
+
+def stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
+    try:
+        return JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise SpecError(f"job '{name}': its stored spec no longer validates ({exc.errors()[0]['msg']}); "
+                        f"`supervise start` its spec file") from exc

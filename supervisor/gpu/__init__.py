@@ -1,0 +1,1 @@
+"""The GPUs as NVML and the kernel log report them."""

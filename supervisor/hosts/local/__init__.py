@@ -1,0 +1,1 @@
+"""This machine as a host."""

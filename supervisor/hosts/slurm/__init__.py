@@ -1,0 +1,1 @@
+"""A Slurm cluster as a host."""

@@ -1,0 +1,1 @@
+"""A box reached over SSH, through a multiplexed agent."""

@@ -1,0 +1,251 @@
+"""One channel per SSH host for all of its log follows and exit watches (see ssh_mux_agent).
+
+``SshMux`` keeps the agent's channel up while anyone uses it: it starts the agent, reads its
+events and hands each to its subscriber (a follower's queue, an exit waiter's future).  When
+the channel or the connection drops, every follower is told (``Dropped``: it asks again from
+the end of its last record) and every exit watch is sent again on the next channel.  Where the
+box has no python3, ``usable()`` says so once and the host falls back to a channel per use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from dataclasses import dataclass
+
+import asyncssh
+import structlog
+
+from supervisor.core.errors import SuperviseError
+from supervisor.core.tasks import cancel_and_wait
+from supervisor.hosts import _remote
+from supervisor.hosts.ssh.agent import _close_process
+from supervisor.hosts.ssh.connection import _CHANNEL, _DROPS, SshConnection
+from supervisor.hosts.ssh.mux_agent import (
+    AGENT_PY,
+    MUX_SH,
+    NO_PYTHON,
+    AskStats,
+    Data,
+    Ended,
+    Event,
+    Follow,
+    Gone,
+    Hello,
+    ProtocolError,
+    Request,
+    Reset,
+    Started,
+    Stats,
+    Stop,
+    Watch,
+    parse_event,
+)
+
+log = structlog.get_logger("supervise.ssh")
+_AGENT_ERRORS: tuple[type[BaseException], ...] = (*_DROPS, ProtocolError)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The channel went away under a follow: ask again (or give up with ``fatal``)."""
+
+    error: str
+    fatal: SuperviseError | None = None
+
+
+FollowEvent = Started | Data | Reset | Ended | Dropped
+
+
+class SshMux:
+    """The host's multiplexed channel; see the module docstring."""
+
+    def __init__(self, host: SshConnection, python: str = "python3") -> None:
+        self._host = host
+        self._python = python
+        self._ids = itertools.count(1)
+        self._subs: dict[int, asyncio.Queue[FollowEvent]] = {}
+        self._watches: dict[str, set[asyncio.Future[None]]] = {}
+        self._stats: list[asyncio.Future[Stats]] = []
+        self._proc: asyncssh.SSHClientProcess[bytes] | None = None
+        self._up = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._usable: bool | None = None  # None: not known until the first channel answers
+        self._known = asyncio.Event()
+        self._closed = False
+        self.channels = 0  # agent channels started, the first included
+
+    # -- users ------------------------------------------------------------------------------
+
+    async def usable(self) -> bool:
+        """Whether the box runs the agent (python3 there); starts the channel to find out."""
+        if self._usable is None:
+            self._ensure_running()
+            await self._known.wait()
+        return bool(self._usable)
+
+    async def subscribe(self, path: str, offset: int, *, drain: bool) -> tuple[int, asyncio.Queue[FollowEvent]]:
+        """Follow (or drain once) ``path`` from ``offset``; events arrive on the queue."""
+        sub_id = next(self._ids)
+        queue: asyncio.Queue[FollowEvent] = asyncio.Queue()
+        self._subs[sub_id] = queue
+        self._ensure_running()
+        try:
+            await self._up.wait()
+        except BaseException:
+            self._subs.pop(sub_id, None)
+            raise
+        self._send(Follow(sub_id, path, offset, drain))
+        return sub_id, queue
+
+    def unsubscribe(self, sub_id: int) -> None:
+        if self._subs.pop(sub_id, None) is not None and self._up.is_set():
+            self._send(Stop(sub_id))
+
+    async def watch(self, key: str) -> None:
+        """Until the process ``key`` ("pid:start") has ended."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        group = self._watches.setdefault(key, set())
+        first = not group
+        group.add(future)
+        self._ensure_running()
+        if first and self._up.is_set():
+            self._send(Watch(key))
+        try:
+            await future
+        finally:
+            group = self._watches.get(key, set())
+            group.discard(future)
+            if not group:
+                self._watches.pop(key, None)
+
+    async def stats(self) -> Stats:
+        """What the agent serves right now (follows, watches): for tests and benchmarks."""
+        future: asyncio.Future[Stats] = asyncio.get_running_loop().create_future()
+        self._stats.append(future)
+        self._ensure_running()
+        await self._up.wait()
+        self._send(AskStats())
+        return await future
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    # -- the channel --------------------------------------------------------------------------
+
+    def _send(self, request: Request) -> None:
+        proc = self._proc
+        if proc is not None:
+            with contextlib.suppress(Exception):  # a dead channel: the reader notices and tells everyone
+                proc.stdin.write(request.line())
+
+    def _ensure_running(self) -> None:
+        if not self._closed and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._run(), name=f"ssh-mux:{self._host.name}")
+
+    def _wanted(self) -> bool:
+        return bool(self._subs or self._watches or self._stats or self._usable is None)
+
+    async def _run(self) -> None:
+        failures = 0
+        while self._wanted() and not self._closed:
+            proc = None
+            try:
+                proc = await self._host.stream(MUX_SH, self._python, AGENT_PY)
+                if not await self._hello(proc):
+                    return
+                self.channels += 1
+                failures = 0
+                self._proc = proc
+                for key in self._watches:
+                    self._send(Watch(key))
+                self._up.set()
+                await self._serve(proc)
+            except SuperviseError as exc:
+                self._fail_all(exc)
+                return
+            except _AGENT_ERRORS as exc:
+                self._host.note_drop(exc)
+                failures += 1
+                log.info("the remote agent's channel dropped", host=self._host.name, error=str(exc) or type(exc).__name__)
+            finally:
+                self._up.clear()
+                self._proc = None
+                self._tell_dropped(proc)
+                await _close_process(proc)
+            if failures:
+                await asyncio.sleep(_CHANNEL.wait(failures))
+
+    async def _hello(self, proc: asyncssh.SSHClientProcess[bytes]) -> bool:
+        """Skip to the script's marker; then the agent's hello, or that there is no python3."""
+        while (line := await proc.stdout.readline()) and line.rstrip(b"\n") != _remote.MARK:
+            pass
+        line = await proc.stdout.readline()
+        if not line:
+            raise EOFError("the remote agent ended before it said hello")
+        if line.strip() == NO_PYTHON:
+            log.warning("no python3 on the remote box: one SSH channel per followed log", host=self._host.name)
+            self._decide(False)
+            return False
+        if not isinstance(parse_event(line), Hello):
+            raise ProtocolError(f"the remote agent did not say hello: {line[:200]!r}")
+        self._decide(True)
+        return True
+
+    def _decide(self, usable: bool) -> None:
+        self._usable = usable
+        self._known.set()
+
+    async def _serve(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                raise EOFError("the remote agent ended")
+            event = parse_event(line)
+            if isinstance(event, Data):
+                event = Data(event.id, event.size, await proc.stdout.readexactly(event.size))
+            self._dispatch(event)
+            if not self._wanted():
+                return
+
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, Gone):
+            for future in self._watches.pop(event.key, set()):
+                if not future.done():
+                    future.set_result(None)
+        elif isinstance(event, Stats):
+            while self._stats:
+                asked = self._stats.pop(0)
+                if not asked.done():
+                    asked.set_result(event)
+        elif isinstance(event, (Started, Data, Reset, Ended)):
+            queue = self._subs.get(event.id)
+            if queue is not None:
+                queue.put_nowait(event)
+
+    def _tell_dropped(self, proc: asyncssh.SSHClientProcess[bytes] | None) -> None:
+        if proc is None:
+            return
+        for queue in self._subs.values():
+            queue.put_nowait(Dropped("the remote agent's channel dropped"))
+
+    def _fail_all(self, exc: SuperviseError) -> None:
+        if self._usable is None:
+            # Not known yet (refused before the agent ran): this use falls back and meets the
+            # same refusal there; the next use asks again.
+            self._known.set()
+            self._known = asyncio.Event()
+        for group in self._watches.values():
+            for future in group:
+                if not future.done():
+                    future.set_exception(exc)
+        for queue in self._subs.values():
+            queue.put_nowait(Dropped(str(exc), exc))
+        for asked in self._stats:
+            if not asked.done():
+                asked.set_exception(exc)
+        self._stats.clear()

@@ -1,0 +1,1 @@
+"""The jobs domain: the Supervisor owns the runners and every verb on them."""

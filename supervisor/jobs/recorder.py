@@ -1,0 +1,44 @@
+"""The one writer of events: every event the daemon keeps goes through ``Recorder``, in order —
+stored first (one transaction, with what it brings its attempt or job to), then published on
+the bus.  A job's state change is an event too (``state``), stored in the same transaction as
+the job's row, so a reader of the bus (`events -f`, the page, a log follower awaiting an
+attempt's end) learns of it from the bus and finds the store already saying it.
+
+Published events always carry their id: a reader that subscribed before reading the store's
+backlog can tell what it has seen.  An event the store already held (the same probe line read
+again after a restart) is not published twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from supervisor.core.bus import EventBus
+from supervisor.core.events import Event, EventKind, JobState
+from supervisor.store.database import Store
+
+
+class Recorder:
+    def __init__(self, store: Store, bus: EventBus) -> None:
+        self.store = store
+        self.bus = bus
+
+    def events(self, events: Sequence[Event], *, unpublished: Sequence[Event] = (), offset: int | None = None,
+               attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = ()) -> list[Event]:
+        """Store ``events`` and ``unpublished`` (a bar's latest line, which stands for its end
+        until the next write replaces it: not sent to each follower) with the attempt's new log
+        offset and fields, then publish ``events``."""
+        stored = self.store.record_events([*events, *unpublished], offset=offset, attempt_fields=attempt_fields,
+                                          replaced=replaced)
+        self.bus.publish([e for e in stored[:len(events)] if e.id is not None])
+        return stored
+
+    def job_state(self, job: str, state: JobState, reason: str = "") -> None:
+        """The job's new state, stored with its ``state`` event (numbered with the job's latest
+        attempt: 0 before any), then published."""
+        latest = self.store.next_attempt_number(job) - 1
+        event = Event(job=job, attempt=latest, kind=EventKind.STATE, message=f"{state.value}: {reason}" if reason else state.value,
+                      data={"state": state.value, "reason": reason})
+        self.store.record_events([event], job_state=(state, reason))
+        self.bus.publish([event] if event.id is not None else [])

@@ -1,0 +1,47 @@
+"""A runner's wait for the jobs its spec runs `after` (supervisor/jobs/dependencies.py): `waiting`
+with the reason while they run, `cancelled` with an alert when one gave up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from supervisor.core.events import EventKind, JobState
+from supervisor.jobs.dependencies import readiness
+from supervisor.jobs.runner._context import Recording
+from supervisor.notify.alerts import Alert
+
+POLL_S = 0.25  # the store is read, so a restarted daemon's runner asks the same question
+
+
+async def wait_for_after(runner: Recording, stop: asyncio.Event) -> bool:
+    """True once every job in `after` is done; False when cancelled or stopped (the job's state says which)."""
+    shown = ""
+    while True:
+        state = readiness(runner.ctx.store, runner.spec.after)
+        if state.ready:
+            return True
+        if state.cancelled is not None:
+            await _cancel(runner, state.cancelled)
+            return False
+        if state.waiting != shown:
+            shown = state.waiting
+            runner._set_job(JobState.WAITING, shown)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=POLL_S)
+        except TimeoutError:
+            continue
+        runner._set_job(JobState.STOPPED, f"stopped by user while {shown}")
+        return False
+
+
+async def _cancel(runner: Recording, why: str) -> None:
+    name = runner.spec.name
+    reason = f"not launched: {why}"
+    runner._set_job(JobState.CANCELLED, reason)
+    # Attempt 0: nothing was launched; the event is kept (and shown by `events`) whether or not an
+    # alert URL is configured.
+    runner._publish([runner._event(0, EventKind.ALERT, f"{name}: cancelled", {"evidence": reason, "next": "not launched"})])
+    await runner.ctx.alerter.send(Alert(job=name, attempt=0, title=f"{name}: cancelled", what="cancelled", evidence=reason,
+                                        gpu="", next_action="not launched; start it again once the cause is fixed",
+                                        key=f"{name}:cancelled:{time.time():.0f}"))

@@ -1,0 +1,180 @@
+"""What a job runner works with: its context (store, bus, host, alerter, GPU view), the live
+handles of the attempt it watches, the event-recording base both its halves share, and small
+helpers that turn values into what is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.core.bus import EventBus
+from supervisor.core.events import Event, EventKind, Failure, JobState, ProbeEvent
+from supervisor.core.usage import GpuUsageMeter
+from supervisor.gpu.nvml import GpuSample
+from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
+from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.runner._backlog import Backlog
+from supervisor.jobs.runner._news import StartNews
+from supervisor.jobs.runner._scope import JobScope
+from supervisor.notify.alerts import Alerter
+from supervisor.spec.model import JobSpec
+from supervisor.store.database import AttemptRow, Store
+from supervisor.store.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
+from supervisor.store.event_cap import EventCap
+from supervisor.store.milestones import ProgressMilestones
+from supervisor.store.pending import PendingWrites
+from supervisor.watchdog import ProgressState, Watchdog
+
+
+class GpuView:
+    """What a runner needs of the daemon's GPU sampler."""
+
+    def __init__(self, sample: Callable[[], Awaitable[GpuSample]], latest: Callable[[], GpuSample | None],
+                 next_sample: Callable[[], Awaitable[GpuSample]] | None = None) -> None:
+        self.sample = sample  # one taken now
+        self.latest = latest
+        # the next one the sampler takes on its own (default: one taken now)
+        self.next_sample = next_sample or sample
+
+
+@dataclass
+class RunnerContext:
+    store: Store
+    bus: EventBus
+    recorder: Recorder  # the one writer of events and job states: store, then publish
+    host: Host
+    alerter: Alerter
+    gpu: GpuView
+    clock: Callable[[], float] = time.monotonic
+    # Wall-clock time the previous daemon was last known alive (its heartbeat), during the
+    # recovery pass only: what a re-adopted attempt's `daemon_restarted` event says.
+    down_since: float | None = None
+    records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
+    arrivals: Path | None = None  # where each attempt's arrival marks go (arrivals.py); None: not noted
+    events_per_attempt: int = DEFAULT_EVENT_CAP  # the settings' cap on an attempt's stored log events
+
+
+@dataclass
+class Live:
+    """Live handles of the attempt being watched (never saved: the store has the saved state)."""
+
+    row: AttemptRow
+    handle: ProcessHandle
+    watchdog: Watchdog
+    killed_by_us: bool = False
+    last_output: float | None = None
+    events_seen: int = 0
+    failure: Failure | None = None  # the root cause of the failures logged
+    known_pids: set[int] = field(default_factory=set)
+    exit_status: ExitStatus | None = None
+    check_at: float | None = None  # when the watch loop will next ask the watchdog
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    contained: set[str] = field(default_factory=set)  # faults already reported (once each)
+    backlog: Backlog | None = None  # re-adopted: the log written while no daemon watched, until read
+    # Re-adopted, its deadlines may have passed while no daemon watched: judged at once, but only
+    # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
+    judge_at_once: bool = False
+    catch_up_until: float | None = None
+    stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
+    stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
+    pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
+    gpu_meter: GpuUsageMeter = field(default_factory=GpuUsageMeter)  # its GPU memory and GPU-seconds
+    program_pid: int | None = None  # the program the wrapper runs, once seen (_program.py)
+    # Which progress lines are stored (its milestones); the watchdog sees them all.
+    stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
+    event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
+
+    def wake_if_sooner(self, at: float | None) -> None:
+        """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""
+        if at is not None and (self.check_at is None or at < self.check_at):
+            self.wake.set()
+
+    def ended_at(self) -> float:
+        """When the attempt's command ended: the time its exit status was written where the host
+        tells (a re-adopted attempt may have ended long before this daemon saw it), else now."""
+        now = time.time()
+        written = self.exit_status.ended_at if self.exit_status is not None else None
+        return now if written is None else min(now, max(self.row.started, written))
+
+
+class Recording:
+    """How a runner records what happens: job state, attempt fields and events, each through the
+    pending-writes queue (a full disk delays them, never drops or reorders them) to the recorder,
+    which stores each, then publishes it."""
+
+    spec: JobSpec
+    ctx: RunnerContext
+    _writes: PendingWrites
+    news: StartNews
+    scope: JobScope
+
+    def _set_job(self, state: JobState, reason: str) -> None:
+        self.scope.set_state(self._writes, state, reason)
+        self.news.said(state)
+
+    def _update(self, n: int, **fields: Any) -> None:
+        self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
+
+    def _action(self, live: Live, message: str, data: dict[str, Any]) -> None:
+        self._publish([self._event(live.row.n, EventKind.ACTION, message, jsonable(data))])
+
+    def _event(self, n: int, kind: EventKind, message: str, data: dict[str, Any]) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=data)
+
+    def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line,
+                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=jsonable(pe.fields), failure=pe.failure)
+
+    def _publish(self, events: list[Event]) -> None:
+        self._writes.submit(lambda: self.ctx.recorder.events(events))
+
+
+def describe_exit(status: ExitStatus | None) -> str:
+    return status.describe() if status is not None else "was still running when watching stopped"
+
+
+def progress_dict(progress: ProgressState) -> dict[str, Any]:
+    return {"probe": progress.probe, "bar": progress.bar, "done": progress.done, "total": progress.total,
+            "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
+
+
+def gpu_summary(sample: GpuSample | None) -> str:
+    if sample is None or not sample.available:
+        # Said after "GPU: " wherever it is shown: no prefix of its own.
+        return "not monitored" if sample is None else sample.reason
+    return "; ".join(f"GPU{d.index} {d.used_mib}/{d.total_mib} MiB" for d in sample.devices)
+
+
+def cmdline(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:80]
+    except psutil.Error:
+        return "(gone)"
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+async def cancel_until_done(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` until it has ended: a cancellation that lands just as an awaited result
+    completes is swallowed (asyncio.wait_for before 3.12, suppress(CancelledError))."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

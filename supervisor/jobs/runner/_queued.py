@@ -1,0 +1,75 @@
+"""Attempts a batch scheduler holds: the wait in its queue, and its word on how they ended.
+
+While a scheduler (Slurm) keeps an attempt PENDING there is no process and no output: the
+attempt is never judged stalled or silent then.  The job shows WAITING with the scheduler's
+reason (Resources, Priority, JobHeldUser, ...), and the watchdog starts when the attempt does.
+When the scheduler says what ended an attempt (preempted, its time limit, its memory limit),
+that is the verdict: the exit code alone would read as a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from supervisor.core.errors import SuperviseError
+from supervisor.core.events import JobState, Verdict
+from supervisor.hosts.base import ExitStatus, QueuedHost, SchedulerEnd
+from supervisor.jobs.runner._context import Live, Recording
+from supervisor.watchdog import Judgement
+
+log = structlog.get_logger("supervise.runner")
+
+_QUEUE_POLL_S = 1.0  # how often a pending attempt's place in the queue is looked at
+
+_VERDICTS = {
+    SchedulerEnd.PREEMPTED: Verdict.PREEMPTED,
+    SchedulerEnd.TIMEOUT: Verdict.TIMEOUT,
+    SchedulerEnd.OUT_OF_MEMORY: Verdict.OOM,
+}
+
+
+class Queueing(Recording):
+    """The wait of an attempt in a batch scheduler's queue, before it is watched."""
+
+    _stop_requested: asyncio.Event
+
+    async def _wait_while_queued(self, live: Live) -> None:
+        """Return once the attempt runs (or ended, or a stop was asked for); the job shows
+        the scheduler's reason meanwhile.  Hosts without a queue return at once."""
+        host = self.ctx.host
+        if not isinstance(host, QueuedHost):
+            return
+        shown: str | None = None
+        while not self._stop_requested.is_set():
+            try:
+                state = await host.queue_state(live.handle)
+            except SuperviseError as exc:  # cannot ask now: watch it; its exit is still awaited
+                log.warning("cannot read the attempt's place in the queue", job=self.spec.name, error=str(exc))
+                return
+            if not state.pending:
+                if shown is not None:
+                    # Judged from when it started, not from when it was queued.
+                    live.watchdog = live.watchdog.anew()
+                    where = f" on {state.detail}" if state.detail else ""
+                    self._set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
+                return
+            if state.reason != shown:
+                shown = state.reason
+                job = live.handle.scheduler_id or "?"
+                self._set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {job} "
+                                                f"PENDING ({state.reason or 'no reason given'})")
+                self._action(live, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
+                             {"reason": state.reason})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), timeout=_QUEUE_POLL_S)
+
+
+def scheduler_judgement(status: ExitStatus) -> Judgement | None:
+    """The verdict a scheduler's word on the attempt's end gives, or None (it said nothing more)."""
+    if status.scheduler_end is None:
+        return None
+    evidence = {"scheduler_end": status.scheduler_end.value, "returncode": status.returncode, "signal": status.signal}
+    return Judgement(_VERDICTS[status.scheduler_end], status.describe(), evidence)

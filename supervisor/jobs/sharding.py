@@ -1,0 +1,336 @@
+"""A sharded job: N shards of one job running at once, each a runner of its own, then an optional
+`gather` step once every shard is done.
+
+Each shard (``ShardRunner``) has its own attempts, verdicts, kills, relaunches and backoff: a
+failed shard is relaunched alone, and "the same failure twice" is judged within that shard.  The
+coordinator (``ShardedJob``) owns the job's state, and one judgement across shards: the same
+failure fingerprint on two shards is the code, not the box, so the whole job stops.  A shard
+that gives up for another reason leaves the others to finish (their output is kept), and the
+job fails once they have ended; `gather` runs only when every shard is done.
+
+Attempts are the job's: numbered in one sequence, each stored with its shard index
+(``GATHER_SHARD`` for the gather step), so `attempts`, `logs` and `events` read as for any job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import structlog
+
+from supervisor.core.errors import SuperviseError
+from supervisor.core.events import FailureKind, JobState, Verdict
+from supervisor.gpu.health import GpuFault
+from supervisor.gpu.nvml import GpuSample
+from supervisor.hosts.base import KillReport
+from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.policy import Decision, RestartPolicy
+from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.runner import JobRunner, JobScope, RunnerContext, StartNews, cancel_until_done
+from supervisor.jobs.snapshot import RunnerSnapshot
+from supervisor.jobs.strays import merge_reports
+from supervisor.spec.model import JobSpec
+from supervisor.spec.placement import Placement
+from supervisor.store.database import AttemptRow
+from supervisor.store.pending import PendingWrites
+
+log = structlog.get_logger("supervise.sharding")
+
+GATHER_SHARD = -1  # the shard index the gather step's attempts are stored with
+_ENDED = {JobState.DONE, JobState.FAILED, JobState.STOPPED}
+
+
+class ShardScope(JobScope):
+    """What a shard's attempts belong to: its index, the coordinator's run, launches numbered one
+    at a time across the job's shards; its state goes to the coordinator, which says the job's."""
+
+    def __init__(self, recorder: Recorder, job: str, coordinator: ShardedJob, shard: int) -> None:
+        super().__init__(recorder, job)
+        self.shard = shard
+        self.coordinator = coordinator
+        self.state = JobState.STARTING
+        self.reason = ""
+
+    def set_state(self, writes: PendingWrites, state: JobState, reason: str) -> None:
+        self.state, self.reason = state, reason
+        self.coordinator.shard_moved()
+
+    def run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
+        if resume is not None:
+            return super().run_so_far(resume)
+        if not self.coordinator.continuing:
+            return self.coordinator.run, 0, None
+        # A daemon restart found this shard between attempts (a backoff, a launch it died in): its
+        # run goes on with the attempts it has spent and its last failure.
+        mine = self._mine()
+        return self.coordinator.run, len(mine), mine[-1].fingerprint if mine else None
+
+    def _mine(self) -> list[AttemptRow]:
+        """This shard's attempts in the job's current run."""
+        return [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.run == self.coordinator.run]
+
+    def previous_fingerprint(self, resume: AttemptRow) -> str | None:
+        mine = [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.n < resume.n]
+        return mine[-1].fingerprint if mine else None
+
+    def rest_of_backoff(self, policy: RestartPolicy) -> float:
+        """After a daemon restart in this shard's backoff: the rest of the wait (the policy's, from
+        the failed attempt's end) before its next launch."""
+        if not self.coordinator.continuing:
+            return 0.0
+        mine = self._mine()
+        last = mine[-1] if mine else None
+        if last is None or last.ended is None or not (last.action or "").startswith("relaunch"):
+            return 0.0
+        wait = 0.0 if last.verdict is Verdict.PREEMPTED else policy.wait_after(len(mine))
+        return max(0.0, last.ended + wait - time.time())
+
+    def numbering(self) -> asyncio.Lock:
+        return self.coordinator.numbering  # one at a time across the job's shards
+
+
+class ShardRunner(JobRunner):
+    """One shard: a job runner given a shard's scope, its coordinator's news and a policy that
+    hears of the failures other shards saw."""
+
+    scope: ShardScope
+
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, shard: int) -> None:
+        super().__init__(spec, ctx, ShardScope(ctx.recorder, spec.name, coordinator, shard))
+        self.index = shard  # the shard's index, typed as always set
+        self.news = coordinator.news  # the first shard's attempt, or its wait, is the start's news
+        self.policy = _ShardPolicy(self.policy, coordinator, shard)
+
+    @property
+    def state(self) -> JobState:
+        return self.scope.state
+
+    @state.setter
+    def state(self, state: JobState) -> None:
+        self.scope.state = state
+
+    @property
+    def reason(self) -> str:
+        return self.scope.reason
+
+    @reason.setter
+    def reason(self, reason: str) -> None:
+        self.scope.reason = reason
+
+
+class _ShardPolicy(RestartPolicy):
+    """The shard's own restart policy, and the coordinator's word on failures other shards saw."""
+
+    def __init__(self, inner: RestartPolicy, coordinator: ShardedJob, shard: int) -> None:
+        self._inner = inner
+        self._coordinator = coordinator
+        self._shard = shard
+
+    def wait_after(self, attempt: int) -> float:
+        return self._inner.wait_after(attempt)
+
+    def decide(self, verdict: Verdict, attempt: int, fingerprint: str | None,
+               previous_fingerprint: str | None, failure: FailureKind | None = None) -> Decision:
+        decision = self._inner.decide(verdict, attempt, fingerprint, previous_fingerprint, failure)
+        if fingerprint is None or verdict in (Verdict.HEALTHY, Verdict.DONE):
+            return decision
+        other = self._coordinator.failure_seen(self._shard, fingerprint)
+        if other is None:
+            return decision
+        return Decision("give_up", 0.0, f"the same failure (fingerprint {fingerprint[:12]}) on shards {other} and "
+                                        f"{self._shard}: it is the code, not the box; stopping the job")
+
+
+class ShardedJob:
+    """The runner of a sharded job, as the service and the API see it (start, stop, detach,
+    snapshot, like a JobRunner)."""
+
+    def __init__(self, spec: JobSpec, context: Callable[[str], RunnerContext]) -> None:
+        self.spec = spec
+        self._context = context
+        self.ctx = context(spec.host)  # the store and the bus, which every shard shares
+        self.numbering = asyncio.Lock()
+        self.run = 0
+        self.news = StartNews()  # what `start` awaits, told by the shards
+        self.shards = [self._shard_runner(spec.for_shard(p), p.shard) for p in spec.placements()]
+        self.gather: ShardRunner | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stopped_by: str | None = None  # why the coordinator stopped every shard, if it did
+        self._failures: dict[str, int] = {}  # fingerprint -> the first shard it was seen on
+        # The other shards' stops, held so the loop cannot collect them half-way (it keeps only weak references).
+        self._stopping: set[asyncio.Task[KillReport]] = set()
+        self._stop_requested = False
+        self._writes = PendingWrites(spec.name)
+        self.resume: dict[int, AttemptRow] = {}  # the live attempts a daemon restart re-adopts, by shard
+        self.continuing = False  # a daemon restart took the job's latest run up again
+
+    def _shard_runner(self, spec: JobSpec, shard: int) -> ShardRunner:
+        return ShardRunner(spec, self._context(spec.host), self, shard)
+
+    def start(self, resume: dict[int, AttemptRow] | None = None) -> None:
+        """Start every shard in a new run; with ``resume`` (a daemon restart, even with no live
+        attempt) the latest run goes on: a shard in it re-adopts that attempt, a shard done in the
+        run stays done, any other launches its next attempt within the run's budget."""
+        self.continuing = resume is not None
+        self.task = asyncio.create_task(self._run(resume if resume is not None else {}), name=f"job:{self.spec.name}")
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def hold(self) -> str:
+        """`supervise hold`: every running shard postpones its kills."""
+        return "; ".join(f"shard {r.index}: {r.hold()}" for r in self.shards if r.running) or "no shard is running"
+
+    def release(self) -> str:
+        return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
+
+    async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
+        for r in self.shards:
+            if r.running:
+                await r.gpus_sampled(host, sample)
+
+    async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
+        return any([await r.gpu_fault(host, fault, device_pids) for r in self.shards if r.running])
+
+    async def stacks_now(self) -> StackDump | None:
+        """`supervise stack`: every running shard's processes, in one dump."""
+        dumps = [d for r in self.shards if r.running and (d := await r.stacks_now()) is not None]
+        if not dumps:
+            return None
+        return StackDump(tuple(p for d in dumps for p in d.processes), "; ".join(d.note for d in dumps if d.note))
+
+    @property
+    def gpu_wait(self) -> str | None:
+        """While any shard's launch waits for GPU memory other processes hold: for what (`start` says it)."""
+        return "; ".join(f"shard {r.index}: {r.gpu_wait}" for r in self.shards if r.gpu_wait) or None
+
+    @property
+    def error(self) -> SuperviseError | None:
+        """What ended a shard's runner, if an error did (`start` reports the first)."""
+        return next((r.error for r in [*self.shards, self.gather] if r is not None and r.error is not None), None)
+
+    async def _run(self, resume: dict[int, AttemptRow]) -> None:
+        try:
+            # A re-adopted shard continues its run; a fresh `start` opens a new run for every shard.
+            rows = self.ctx.store.attempts(self.spec.name)
+            latest_run = max((r.run for r in rows), default=0)
+            self.run = max((r.run for r in resume.values()), default=0) or (
+                latest_run if self.continuing and latest_run else latest_run + 1)
+            done_before = self._done_before()
+            for runner in self.shards:
+                if runner.shard in done_before:
+                    runner.state, runner.reason = JobState.DONE, "done before the daemon restarted"
+                else:
+                    runner.start(resume.get(runner.index))
+            await asyncio.gather(*(r.task for r in self.shards if r.task is not None), return_exceptions=True)
+            if all(r.state is JobState.DONE for r in self.shards) and self.spec.gather and not self._stop_requested:
+                await self._gather(resume.get(GATHER_SHARD), GATHER_SHARD in done_before)
+            self._finish()
+        finally:
+            await self._writes.drained()
+
+    def _done_before(self) -> set[int]:
+        """After a daemon restart: the shards (and gather) whose attempt in this run already ended done."""
+        if not self.continuing:
+            return set()
+        return {a.shard for a in self.ctx.store.attempts(self.spec.name)
+                if a.run == self.run and a.verdict is Verdict.DONE and a.shard is not None}
+
+    async def _gather(self, resume: AttemptRow | None, done: bool) -> None:
+        placement = Placement(GATHER_SHARD, self.spec.host, None)
+        spec = self.spec.for_shard(placement).model_copy(update={"command": self.spec.gather})
+        self.gather = self._shard_runner(spec, GATHER_SHARD)
+        if done:  # it ran to its end before the daemon restarted: never twice
+            self.gather.state, self.gather.reason = JobState.DONE, "done before the daemon restarted"
+            return
+        self.shard_moved()
+        self.gather.start(resume)
+        if self.gather.task is not None:
+            with contextlib.suppress(Exception):
+                await self.gather.task
+
+    def _finish(self) -> None:
+        gather = self.gather
+        if self._stop_requested:
+            state, reason = JobState.STOPPED, "stopped by user"
+        elif self.stopped_by is not None:
+            state, reason = JobState.FAILED, self.stopped_by
+        elif any(r.state is not JobState.DONE for r in self.shards):
+            bad = [r for r in self.shards if r.state is not JobState.DONE]
+            state, reason = JobState.FAILED, f"shard {bad[0].shard} {bad[0].state}: {bad[0].reason}" + (
+                f" (and {len(bad) - 1} more shards)" if len(bad) > 1 else "")
+        elif gather is not None and gather.state is not JobState.DONE:
+            state, reason = JobState.FAILED, f"gather {gather.state}: {gather.reason}"
+        else:
+            state, reason = JobState.DONE, f"{len(self.shards)} shards done" + (", gathered" if gather else "")
+        self._set_job(state, reason)
+
+    # -- what shards report -------------------------------------------------------------
+
+    def shard_moved(self) -> None:
+        """A shard's state changed: the job's state says where the shards stand now."""
+        if self.gather is not None:
+            if self.gather.state not in _ENDED:
+                self._set_job(self.gather.state, f"gather: {self.gather.reason}")
+            return
+        if all(r.state in _ENDED for r in self.shards):
+            return  # the job's end is `_finish`'s to say, after any gather
+        counts = Counter(r.state for r in self.shards)
+        state = JobState.WAITING if counts[JobState.WAITING] == len(self.shards) else JobState.RUNNING
+        self._set_job(state, summary(counts, len(self.shards)))
+
+    def failure_seen(self, shard: int, fingerprint: str) -> int | None:
+        """Note a shard's failure; the other shard it was seen on before, if any (the job then stops)."""
+        first = self._failures.setdefault(fingerprint, shard)
+        if first == shard:
+            return None
+        self.stopped_by = (f"the same failure (fingerprint {fingerprint[:12]}) on shards {first} and {shard}: "
+                           "it is the code, not the box; stopped every shard")
+        log.info("deterministic failure across shards: stopping the job", job=self.spec.name, shards=[first, shard])
+        for runner in self.shards:
+            if runner.shard != shard and runner.running:
+                task = asyncio.create_task(runner.stop(), name=f"stop:{self.spec.name}:{runner.shard}")
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+        return first
+
+    def _set_job(self, state: JobState, reason: str) -> None:
+        self._writes.submit(lambda: self.ctx.recorder.job_state(self.spec.name, state, reason))
+        self.news.said(state)
+
+    # -- what the service and the API call ----------------------------------------------
+
+    async def stop(self, grace_s: float | None = None) -> KillReport:
+        self._stop_requested = True
+        runners = [r for r in [*self.shards, self.gather] if r is not None and r.running]
+        reports = await asyncio.gather(*(r.stop(grace_s) for r in runners))
+        report = KillReport()
+        for each in reports:
+            merge_reports(report, each)
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
+        return report
+
+    async def detach(self) -> None:
+        self._writes.close()
+        for runner in [*self.shards, self.gather]:
+            if runner is not None:
+                await runner.detach()
+        if self.task is not None:
+            await cancel_until_done(self.task)
+
+    def snapshot(self) -> RunnerSnapshot:
+        shards = tuple(r.snapshot() for r in [*self.shards, self.gather] if r is not None)
+        return RunnerSnapshot(job=self.spec.name, attempt=None, shards=shards)
+
+
+def summary(counts: Counter[JobState], total: int) -> str:
+    """`4 shards: 1 done, 2 running, 1 backoff`: each state that has shards, in a fixed order."""
+    parts = [f"{counts[s]} {s}" for s in JobState if counts[s]]
+    return f"{total} shards: " + ", ".join(parts)

@@ -1,0 +1,80 @@
+"""Attempts alive that no runner watches, and stopping them.
+
+A job's state can say it is over while one of its processes still runs: a runner that could
+not be built on recovery (its probe pack gone), an older attempt found alive after a newer
+one was launched, a runner that ended by a fault.  ``supervise stop`` must reach those too,
+whatever the job's state says: every attempt of the job whose exit was never recorded and
+whose process (pid and start time) is still there is killed, tree and all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from supervisor.core.events import AttemptState, Event, EventKind
+from supervisor.hosts.base import Host, KillReport, ProcessHandle
+from supervisor.jobs.recorder import Recorder
+from supervisor.store.database import AttemptRow, Store
+
+log = structlog.get_logger("supervise.strays")
+
+
+@dataclass
+class StrayStop:
+    """What stopping the unwatched attempts of a job did."""
+
+    attempts: list[int] = field(default_factory=list)  # the attempts found alive and stopped
+    report: KillReport = field(default_factory=KillReport)
+
+
+def stray_handle(row: AttemptRow) -> ProcessHandle:
+    return ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
+                         tag=row.tag, log_path=row.log_path, status_path=row.status_path,
+                         scheduler_id=row.scheduler_id)
+
+
+async def alive_unwatched(store: Store, host: Host, job: str, watched: int | None) -> list[AttemptRow]:
+    """The attempts of ``job`` other than ``watched`` whose exit was never recorded and whose
+    process is still alive."""
+    found = []
+    for row in store.attempts(job):
+        if row.n == watched or row.pid is None or row.exit_code is not None or row.exit_signal is not None:
+            continue
+        if row.host != host.name:  # a pid means something only on its own host (a sharded job has several)
+            continue
+        if await host.is_alive(stray_handle(row)):
+            found.append(row)
+    return found
+
+
+async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | None, grace_s: float) -> StrayStop:
+    """Kill every unwatched live attempt of ``job`` and record it (attempt stopped, an event)."""
+    result = StrayStop()
+    store = recorder.store
+    for row in await alive_unwatched(store, host, job, watched):
+        handle = stray_handle(row)
+        report = await host.kill_tree(handle, grace_s)
+        status = await host.exit_status(handle)
+        log.warning("stopped an attempt no runner watched", job=job, attempt=row.n, outcome=report.summary())
+        reason = "stopped by user; it was running unwatched"
+        store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", reason=reason,
+                             exit_code=status.returncode if status else None,
+                             exit_signal=status.signal if status else None)
+        recorder.events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,
+                                   message=f"stopped by user (it was running unwatched): {report.summary()}",
+                                   data={"terminated": [p for p, _ in report.terminated],
+                                         "killed": [p for p, _ in report.killed],
+                                         "survivors": [p for p, _ in report.survivors]})])
+        result.attempts.append(row.n)
+        merge_reports(result.report, report)
+    return result
+
+
+def merge_reports(into: KillReport, more: KillReport) -> None:
+    into.terminated += more.terminated
+    into.killed += more.killed
+    into.survivors += more.survivors
+    into.reparented += more.reparented

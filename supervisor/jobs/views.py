@@ -1,0 +1,97 @@
+"""Saved state and runner snapshots → protocol models: what `status`, `attempts` and `events` show."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from supervisor.core import protocol
+from supervisor.core.errors import SpecError
+from supervisor.core.events import Event, EventKind
+from supervisor.gpu.nvml import GpuSample
+from supervisor.jobs.shard_views import shards_status
+from supervisor.jobs.snapshot import RunnerSnapshot
+from supervisor.spec.model import JobSpec
+from supervisor.store.database import AttemptRow, JobRow, Store
+
+
+def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
+    progress = protocol.ProgressInfo(**row.progress) if row.progress else None
+    failure = protocol.FailureInfo.of(row.failure) if row.failure else None
+    return protocol.AttemptInfo(
+        job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
+        exit_code=row.exit_code, exit_signal=row.exit_signal, log_path=row.log_path, phase=row.phase,
+        progress=progress, verdict=row.verdict, reason=row.reason, failure=failure, fingerprint=row.fingerprint,
+        action=row.action, argv=row.argv, run=row.run, run_attempt=row.run_attempt, shard=row.shard,
+        usage=row.usage,
+    )
+
+
+def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> protocol.JobStatus:
+    """``snapshot``: the job's runner as it stands now (None when no runner watches the job)."""
+    latest = store.latest_attempt(row.name)
+    last_output_age = None
+    next_relaunch = None
+    next_verdict = None
+    bounds: list[protocol.StallBoundInfo] = []
+    if snapshot is not None:
+        bounds = [protocol.StallBoundInfo(bar=b.bar, bound_s=b.bound_s, in_s=b.in_s, kind=b.kind, source=b.source,
+                                          history_intervals=b.history_intervals, history_runs=b.history_runs)
+                  for b in snapshot.stall_bounds]
+        if (upcoming := snapshot.next_verdict) is not None:
+            next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason,
+                                                bound_s=upcoming.bound_s, bound_source=upcoming.bound_source)
+        if snapshot.last_output is not None:
+            last_output_age = time.time() - snapshot.last_output
+        if snapshot.next_relaunch_at is not None:
+            next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
+    spec: dict[str, Any] = row.spec
+    return protocol.JobStatus(outputs=_outputs(spec), stacks=_stacks_before_kill(store, latest),
+        name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
+        max_attempts=spec.get("restart", {}).get("max_attempts", 1),
+        attempt=attempt_info(latest) if latest else None,
+        program_pid=snapshot.program_pid if snapshot is not None and latest is not None
+        and snapshot.attempt == latest.n else None,
+        last_output_age_s=last_output_age, stall_bounds=bounds, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
+        shards=(shards_status(spec["shards"], row.state, store.attempts(row.name), snapshot, attempt_info)
+                if spec.get("shards", 1) > 1 else None),
+    )
+
+
+def _stacks_before_kill(store: Store, latest: AttemptRow | None) -> str | None:
+    """What the stacks event of a judged attempt said (one indexed read, only for those)."""
+    if latest is None or latest.verdict is None or latest.verdict in ("done", "healthy"):
+        return None
+    found = store.events(latest.job, attempt=latest.n, kinds=[EventKind.STACKS.value], limit=1, latest=True)
+    return found[0].message if found else None
+
+
+def _outputs(stored: dict[str, Any]) -> list[str]:
+    if not stored.get("outputs"):  # validating a whole spec (up to 1 MiB) on each status, for nothing
+        return []
+    try:
+        return JobSpec.model_validate(stored).output_paths()
+    except (ValidationError, SpecError):  # a spec stored by an older version: no outputs to show
+        return []
+
+
+def event_info(event: Event) -> protocol.EventInfo:
+    return protocol.EventInfo(
+        id=event.id or 0, job=event.job, attempt=event.attempt, ts=event.ts, kind=event.kind,
+        probe=event.probe, phase=event.phase, offset=event.offset, message=event.message, data=event.data,
+        failure=protocol.FailureInfo.of(event.failure) if event.failure else None,
+    )
+
+
+def gpu_devices(sample: GpuSample | None) -> list[protocol.GpuDeviceInfo]:
+    if sample is None or not sample.available:
+        return []
+    devices = []
+    for d in sample.devices:
+        procs = [{"pid": p.pid, "used_mib": p.used_mib} for p in sample.processes if p.gpu_index == d.index]
+        devices.append(protocol.GpuDeviceInfo(index=d.index, name=d.name, used_mib=d.used_mib,
+                                              total_mib=d.total_mib, util_pct=d.util_pct, temperature_c=d.temperature_c,
+                                              power_w=d.power_w, processes=procs))
+    return devices

@@ -1,0 +1,1 @@
+"""What a job is: its spec, the fields a user may set, pipeline files."""

@@ -1,0 +1,388 @@
+"""Job specs: `jobs/*.toml` validated by pydantic, and `--set key=value` overrides.
+
+A spec's command is a list of argv templates.  `{name}` in an item is replaced by the
+parameter `name` (from `[params]` or `--set name=value`) *inside that single item*: a
+value is never split and never seen by a shell, so `--set out='; rm -rf /'` is just an
+odd directory name.  Built-in names: `{python}` (the job's interpreter), `{spec_dir}`
+(the directory of the spec file), `{state_dir}` (this machine's supervise state directory,
+$SUPERVISE_HOME: where the built-in jobs write by default, since their spec_dir may be a
+read-only site-packages), `{job}` and `{attempt}`.  Only plain `{name}` is
+substituted: a format spec or conversion (`{v:>99999999}`, `{v!r}`) is refused, and `{{`
+and `}}` stand for literal braces.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from supervisor.core.config import default_paths
+from supervisor.core.errors import SpecError, one_line, shown
+from supervisor.core.textfile import read_toml
+from supervisor.resources import jobs_dir
+from supervisor.spec.fields import OVERRIDABLE, FieldOverrides
+from supervisor.spec.placement import Placement, check_placement, place
+from supervisor.spec.tables import (
+    AlertSpec,
+    GpuSpec,
+    HealthSpec,
+    RestartSpec,
+    Seconds,
+    SlurmSpec,
+    _no_nul,
+    _Strict,
+)
+
+# A job name becomes a directory name (its logs): fullmatch, so a trailing newline is refused too.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
+_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards")
+
+class JobSpec(_Strict):
+    name: str
+    description: str = ""
+    host: str = "local"
+    python: str = ""  # the job's interpreter; empty: the supervisor's own
+    workdir: str = "."  # relative to the spec file
+    command: Annotated[list[str], Field(min_length=1)]
+    env: dict[str, str] = Field(default_factory=dict)
+    params: dict[str, str] = Field(default_factory=dict)
+    # None: every pack found (built in, and in $SUPERVISE_PROBE_PATH), as `supervise probe` reads a log.
+    probes: list[str] | None = None
+    probe_files: list[str] = Field(default_factory=list)
+    # Where the job writes its results (templates, as in `command`): shown by `status` and `--follow`.
+    outputs: list[str] = Field(default_factory=list)
+    unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
+    stop_grace_s: Seconds = 10.0
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    alerts: AlertSpec = Field(default_factory=AlertSpec)
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)  # used where `host` is a Slurm host
+    # Jobs whose current run must be `done` before this one launches (supervisor/jobs/dependencies.py).
+    after: list[str] = Field(default_factory=list)
+    shards: Annotated[int, Field(ge=1, le=1024)] = 1  # > 1: one job of N shard attempts at once (sharding.py)
+    hosts: list[str] = Field(default_factory=list)  # a sharded job's hosts, shard i on hosts[i % len]
+    gather: list[str] = Field(default_factory=list)  # argv templates run once every shard is done
+    spec_path: str = ""  # filled by the loader, not by the file
+    shard_index: int = 0  # filled for each shard of a sharded job, not by the file
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _NAME_RE.fullmatch(value):
+            raise ValueError("1 to 64 letters, digits, '.', '_' and '-', starting with a letter or digit")
+        return value
+
+    @field_validator("after")
+    @classmethod
+    def _valid_after(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _NAME_RE.fullmatch(name):
+                raise ValueError(f"after: {shown(name)} is not a job name")
+        return value
+
+    @field_validator("probes")
+    @classmethod
+    def _valid_pack_names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or []:
+            if not _PACK_NAME_RE.fullmatch(name):
+                raise ValueError(f"probe pack name {shown(name)}: letters, digits, '_' and '-' only "
+                                 "(a pack file goes in probe_files)")
+        return value
+
+    @field_validator("command", "gather")
+    @classmethod
+    def _valid_templates(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _template_fields(_no_nul(item))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        # execve cannot pass these: they used to fail at launch, with the attempt left `launching`.
+        for key, item in value.items():
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"environment variable name {shown(key)}: must be non-empty, without '=' or NUL")
+            _template_fields(_no_nul(item))
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _valid_params(cls, value: dict[str, str]) -> dict[str, str]:
+        for item in value.values():
+            _no_nul(item)
+        # `--set shards=3` once changed the field, not the job's own parameter: the names stay apart.
+        clash = sorted(set(value) & set(cls.model_fields))
+        if clash:
+            raise ValueError(f"parameter {shown(clash[0])} has the name of a spec field; rename the parameter")
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _valid_outputs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            _template_fields(_no_nul(item))
+        return value
+
+    @field_validator("python", "workdir")
+    @classmethod
+    def _valid_path_template(cls, value: str) -> str:
+        _template_fields(_no_nul(value))
+        return value
+
+    @model_validator(mode="after")
+    def _remote_needs_explicit_paths(self) -> JobSpec:
+        # On another machine the supervisor's own interpreter and a directory resolved
+        # here mean nothing: a remote job names both.
+        for host in {self.host, *self.hosts} - {"local"}:
+            if not self.python:
+                raise ValueError(f"host {host}: set `python` to the interpreter on that machine")
+            if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
+                raise ValueError(f"host {host}: `workdir` must be an absolute path on that machine")
+        return self
+
+    @model_validator(mode="after")
+    def _valid_placement(self) -> JobSpec:
+        check_placement(self.shards, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
+        return self
+
+    def for_shard(self, placement: Placement) -> JobSpec:
+        """The spec one shard runs: its index, its host and its devices (CUDA_VISIBLE_DEVICES)."""
+        gpu, env = self.gpu, dict(self.env)
+        if placement.devices is not None:
+            gpu = gpu.model_copy(update={"devices": list(placement.devices)})
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.devices))
+            # NVML numbers devices in PCI bus order; CUDA's own default order may differ.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        return self.model_copy(update={"shard_index": placement.shard, "host": placement.host, "gpu": gpu,
+                                       "env": env})
+
+    def placements(self) -> list[Placement]:
+        return place(self.shards, self.host, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
+
+    @property
+    def spec_dir(self) -> Path:
+        return Path(self.spec_path).parent if self.spec_path else Path.cwd()
+
+    def with_overrides(self, overrides: dict[str, str], fields: FieldOverrides | None = None) -> JobSpec:
+        """Apply `--set` values (params only, by name) and the spec fields' own flags (`--shards`, ...)."""
+        params = dict(self.params)
+        for key, value in overrides.items():
+            if key in params or (_is_referenced(self, key) and key not in JobSpec.model_fields):
+                params[key] = value
+            else:
+                known = one_line(", ".join(sorted(params)) or "none")
+                flag = f"; {key} is a spec field: use --{key}" if key in OVERRIDABLE else ""
+                raise SpecError(
+                    f"{self.spec_path or self.name}: --set {shown(key)}: no such parameter (known: {known}){flag}"
+                )
+        try:  # validated again: an override may not bring in what the file could not (a NUL, a format spec)
+            return JobSpec.model_validate({**self.model_dump(), "params": params,
+                                           **(fields.given() if fields is not None else {})})
+        except ValidationError as exc:
+            raise SpecError(_describe_validation(self.spec_path or self.name, exc)) from exc
+
+    def param_value(self, name: str) -> str:
+        """The parameter ``name`` as the command sees it (built-ins such as {state_dir} expanded)."""
+        return self._expand("{" + name + "}", attempt=0)
+
+    def interpreter(self) -> str:
+        return self.python or sys.executable
+
+    def resolved_workdir(self) -> str:
+        """The working directory: relative to the spec file locally; as written on a remote host."""
+        expanded = self._expand(self.workdir, attempt=0)
+        if self.host != "local":
+            return expanded
+        return str((self.spec_dir / expanded).resolve())
+
+    def argv(self, attempt: int) -> list[str]:
+        """The command with every template expanded; each item stays one argv item."""
+        values = self._template_values(attempt)
+        return [self._expand(item, attempt, values) for item in self.command]
+
+    def output_paths(self) -> list[str]:
+        """The declared outputs with their templates expanded."""
+        values = self._template_values(0)
+        return [self._expand(item, 0, values) for item in self.outputs]
+
+    def environment(self, attempt: int) -> dict[str, str]:
+        # The values once for all entries: worked out per entry, a spec of 20,000 `env` entries
+        # (near the 1 MiB limit) took 2.8 s to expand, on the daemon's loop.
+        values = self._template_values(attempt)
+        env = {key: self._expand(value, attempt, values) for key, value in self.env.items()}
+        if self.unbuffered:
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _expand(self, template: str, attempt: int, values: dict[str, str] | None = None) -> str:
+        if values is None:
+            values = self._template_values(attempt)
+        try:
+            missing = [name for name in _template_fields(template) if name not in values]
+        except ValueError as exc:
+            raise SpecError(f"{self.spec_path or self.name}: {exc}") from None
+        if missing:
+            raise SpecError(
+                f"{self.spec_path or self.name}: command uses {{{missing[0]}}} but no parameter "
+                f"'{missing[0]}' is defined; add it under [params] or pass --set {missing[0]}=VALUE"
+            )
+        return "".join(text + (values[name] if name is not None else "")
+                       for text, name, _, _ in string.Formatter().parse(template))
+
+    def _template_values(self, attempt: int) -> dict[str, str]:
+        """What a template's {names} stand for: the built-ins, then the parameters."""
+        values = {
+            "python": self.interpreter(),
+            "spec_dir": str(self.spec_dir),
+            "state_dir": str(default_paths().state_dir),
+            "job": self.name,
+            "attempt": str(attempt),
+            "shard": str(self.shard_index),
+            "num_shards": str(self.shards),
+        }
+        values.update({k: _expand_param(v, values) for k, v in self.params.items()})
+        return values
+
+
+def _expand_param(value: str, builtins: dict[str, str]) -> str:
+    """A parameter's value with the built-ins in it (e.g. "{spec_dir}/data"); parameters do not
+    refer to each other, so any other field, and a value that is no template at all, stays as written."""
+    try:
+        parsed = list(string.Formatter().parse(value))
+    except ValueError:
+        return value
+    out = []
+    for text, name, spec, conversion in parsed:
+        out.append(text)
+        if name is None:
+            continue
+        if name in builtins and not spec and conversion is None:
+            out.append(builtins[name])
+        else:
+            out.append("{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}")
+    return "".join(out)
+
+
+
+
+def _template_fields(template: str) -> list[str]:
+    """The parameter names ``template`` uses; ValueError unless every field is a plain ``{name}``."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"bad template {shown(template)}: {exc} (write a literal brace as {{{{ or }}}})") from None
+    names = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier():
+            raise ValueError(f"bad template {shown(template)}: {shown(name, 40)} is not a parameter name")
+        if spec or conversion is not None:
+            # `{v:>99999999}` built a 100 MB argument; only plain substitution is offered.
+            raise ValueError(f"bad template {shown(template)}: write {{{name}}} alone, without '!' or ':' "
+                             "(write a literal brace as {{ or }})")
+        names.append(name)
+    return names
+
+
+def _is_referenced(spec: JobSpec, key: str) -> bool:
+    templates = [*spec.command, *spec.env.values(), spec.workdir]
+    return any(key in _template_fields(t) for t in templates) and key not in _BUILTIN_PARAMS
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--set {pair!r}: expected KEY=VALUE")
+        overrides[key.strip()] = value
+    return overrides
+
+
+def load_spec(path: Path) -> JobSpec:
+    """Read and validate one spec file; every problem is one SpecError line naming file and field."""
+    raw = read_toml(path, "job spec", SpecError)
+    raw.setdefault("name", path.stem)
+    raw["spec_path"] = str(path.resolve())
+    # A relative pack file is the spec's neighbour, wherever the daemon runs from.
+    files = raw.get("probe_files")
+    if isinstance(files, list):
+        raw["probe_files"] = [str(path.resolve().parent / f) if isinstance(f, str) and f and not os.path.isabs(f)
+                              else f for f in files]
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_describe_validation(path, exc)) from exc
+
+
+def _describe_validation(path: Path | str, exc: ValidationError) -> str:
+    """Every problem at once, in the spec's terms: `unknown field 'comand' (did you mean 'command'?)`;
+    one line, at most 300 characters besides the path, however long the input."""
+    problems = [_describe_error(error) for error in exc.errors()]
+    return f"{path}: " + one_line("; ".join(problems), 300)
+
+
+def _describe_error(error: Any) -> str:
+    loc = [str(p) for p in error["loc"]]
+    where = one_line(".".join(loc) or "(top level)", 80)
+    if error["type"] == "extra_forbidden":
+        hint = _did_you_mean(loc[-1], _fields_at(loc[:-1]))
+        return f"unknown field '{where}'{hint}"
+    if error["type"] == "missing":
+        return f"field '{where}' is required"
+    got = error.get("input")
+    echoed = error["type"] == "value_error"  # our own validators quote the value already
+    got_text = f"; got {shown(got)}" if got is not None and not isinstance(got, dict) and not echoed else ""
+    return f"field '{where}': {str(error['msg']).removeprefix('Value error, ')}{got_text}"
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    """The field names the spec allows at `loc` (a table such as `restart` or `health`)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return [name for name in model.model_fields if name != "spec_path"]
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
+
+
+def spec_search_path() -> list[Path]:
+    """Where `supervise start NAME` looks for NAME.toml: $SUPERVISE_JOBS_PATH, ./jobs, the built-in jobs."""
+    dirs = [Path(p) for p in os.environ.get("SUPERVISE_JOBS_PATH", "").split(os.pathsep) if p]
+    dirs.append(Path.cwd() / "jobs")
+    dirs.append(jobs_dir())
+    unique: list[Path] = []
+    for d in dirs:
+        if d not in unique:
+            unique.append(d)
+    return unique
+
+
+def find_spec(name_or_path: str) -> JobSpec:
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or os.sep in name_or_path:
+        return load_spec(candidate)
+    for directory in spec_search_path():
+        path = directory / f"{name_or_path}.toml"
+        if path.is_file():
+            return load_spec(path)
+    searched = ", ".join(str(d) for d in spec_search_path())
+    raise SpecError(f"no job spec '{name_or_path}.toml' in {searched}; pass a path to a .toml file")

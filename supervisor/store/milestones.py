@@ -1,0 +1,160 @@
+"""Which progress events are stored: a bar's milestones, not each redraw.
+
+A tqdm bar redraws for every step it counts: a 20,000-step bar is 20,001 progress lines, and an
+18-hour attempt hundreds of thousands.  The watchdog sees every one of them (in memory: its
+stall bounds need each step); the store keeps, per attempt and per bar, only:
+
+* the bar's first line;
+* for a bar with a total, each change of its whole percent (at most about 100 per bar);
+* for a bar without one, at most one line per ``interval_s`` (30 s);
+* its last: the line that reaches the bar's total, and otherwise its latest line, stored with
+  each write in place of the latest line stored before it, so that a bar's history always ends
+  with the count it really reached (a stall at 4/8 reads 4/8, not the 3/8 of an earlier percent),
+  however the attempt ends and whenever the daemon stops.
+
+Bars are told apart as the watchdog and the replay tell them (probes' ``BarBook``: the probe,
+the bar's description and the process drawing it).  Pure: the caller passes the time in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from supervisor.core.events import Event, EventKind
+from supervisor.probes import BarBook
+
+INTERVAL_S = 30.0  # a bar without a total: at most one stored line per this long
+
+
+@dataclass
+class _Kept:
+    """One bar's stored history: its last milestone, its latest line, and the row standing for it."""
+
+    done: float  # the last milestone's count
+    percent: int | None
+    at: float
+    seen: float  # the latest line's count (a milestone or not)
+    latest: Event | None = None  # the latest line, when it is no milestone and not stored yet
+    row: int | None = None  # the stored row of an earlier such line (goes when a later line comes)
+
+
+class ProgressMilestones:
+    """One attempt's progress events, sieved (module docstring).
+
+    ``keep`` decides once per event whether it is a milestone.  A bar's latest line that is no
+    milestone is stored too, standing in for the bar's end until a later line replaces it
+    (``to_save`` gives those lines and the rows they replace, ``saved`` takes the rows' ids once
+    stored), so that the store always ends each bar with its true latest count: what a daemon
+    started again rebuilds the stall clock from, and what ``events`` shows as the last step."""
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._book = BarBook()
+        self._bars: dict[int, _Kept] = {}
+        self._replaced: list[int] = []  # rows of lines a later line of their bar replaces
+        # Past the attempt's event cap (event_cap.py): a known bar's lines are no milestones, its latest is kept in place.
+        self.latest_only = False
+
+    def keep(self, event: Event, now: float) -> bool:
+        """Whether ``event`` is a milestone; anything but a progress line with a count always is."""
+        if event.kind is not EventKind.PROGRESS:
+            return True
+        done = _number(event.data.get("done"))
+        if done is None:
+            return True  # not a count this sieve can read: kept as it came
+        total = _number(event.data.get("total"))
+        run, new = self._book.place(event.probe or "progress", event.data, done, total)
+        kept = self._bars.get(run.id)
+        percent = _percent(done, total)
+        if new or kept is None:
+            self._bars[run.id] = _Kept(done, percent, now, done)
+            if self.latest_only:  # past the cap, a new bar too is its latest line, in place
+                self._bars[run.id].latest = event
+                return False
+            return True
+        if done == kept.seen:
+            return False  # the same step drawn again: nothing new
+        kept.seen = done
+        if kept.row is not None:  # a later line of the bar: the row standing for its end goes
+            self._replaced.append(kept.row)
+            kept.row = None
+        if total is not None and total > 0:
+            due = percent != kept.percent or done >= total
+        else:
+            due = now - kept.at >= self.interval_s
+        if due and not self.latest_only:
+            kept.done, kept.percent, kept.at, kept.latest = done, percent, now, None
+            return True
+        kept.latest = event
+        return False
+
+    def resume(self, stored: list[Event]) -> None:
+        """Take up the bars of an attempt a daemon before this one stored (re-adoption):
+        ``stored``, its progress rows in the order stored.  A bar whose last row is a stand-in
+        for its end (no milestone: the same whole percent, or the same ``interval_s`` slot, as
+        the row before it) gets that row back as the one its next line replaces; otherwise the
+        restarted daemon would store a second first line beside it and leave it orphaned."""
+        rows: dict[int, list[Event]] = {}
+        for event in stored:
+            done = _number(event.data.get("done")) if event.kind is EventKind.PROGRESS else None
+            if done is None or event.id is None:
+                continue
+            run, new = self._book.place(event.probe or "progress", event.data, done, _number(event.data.get("total")))
+            if new:
+                rows[run.id] = []
+            rows.setdefault(run.id, []).append(event)
+        for bar, events in rows.items():
+            last = events[-1]
+            done = _number(last.data.get("done")) or 0.0
+            percent = _percent(done, _number(last.data.get("total")))
+            kept = _Kept(done, percent, last.ts, done)
+            if len(events) > 1:
+                before = events[-2]
+                before_done = _number(before.data.get("done")) or 0.0
+                before_percent = _percent(before_done, _number(before.data.get("total")))
+                total = _number(last.data.get("total"))
+                if percent is not None:
+                    stand_in = percent == before_percent and total is not None and done < total
+                else:
+                    stand_in = last.ts - before.ts < self.interval_s
+                if stand_in:
+                    kept = _Kept(before_done, before_percent, before.ts, done, row=last.id)
+            self._bars[bar] = kept
+
+    def sieve(self, events: list[Event], now: float) -> list[Event]:
+        """The milestones among ``events``, in their order."""
+        return [event for event in events if self.keep(event, now)]
+
+    def to_save(self) -> tuple[list[Event], list[int]]:
+        """What completes the stored history now: each bar's latest line not stored yet (in log
+        order), and the stored rows of the earlier lines they replace."""
+        latest = [kept.latest for kept in self._bars.values() if kept.latest is not None]
+        return sorted(latest, key=lambda e: (e.generation, e.offset or 0)), list(self._replaced)
+
+    def saved(self) -> None:
+        """``to_save``'s lines are stored (their ids assigned) and the rows they replace deleted."""
+        for kept in self._bars.values():
+            if kept.latest is not None:
+                kept.row, kept.latest = kept.latest.id, None
+        self._replaced.clear()
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _percent(done: float, total: float | None) -> int | None:
+    if total is None or total <= 0:
+        return None
+    return math.floor(100 * min(done, total) / total)

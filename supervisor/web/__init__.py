@@ -1,5 +1,0 @@
-"""The live web page: served by the daemon on loopback TCP behind a token (`supervise web`)."""
-
-from ._server import WebUi, build_web_app
-
-__all__ = ["WebUi", "build_web_app"]
