@@ -177,8 +177,22 @@ class Follower(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class HostCapabilities:
+    """What a host can do beyond the protocol, asked instead of comparing its name: the daemon
+    runs on one machine, and some shortcuts hold only for attempts on that machine."""
+
+    files_here: bool  # the attempt's log and status files are on the daemon's own filesystem
+    kernel_log_here: bool  # the daemon's kernel log is the one that reports the attempt's OOM kills
+
+
+ON_THIS_MACHINE = HostCapabilities(files_here=True, kernel_log_here=True)
+ELSEWHERE = HostCapabilities(files_here=False, kernel_log_here=False)
+
+
 class Host(Protocol):
     name: str
+    capabilities: HostCapabilities
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
         """A new attempt's log and exit-status paths on this host; never an existing file."""

@@ -90,7 +90,7 @@ class Pages:
             return web.Response(text=LogTail(attempt=0, lines=[], partial="").model_dump_json(),
                                 content_type="application/json")
         host = self.service.hosts.get(row.host).host
-        tail = await asyncio.wait_for(log_tail(host, row.host == "local", row.n, row.log_path, lines,
+        tail = await asyncio.wait_for(log_tail(host, host.capabilities.files_here, row.n, row.log_path, lines,
                                                known_end=row.log_offset), timeout=20)
         return web.Response(text=tail.model_dump_json(), content_type="application/json")
 

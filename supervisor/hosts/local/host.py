@@ -27,6 +27,7 @@ from supervisor.gpu.kernel_xids import KmsgReader
 from supervisor.gpu.nvml import GpuSample, NvmlSampler
 from supervisor.hosts import stacks
 from supervisor.hosts.base import (
+    ON_THIS_MACHINE,
     TAG_VAR,
     WRAPPER_SH,
     ExitStatus,
@@ -48,6 +49,7 @@ _START_TIME_TOLERANCE_S = 0.05  # create_time comes from clock ticks; same proce
 
 class LocalHost:
     name = "local"
+    capabilities = ON_THIS_MACHINE
 
     def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5, nvml: Any | None = None,
                  containment: Containment | None = None, kernel_log: str | None = None) -> None:

@@ -43,6 +43,7 @@ from supervisor.core.errors import HostError, LaunchError, SpecError, SuperviseE
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import _remote, _remote_parse
 from supervisor.hosts.base import (
+    ELSEWHERE,
     TAG_VAR,
     WRAPPER_SH,
     ExitStatus,
@@ -101,6 +102,7 @@ class SlurmHost:
 
     def __init__(self, name: str, *, commands: SlurmCommands | None = None, files: SlurmFiles | None = None) -> None:
         self.name = name
+        self.capabilities = ELSEWHERE  # a shared filesystem is not assumed
         self.files: SlurmFiles = files if files is not None else LocalFiles(_local_root(name))
         self.poll_s = float(os.environ.get(ENV_POLL_S, "0.5"))
         self.nvidia_smi = os.environ.get(ENV_NVIDIA_SMI, "nvidia-smi")

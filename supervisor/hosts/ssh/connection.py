@@ -25,6 +25,7 @@ from supervisor.core.backoff import Backoff
 from supervisor.core.errors import ConnectionLost, HostError, HostRefused
 from supervisor.hosts import _remote
 from supervisor.hosts._errors import ssh_errors
+from supervisor.hosts.base import ELSEWHERE
 from supervisor.hosts.ssh.agent import _SHELL, _Agent
 from supervisor.hosts.ssh.target import (
     _TRUE,
@@ -56,6 +57,7 @@ class SshConnection:
     def __init__(self, url: str, *, env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.name = url
+        self.capabilities = ELSEWHERE
         self.target = parse_target(url)
         self._config = _paths(env.get(ENV_CONFIG))
         self._known_hosts = _paths(env.get(ENV_KNOWN_HOSTS))

@@ -87,7 +87,7 @@ class Adopting(Watching):
     def _log_stat(self, row: AttemptRow) -> tuple[int, float] | None:
         """The attempt's log's size and last change, when it can be looked at without a round
         trip (a local log); None for a remote one (its backlog is dated when it is read)."""
-        if self.ctx.host.name != "local":
+        if not self.ctx.host.capabilities.files_here:
             return None
         try:
             info = os.stat(row.log_path)

@@ -337,7 +337,7 @@ class Watching(Pacing, Queueing):
         host reads them), else this machine's kernel log for a pid the attempt was seen with."""
         if status.kernel_oom is not None or status.signal != _SIGKILL or live.killed_by_us:
             return status.kernel_oom
-        if self.ctx.host.name != "local":
+        if not self.ctx.host.capabilities.kernel_log_here:
             return None
         pids = {live.handle.pid, live.handle.pgid} | live.known_pids
         return await asyncio.to_thread(kernel_log.oom_killed, pids)
