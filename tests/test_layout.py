@@ -129,3 +129,17 @@ def test_no_module_reaches_into_another_packages_private_modules() -> None:
                         not own.startswith(".".join(parts[:private[0]]) + "."):
                     reaching.append(f"{name} imports {imported}")
     assert not reaching, "import from the package's public face instead: " + "; ".join(reaching)
+
+
+def test_no_module_outside_hosts_spells_this_machines_host_name() -> None:
+    """Host differences are a host's capabilities (``hosts.base``); the one spelling of this machine's
+    name is ``core.host_url``.  A ``"local"`` literal elsewhere is a name check creeping back."""
+    allowed = {PACKAGE / "core" / "host_url.py"}
+    spelled = sorted(
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path not in allowed and (PACKAGE / "hosts") not in path.parents
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == "local"
+    )
+    assert not spelled, "use core.host_url (LOCAL_HOST, is_local) or a host capability: " + ", ".join(spelled)

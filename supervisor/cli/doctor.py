@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.core.config import Paths
 from supervisor.core.errors import ConnectionLost, SuperviseError
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.hosts import DOCTOR_SCRIPT, after_mark, parse_keys, script
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class Check:
 
 
 def doctor_command(host: str | None) -> int:
-    if host in (None, "", "local"):
+    if host in (None, "", LOCAL_HOST):
         checks = _local_checks()
     else:
         checks = asyncio.run(_remote_checks(host))

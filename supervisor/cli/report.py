@@ -36,6 +36,7 @@ from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.errors import ConfigError, FileWriteError
 from supervisor.core.events import EventKind, Phase, Verdict
+from supervisor.core.host_url import LOCAL_HOST
 
 _PAGE = 10_000  # events per API call
 _MAX_EVENTS = 200_000
@@ -270,7 +271,7 @@ def _draw_gpu(axis: Any, history: History) -> None:
     else:
         axis.text(0.5, 0.5, "no GPU samples stored for this time span (no NVML on the host?)",
                   transform=axis.transAxes, ha="center", va="center", color="#777777")
-    host = history.gpu.host if history.gpu else "local"
+    host = history.gpu.host if history.gpu else LOCAL_HOST
     axis.set_title(f"GPU memory per device on {host}; dotted lines: watchdog verdicts and relaunches",
                    fontsize=9, loc="left")
 

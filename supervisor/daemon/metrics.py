@@ -38,6 +38,7 @@ from prometheus_client.registry import Collector
 
 from supervisor import __version__
 from supervisor.core.events import Event, EventKind, FailureKind, JobState, Phase
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import Host, ProcessHandle
 from supervisor.jobs.shard_views import GATHER, ShardRows
@@ -185,7 +186,7 @@ class Metrics:
             if sample is None or not sample.available or not sample.processes:
                 continue
             for job in jobs:
-                if job.job.spec.get("host", "local") != reading.name:
+                if job.job.spec.get("host", LOCAL_HOST) != reading.name:
                     continue
                 pids = await _job_pids(job, reading.host)
                 for proc in sample.processes:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import AttemptState, JobState
+from supervisor.core.host_url import is_local
 from supervisor.hosts.base import ExitStatus, ProcessHandle
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.recorder import Recorder
@@ -69,7 +70,7 @@ class Recovery:
                                scheduler_id=row.scheduler_id)
         latest = self.store.latest_attempt(row.job)
         superseded = latest is not None and latest.n != row.n
-        if spec.host != "local":
+        if not is_local(spec.host):
             if superseded:
                 return f"{row.job}#{row.n}: superseded by a newer attempt on {spec.host}; left as it is"
             # A remote box may be unreachable right now: never hold up start-up for it.  The

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from supervisor.core import protocol
 from supervisor.core.errors import SpecError
 from supervisor.core.events import Event, EventKind
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.gpu.nvml import GpuSample
 from supervisor.jobs.shard_views import shards_status
 from supervisor.jobs.snapshot import RunnerSnapshot
@@ -49,7 +50,7 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
             next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
     spec: dict[str, Any] = row.spec
     return protocol.JobStatus(outputs=_outputs(spec), stacks=_stacks_before_kill(store, latest),
-        name=row.name, state=row.state, reason=row.reason, host=spec.get("host", "local"),
+        name=row.name, state=row.state, reason=row.reason, host=spec.get("host", LOCAL_HOST),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
         attempt=attempt_info(latest) if latest else None,
         program_pid=snapshot.program_pid if snapshot is not None and latest is not None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.core.events import Failure, Phase
+from supervisor.core.host_url import is_local
 from supervisor.gpu.health import GpuFault
 from supervisor.notify.alerts import Alert, AlertKind
 from supervisor.spec.tables import AlertSpec
@@ -90,7 +91,7 @@ def unreachable(at: Attempt, host: str, error: str) -> Alert:
 
 def gpu_fault(at: Attempt, host: str, fault: GpuFault) -> Alert:
     """A GPU the attempt uses reported a fault; a slowdown is a warning, anything else a failure."""
-    where = "" if host == "local" else f" on {host}"
+    where = "" if is_local(host) else f" on {host}"
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: GPU {fault.gpu}{where}: {fault.detail}",
                  what=f"a GPU attempt {at.n} uses reported a fault", evidence=fault.describe(), gpu=at.gpu,
                  next_action="nothing yet: the attempt runs on and is judged as usual; check the GPU "

@@ -9,6 +9,7 @@ import os
 import subprocess
 
 from supervisor.core.errors import SpecError, shown
+from supervisor.core.host_url import is_local
 from supervisor.spec.model import JobSpec
 
 _TIMEOUT_S = 10.0  # a PATH entry on a hung file system must not hold a start forever
@@ -18,7 +19,7 @@ def check_local_command(spec: JobSpec) -> None:
     """SpecError when a job that runs on this machine names a working directory that is not one, or
     a command its shell cannot find.
     Not asked for a job that runs `after` others: one of them may be what installs it."""
-    if spec.after or any(host != "local" for host in (spec.host, *spec.hosts)):
+    if spec.after or any(not is_local(host) for host in (spec.host, *spec.hosts)):
         return
     command = spec.argv(1)[0]
     workdir = spec.resolved_workdir()

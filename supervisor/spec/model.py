@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from supervisor.core.config import default_paths
 from supervisor.core.errors import SpecError, one_line, shown
+from supervisor.core.host_url import LOCAL_HOST, is_local
 from supervisor.core.textfile import read_toml
 from supervisor.resources import jobs_dir
 from supervisor.spec.fields import OVERRIDABLE, FieldOverrides
@@ -47,7 +48,7 @@ _BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard",
 class JobSpec(_Strict):
     name: str
     description: str = ""
-    host: str = "local"
+    host: str = LOCAL_HOST
     python: str = ""  # the job's interpreter; empty: the supervisor's own
     workdir: str = "."  # relative to the spec file
     command: Annotated[list[str], Field(min_length=1)]
@@ -142,7 +143,7 @@ class JobSpec(_Strict):
     def _remote_needs_explicit_paths(self) -> JobSpec:
         # On another machine the supervisor's own interpreter and a directory resolved
         # here mean nothing: a remote job names both.
-        for host in {self.host, *self.hosts} - {"local"}:
+        for host in {self.host, *self.hosts} - {LOCAL_HOST}:
             if not self.python:
                 raise ValueError(f"host {host}: set `python` to the interpreter on that machine")
             if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
@@ -200,7 +201,7 @@ class JobSpec(_Strict):
     def resolved_workdir(self) -> str:
         """The working directory: relative to the spec file locally; as written on a remote host."""
         expanded = self._expand(self.workdir, attempt=0)
-        if self.host != "local":
+        if not is_local(self.host):
             return expanded
         return str((self.spec_dir / expanded).resolve())
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.core.events import EventKind
+from supervisor.core.host_url import is_local
 from supervisor.store import arrivals
 from supervisor.store.database import AttemptRow, Store
 
@@ -57,7 +58,7 @@ def select_for_pruning(attempts: Iterable[AttemptRow], sizes: dict[str, int], ru
 
 def prune_logs(attempts: list[AttemptRow], rule: Retention) -> list[PrunedFile]:
     """Delete the local log files `select_for_pruning` picks; returns what was deleted."""
-    local = [a for a in attempts if a.host == "local"]
+    local = [a for a in attempts if is_local(a.host)]
     sizes = {a.log_path: _size(a.log_path) for a in local}
     removed = []
     for row in select_for_pruning(local, sizes, rule):
@@ -78,7 +79,7 @@ def prune_events(store: Store, pruned: Iterable[PrunedFile]) -> int:
 
 def remove_logs(attempts: list[AttemptRow]) -> list[str]:
     """Delete every local log of a job being forgotten; returns the paths deleted."""
-    local = [a for a in attempts if a.host == "local"]
+    local = [a for a in attempts if is_local(a.host)]
     removed = [a.log_path for a in local if _size(a.log_path) >= 0]
     for row in local:
         _unlink(row.log_path)

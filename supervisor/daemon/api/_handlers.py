@@ -14,6 +14,7 @@ from supervisor import __version__
 from supervisor.core import protocol
 from supervisor.core.config import config_changed, describe_settings
 from supervisor.core.errors import NotFound, RequestRejected
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.daemon import streams as _streams
 from supervisor.daemon.api._http import (
     EVENTS_PAGE,
@@ -180,7 +181,7 @@ class Api:
         follower.finish()
 
     async def gpus(self, request: web.Request) -> web.StreamResponse:
-        name = request.query.get("host", "local")
+        name = request.query.get("host", LOCAL_HOST)
         slot = self.service.hosts.find(name)
         if slot is None:  # never make a slot for a request: each would hold a connection and a sampler
             in_use = ", ".join(n for n, _ in self.service.hosts.items())
@@ -193,7 +194,7 @@ class Api:
         name = _path_name(request)
         job = self.service.store.job(name)
         attempts = self.service.store.attempts(name)
-        host = job.spec.get("host", "local")
+        host = job.spec.get("host", LOCAL_HOST)
         since = attempts[0].started if attempts else job.created
         live = any(a.ended is None for a in attempts)
         until = time.time() if live or not attempts else max(a.ended or a.started for a in attempts)
