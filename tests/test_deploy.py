@@ -25,7 +25,7 @@ def test_alert_rules_structure_and_metric_names() -> None:
     doc = yaml.safe_load(ALERTS.read_text())
     rules = [rule for group in doc["groups"] for rule in group["rules"]]
     assert {r["alert"] for r in rules} == EXPECTED_ALERTS
-    exported = (REPO / "supervisor" / "metrics.py").read_text()
+    exported = (REPO / "supervisor" / "daemon" / "metrics.py").read_text()
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}, rule["alert"]
         assert rule["labels"]["severity"] in ("warning", "critical")

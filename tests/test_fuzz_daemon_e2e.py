@@ -77,7 +77,10 @@ def test_mutated_specs_and_packs_through_the_daemon(daemon: DaemonProcess, make_
     rng = random.Random(SEED)
     fuzz = home / "fuzz"
     fuzz.mkdir()
-    specs = [FULL_SPEC] + [p.read_text() for p in sorted((REPO / "jobs").glob("*.toml"))]
+    # Job specs only: a pipeline file (jobs/eagle3*.toml) is refused by the job-spec check below but started
+    # by `start` as a pipeline, so a mutant of one that still loads as a pipeline is not a refusal.
+    specs = [FULL_SPEC] + [text for p in sorted((REPO / "jobs").glob("*.toml"))
+                           if "[pipeline]" not in (text := p.read_text())]
     packs = [p.read_text() for p in sorted((REPO / "probes").glob("*.toml"))]
     tried = refused = 0
     cli_paths: list[Path] = []

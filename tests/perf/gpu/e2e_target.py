@@ -41,7 +41,15 @@ SEED_TRAIN, SEED_HELD = 25, 2500
 SIZES = {"base": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                       num_key_value_heads=12),
          "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-                      num_key_value_heads=4)}
+                      num_key_value_heads=4),
+         # A DeepSeek-V2 (MLA attention, routed experts) with a 32,000-row vocabulary: the family of the
+         # mission's target, small enough to train here.
+         "mla": dict(hidden_size=512, intermediate_size=1408, moe_intermediate_size=256, num_hidden_layers=6,
+                     num_attention_heads=8, num_key_value_heads=8, n_routed_experts=8, n_shared_experts=1,
+                     num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=256, q_lora_rank=None,
+                     qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, topk_method="greedy", n_group=1,
+                     topk_group=1)}
+MLA_VOCAB = 32000
 
 
 def fact(animal: str, table: list[str], salt: int) -> str:
@@ -105,11 +113,19 @@ def build(out: Path, steps: int, size: str, docs: int, seq: int, batch: int, lr:
           f"vocab {len(tok)}; {time.monotonic() - t0:.1f}s", flush=True)
 
     torch.manual_seed(SEED_TRAIN)
-    cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=2048, rope_theta=10000.0,
-                      tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, **SIZES[size])
+    special = dict(tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                   pad_token_id=tok.pad_token_id, max_position_embeddings=2048)
+    if size == "mla":
+        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+        # The model's vocabulary has 32,000 rows (the tokenizer uses the first ones): the output layer and the
+        # draft's vocabulary mapping work at a real model's width.
+        cfg = DeepseekV2Config(vocab_size=MLA_VOCAB, rope_theta=10000.0, **special, **SIZES[size])
+        model_cls = DeepseekV2ForCausalLM
+    else:
+        cfg = LlamaConfig(vocab_size=len(tok), rope_theta=10000.0, **special, **SIZES[size])
+        model_cls = LlamaForCausalLM
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = LlamaForCausalLM(cfg).to(dev)
+    model = model_cls(cfg).to(dev)
     print(f"target model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {dev}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=dev == "cuda")
