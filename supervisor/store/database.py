@@ -270,7 +270,7 @@ class Store:
                       job_state: tuple[JobState, str] | None = None) -> list[Event]:
         """Store events (assigning ids) and, in the same transaction, the attempt's new log
         offset and any derived fields (phase, progress); ``replaced``: ids of progress events
-        the new ones stand in for (a bar's latest line, progress_milestones.py), deleted;
+        the new ones stand in for (a bar's latest line, store/milestones.py), deleted;
         ``job_state``: the job's new state and reason (nothing is stored for a job forgotten)."""
         stored = list(events)
         with self._tx() as db:

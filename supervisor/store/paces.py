@@ -1,4 +1,4 @@
-"""The bar_paces table (its migration is in store_schema.py): each bar's intervals as an attempt
+"""The bar_paces table (its migration is in store/schema.py): each bar's intervals as an attempt
 measured them, kept so that the next attempt of the same job, with the same spec on the same
 kind of host, starts its stall bounds from what was seen (``watchdog.PaceHistory``)."""
 
@@ -38,7 +38,7 @@ class PaceStore:
                 for bar, values in paces.items() if values]
         if not rows:
             return
-        with self.store._tx() as db:  # store_schema.py holds the schema; the table's rows are this module's
+        with self.store._tx() as db:  # store/schema.py holds the schema; the table's rows are this module's
             db.executemany("INSERT OR REPLACE INTO bar_paces(job, spec_fingerprint, host_kind, bar, attempt, "
                            "intervals_json, recorded) VALUES(?,?,?,?,?,?,?)", rows)
             # Older runs of the same bar beyond the kept ones are of no further use.
