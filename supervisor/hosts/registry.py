@@ -19,6 +19,7 @@ import structlog
 
 from supervisor.core.config import DaemonSettings
 from supervisor.core.errors import SpecError, SuperviseError
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample, new_faults
@@ -123,7 +124,7 @@ class Hosts:
         self.store = store
         self.settings = settings
         self.on_sample = on_sample
-        self._slots: dict[str, HostSlot] = {"local": self._slot("local", local)}
+        self._slots: dict[str, HostSlot] = {LOCAL_HOST: self._slot(LOCAL_HOST, local)}
 
     def get(self, name: str) -> HostSlot:
         if name not in self._slots:
@@ -148,7 +149,7 @@ class Hosts:
 
     @property
     def local(self) -> HostSlot:
-        return self.get("local")
+        return self.get(LOCAL_HOST)
 
     def items(self) -> list[tuple[str, HostSlot]]:
         """The hosts connected so far (never connects one)."""

@@ -22,6 +22,7 @@ import structlog
 
 from supervisor.core.errors import LaunchError
 from supervisor.core.filemodes import job_umask
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.usage import AttemptUsage
 from supervisor.gpu.kernel_xids import KmsgReader
 from supervisor.gpu.nvml import GpuSample, NvmlSampler
@@ -48,7 +49,7 @@ _START_TIME_TOLERANCE_S = 0.05  # create_time comes from clock ticks; same proce
 
 
 class LocalHost:
-    name = "local"
+    name = LOCAL_HOST
     capabilities = ON_THIS_MACHINE
 
     def __init__(self, log_root: Path, *, poll_interval_s: float = 0.5, nvml: Any | None = None,
