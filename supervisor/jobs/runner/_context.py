@@ -160,7 +160,12 @@ def cmdline(pid: int) -> str:
         return "(gone)"
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
+    if type(value) is dict and all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+        return value  # a probe's fields, as they nearly always are: nothing to convert (one look per event)
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
