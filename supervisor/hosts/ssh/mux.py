@@ -23,7 +23,6 @@ from supervisor.hosts import _remote
 from supervisor.hosts.ssh.agent import _close_process
 from supervisor.hosts.ssh.connection import _CHANNEL, _DROPS, SshConnection
 from supervisor.hosts.ssh.mux_agent import (
-    AGENT_PY,
     MUX_SH,
     NO_PYTHON,
     AskStats,
@@ -40,6 +39,7 @@ from supervisor.hosts.ssh.mux_agent import (
     Stats,
     Stop,
     Watch,
+    agent_source,
     parse_event,
 )
 
@@ -155,7 +155,7 @@ class SshMux:
         while self._wanted() and not self._closed:
             proc = None
             try:
-                proc = await self._host.stream(MUX_SH, self._python, AGENT_PY)
+                proc = await self._host.stream(MUX_SH, self._python, agent_source())
                 if not await self._hello(proc):
                     return
                 self.channels += 1
