@@ -15,7 +15,18 @@ from pathlib import Path
 
 from supervisor.hosts import _busy
 from supervisor.hosts.ssh import _agent_program as program
-from supervisor.hosts.ssh.mux_agent import Data, Ended, Event, Gone, Hello, Reset, Started, Stats, agent_source, parse_event
+from supervisor.hosts.ssh.mux_agent import (
+    Data,
+    Ended,
+    Event,
+    Gone,
+    Hello,
+    Reset,
+    Started,
+    Stats,
+    agent_source,
+    parse_event,
+)
 
 
 def _events(out: io.BytesIO) -> list[Event]:

@@ -14,20 +14,23 @@ exit watch of the host, in a small framed protocol:
                                          stats  follows watches what it serves now
 
 Bytes travel in the protocol's own order, so a truncation is never attributed to the wrong
-side of the data around it.  Where the box has no python3 the host falls back to one channel
-per follow (``MUX_SH`` prints ``nopython``).
+side of the data around it.  The agent needs a Python 3 on the box (``MIN_PYTHON`` or newer):
+GPU boxes running the jobs supervised here have one, and ``SUPERVISE_SSH_PYTHON`` names it where
+it is not ``python3`` on the PATH.  Where there is none (or it is too old, or does not run),
+``MUX_SH`` answers so instead of the agent's hello, and ``NoAgent`` says what to do, in one line.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import json
 from dataclasses import dataclass
 
 from supervisor.hosts.ssh import _agent_program
+from supervisor.hosts.ssh.target import ENV_PYTHON
 
-NO_PYTHON = b"nopython"
 # The most bytes a data frame may announce: the agent sends at most 256 KiB a frame (its CHUNK).  A
 # larger announcement is a protocol error (the channel is dropped and the logs followed again from
 # their last offsets), never a read of that many bytes into memory.
@@ -40,12 +43,51 @@ def agent_source() -> str:
     return inspect.getsource(_agent_program)
 
 
-# $1 python command, $2 the program.  The program reads the rest of the channel's stdin; its
-# stdout is buffered and flushed once a round, so that one round's frames travel in one packet.
+MIN_PYTHON = _agent_program.MIN_PYTHON
+_MIN = ".".join(map(str, MIN_PYTHON))
+
+# $1 python command, $2 the program.  First the command is asked its version (a line any Python,
+# 2 included, can print): "nopython" where there is no such command, "oldpython X.Y.Z" where it is
+# older than MIN_PYTHON, "badpython WHAT IT SAID" where it does not run as Python.  Else the program
+# runs and reads the rest of the channel's stdin; its stdout is buffered and flushed once a round,
+# so that one round's frames travel in one packet.
 MUX_SH = r"""
-if ! command -v "$1" >/dev/null 2>&1; then echo nopython; exit 0; fi
-exec "$1" -c "$2"
-"""
+py=$1
+if ! command -v "$py" >/dev/null 2>&1; then echo nopython; exit 0; fi
+out=$("$py" -c 'import sys; v = sys.version_info; print("%s %d.%d.%d" % ("ok" if v >= (@MIN@,) else "old", v[0], v[1], v[2]))' \
+      </dev/null 2>&1)
+v=$(printf '%s\n' "$out" | tail -n 1)  # the last line: warnings the interpreter printed come first
+case $v in
+  "ok "*) exec "$py" -c "$2" ;;
+  "old "*) echo "oldpython ${v#old }" ;;
+  *) echo "badpython $(printf '%s\n' "${out:-it printed nothing}" | head -n 1 | cut -c1-200)" ;;
+esac
+""".replace("@MIN@", ", ".join(map(str, MIN_PYTHON)))
+
+
+class NoAgentWhy(enum.Enum):
+    """Why the agent cannot start on the box: ``MUX_SH``'s answer in place of the agent's hello."""
+
+    MISSING = "nopython"
+    OLD = "oldpython"
+    BROKEN = "badpython"
+
+
+@dataclass(frozen=True)
+class NoAgent:
+    why: NoAgentWhy
+    detail: str  # the version found, or what the command said
+
+    def message(self, python: str, where: str) -> str:
+        """One line that says what to do."""
+        fix = f"install Python {_MIN} or newer there, or set {ENV_PYTHON} to one"
+        if self.why is NoAgentWhy.MISSING:
+            if python == "python3":
+                return f"no python3 on {where}: {fix} (the supervisor's agent, which follows the logs there, runs on it)"
+            return f"{ENV_PYTHON}={python} is not found on {where}: set it to a Python {_MIN} or newer there"
+        if self.why is NoAgentWhy.OLD:
+            return f"{python} on {where} is Python {self.detail}, too old for the supervisor's agent: {fix}"
+        return f"{python} on {where} does not run as Python ({self.detail}): {fix}"
 
 
 # -- typed messages on the daemon's side -----------------------------------------------------
@@ -159,6 +201,18 @@ def parse_event(line: bytes) -> Event:
         raise ProtocolError(f"the remote agent announced a data frame of {frame.size} bytes "
                             f"(at most {MAX_FRAME_BYTES} expected): {line[:200]!r}")
     return frame
+
+
+def parse_hello(line: bytes) -> Hello | NoAgent:
+    """The first line after the script's marker: the agent's hello, or why it cannot start."""
+    word, _, rest = line.decode(errors="replace").strip().partition(" ")
+    for why in NoAgentWhy:
+        if word == why.value:
+            return NoAgent(why, rest.strip())
+    event = parse_event(line)
+    if not isinstance(event, Hello):
+        raise ProtocolError(f"the remote agent did not say hello: {line[:200]!r}")
+    return event
 
 
 def _line(msg: dict[str, object]) -> bytes:
