@@ -752,6 +752,21 @@ def test_a_supervise_ssh_python_that_cannot_run_the_agent_is_refused_in_one_line
     assert recovered == (case == "not-executable")
 
 
+def test_closing_a_host_ends_a_launch_waiting_for_its_agent(ssh_env) -> None:
+    host = SshHost("ssh://root@127.0.0.1:1", env=ssh_env)  # nothing listens: the agent's channel keeps trying
+
+    async def go() -> str:
+        waiting = asyncio.create_task(host.log_paths("job", 1))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await host.close()
+        with pytest.raises(HostError) as info:
+            await asyncio.wait_for(waiting, 10)
+        return str(info.value)
+
+    assert run(go) == "the SSH host root@127.0.0.1:1 was closed"
+
+
 # -- host keys and logins ---------------------------------------------------------------------------
 
 def _refused(env: dict[str, str], url: str, tmp_path: Path) -> str:

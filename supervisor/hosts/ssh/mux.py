@@ -148,6 +148,9 @@ class SshMux:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
+        for waiting in self._ready:  # a launch waiting for the agent is told, not left waiting forever
+            if not waiting.done():
+                waiting.set_exception(HostError(f"the SSH host {self._host.target.display} was closed"))
 
     # -- the channel --------------------------------------------------------------------------
 
@@ -184,7 +187,7 @@ class SshMux:
             except SuperviseError as exc:
                 log.warning("the remote agent cannot run", host=self._host.name, error=str(exc))
                 self._fail_all(exc)
-                return
+                continue  # ends here, unless a use came while this channel closed: the box is asked again
             except _AGENT_ERRORS as exc:
                 self._host.note_drop(exc)
                 failures += 1
@@ -240,6 +243,8 @@ class SshMux:
             queue.put_nowait(Dropped("the remote agent's channel dropped"))
 
     def _fail_all(self, exc: SuperviseError) -> None:
+        """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
+        only uses that come later ask the box again."""
         for group in self._watches.values():
             for future in group:
                 if not future.done():
@@ -252,5 +257,7 @@ class SshMux:
         for waiting in self._ready:
             if not waiting.done():
                 waiting.set_exception(exc)
+        self._watches.clear()
+        self._subs.clear()
         self._stats.clear()
         self._ready.clear()
