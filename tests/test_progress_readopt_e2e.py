@@ -47,3 +47,31 @@ def test_a_bars_latest_row_is_replaced_by_the_daemon_that_re_adopts_it(
     # second 'first line' the restarted daemon would otherwise store for the same bar.
     assert percents == list(range(101)), done
     assert 505 not in done and done[-1] == 1000, done
+
+
+# Steps 0..50 (the 5% milestone last, stored at once), a pause shorter than the second between
+# saves, then 51..57 at once (no milestone among them: stored with the next save only) and a
+# stall: its count is what `status` must show.
+STALLING_BAR_JOB = """\
+import time
+for i in range(0, 51):
+    print(f"train: {i//10}%|###| {i}/1000 [00:00<00:01, 5.0it/s]", flush=True)
+time.sleep(0.3)
+for i in range(51, 58):
+    print(f"train: 5%|###| {i}/1000 [00:00<00:01, 5.0it/s]", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_stalled_bars_latest_count_is_stored_though_the_log_went_quiet(
+        daemon: DaemonProcess, make_job) -> None:
+    """A bar's latest line alone is stored with the offset at most once a second; the reader
+    wakes for it when the log goes quiet, or a stall would show the count of a second before it."""
+    spec = make_job("stalling", STALLING_BAR_JOB, probes='["tqdm"]')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: _progress_rows(daemon, "stalling")[-1:] == [57], timeout=30)
+    attempt = client.status("stalling").jobs[0].attempt
+    assert attempt is not None and attempt.state == "running"  # judged on the count it stalled at
+    assert attempt.progress is not None and attempt.progress.done == 57
+    client.stop("stalling", None)

@@ -126,6 +126,10 @@ class ProgressMilestones:
         """The milestones among ``events``, in their order."""
         return [event for event in events if self.keep(event, now)]
 
+    def pending(self) -> bool:
+        """A bar's latest line is not stored yet."""
+        return any(kept.latest is not None for kept in self._bars.values())
+
     def to_save(self) -> tuple[list[Event], list[int]]:
         """What completes the stored history now: each bar's latest line not stored yet (in log
         order), and the stored rows of the earlier lines they replace."""
