@@ -154,12 +154,12 @@ class Watching(Pacing, Queueing):
             # A backlog comes in reads of up to a MiB; taken whole, its events held the loop for
             # seconds (every `status` waited behind eight of them).  Taken a step at a time, the
             # loop's work per step stays short, and other tasks run between steps.
+            if arrivals is not None:  # when the read was made, not when each step of it was taken
+                arrivals.arrived(batch[-1].generation, batch[-1].end, self._arrived_at(live, batch[-1]))
             for step in _steps(batch):
                 if self.ctx.records_seen is not None:
                     self.ctx.records_seen(self.spec.name, len(step))
                 live.row.log_generation = step[-1].generation  # a batch never spans a restart of the log
-                if arrivals is not None:
-                    arrivals.arrived(step[-1].generation, step[-1].end, self._arrived_at(live, step[-1]))
                 matched = self._matched(live, await engine.feed(step))
                 unsaved.extend(self._observe(live, matched, records=len(step), last=step[-1]))
                 self._caught_up(live, follower, quiet=False)
