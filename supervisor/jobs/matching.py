@@ -37,9 +37,10 @@ _MAX_S_PER_MB = 16.0  # CPU seconds per MB a pack set may take; built-in packs t
 _MIN_BUDGET_S = 0.25  # a small chunk still gets this much: timing a few lines says little
 _SAMPLE_BYTES = 4 << 10  # how much of a chunk each pack is timed on, to find the costly one
 # One attempt's chunk is matched at a time, whichever attempt's: the GIL lets one thread run
-# Python anyway, and every thread waiting for it is one more the event loop queues behind at
-# each switch (5 ms each).  Eight attempts reading a backlog at once, each in a thread of its
-# own, kept the loop waiting ~40 ms for every system call it made: `status` took seconds.
+# Python anyway, and every thread waiting for it is one more the event loop may queue behind
+# (up to 5 ms each) whenever it lets go of the GIL, at each system call.  Eight attempts reading
+# a backlog, each matching in its own thread at once: `status` p50 537 ms; taking turns: 48 ms
+# (tests/perf/RESULTS.md §18b).
 _LANE = threading.Lock()
 
 T = TypeVar("T")

@@ -277,9 +277,10 @@ class Watching(Pacing, Queueing):
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""
         if not events and not force:
             # A bar's latest line alone is stored with the offset at most every _OFFSET_SAVE_INTERVAL_S
-            # (the reader wakes for it when the log goes quiet): a transaction per read of a busy bar
-            # was a quarter of the daemon's CPU at 8 x 1000 lines/s.  A daemon killed meanwhile
-            # resumes from the offset stored with the row, and reads those redraws again.
+            # (the reader wakes for it when the log goes quiet), not by a transaction for each read
+            # of a busy bar (with the watchdog's state looked up for it, a quarter of the loop's
+            # samples at 8 x 1000 lines/s).  A daemon killed meanwhile resumes from the offset
+            # stored with the row, and reads those redraws again.
             return False
         latest, replaced = live.stored_progress.to_save()  # each bar's latest line, in place of the one before
         state = live.watchdog.state()  # one look per batch: what to store, and when to look again
