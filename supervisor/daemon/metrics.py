@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 from supervisor import __version__
 from supervisor.core.events import Event, EventKind, FailureKind, JobState, Phase
 from supervisor.core.host_url import LOCAL_HOST
+from supervisor.core.payloads import VerdictData
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import Host, ProcessHandle
 from supervisor.jobs.shard_views import GATHER, ShardRows
@@ -135,7 +136,8 @@ class Metrics:
                 if (shard := self._shard(event)) is not None:
                     self.shard_failures.labels(event.job, shard, kind.value).inc()
             elif event.kind is EventKind.VERDICT:
-                verdict = str(event.data.get("verdict", "unknown"))
+                said = VerdictData.of(event).verdict
+                verdict = said.value if said is not None else "unknown"
                 self.verdicts.labels(event.job, verdict).inc()
                 if (shard := self._shard(event)) is not None:
                     self.shard_verdicts.labels(event.job, shard, verdict).inc()

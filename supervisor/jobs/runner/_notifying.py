@@ -11,6 +11,7 @@ from typing import Any
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import Event, EventKind, JobState, Verdict
+from supervisor.core.payloads import ProbeFields
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
@@ -79,7 +80,8 @@ class Notifying(Recording):
             due = []
             if event.phase is not None:  # a phase line, or a progress line that implies its phase
                 due.append(milestones.phase(self._about(live), event.phase, elapsed))
-            step = BarStep.of(event.data, live.watchdog.progress) if event.kind is EventKind.PROGRESS else None
+            step = BarStep.of(ProbeFields.of(event).progress, live.watchdog.progress) \
+                if event.kind is EventKind.PROGRESS else None
             if step is not None:
                 due.append(milestones.progress(self._about(live), step, elapsed, self.ctx.clock()))
             for alert in due:
