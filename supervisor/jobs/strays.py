@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from supervisor.core.events import AttemptState, Event, EventKind
+from supervisor.core.payloads import ActionData
 from supervisor.hosts.base import Host, KillReport, ProcessHandle
 from supervisor.jobs.recorder import Recorder
 from supervisor.store.database import AttemptRow, Store
@@ -65,9 +66,9 @@ async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | N
                              exit_signal=status.signal if status else None)
         recorder.events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,
                                    message=f"stopped by user (it was running unwatched): {report.summary()}",
-                                   data={"terminated": [p for p, _ in report.terminated],
-                                         "killed": [p for p, _ in report.killed],
-                                         "survivors": [p for p, _ in report.survivors]})])
+                                   data=ActionData(terminated=[p for p, _ in report.terminated],
+                                                   killed=[p for p, _ in report.killed],
+                                                   survivors=[p for p, _ in report.survivors]).to_json())])
         result.attempts.append(row.n)
         merge_reports(result.report, report)
     return result

@@ -14,6 +14,7 @@ from typing import Any
 
 from supervisor.core.bus import EventBus
 from supervisor.core.events import Event, EventKind, Failure, JobState, ProbeEvent
+from supervisor.core.payloads import ActionData, Payload, ProbeFields, jsonable
 from supervisor.core.usage import GpuUsageMeter
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
@@ -121,15 +122,16 @@ class Recording:
     def _update(self, n: int, **fields: Any) -> None:
         self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
 
-    def _action(self, live: Live, message: str, data: dict[str, Any]) -> None:
-        self._publish([self._event(live.row.n, EventKind.ACTION, message, jsonable(data))])
+    def _action(self, live: Live, message: str, data: ActionData) -> None:
+        self._publish([self._event(live.row.n, EventKind.ACTION, message, data)])
 
-    def _event(self, n: int, kind: EventKind, message: str, data: dict[str, Any]) -> Event:
-        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=data)
+    def _event(self, n: int, kind: EventKind, message: str, payload: Payload) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=payload.to_json())
 
     def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
-        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line,
-                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=jsonable(pe.fields), failure=pe.failure)
+        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line, probe=pe.probe,
+                     phase=pe.phase, offset=pe.offset, data=ProbeFields(jsonable(pe.fields)).to_json(),
+                     failure=pe.failure)
 
     def _publish(self, events: list[Event]) -> None:
         self._writes.submit(lambda: self.ctx.recorder.events(events))
@@ -158,16 +160,6 @@ def cmdline(pid: int) -> str:
         return " ".join(psutil.Process(pid).cmdline())[:80]
     except psutil.Error:
         return "(gone)"
-
-
-def jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
 
 
 async def cancel_until_done(task: asyncio.Task[Any]) -> None:

@@ -15,6 +15,7 @@ import structlog
 
 from supervisor.core.errors import StoreError
 from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Record
+from supervisor.core.payloads import ActionData, AlertData, ExitedData
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower
@@ -74,7 +75,7 @@ class Watching(Pacing, Queueing):
                     reader_reported = True
                     live.catch_up_until = None
                     error = reader.exception()
-                    self._action(live, f"log following stopped ({error}); still watching the process", {})
+                    self._action(live, f"log following stopped ({error}); still watching the process", ActionData())
                 if live.catch_up_until is not None:
                     if self.ctx.clock() < live.catch_up_until:
                         continue  # not judged on its stored past while its backlog is unread
@@ -195,7 +196,7 @@ class Watching(Pacing, Queueing):
     def _pack_disabled(self, live: Live, disabled: PackDisabled) -> None:
         message = f"probe pack '{disabled.pack}' disabled for attempt {live.row.n}: {disabled.reason}"
         self._publish([self._event(live.row.n, EventKind.ALERT, message,
-                                   {"pack": disabled.pack, "reason": disabled.reason})])
+                                   AlertData(pack=disabled.pack, reason=disabled.reason))])
 
     def _quiet_wait(self, live: Live, engine: Matcher, redraws: TailReader) -> float | None:
         """How long the log may stay quiet before something it left open is completed: an open
@@ -248,7 +249,7 @@ class Watching(Pacing, Queueing):
                 admitted.append(event)
         notice = live.event_cap.notice()
         if notice is not None:
-            self._action(live, notice, {"events_per_attempt": live.event_cap.limit})
+            self._action(live, notice, ActionData(events_per_attempt=live.event_cap.limit))
         return admitted
 
     def _clock_at(self, wall: float) -> float:
@@ -297,7 +298,7 @@ class Watching(Pacing, Queueing):
         live.contained.add(key)
         log.error("fault contained; supervision goes on", job=self.spec.name, what=what, error=repr(exc))
         self._action(live, f"{what} ({type(exc).__name__}: {exc}); it was skipped, supervision goes on",
-                     {"error": repr(exc)})
+                     ActionData(error=repr(exc)))
 
     async def _finish(self, live: Live, follower: Follower, reader: asyncio.Task[None], engine: Matcher,
                       status: ExitStatus) -> Judgement:
@@ -325,7 +326,7 @@ class Watching(Pacing, Queueing):
         live.exit_status = status
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
-                                   {"returncode": status.returncode, "signal": status.signal})])
+                                   ExitedData(status.returncode, status.signal))])
         judgement = scheduler_judgement(status) or live.watchdog.exited(
             status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(live, status))
         if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
