@@ -51,14 +51,13 @@ _E = TypeVar("_E", bound=StrEnum)
 # -- lenient readers of one stored value ----------------------------------------------------
 
 def count(value: object) -> int | float | None:
-    """A count as a probe captured it: a finite number, or the text of one (a capture without a
-    field type); an int stays an int, so that ``5/10`` never reads ``5.0/10.0``."""
+    """A count as a probe captured it: a number, or the text of one (a capture without a field
+    type); an int stays an int, so that ``5/10`` never reads ``5.0/10.0``.  NaN is no count; an
+    infinite one is kept as captured (see ``Progress.finite``)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -66,10 +65,11 @@ def count(value: object) -> int | float | None:
         except ValueError:
             pass
         try:
-            number = float(text)
+            value = float(text)
         except ValueError:
             return None
-        return number if math.isfinite(number) else None
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
     return None
 
 
@@ -135,14 +135,19 @@ class Progress:
                    None if desc is None else str(desc))
 
     @property
+    def finite(self) -> bool:
+        """The count is a finite number: one the stored milestones can place on a bar."""
+        return math.isfinite(self.done)
+
+    @property
     def fraction(self) -> float | None:
         """done / total, for a bar with a positive total."""
         return None if self.total is None or self.total <= 0 else self.done / self.total
 
     @property
     def percent(self) -> int | None:
-        """The whole percent reached (capped at 100), for a bar with a positive total."""
-        if self.total is None or self.total <= 0:
+        """The whole percent reached (capped at 100), for a bar with a positive finite total."""
+        if self.total is None or not 0 < self.total < math.inf:
             return None
         return math.floor(100 * min(self.done, self.total) / self.total)
 

@@ -18,6 +18,7 @@ the bar's description and the process drawing it).  Pure: the caller passes the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from supervisor.core.events import Event, EventKind
@@ -62,7 +63,7 @@ class ProgressMilestones:
             return True
         payload = ProbeFields.of(event)
         progress = payload.progress
-        if progress is None:
+        if progress is None or not progress.finite:
             return True  # not a count this sieve can read: kept as it came
         done, total = _counts(progress)
         run, new = self._book.place(event.probe or "progress", payload.fields, done, total)
@@ -100,7 +101,7 @@ class ProgressMilestones:
         for event in stored:
             payload = ProbeFields.of(event)
             progress = payload.progress if event.kind is EventKind.PROGRESS else None
-            if progress is None or event.id is None:
+            if progress is None or not progress.finite or event.id is None:
                 continue
             run, new = self._book.place(event.probe or "progress", payload.fields, *_counts(progress))
             if new:
@@ -142,5 +143,6 @@ class ProgressMilestones:
 
 
 def _counts(progress: Progress) -> tuple[float, float | None]:
-    """A line's count and total as the sieve compares them."""
-    return float(progress.done), None if progress.total is None else float(progress.total)
+    """A line's count and total as the sieve compares them (an infinite total is none)."""
+    total = progress.total
+    return float(progress.done), None if total is None or not math.isfinite(total) else float(total)
