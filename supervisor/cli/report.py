@@ -34,6 +34,7 @@ from matplotlib.patches import Patch
 
 from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
+from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import ConfigError, FileWriteError
 from supervisor.core.events import EventKind, Phase, Verdict
 from supervisor.core.host_url import LOCAL_HOST
@@ -204,7 +205,7 @@ def _event_marker(axis: Any, event: protocol.EventInfo, lane: int) -> None:
     elif event.kind is EventKind.ACTION:
         if event.message.startswith("killed the process tree"):
             axis.plot(x, lane - 0.38, marker="v", color="black", markersize=7, linestyle="")
-        elif event.message.startswith("give up"):
+        elif (done := AttemptAction.read(event.message)) is not None and done.kind is ActionKind.GIVE_UP:
             axis.plot(x, lane + 0.38, marker="X", color="black", markersize=8, linestyle="")
 
 

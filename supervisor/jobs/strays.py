@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from supervisor.core.actions import AttemptAction
 from supervisor.core.events import AttemptState, Event, EventKind
 from supervisor.core.payloads import ActionData
 from supervisor.hosts.base import Host, KillReport, ProcessHandle
@@ -61,7 +62,7 @@ async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | N
         status = await host.exit_status(handle)
         log.warning("stopped an attempt no runner watched", job=job, attempt=row.n, outcome=report.summary())
         reason = "stopped by user; it was running unwatched"
-        store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", reason=reason,
+        store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action=AttemptAction.stopped(), reason=reason,
                              exit_code=status.returncode if status else None,
                              exit_signal=status.signal if status else None)
         recorder.events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import NotFound, StoreBusy, StoreError
 from supervisor.core.events import (
     AttemptState,
@@ -72,6 +73,12 @@ class AttemptRow:
     scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
     shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
     usage: AttemptUsage | None = None  # what it used (CPU, memory, GPUs), stored as it ended
+
+    @property
+    def action_kind(self) -> ActionKind | None:
+        """What was done when it ended (None: it has not ended), read from ``action``."""
+        found = AttemptAction.read(self.action)
+        return None if found is None else found.kind
 
 
 @dataclass(frozen=True)
@@ -302,6 +309,8 @@ class Store:
             column = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}.get(key, key)
             if isinstance(value, Failure):
                 value = value.to_json()
+            if isinstance(value, AttemptAction):
+                value = value.text
             if isinstance(value, AttemptUsage):
                 value = value.model_dump(mode="json")
             if column.endswith("_json") and value is not None:

@@ -13,6 +13,7 @@ import uuid
 
 import structlog
 
+from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
 from supervisor.core.payloads import ActionData, ExitedData, LaunchedData
@@ -174,13 +175,13 @@ class JobRunner(Adopting, GpuWaiting):
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
                 await self._record_usage(live)
-                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action="stopped by user", verdict=None,
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=AttemptAction.stopped(), verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
                 self._action(live, "stopped by user", ActionData())
                 self._set_job(JobState.STOPPED, "stopped by user")
                 return
             if judgement.verdict is Verdict.DONE:
-                await self._end_attempt(live, judgement, "none: job done")
+                await self._end_attempt(live, judgement, AttemptAction.none("job done"))
                 self._set_job(JobState.DONE, judgement.reason)
                 await self._alert_done(live, judgement)
                 return
@@ -189,13 +190,14 @@ class JobRunner(Adopting, GpuWaiting):
             await self._cleanup(live, judgement)
             released = await self._wait_gpu_release(live)
             if not released:
-                await self._end_attempt(live, judgement, "give up: GPU memory leaked")
+                await self._end_attempt(live, judgement, AttemptAction.give_up("GPU memory leaked"))
                 self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
                 return
-            action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
+            relaunch = decision.action is ActionKind.RELAUNCH
+            action = AttemptAction.relaunch(decision.wait_s) if relaunch else AttemptAction.give_up(decision.reason)
             await self._end_attempt(live, judgement, action)
-            await self._alert_end(live, judgement, action, None if decision.action == "relaunch" else decision.reason)
-            if decision.action != "relaunch":
+            await self._alert_end(live, judgement, action.text, None if relaunch else decision.reason)
+            if not relaunch:
                 self._set_job(JobState.FAILED, decision.reason)
                 return
             if judgement.verdict is Verdict.PREEMPTED:
@@ -295,7 +297,7 @@ class JobRunner(Adopting, GpuWaiting):
         stopped = self._stop_requested.is_set()
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
                      state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
-                     action="stopped by user" if stopped else "none: supervision failed",
+                     action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
                      reason=f"{reason}; the command {status.describe()}")
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
                                    ExitedData(status.returncode, status.signal))])
@@ -344,7 +346,7 @@ class JobRunner(Adopting, GpuWaiting):
             # a launch the daemon died in, by the next daemon's recovery.
             error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
             self._update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
-                         reason=str(error), action="give up: launch failed")
+                         reason=str(error), action=AttemptAction.give_up("launch failed"))
             raise error from exc
         row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
         row.scheduler_id = handle.scheduler_id
@@ -438,8 +440,8 @@ class JobRunner(Adopting, GpuWaiting):
         live.row.usage = live.gpu_meter.usage().with_host(from_host)
         self._update(live.row.n, usage=live.row.usage)
 
-    async def _end_attempt(self, live: Live, judgement: Judgement, action: str) -> None:
+    async def _end_attempt(self, live: Live, judgement: Judgement, action: AttemptAction) -> None:
         await self._record_usage(live)
         self._update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
                      verdict=judgement.verdict.value, reason=judgement.reason)
-        self._action(live, action, ActionData())
+        self._action(live, action.text, ActionData())
