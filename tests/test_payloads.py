@@ -4,15 +4,17 @@ and read back leniently from rows any earlier version wrote."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from supervisor.core.events import Event, EventKind, JobState, Phase, Verdict
+from supervisor.core.events import AttemptState, Event, EventKind, JobState, Phase, Verdict
 from supervisor.core.payloads import (
     ActionData,
     AlertData,
+    BarProgress,
     ExitedData,
     GpuFaultData,
     GpuHolder,
@@ -30,7 +32,7 @@ from supervisor.core.payloads import (
     payload_of,
 )
 from supervisor.spec.model import HealthSpec
-from supervisor.store.database import Store
+from supervisor.store.database import AttemptRow, Store
 from supervisor.store.milestones import ProgressMilestones
 from supervisor.watchdog import Watchdog
 
@@ -181,3 +183,37 @@ def test_a_progress_line_that_names_its_phase_enters_it() -> None:
     watchdog.observe(Event(job="j", attempt=1, kind=EventKind.PROGRESS, message="m", probe="p.bar",
                            data={"done": 1, "total": 4, "phase": Phase.WEIGHT_LOADING.value}))
     assert watchdog.phase is Phase.WEIGHT_LOADING
+
+
+def test_an_attempts_stored_progress_reads_back_typed_whatever_its_shape(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.upsert_job("j", {"name": "j"}, JobState.RUNNING)
+    rows = [
+        {"probe": "p.bar", "bar": "Loading", "done": 3, "total": 8, "rate_s_per_it": 0.5, "eta_s": 2.5},
+        {"probe": "p.bar", "done": 3, "total": None, "rate_s_per_it": None, "eta_s": None, "later": "key"},
+        {"probe": "p.bar", "done": "not a count"},
+        {"done": 1},
+        None,
+    ]
+    for n in range(1, len(rows) + 1):
+        store.add_attempt(AttemptRow(job="j", n=n, tag=f"j.{n}", host="local", argv=["a"], workdir="/", log_path="/l",
+                                     status_path="/s", pid=None, pgid=None, start_time=None, started=1.0, ended=None,
+                                     state=AttemptState.RUNNING, exit_code=None, exit_signal=None, log_offset=0,
+                                     phase=None, progress=None, verdict=None, reason=None, failure=None,
+                                     fingerprint=None, action=None))
+    store.close()
+    db = sqlite3.connect(tmp_path / "s.db")  # as earlier versions wrote it: JSON text
+    db.executemany("UPDATE attempts SET progress_json=? WHERE job='j' AND n=?",
+                   [(None if p is None else json.dumps(p), n) for n, p in enumerate(rows, 1)])
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "s.db")
+    read = [a.progress for a in store.attempts("j")]
+    assert read == [BarProgress("p.bar", 3, 8, 0.5, 2.5, "Loading"), BarProgress("p.bar", 3, None, None, None),
+                    None, None, None]
+    store.update_attempt("j", 5, progress=read[0])
+    assert store.attempt("j", 5).progress == read[0]
+    store.close()
+    db = sqlite3.connect(tmp_path / "s.db")
+    assert json.loads(db.execute("SELECT progress_json FROM attempts WHERE n=5").fetchone()[0]) == rows[0]  # the shape as before
+    db.close()

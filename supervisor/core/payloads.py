@@ -155,6 +155,35 @@ class Progress:
         return _present(done=self.done, total=self.total, unit=self.unit, rate=self.rate, desc=self.desc)
 
 
+@dataclass(frozen=True, slots=True)
+class BarProgress:
+    """Where an attempt's most recently moved bar stands, as the watchdog tracks it: what a
+    runner's snapshot shows, and what the attempt's row keeps (``status``, ``attempts``, the
+    metrics).  ``rate_s_per_it`` is the bar's median seconds per item."""
+
+    probe: str
+    done: float
+    total: float | None
+    rate_s_per_it: float | None
+    eta_s: float | None
+    bar: str | None = None  # its label (description, process) when one probe draws several bars
+
+    @classmethod
+    def from_json(cls, data: object) -> BarProgress | None:
+        """A stored row's progress; None when it has none this reading can use."""
+        if not isinstance(data, Mapping):
+            return None
+        probe, done = _text(data.get("probe")), count(data.get("done"))
+        if probe is None or done is None:
+            return None
+        return cls(probe, done, count(data.get("total")), _number(data.get("rate_s_per_it")),
+                   _number(data.get("eta_s")), _text(data.get("bar")))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"probe": self.probe, "bar": self.bar, "done": self.done, "total": self.total,
+                "rate_s_per_it": self.rate_s_per_it, "eta_s": self.eta_s}
+
+
 # Figures a progress line may print beside its count, shown by `logs --events`.
 _FIGURES = ("tok_s", "loss", "rate")
 

@@ -39,11 +39,11 @@ from prometheus_client.registry import Collector
 from supervisor import __version__
 from supervisor.core.events import Event, EventKind, FailureKind, JobState, Phase
 from supervisor.core.host_url import LOCAL_HOST
-from supervisor.core.payloads import VerdictData
+from supervisor.core.payloads import BarProgress, VerdictData
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import Host, ProcessHandle
 from supervisor.jobs.shard_views import GATHER, ShardRows
-from supervisor.jobs.snapshot import BarProgress, RunnerSnapshot
+from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.notify.alerts import AlertCounts
 from supervisor.store.database import AttemptRow, JobRow
 
@@ -384,7 +384,7 @@ def _progress(row: AttemptRow, live: RunnerSnapshot | None) -> BarProgress | Non
     """The runner's reading of the active bar, else the latest one stored."""
     if live is not None and live.progress is not None:
         return live.progress
-    return BarProgress(**row.progress) if row.progress else None
+    return row.progress
 
 
 async def serve_tcp(metrics: Metrics, host: str, port: int) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 from supervisor.core.bus import EventBus
 from supervisor.core.events import Event, EventKind, Failure, JobState, ProbeEvent
-from supervisor.core.payloads import ActionData, Payload, ProbeFields, jsonable
+from supervisor.core.payloads import ActionData, BarProgress, Payload, ProbeFields, jsonable
 from supervisor.core.usage import GpuUsageMeter
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
@@ -141,9 +141,9 @@ def describe_exit(status: ExitStatus | None) -> str:
     return status.describe() if status is not None else "was still running when watching stopped"
 
 
-def progress_dict(progress: ProgressState) -> dict[str, Any]:
-    return {"probe": progress.probe, "bar": progress.bar, "done": progress.done, "total": progress.total,
-            "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
+def bar_progress(progress: ProgressState) -> BarProgress:
+    """The watchdog's reading of a bar, as the attempt's row keeps it."""
+    return BarProgress(progress.probe, progress.done, progress.total, progress.rate, progress.eta_s, progress.bar)
 
 
 def gpu_summary(sample: GpuSample | None) -> str:

@@ -20,7 +20,7 @@ from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
-from supervisor.jobs.runner._context import Live, progress_dict
+from supervisor.jobs.runner._context import Live, bar_progress
 from supervisor.jobs.runner._drain import drain
 from supervisor.jobs.runner._pacing import Pacing
 from supervisor.jobs.runner._queued import Queueing, scheduler_judgement
@@ -265,7 +265,7 @@ class Watching(Pacing, Queueing):
         fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
                                   "log_generation": live.row.log_generation}
         if state.progress is not None:
-            fields["progress"] = progress_dict(state.progress)
+            fields["progress"] = bar_progress(state.progress)
         if state.failure is not None:
             fields["failure"] = state.failure
             fields["fingerprint"] = state.failure.fingerprint
