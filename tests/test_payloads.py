@@ -14,7 +14,6 @@ from supervisor.core.events import AttemptState, Event, EventKind, JobState, Pha
 from supervisor.core.payloads import (
     ActionData,
     AlertData,
-    BarProgress,
     ExitedData,
     GpuFaultData,
     GpuHolder,
@@ -22,7 +21,6 @@ from supervisor.core.payloads import (
     LaunchedData,
     ProbeFields,
     ProcessStackData,
-    Progress,
     RestartData,
     SlowStep,
     StacksData,
@@ -31,6 +29,7 @@ from supervisor.core.payloads import (
     VerdictData,
     payload_of,
 )
+from supervisor.core.progress import BarProgress, Progress
 from supervisor.spec.model import HealthSpec
 from supervisor.store.database import AttemptRow, Store
 from supervisor.store.milestones import ProgressMilestones

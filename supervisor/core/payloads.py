@@ -9,19 +9,18 @@ absent too (``None``), never as an error.
 
 A probe event's payload is the probe's named captures (``ProbeFields``): their names are the
 probe packs', so they stay a mapping, read through the few typed views the supervisor itself
-uses (``progress``, ``phase``, ``heartbeat``).  ``Progress`` is the one reading of a bar's count
-that the watchdog, the stored milestones, the alerts and the views share.
+uses (``progress``, ``phase``, ``heartbeat``); a count is read as ``core/progress.py`` reads it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from supervisor.core.events import EventKind, JobState, Phase, Verdict
+from supervisor.core.progress import Progress, count
 
 
 class Carries(Protocol):
@@ -49,29 +48,6 @@ _E = TypeVar("_E", bound=StrEnum)
 
 
 # -- lenient readers of one stored value ----------------------------------------------------
-
-def count(value: object) -> int | float | None:
-    """A count as a probe captured it: a number, or the text of one (a capture without a field
-    type); an int stays an int, so that ``5/10`` never reads ``5.0/10.0``.  NaN is no count; an
-    infinite one is kept as captured (see ``Progress.finite``)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return int(text)
-        except ValueError:
-            pass
-        try:
-            value = float(text)
-        except ValueError:
-            return None
-    if isinstance(value, float):
-        return None if math.isnan(value) else value
-    return None
-
 
 def _number(value: object) -> float | None:
     return None if isinstance(value, bool) or not isinstance(value, int | float) else float(value)
@@ -110,78 +86,6 @@ def _member(kind: type[_E], value: object) -> _E | None:
 def _present(**values: Any) -> dict[str, Any]:
     """The keys whose value is set: a payload stores only what its producer said."""
     return {key: value for key, value in values.items() if value is not None}
-
-
-# -- progress -----------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """One progress line's count, read from a probe's fields (``done`` and usually ``total``)."""
-
-    done: int | float
-    total: int | float | None = None
-    unit: str | None = None  # a probe's constant ``set = { unit = ... }``
-    rate: float | None = None  # items per second, when the line prints one
-    desc: str | None = None  # the bar's own description, when the probe captures one
-
-    @classmethod
-    def read(cls, fields: Mapping[str, Any]) -> Progress | None:
-        """The count of a line, or None when it has none this reading can use."""
-        done = count(fields.get("done"))
-        if done is None:
-            return None
-        desc = fields.get("desc")
-        return cls(done, count(fields.get("total")), _text(fields.get("unit")), _number(fields.get("rate")),
-                   None if desc is None else str(desc))
-
-    @property
-    def finite(self) -> bool:
-        """The count is a finite number: one the stored milestones can place on a bar."""
-        return math.isfinite(self.done)
-
-    @property
-    def fraction(self) -> float | None:
-        """done / total, for a bar with a positive total."""
-        return None if self.total is None or self.total <= 0 else self.done / self.total
-
-    @property
-    def percent(self) -> int | None:
-        """The whole percent reached (capped at 100), for a bar with a positive finite total."""
-        if self.total is None or not 0 < self.total < math.inf:
-            return None
-        return math.floor(100 * min(self.done, self.total) / self.total)
-
-    def to_json(self) -> dict[str, Any]:
-        return _present(done=self.done, total=self.total, unit=self.unit, rate=self.rate, desc=self.desc)
-
-
-@dataclass(frozen=True, slots=True)
-class BarProgress:
-    """Where an attempt's most recently moved bar stands, as the watchdog tracks it: what a
-    runner's snapshot shows, and what the attempt's row keeps (``status``, ``attempts``, the
-    metrics).  ``rate_s_per_it`` is the bar's median seconds per item."""
-
-    probe: str
-    done: float
-    total: float | None
-    rate_s_per_it: float | None
-    eta_s: float | None
-    bar: str | None = None  # its label (description, process) when one probe draws several bars
-
-    @classmethod
-    def from_json(cls, data: object) -> BarProgress | None:
-        """A stored row's progress; None when it has none this reading can use."""
-        if not isinstance(data, Mapping):
-            return None
-        probe, done = _text(data.get("probe")), count(data.get("done"))
-        if probe is None or done is None:
-            return None
-        return cls(probe, done, count(data.get("total")), _number(data.get("rate_s_per_it")),
-                   _number(data.get("eta_s")), _text(data.get("bar")))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"probe": self.probe, "bar": self.bar, "done": self.done, "total": self.total,
-                "rate_s_per_it": self.rate_s_per_it, "eta_s": self.eta_s}
 
 
 # Figures a progress line may print beside its count, shown by `logs --events`.

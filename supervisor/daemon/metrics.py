@@ -39,7 +39,8 @@ from prometheus_client.registry import Collector
 from supervisor import __version__
 from supervisor.core.events import Event, EventKind, FailureKind, JobState, Phase
 from supervisor.core.host_url import LOCAL_HOST
-from supervisor.core.payloads import BarProgress, VerdictData
+from supervisor.core.payloads import VerdictData
+from supervisor.core.progress import BarProgress
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import Host, ProcessHandle
 from supervisor.jobs.shard_views import GATHER, ShardRows

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.core.events import BoundKind, Phase, Verdict
-from supervisor.core.payloads import BarProgress
+from supervisor.core.progress import BarProgress
 
 if TYPE_CHECKING:
     from supervisor.watchdog import BoundSource, Watchdog

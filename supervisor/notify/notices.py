@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from supervisor.core.events import Failure, Phase
 from supervisor.core.host_url import is_local
-from supervisor.core.payloads import Progress, SlowStep
+from supervisor.core.payloads import SlowStep
+from supervisor.core.progress import Progress
 from supervisor.gpu.health import GpuFault
 from supervisor.notify.alerts import Alert, AlertKind
 from supervisor.spec.tables import AlertSpec

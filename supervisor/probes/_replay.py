@@ -44,7 +44,7 @@ from supervisor.core.events import (
     ProbeEvent,
     ProbeKind,
 )
-from supervisor.core.payloads import Progress, count
+from supervisor.core.progress import Progress, count
 from supervisor.core.records import split_records
 from supervisor.probes._barfold import RedrawCoalescer
 from supervisor.probes._engine import ProbeEngine

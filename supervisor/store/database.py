@@ -30,7 +30,7 @@ from supervisor.core.events import (
     Verdict,
     failure_kind,
 )
-from supervisor.core.payloads import BarProgress
+from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
 from supervisor.store.schema import MIGRATIONS as _MIGRATIONS
 

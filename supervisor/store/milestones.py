@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 
 from supervisor.core.events import Event, EventKind
-from supervisor.core.payloads import ProbeFields, Progress
+from supervisor.core.payloads import ProbeFields
+from supervisor.core.progress import Progress
 from supervisor.probes import BarBook
 
 INTERVAL_S = 30.0  # a bar without a total: at most one stored line per this long

@@ -14,7 +14,8 @@ from typing import Any
 
 from supervisor.core.bus import EventBus
 from supervisor.core.events import Event, EventKind, Failure, JobState, ProbeEvent
-from supervisor.core.payloads import ActionData, BarProgress, Payload, ProbeFields, jsonable
+from supervisor.core.payloads import ActionData, Payload, ProbeFields, jsonable
+from supervisor.core.progress import BarProgress
 from supervisor.core.usage import GpuUsageMeter
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
