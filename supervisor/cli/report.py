@@ -205,7 +205,7 @@ def _event_marker(axis: Any, event: protocol.EventInfo, lane: int) -> None:
     elif event.kind is EventKind.ACTION:
         if event.message.startswith("killed the process tree"):
             axis.plot(x, lane - 0.38, marker="v", color="black", markersize=7, linestyle="")
-        elif (done := AttemptAction.read(event.message)) is not None and done.kind is ActionKind.GIVE_UP:
+        elif (said := AttemptAction.read(event.message)) is not None and said.kind is ActionKind.GIVE_UP:
             axis.plot(x, lane + 0.38, marker="X", color="black", markersize=8, linestyle="")
 
 

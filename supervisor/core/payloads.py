@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from supervisor.core.events import EventKind, JobState, Phase, Verdict
 from supervisor.core.progress import Progress, count
@@ -45,6 +45,7 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 _E = TypeVar("_E", bound=StrEnum)
+_new = tuple.__new__  # a named tuple made without its Python-level __new__ (see ProbeFields)
 
 
 # -- lenient readers of one stored value ----------------------------------------------------
@@ -92,19 +93,19 @@ def _present(**values: Any) -> dict[str, Any]:
 _FIGURES = ("tok_s", "loss", "rate")
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeFields:
-    """A probe event's payload (phase, progress, failure, metric, info): the probe's captures."""
+class ProbeFields(NamedTuple):
+    """A probe event's payload (phase, progress, failure, metric, info): the probe's captures.
+    A named tuple: one is read for every probe event, by the watchdog and by the store."""
 
     fields: Mapping[str, Any]
 
     @classmethod
     def of(cls, event: Carries) -> ProbeFields:
-        return cls(event.data)
+        return _new(cls, (event.data,))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProbeFields:
-        return cls(data)
+        return _new(cls, (data,))
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.fields)

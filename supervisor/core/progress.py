@@ -12,13 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def count(value: object) -> int | float | None:
     """A count as a probe captured it: a number, or the text of one (a capture without a field
     type); an int stays an int, so that ``5/10`` never reads ``5.0/10.0``.  NaN is no count; an
     infinite one is kept as captured (see ``Progress.finite``)."""
+    if type(value) is int:  # the common case first: read for every progress line
+        return value
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -38,6 +40,11 @@ def count(value: object) -> int | float | None:
     return None
 
 
+# Progress(...) made by tuple.__new__ directly, skipping the named tuple's Python-level __new__.
+_new = tuple.__new__
+_INF, _floor = math.inf, math.floor
+
+
 def _number(value: object) -> float | None:
     return None if isinstance(value, bool) or not isinstance(value, int | float) else float(value)
 
@@ -46,9 +53,12 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """One progress line's count, read from a probe's fields (``done`` and usually ``total``)."""
+class Progress(NamedTuple):
+    """One progress line's count, read from a probe's fields (``done`` and usually ``total``).
+
+    A named tuple rather than a frozen dataclass, as ``Record`` is: one is read for every
+    progress line, by the watchdog and by the store's milestones, and a frozen dataclass costs
+    several times as much to make."""
 
     done: int | float
     total: int | float | None = None
@@ -59,12 +69,20 @@ class Progress:
     @classmethod
     def read(cls, fields: Mapping[str, Any]) -> Progress | None:
         """The count of a line, or None when it has none this reading can use."""
-        done = count(fields.get("done"))
-        if done is None:
-            return None
-        desc = fields.get("desc")
-        return cls(done, count(fields.get("total")), _text(fields.get("unit")), _number(fields.get("rate")),
-                   None if desc is None else str(desc))
+        # Inlined (no helper calls on the common path): read for every progress line.
+        get = fields.get
+        done = get("done")
+        if type(done) is not int:
+            done = count(done)
+            if done is None:
+                return None
+        total = get("total")
+        if total is not None and type(total) is not int:
+            total = count(total)
+        unit, rate, desc = get("unit"), get("rate"), get("desc")
+        return _new(cls, (done, total, unit if type(unit) is str else None,
+                          float(rate) if type(rate) is float or type(rate) is int else None,
+                          None if desc is None else str(desc)))
 
     @property
     def finite(self) -> bool:
@@ -79,9 +97,11 @@ class Progress:
     @property
     def percent(self) -> int | None:
         """The whole percent reached (capped at 100), for a bar with a positive finite total."""
-        if self.total is None or not 0 < self.total < math.inf:
+        total = self.total
+        if total is None or not 0 < total < _INF:
             return None
-        return math.floor(100 * min(self.done, self.total) / self.total)
+        done = self.done
+        return _floor(100 * (done if done < total else total) / total)
 
     def to_json(self) -> dict[str, Any]:
         values = {"done": self.done, "total": self.total, "unit": self.unit, "rate": self.rate, "desc": self.desc}

@@ -175,9 +175,10 @@ class JobRunner(Adopting, GpuWaiting):
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
                 await self._record_usage(live)
-                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=AttemptAction.stopped(), verdict=None,
+                stopped = AttemptAction.stopped()
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=stopped, verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
-                self._action(live, "stopped by user", ActionData())
+                self._action(live, stopped.text, ActionData())
                 self._set_job(JobState.STOPPED, "stopped by user")
                 return
             if judgement.verdict is Verdict.DONE:
