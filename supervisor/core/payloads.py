@@ -34,8 +34,13 @@ class Payload(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON can hold it: tuples as lists, keys as strings, anything else as its text."""
+    if type(value) is dict and all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
+        return value  # a probe's fields, as they nearly always are: nothing to convert (one look per event)
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -108,7 +113,9 @@ class ProbeFields(NamedTuple):
         return _new(cls, (data,))
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.fields)
+        fields = self.fields
+        # The captures' own dict when they are one (the engine's, made for this event): no copy per line.
+        return fields if type(fields) is dict else dict(fields)
 
     @property
     def progress(self) -> Progress | None:
@@ -117,7 +124,8 @@ class ProbeFields(NamedTuple):
     @property
     def phase(self) -> Phase | None:
         """The phase a line implies by a ``phase`` field (a progress bar known to belong to one)."""
-        return _member(Phase, self.fields.get("phase"))
+        value = self.fields.get("phase")
+        return None if value is None else _member(Phase, value)  # most lines name none: no call for them
 
     @property
     def heartbeat(self) -> bool:

@@ -64,9 +64,10 @@ class ProgressMilestones:
             return True
         payload = ProbeFields.of(event)
         progress = payload.progress
-        if progress is None or not progress.finite:
+        counts = None if progress is None else _counts(progress)
+        if progress is None or counts is None:
             return True  # not a count this sieve can read: kept as it came
-        done, total = _counts(progress)
+        done, total = counts
         run, new = self._book.place(event.probe or "progress", payload.fields, done, total)
         kept = self._bars.get(run.id)
         percent = progress.percent
@@ -102,15 +103,16 @@ class ProgressMilestones:
         for event in stored:
             payload = ProbeFields.of(event)
             progress = payload.progress if event.kind is EventKind.PROGRESS else None
-            if progress is None or not progress.finite or event.id is None:
+            counts = None if progress is None else _counts(progress)
+            if progress is None or counts is None or event.id is None:
                 continue
-            run, new = self._book.place(event.probe or "progress", payload.fields, *_counts(progress))
+            run, new = self._book.place(event.probe or "progress", payload.fields, *counts)
             if new:
                 rows[run.id] = []
             rows.setdefault(run.id, []).append((event, progress))
         for bar, events in rows.items():
             last, last_progress = events[-1]
-            done, total = _counts(last_progress)
+            done, total = float(last_progress.done), _total(last_progress)
             percent = last_progress.percent
             kept = _Kept(done, percent, last.ts, done)
             if len(events) > 1:
@@ -143,7 +145,16 @@ class ProgressMilestones:
         self._replaced.clear()
 
 
-def _counts(progress: Progress) -> tuple[float, float | None]:
-    """A line's count and total as the sieve compares them (an infinite total is none)."""
+def _counts(progress: Progress) -> tuple[float, float | None] | None:
+    """A line's count and total as the sieve compares them: None for a count that is no finite
+    number (such a line is kept as it came), and an infinite total is none."""
+    done = float(progress.done)
+    return None if not _isfinite(done) else (done, _total(progress))
+
+
+def _total(progress: Progress) -> float | None:
     total = progress.total
-    return float(progress.done), None if total is None or not math.isfinite(total) else float(total)
+    return None if total is None or not _isfinite(total) else float(total)
+
+
+_isfinite = math.isfinite
