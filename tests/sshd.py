@@ -162,6 +162,21 @@ class SshServer:
         return len(procs)
 
 
+def without_python3(root: Path) -> str:
+    """sshd_config lines for a box whose PATH has no python3: every other program of the
+    system's bin directories, linked into one, and a HOME with no rc files (a user's .bashrc
+    may put a python3 back on the PATH, pyenv's shims for one)."""
+    bin_dir, home = root / "bin", root / "home"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    home.mkdir(exist_ok=True)
+    for directory in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        for entry in sorted(Path(directory).iterdir()) if Path(directory).is_dir() else []:
+            link = bin_dir / entry.name
+            if not entry.name.startswith("python") and not link.exists() and not link.is_symlink():
+                link.symlink_to(entry)
+    return f"SetEnv PATH={bin_dir} HOME={home}\n"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

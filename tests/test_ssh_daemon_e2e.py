@@ -227,3 +227,34 @@ def test_stop_while_the_host_is_unreachable_ends_the_wait_and_says_the_process_m
     assert out.returncode == 0, out.stderr
     wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, timeout=20)
     assert client.status("unreached").jobs[0].attempt.state != "running"
+
+
+def test_start_on_a_box_without_python3_exits_69_in_one_line_and_the_daemon_answers_on(
+        daemon_env: dict[str, str], make_job: Callable[..., Path], home: Path, tmp_path: Path) -> None:
+    from conftest import DaemonProcess
+    from sshd import SshServer, without_python3
+
+    with SshServer(tmp_path / "bare-sshd", extra_config=without_python3(tmp_path / "bare-box")) as box:
+        env = {**daemon_env, **box.env()}
+        spec = make_job("nopy", PROGRESS_JOB, params=', "3", "0.01"')
+        spec.write_text(f'host = "{box.url}"\npython = "{sys.executable}"\nworkdir = "{spec.parent}"\n' + spec.read_text())
+        daemon = DaemonProcess(home, env)
+        daemon.start()
+        try:
+            result = supervise(env, "start", str(spec), check=False)
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 69, (result.returncode, result.stderr)
+            assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+            where = box.url.removeprefix("ssh://")
+            assert lines[0] == (f"supervise: could not start nopy: no python3 on {where}: install Python 3.8 or newer "
+                                "there, or set SUPERVISE_SSH_PYTHON to one (the supervisor's agent, which follows the "
+                                "logs there, runs on it)")
+            assert not (home / "remote-logs").exists()  # nothing launched there
+            status = supervise(env, "status", "nopy", check=False)  # the daemon answers on, and says why
+            assert status.returncode == 1 and "no python3 on" in status.stdout, status.stdout + status.stderr
+            assert daemon.proc is not None and daemon.proc.poll() is None
+            doctor = supervise(env, "doctor", "--host", box.url, check=False)
+            assert doctor.returncode == 1
+            assert any(line.startswith("MISSING  python3     no python3 on") for line in doctor.stdout.splitlines()), doctor.stdout
+        finally:
+            daemon.close()

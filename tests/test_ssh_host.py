@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 pytest_plugins = ["sshd"]  # the session-scoped sshd_server fixture
 
 T = TypeVar("T")
-# A remote python3 that is not there: the host falls back to one channel per followed log.
-NO_AGENT = {"SUPERVISE_SSH_PYTHON": "no-such-python3"}
 
 
 @pytest.fixture
@@ -499,7 +498,7 @@ def test_follow_yields_the_same_records_as_the_local_follower(ssh_env, tmp_path:
     async def go() -> tuple[list[Record], list[Record], list[Record], int, int]:
         try:
             local = LogFollower(path, offset)
-            remote_streamed = host.follow(str(path), offset)  # tail -F, then finish
+            remote_streamed = host.follow(str(path), offset)  # followed, then finish
             remote_drained = host.follow(str(path), offset)  # finish at once: one plain read
             streamed = await _records(remote_streamed, finish_after=0.5)
             drained = await _records(remote_drained)
@@ -515,12 +514,10 @@ def test_follow_yields_the_same_records_as_the_local_follower(ssh_env, tmp_path:
     assert remote_offset == local_offset == len(CONTENT)
 
 
-@pytest.mark.parametrize("agent", [True, False], ids=["agent", "channel-per-log"])
-def test_follow_a_growing_log_across_dropped_connections(ssh_env, sshd_server: SshServer, tmp_path: Path, url: str,
-                                                         agent: bool) -> None:
+def test_follow_a_growing_log_across_dropped_connections(ssh_env, sshd_server: SshServer, tmp_path: Path, url: str) -> None:
     path = tmp_path / "growing.log"
     path.write_bytes(b"")
-    host = SshHost(url, env=ssh_env if agent else {**ssh_env, **NO_AGENT})
+    host = SshHost(url, env=ssh_env)
     dropped = asyncio.Event()
 
     async def write() -> None:
@@ -608,37 +605,6 @@ def test_follow_a_file_that_never_appears_ends_on_finish(ssh_env, tmp_path: Path
     assert run(go) == []
 
 
-def test_closing_a_follower_stops_its_remote_tail_without_the_agent(ssh_env, tmp_path: Path, url: str) -> None:
-    path = tmp_path / "closed.log"
-    path.write_text("a\n")
-    host = SshHost(url, env={**ssh_env, **NO_AGENT})
-
-    def tails() -> list[int]:
-        found = []
-        for proc in psutil.process_iter(["pid", "name", "cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if proc.info["name"] == "tail" and str(path) in cmd:
-                found.append(proc.pid)
-        return found
-
-    async def go() -> tuple[list[int], list[int]]:
-        try:
-            follower = host.follow(str(path), 0)
-            it = follower.records().__aiter__()
-            await asyncio.wait_for(it.__anext__(), 10)
-            running = tails()
-            await follower.aclose()
-            deadline = time.monotonic() + 5
-            while tails() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            return running, tails()
-        finally:
-            await host.close()
-
-    running, left = run(go)
-    assert running and not left
-
-
 def test_closing_a_follower_ends_its_follow_in_the_agent(ssh_env, tmp_path: Path, url: str) -> None:
     path = tmp_path / "closed.log"
     path.write_text("a\n")
@@ -664,25 +630,141 @@ def test_a_full_session_budget_waits_for_a_free_session_then_names_max_sessions(
     path = tmp_path / "a.log"
     path.write_text("a\n")
     with SshServer(tmp_path / "sshd2", max_sessions=2) as server:
-        host = SshHost(server.url, env={**ssh_env, **server.env(), "SUPERVISE_SSH_RETRY_S": "1", **NO_AGENT})
+        host = SshHost(server.url, env={**ssh_env, **server.env(), "SUPERVISE_SSH_RETRY_S": "1"})
 
         async def go() -> str:
             try:
-                first, second = host.follow(str(path), 0), host.follow(str(path), 0)
-                for follower in (first, second):  # two long-lived sessions: the budget is spent
-                    await asyncio.wait_for(follower.records().__aiter__().__anext__(), 10)
+                follower = host.follow(str(path), 0)  # the agent's session
+                await asyncio.wait_for(follower.records().__aiter__().__anext__(), 10)
+                other = await host.stream("cat >/dev/null")  # a second long-lived one: the budget is spent
                 with pytest.raises(HostError, match="MaxSessions"):
                     await host.remote_home()
                 waiting = asyncio.create_task(host.remote_home())
                 await asyncio.sleep(0.3)
-                await first.aclose()  # frees one: the waiting operation takes it
+                other.stdin.write_eof()  # frees one: the waiting operation takes it
+                other.close()
                 home = await asyncio.wait_for(waiting, 10)
-                await second.aclose()
+                await follower.aclose()
                 return home
             finally:
                 await host.close()
 
         assert run(go) == os.path.expanduser(f"~{psutil.Process().username()}")
+
+
+# -- a box where the agent cannot run -----------------------------------------------------------
+
+FIX = "install Python 3.8 or newer there, or set SUPERVISE_SSH_PYTHON to one"
+
+
+@pytest.fixture
+def bare_box(tmp_path: Path) -> Iterator[SshServer]:
+    """A box whose PATH has no python3 (everything else is there)."""
+    from sshd import SshServer, without_python3
+
+    with SshServer(tmp_path / "bare-sshd", extra_config=without_python3(tmp_path / "bare-box")) as server:
+        yield server
+
+
+def test_a_box_without_python3_runs_no_job_and_says_what_to_do_in_one_line(ssh_env, bare_box: SshServer,
+                                                                           tmp_path: Path, cleanup_tags) -> None:
+    log = tmp_path / "there.log"
+    log.write_text("a line\n")
+    marker = tmp_path / "ran"
+    host = SshHost(bare_box.url, env={**ssh_env, **bare_box.env()})
+    someone = ProcessHandle(pid=os.getpid(), start_time=None, pgid=os.getpid(), tag="t", log_path=str(log),
+                            status_path=str(tmp_path / "none.exit"))
+
+    async def go() -> tuple[list[str], str]:
+        said: list[str] = []
+        try:
+            for call in (lambda: host.log_paths("job", 1),
+                         lambda: host.launch(request(tmp_path, f"open({str(marker)!r}, 'w')", "s.bare.abc")),
+                         lambda: _records(host.follow(str(log), 0)),
+                         lambda: host.wait_exit(someone)):
+                with pytest.raises(HostError) as info:
+                    await asyncio.wait_for(call(), 30)
+                said.append(str(info.value))
+            return said, await host.remote_home()  # the rest of the host still answers
+        finally:
+            await host.close()
+
+    said, home = run(go)
+    where = host.target.display
+    line = f"no python3 on {where}: {FIX} (the supervisor's agent, which follows the logs there, runs on it)"
+    assert said == [line] * 4
+    assert "\n" not in line and home
+    assert not marker.exists() and not (tmp_path / "remote-logs").exists()  # nothing ran there, nothing made
+
+    # What the line says works: SUPERVISE_SSH_PYTHON naming a Python 3 on that box, the job runs and is followed.
+    cleanup_tags.append("s.bare.ok")
+    fixed = SshHost(bare_box.url, env={**ssh_env, **bare_box.env(), "SUPERVISE_SSH_PYTHON": sys.executable})
+
+    async def again() -> tuple[Any, list[Record]]:
+        try:
+            await fixed.log_paths("job", 1)
+            handle = await fixed.launch(request(tmp_path, "print('ran there')", "s.bare.ok"))
+            status = await asyncio.wait_for(fixed.wait_exit(handle), 30)
+            return status, await _records(fixed.follow(handle.log_path, 0))
+        finally:
+            await fixed.close()
+
+    status, records = run(again)
+    assert status.returncode == 0 and [r.text for r in records] == ["ran there"]
+
+
+_PYTHON_2 = "#!/bin/sh\necho 'Python 2 prints its version so' >&2\necho 'old 2.7.18'\n"  # what a 2.7 answers MUX_SH
+
+
+@pytest.mark.parametrize("case", ["missing", "not-executable", "too-old", "not-python"])
+def test_a_supervise_ssh_python_that_cannot_run_the_agent_is_refused_in_one_line(ssh_env, tmp_path: Path, url: str,
+                                                                               case: str) -> None:
+    python = {"missing": "no-such-python3", "not-python": "bash"}.get(case, str(tmp_path / "python"))
+    if case == "not-executable":
+        (tmp_path / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    if case == "too-old":
+        (tmp_path / "python").write_text(_PYTHON_2)
+        (tmp_path / "python").chmod(0o755)
+    host = SshHost(url, env={**ssh_env, "SUPERVISE_SSH_PYTHON": python})
+
+    async def go() -> tuple[str, bool]:
+        try:
+            with pytest.raises(HostError) as info:
+                await asyncio.wait_for(host.log_paths("job", 1), 30)
+            if case != "not-executable":
+                return str(info.value), False
+            (tmp_path / "python").chmod(0o755)  # fixed on the box: the next use asks again, and runs
+            await asyncio.wait_for(host.log_paths("job", 1), 30)
+            return str(info.value), True
+        finally:
+            await host.close()
+
+    line, recovered = run(go)
+    where = host.target.display
+    expected = {
+        "missing": f"SUPERVISE_SSH_PYTHON=no-such-python3 is not found on {where}: set it to a Python 3.8 or newer there",
+        "not-executable": rf"{python} on {where} does not run as Python \(.*Permission denied\): {FIX}",
+        "too-old": f"{python} on {where} is Python 2.7.18, too old for the supervisor's agent: {FIX}",
+        "not-python": rf"bash on {where} does not run as Python \(bash: .*\): {FIX}",
+    }[case]
+    assert "\n" not in line
+    assert line == expected if case in ("missing", "too-old") else re.fullmatch(expected, line), line
+    assert recovered == (case == "not-executable")
+
+
+def test_closing_a_host_ends_a_launch_waiting_for_its_agent(ssh_env) -> None:
+    host = SshHost("ssh://root@127.0.0.1:1", env=ssh_env)  # nothing listens: the agent's channel keeps trying
+
+    async def go() -> str:
+        waiting = asyncio.create_task(host.log_paths("job", 1))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await host.close()
+        with pytest.raises(HostError) as info:
+            await asyncio.wait_for(waiting, 10)
+        return str(info.value)
+
+    assert run(go) == "the SSH host root@127.0.0.1:1 was closed"
 
 
 # -- host keys and logins ---------------------------------------------------------------------------
@@ -863,7 +945,7 @@ def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Pa
         monkeypatch.setenv(key, value)
     assert doctor_command(url) == 0
     out = capsys.readouterr().out
-    for name in ("ssh", "host key", "login", "/bin/sh", "setsid", "/proc", "tail", "grep -z", "awk", "python3", "log root"):
+    for name in ("ssh", "host key", "login", "/bin/sh", "setsid", "/proc", "grep -z", "awk", "python3", "log root"):
         assert any(line.startswith("ok") and line[9:].startswith(name) for line in out.splitlines()), (name, out)
     assert "MISSING  nvidia-smi" in out and "SUPERVISE_SSH_NVIDIA_SMI" in out
 
@@ -887,6 +969,15 @@ def test_doctor_reports_each_check(ssh_env, sshd_server: SshServer, tmp_path: Pa
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("MISSING") and "Xid errors" in line
             and "SUPERVISE_SSH_KERNEL_LOG" in line], out
+
+    # No Python for the agent there: the host's refusal, as `start` would meet it, and a required check.
+    monkeypatch.setenv("SUPERVISE_SSH_PYTHON", "no-such-python3")
+    assert doctor_command(url) == 1
+    out = capsys.readouterr().out
+    assert (f"MISSING  python3     SUPERVISE_SSH_PYTHON=no-such-python3 is not found on {parse_target(url).display}: "
+            "set it to a Python 3.8 or newer there") in out.splitlines(), out
+    assert out.splitlines()[-1].startswith("doctor: 1 required check(s) MISSING: python3")
+    monkeypatch.delenv("SUPERVISE_SSH_PYTHON")
 
     monkeypatch.setenv("SUPERVISE_SSH_KNOWN_HOSTS", str(tmp_path / "empty_known_hosts"))
     assert doctor_command(url) == 1
@@ -948,7 +1039,7 @@ def test_the_pages_log_tail_of_a_remote_log_reads_from_near_its_end(ssh_env, tmp
 _POISONING_PYTHON = """\
 import os, subprocess, sys
 state, real = {state!r}, {real!r}
-if os.path.exists(state):
+if os.path.exists(state) or "def main" not in sys.argv[-1]:  # the version asked first, or a later run
     os.execv(real, [real, *sys.argv[1:]])
 open(state, "w").close()
 agent = subprocess.Popen([real, *sys.argv[1:]], stdout=subprocess.PIPE)

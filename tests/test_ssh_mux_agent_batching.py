@@ -1,8 +1,8 @@
 """The SSH host's remote agent gathers a busy host's lines into few frames.
 
-The agent (``hosts.ssh_mux_agent.AGENT_PY``) runs here as the real program it is on a remote box,
-a python3 child speaking its framed protocol over stdin/stdout.  Every frame costs the daemon a
-wake-up and a batch, so a host whose logs run above ``BUSY_LINES`` lines/s is read at most every
+The agent (``hosts.ssh._agent_program``, sent as ``mux_agent.agent_source()``) runs here as the
+real program it is on a remote box, a python3 child speaking its framed protocol over stdin/stdout.
+Every frame costs the daemon a wake-up and a batch, so a host whose logs run above ``BUSY_LINES`` lines/s is read at most every
 ``GATHER_S``; a quiet log is still sent line by line, the moment it is written.
 """
 
@@ -18,7 +18,7 @@ from typing import IO
 
 import pytest
 
-from supervisor.hosts.ssh.mux_agent import AGENT_PY
+from supervisor.hosts.ssh.mux_agent import agent_source
 
 
 def _write(path: Path, lines: int, rate: float) -> None:
@@ -36,7 +36,7 @@ def _frames(tmp_path: Path, lines: int, rate: float) -> list[int]:
     """Lines in each data frame the agent sent while ``lines`` were written at ``rate``."""
     log = tmp_path / "job.log"
     log.touch()
-    with subprocess.Popen([sys.executable, "-c", AGENT_PY], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as agent:
+    with subprocess.Popen([sys.executable, "-c", agent_source()], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as agent:
         assert agent.stdin is not None and agent.stdout is not None
         try:
             return _read_frames(agent.stdin, agent.stdout, log, lines, rate)

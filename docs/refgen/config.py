@@ -32,7 +32,8 @@ VARIABLES = {
     "SUPERVISE_SSH_LOG_ROOT": "where attempt logs go on an SSH host (default `~/.local/state/supervise/logs`)",
     "SUPERVISE_SSH_RETRY_S": "seconds an unreachable SSH host is retried before the operation fails (default 60)",
     "SUPERVISE_SSH_NVIDIA_SMI": "the `nvidia-smi` command run on an SSH host",
-    "SUPERVISE_SSH_PYTHON": "the box's python3 for the resident log agent (default `python3` on its PATH)",
+    "SUPERVISE_SSH_PYTHON": "the box's Python 3 (3.8 or newer) for the resident log agent (default `python3` on its "
+                            "PATH); without one the host runs no job and says so",
     "SUPERVISE_SSH_KERNEL_LOG": "the box's kernel log command, read for Xid lines (default `dmesg`; empty: not read)",
     "SUPERVISE_SSH_PYSPY": "py-spy on an SSH host (default: its PATH, else `~/.local/bin`)",
     "SUPERVISE_SLURM_LOG_ROOT": "the log root of a Slurm host, on a file system the nodes share at the same path",

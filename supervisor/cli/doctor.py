@@ -2,8 +2,9 @@
 
 With ``--host ssh://[user@]box[:port]`` it checks, in order: the SSH connection, the host
 key, the login, then on the box itself what the SSH host's scripts need (``/bin/sh``,
-``setsid``, ``/proc``, GNU ``tail -F`` and ``grep -z``, ``awk``, a fractional ``sleep``),
-``python3``, ``nvidia-smi`` and the free space under the remote log root.  Without a host it
+``setsid``, ``/proc``, GNU ``grep -z``, ``awk``, a fractional ``sleep``), that the host's
+agent starts on the box's ``python3`` (or ``SUPERVISE_SSH_PYTHON``), ``nvidia-smi`` and the
+free space under the remote log root.  Without a host it
 runs the same shell checks on this machine, against the local log root, and looks at NVML.
 
 Each line is ``ok`` or ``MISSING`` (or ``warn``), the check, and what was found or exactly
@@ -79,15 +80,31 @@ async def _remote_checks(url: str) -> list[Check]:
         checks.append(Check("ok", "login", f"logged in as {host.target.user or 'the default user'}"))
         try:
             root = await host.log_root()
-            _, out, _ = await host.run_script(DOCTOR_SCRIPT, root, host.nvidia_smi, host.pyspy, host.kernel_log)
+            _, out, _ = await host.run_script(DOCTOR_SCRIPT, root, host.nvidia_smi, host.pyspy, host.kernel_log,
+                                              host.mux.python)
         except SuperviseError as exc:
             return [*checks, Check("MISSING", "/bin/sh", f"cannot run a script on {where}: {exc}")]
         values = parse_keys(out)
-        checks += [*_shell_checks(values, where, remote=True), _remote_pyspy_check(values, where)]
+        checks += [*_shell_checks(values, where, remote=True), await _agent_check(host, values, where),
+                   _remote_pyspy_check(values, where)]
         checks += _remote_kernel_log_check(values, where, host.kernel_log)
     finally:
         await host.close()
     return checks
+
+
+async def _agent_check(host: SshHost, v: dict[str, str], where: str) -> Check:
+    """Whether the host's agent (which follows the logs and watches the exits) starts on the box:
+    the refusal's own line where it does not (no job can run there then)."""
+    try:
+        async with asyncio.timeout(30):
+            await host.mux.ready()
+    except TimeoutError:
+        return Check("MISSING", "python3", f"the supervisor's agent did not start on {where} within 30s")
+    except SuperviseError as exc:
+        return Check("MISSING", "python3", str(exc))
+    found = v.get("python3") or host.mux.python
+    return Check("ok", "python3", f"{found} ({host.mux.python}) runs the agent that follows the logs there")
 
 
 def _connection_failure(host: SshHost, exc: SuperviseError) -> list[Check]:
@@ -218,25 +235,12 @@ def _shell_checks(v: dict[str, str], where: str, *, remote: bool) -> list[Check]
                                              "(`apt-get install util-linux` or `dnf install util-linux`)"))
     checks.append(Check("ok", "/proc", "readable") if v.get("proc") == "ok" else
                   Check("MISSING", "/proc", f"/proc is not readable on {where}: a Linux box with /proc mounted is needed"))
-    tail = v.get("tail", "")
-    if "GNU coreutils" in tail:
-        checks.append(Check("ok", "tail", tail))
-    else:
-        checks.append(Check("MISSING", "tail", f"GNU tail (for `tail -F`) not found on {where} (found: {tail or 'none'}): "
-                                               "install coreutils", required=remote))
     checks.append(Check("ok", "grep -z", "GNU grep") if v.get("grep") == "ok" else
                   Check("MISSING", "grep -z", f"`grep -z` does not work on {where}: install GNU grep", required=remote))
     checks.append(Check("ok", "awk", "works") if v.get("awk") == "ok" else
                   Check("MISSING", "awk", f"awk not found on {where}: install mawk or gawk", required=remote))
     checks.append(Check("ok", "sleep", "takes fractions of a second") if v.get("sleep") == "ok" else
                   Check("MISSING", "sleep", f"`sleep 0.01` fails on {where}: install coreutils", required=remote))
-    python = v.get("python3", "")
-    checks.append(Check("ok", "python3", python) if python.startswith("Python 3") else
-                  Check("MISSING", "python3", f"python3 not found on the PATH of {where}: install it (the SSH "
-                                              "host's agent follows all of a box's logs on one session with it; "
-                                              "without, one session per log), or name the job's interpreter with "
-                                              "`python = \"/path/to/bin/python\"` in the spec",
-                        required=False))
     if remote:
         checks.append(_nvidia_check(v, where))
     checks.append(_disk_check(v, where))

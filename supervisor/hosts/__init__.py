@@ -9,11 +9,10 @@
     ssh_target    an SSH host's address (ssh:// URL) and the host-key policy
     ssh_connection  the one connection per SSH host: reconnects, short scripts, streams
     ssh_agent     the resident remote shell that runs the short scripts
-    ssh_exits     waiting for remote exits, all on one channel
-    ssh_mux_agent the resident remote agent (python3) and its framed protocol's typed messages
+    ssh_mux_agent the resident remote agent's framed protocol, its typed messages and how it starts
+    ssh_agent_program  the agent itself (ssh/_agent_program.py): the program python3 runs there, sent as text
     ssh_mux       the one agent channel per SSH host that carries every follow and exit watch
     ssh_mux_follow  following a remote log through that channel
-    ssh_follow    following a remote log (tail -F over a channel of its own: a box without python3)
     slurm         a Slurm cluster: each attempt one sbatch job (the same wrapper), scancel, srun nvidia-smi
     slurm_jobs    Slurm's commands (sbatch, scontrol, sacct, scancel) and how their states map onto ours
     slurm_files   where the Slurm host reads its logs and exit files (here, on a shared file system)

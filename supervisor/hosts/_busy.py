@@ -12,7 +12,7 @@ import time
 
 _RATE_WINDOW_S = 0.1
 # Busy above this many lines a second; then read at most this often.  The SSH agent, a program
-# of its own on the remote box, is given the same two numbers.
+# of its own on the remote box (hosts.ssh._agent_program), repeats the same two numbers.
 BUSY_LINES_PER_S = 500.0
 BUSY_READ_INTERVAL_S = 0.02
 

@@ -10,8 +10,9 @@ of it, so a command in the script that reads stdin can never swallow the rest of
 Every script prints ``@@supervise@@`` before its answer: whatever a chatty ``.bashrc``
 prints first is skipped.
 
-What the scripts rely on: ``/proc`` (Linux), GNU-compatible ``grep -z``, ``tail -F``,
-``awk``, ``setsid`` (for the wrapper), a ``sleep`` that takes fractions.  ``supervise
+What the scripts rely on: ``/proc`` (Linux), GNU-compatible ``grep -z``, ``awk``,
+``setsid`` (for the wrapper), a ``sleep`` that takes fractions; following logs and watching
+exits is the agent's work (ssh/_agent_program.py, on the box's Python 3).  ``supervise
 doctor --host`` checks each of them.
 
 Process facts come from ``/proc/<pid>/stat`` read with the shell's own ``read`` (no process
@@ -265,62 +266,6 @@ done
 for p in $alive; do echo "S $p"; done
 """
 
-# Long-lived scripts run their work in the background and then block in `cat` on the
-# channel's stdin: when the channel closes or the connection dies, that stdin ends, `cat`
-# returns and the work is stopped.  Nothing is left running on the remote box.
-
-# $@: "pid:start" items.  Prints "gone pid:start" as each one ends.
-#
-# Why a short remote poll: the wrapper was started by an earlier SSH session and
-# re-parented to init, so no remote process can wait() for it; a pidfd would need a
-# helper program (python3 is not guaranteed), inotify sees nothing in /proc, and `tail
-# --pid` uses kill(pid, 0), which reports a zombie as alive where init does not reap.  A
-# loop of shell builtins reading /proc every 0.1 s costs one `sleep` process per tick on
-# the remote box, nothing on the supervisor's side, and the supervisor just waits for a line.
-WATCH_EXITS = PROC_FUNCS + r"""
-(
-  list=$*
-  while [ -n "$list" ]; do
-    keep=
-    for e in $list; do
-      if _alive "${e%%:*}" "${e#*:}"; then keep="$keep $e"; else echo "gone $e"; fi
-    done
-    list=$keep
-    [ -z "$list" ] || sleep 0.1
-  done
-) </dev/null &
-w=$!
-cat >/dev/null
-kill "$w" 2>/dev/null
-"""
-
-# $1 path $2 offset.  Prints "@@supervise@@ START" (the offset it really starts at: 0 when
-# a stored offset is past the end, the file having been replaced), then the bytes from
-# there on as tail -F delivers them (inotify where the file system allows).
-FOLLOW = r"""
-f=$1 off=$2
-if [ -e "$f" ]; then
-  size=$(wc -c 2>/dev/null <"$f" | tr -d ' ')
-  [ -n "$size" ] && [ "$size" -lt "$off" ] && off=0
-fi
-printf '%s %s\n' '@@supervise@@' "$off"
-LC_ALL=C tail -c "+$((off + 1))" -F -s 0.5 -- "$f" </dev/null &
-t=$!
-cat >/dev/null
-kill "$t" 2>/dev/null
-"""
-
-# $1 path $2 offset: the same header, then the bytes from the offset to the end, once.
-DRAIN = r"""
-f=$1 off=$2
-if [ -e "$f" ]; then
-  size=$(wc -c 2>/dev/null <"$f" | tr -d ' ')
-  [ -n "$size" ] && [ "$size" -lt "$off" ] && off=0
-fi
-printf '%s %s\n' '@@supervise@@' "$off"
-if [ -e "$f" ]; then exec tail -c "+$((off + 1))" -- "$f"; fi
-"""
-
 GPU_QUERY = "index,uuid,name,memory.used,memory.total,utilization.gpu"
 APPS_QUERY = "pid,gpu_uuid,used_memory"
 # Health: 7 columns on drivers that know remapped rows and clocks-event reasons, else 5 (the old names).
@@ -357,17 +302,17 @@ PROGRAM_PID = r"""
 pgrep -o -P "$1" 2>/dev/null || ps -o pid= --ppid "$1" 2>/dev/null | head -n 1
 """
 
-# $1: the log root (already expanded); $2: the nvidia-smi command.  key=value lines.
+# $1: the log root (already expanded); $2: the nvidia-smi command; $3 py-spy; $4 the kernel log
+# command; $5 the Python that runs the SSH agent.  key=value lines.
 DOCTOR = r"""
-root=$1 smi=$2 spy=${3:-py-spy} klog=${4:-}
+root=$1 smi=$2 spy=${3:-py-spy} klog=${4:-} py=${5:-python3}
 echo "sh=$(readlink -f /bin/sh 2>/dev/null || echo /bin/sh)"
 if command -v setsid >/dev/null 2>&1; then echo "setsid=$(command -v setsid)"; else echo "setsid="; fi
 if [ -r /proc/self/stat ] && [ -r /proc/uptime ] && [ -r /proc/self/environ ]; then echo "proc=ok"; else echo "proc="; fi
-echo "tail=$(tail --version 2>/dev/null | head -n 1)"
 if printf 'x\0SUPERVISE_ATTEMPT=t\0' | grep -qxzF -e SUPERVISE_ATTEMPT=t 2>/dev/null; then echo "grep=ok"; else echo "grep="; fi
 if echo 1 | awk '{ exit $1 - 1 }' 2>/dev/null; then echo "awk=ok"; else echo "awk="; fi
 if sleep 0.01 2>/dev/null; then echo "sleep=ok"; else echo "sleep="; fi
-echo "python3=$(python3 --version 2>&1 | head -n 1)"
+echo "python3=$("$py" --version 2>&1 | head -n 1)"
 if command -v "$smi" >/dev/null 2>&1; then
   echo "nvidia_smi=$(command -v "$smi")"
   out=$("$smi" -L 2>&1); rc=$?

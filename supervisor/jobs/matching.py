@@ -36,6 +36,11 @@ _CHUNK_BYTES = 16 << 10  # a chunk is this much log at most (or one longer recor
 _MAX_S_PER_MB = 16.0  # CPU seconds per MB a pack set may take; built-in packs take well under 1
 _MIN_BUDGET_S = 0.25  # a small chunk still gets this much: timing a few lines says little
 _SAMPLE_BYTES = 4 << 10  # how much of a chunk each pack is timed on, to find the costly one
+# One attempt's chunk is matched at a time, whichever attempt's: the GIL lets one thread run
+# Python anyway, and every thread waiting for it is one more the event loop queues behind at
+# each switch (5 ms each).  Eight attempts reading a backlog at once, each in a thread of its
+# own, kept the loop waiting ~40 ms for every system call it made: `status` took seconds.
+_LANE = threading.Lock()
 
 T = TypeVar("T")
 
@@ -158,6 +163,10 @@ class Matcher:
         return out
 
     def _feed_chunk(self, chunk: Sequence[Record], out: Matched) -> None:
+        with _LANE:
+            self._feed_chunk_in_lane(chunk, out)
+
+    def _feed_chunk_in_lane(self, chunk: Sequence[Record], out: Matched) -> None:
         while True:
             engine = self._built(out, chunk[0].offset)
             started = time.thread_time()
@@ -184,14 +193,22 @@ class Matcher:
 
     def _flush(self) -> Matched:
         out = Matched()
+        with _LANE:
+            self._flush_in_lane(out)
+        return out
+
+    def _flush_in_lane(self, out: Matched) -> None:
         if self._engine is not None:
             try:
                 out.events.extend(self._engine.flush())
             except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
                 log.warning("probe engine flush failed", error=repr(exc))
-        return out
 
     def _read_tail(self, record: Record) -> list[ProbeEvent]:
+        with _LANE:
+            return self._read_tail_in_lane(record)
+
+    def _read_tail_in_lane(self, record: Record) -> list[ProbeEvent]:
         try:
             if self._tail is None:
                 self._tail = ProbeEngine(self.packs, start_offset=record.offset)

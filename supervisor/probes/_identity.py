@@ -65,7 +65,29 @@ class Bar:
 
 def bar_of(probe: str, fields: Mapping[str, Any]) -> Bar:
     desc = fields.get("desc")
+    key = (probe, desc, *[fields.get(name) for name in PROCESS_FIELDS])
+    try:
+        return _BARS[key]
+    except KeyError:
+        pass
+    except TypeError:  # a field that is not hashable: nothing to keep
+        return _bar(probe, desc, fields)
+    if len(_BARS) >= _BARS_KEPT:
+        _BARS.clear()
+    bar = _BARS[key] = _bar(probe, desc, fields)
+    return bar
+
+
+def _bar(probe: str, desc: Any, fields: Mapping[str, Any]) -> Bar:
     return Bar(probe, " ".join(str(desc).split()) if desc else "", process_of(fields))
+
+
+# Each redraw of a bar asks for its identity two or three times (the watchdog, the stored
+# milestones, the replay); a busy log redraws the same few bars thousands of times a second.
+# The identities last seen are kept by the fields they are made of (bounded: a log whose every
+# line names another process would otherwise grow it).
+_BARS_KEPT = 4096
+_BARS: dict[tuple[Any, ...], Bar] = {}
 
 
 @dataclass

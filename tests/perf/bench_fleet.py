@@ -10,9 +10,8 @@ Two phases, in one run and one daemon:
 1. a single local job, alone: the baseline;
 2. H x N jobs on the local host: what the daemon's own share of the fleet's cost is;
 3. the fleet: H x N jobs on the SSH hosts (and nothing local);
-4. H x ``--small`` jobs on the SSH hosts, then the same in a second daemon with the agent
-   off (``SUPERVISE_SSH_PYTHON`` naming no program: ``tail -F`` on a channel per followed
-   log, as before the agent), a size that fits under MaxSessions for both.
+4. H x ``--small`` jobs on the SSH hosts (the size at which the channel-per-log path, removed
+   since, was compared: RESULTS.md section 10).
 
 Each job is tests/perf/_writer.py: stamped lines (``time.time()`` first) at ``--rate`` lines/s
 for ``--seconds``, every ``--event-every``-th a transformers shard bar (a progress event); the
@@ -24,7 +23,7 @@ their last line.  Per phase:
 - per host, from the sshd side: TCP connections from the daemon to that sshd's port, and
   sessions (channels that run a command: the session processes sshd started), the most seen
   in samples every 0.5 s over the window; and the CPU of everything those sessions run (the
-  agents or the tails, the resident shells), user+system over the window, all hosts together,
+  agents, the resident shells), user+system over the window, all hosts together,
   % of one core.
 
 Prints markdown tables.
@@ -186,8 +185,7 @@ def main() -> int:
     parser.add_argument("--event-every", type=int, default=1)
     parser.add_argument("--max-sessions", type=int, default=10, help="each sshd's MaxSessions (default 10, sshd's own)")
     parser.add_argument("--small", type=int, default=6,
-                        help="jobs per host for the agent-vs-channel-per-log comparison, which must fit under "
-                             "MaxSessions (default 6; 0 skips it)")
+                        help="jobs per host for the small phase (default 6; 0 skips it)")
     args = parser.parse_args()
 
     note = machine_note()
@@ -206,7 +204,6 @@ def main() -> int:
     local_fleet = Phase(f"local-fleet ({args.hosts * args.per_host} jobs)", args.hosts * args.per_host)
     fleet = Phase(f"fleet: ssh, agent ({args.hosts} hosts x {args.per_host} jobs)", args.hosts * args.per_host)
     small = Phase(f"ssh-agent ({args.hosts} hosts x {args.small} jobs)", args.hosts * args.small)
-    tails = Phase(f"ssh-tails: ssh, a channel per log ({args.hosts} hosts x {args.small} jobs)", args.hosts * args.small)
     urls = [s.url for s in servers]
     try:
         with Daemon(env=env) as daemon:
@@ -215,9 +212,6 @@ def main() -> int:
             run_phase(daemon, fleet, urls, servers, args)
             if args.small:
                 run_phase(daemon, small, urls, servers, args)
-        if args.small:  # the same tree with the agent off: `tail -F` on a channel per followed log
-            with Daemon(env={**env, "SUPERVISE_SSH_PYTHON": "no-such-python3"}) as daemon:
-                run_phase(daemon, tails, urls, servers, args)
     finally:
         for server in servers:
             server.stop()
@@ -226,7 +220,7 @@ def main() -> int:
     print(f"Fleet over SSH vs one local job: {args.rate:g} lines/s per job for {args.seconds:g} s, every "
           f"{args.event_every} line(s) a progress event; sshd MaxSessions {args.max_sessions}\n")
     rows = []
-    for p in (local, local_fleet, fleet, *((small, tails) if args.small else ())):
+    for p in (local, local_fleet, fleet, *((small,) if args.small else ())):
         remote = p.label.startswith(("fleet", "ssh"))
         per_host = (f"{min(p.connections)}-{max(p.connections)}" if remote else "-",
                     f"{min(p.sessions)}-{max(p.sessions)}" if remote else "-")

@@ -144,10 +144,17 @@ def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
         wakes_start = proc.num_ctx_switches().voluntary
         reads_start = proc.io_counters().read_count
 
-        def stored() -> bool:
-            return db.execute("SELECT COUNT(*) FROM events WHERE kind='progress'").fetchone()[0] >= expected
+        # A bar's redraws between its milestones are not rows of their own (progress is state: each
+        # bar's latest line is one row, replaced in place); every job's last line stored is the end.
+        bars = config.lines_per_job // config.every
+        last_line = f"| {bars}/{bars} ["
 
-        wait_until(stored, config.seconds * 4 + 60, f"{expected} events to be stored", interval=0.05)
+        def stored() -> bool:
+            return db.execute("SELECT COUNT(*) FROM events WHERE kind='progress' AND instr(message, ?) > 0",
+                              (last_line,)).fetchone()[0] >= config.jobs
+
+        wait_until(stored, config.seconds * 4 + 60, f"every job's last bar line ({expected} in all) to be read",
+                   interval=0.05)
         cpu_end = proc.cpu_times()
         wakes = proc.num_ctx_switches().voluntary - wakes_start
         reads = proc.io_counters().read_count - reads_start

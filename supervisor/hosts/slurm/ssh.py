@@ -154,7 +154,8 @@ class SharedOrRemoteFiles:
         return await (await self.pick()).read(path)
 
     def follow(self, path: str, offset: int, generation: int, poll_s: float) -> Follower:
-        # Not checked yet (a restarted daemon re-adopting a job follows first): over SSH, which always works.
+        # Not checked yet (a restarted daemon re-adopting a job follows first): over SSH, through the agent
+        # on the login node's Python 3.
         return (self._picked or self._remote).follow(path, offset, generation, poll_s)
 
 

@@ -15,7 +15,7 @@ _SHELL = "/bin/sh -s"
 
 
 async def _close_process(proc: asyncssh.SSHClientProcess[bytes] | None) -> None:
-    """End a long-lived remote script: closing its stdin ends the `cat` it blocks in."""
+    """End a long-lived remote program: closing its stdin ends it (the agent exits at its EOF)."""
     if proc is None:
         return
     with contextlib.suppress(Exception):

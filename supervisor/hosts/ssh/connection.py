@@ -3,7 +3,7 @@
 ``SshConnection`` connects (keys, agent and ~/.ssh/config as OpenSSH would, host keys per
 ssh_target), reconnects with tenacity's waits, runs short scripts in a resident shell per
 lane (ssh_agent), gives slow ones a channel of their own, and starts long-lived scripts
-(``stream``) for the exit watcher and the log followers.  ``SshHost`` (ssh.py) builds on it.
+(``stream``) for the remote agent that follows the logs and watches the exits.  ``SshHost`` (ssh.py) builds on it.
 """
 
 from __future__ import annotations
@@ -270,9 +270,8 @@ class SshConnection:
     def _channel_error(self, exc: BaseException) -> HostError:
         if isinstance(exc, asyncssh.ChannelOpenError):
             return HostError(f"{self.target.display} refused a new SSH session ({exc.reason or exc}): its sshd "
-                             "allows MaxSessions (default 10) per connection and, without python3 there, each running "
-                             "job holds one for its log: install python3 there or raise MaxSessions in the box's "
-                             "sshd_config")
+                             "allows MaxSessions per connection, and the supervisor holds three there (plus one per "
+                             "kill in progress): raise MaxSessions in the box's sshd_config")
         return HostError(f"SSH channel to {self.target.display} failed: {exc}")
 
     async def _wait_for_session(self, exc: BaseException, refusals: int, deadline: float | None) -> None:

@@ -6,10 +6,10 @@ channels multiplexed on it: a resident shell that runs the short operations (and
 GPU sampling), one resident agent (python3 on the box, ssh_mux) that follows every log and
 watches every exit of the host's attempts, and a channel of its own for a kill (it lasts its
 grace period).  A host thus carries any number of attempts on three channels plus one per
-kill in progress, well within sshd's MaxSessions (default 10).  Where the box has no
-python3, each followed log takes a channel of its own and the exit waits share one: about
-eight jobs per host then.  When sshd refuses one more session, a short operation waits for
-one to free up, then says so.
+kill in progress, well within sshd's MaxSessions (default 10).  When sshd refuses one more
+session, a short operation waits for one to free up, then says so.  A box where the agent
+cannot start (no python3, or ``SUPERVISE_SSH_PYTHON`` not runnable or too old) runs no job:
+``log_paths`` and ``launch`` refuse with a ``HostError`` whose one line says what to do.
 
 Connection
     ``~/.ssh/config`` and the user's keys and agent are used as OpenSSH would (asyncssh reads
@@ -37,8 +37,8 @@ Environment (read when the SshHost is made; the daemon's environment):
     SUPERVISE_SSH_NVIDIA_SMI     the remote nvidia-smi command (default ``nvidia-smi`` on the PATH)
     SUPERVISE_SSH_KERNEL_LOG     the remote command whose output holds the kernel log, read for GPU Xid
                                  lines at each GPU sample (default ``dmesg``; empty: not read)
-    SUPERVISE_SSH_PYTHON         the remote python3 that runs the agent (default ``python3`` on the
-                                 PATH; a command that is not there turns the agent off)
+    SUPERVISE_SSH_PYTHON         the remote Python 3 (3.8 or newer) that runs the agent (default
+                                 ``python3`` on the PATH); without one the host runs no job
 
 Remote side
     Each operation is one ``/bin/sh`` script (see _remote.py), never one round trip per
@@ -72,8 +72,6 @@ from supervisor.hosts.base import (
     log_paths,
 )
 from supervisor.hosts.ssh.connection import SshConnection
-from supervisor.hosts.ssh.exits import _ExitWatcher
-from supervisor.hosts.ssh.follow import SshFollower
 from supervisor.hosts.ssh.mux import SshMux
 from supervisor.hosts.ssh.mux_follow import MuxFollower
 from supervisor.hosts.ssh.target import (
@@ -89,7 +87,7 @@ from supervisor.hosts.ssh.target import (
 )
 from supervisor.hosts.stacks import StackDump
 
-__all__ = ["MuxFollower", "SshFollower", "SshHost", "SshTarget", "parse_target"]
+__all__ = ["MuxFollower", "SshHost", "SshTarget", "parse_target"]
 
 log = structlog.get_logger("supervise.ssh")
 
@@ -107,7 +105,6 @@ class SshHost(SshConnection):
         self._xids = XidCursor()  # where the box's kernel log was read up to
         self._home: str | None = None
         self.mux = SshMux(self, env.get(ENV_PYTHON) or "python3")
-        self._watcher = _ExitWatcher(self, self.mux)
 
     def __repr__(self) -> str:
         return f"SshHost({self.name!r})"
@@ -115,6 +112,9 @@ class SshHost(SshConnection):
     # -- Host protocol ----------------------------------------------------------------------
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
+        # The first thing asked before an attempt: a box where the agent cannot follow the log and
+        # watch the exit is refused here, in one line, before anything is stored or launched.
+        await self.mux.ready()
         root = await self.log_root()
         base = log_paths(Path(root), job, attempt)[0][: -len(".log")]
         _, out, _ = await self._exec(_remote.LOG_SUFFIX, base)
@@ -126,6 +126,7 @@ class SshHost(SshConnection):
         bad = [k for k in request.env if not _ENV_NAME.match(k)]
         if bad:
             raise LaunchError(f"cannot launch {request.argv[0]}: invalid environment variable name {bad[0]!r}")
+        await self.mux.ready()  # nothing is launched that the agent could not watch
         env = [f"{TAG_VAR}={request.tag}"] + [f"{k}={v}" for k, v in request.env.items() if k != TAG_VAR]
         words = ["env", *env, "/bin/sh", "-c", WRAPPER_SH, "supervise-wrapper",
                  request.log_path, request.status_path, request.workdir, *request.argv]
@@ -146,7 +147,7 @@ class SshHost(SshConnection):
 
     async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
         if handle.pid > 0:
-            await self._watcher.wait(f"{handle.pid}:{_start_arg(handle)}")
+            await self.mux.watch(f"{handle.pid}:{_start_arg(handle)}")
         status = await self._read_status(handle, forever=True)
         return status if status is not None else ExitStatus(returncode=None, signal=None)
 
@@ -182,7 +183,6 @@ class SshHost(SshConnection):
 
     async def close(self) -> None:
         self._closed = True
-        await self._watcher.close()
         await self.mux.close()
         await super().close()
 

@@ -3,8 +3,11 @@
 ``SshMux`` keeps the agent's channel up while anyone uses it: it starts the agent, reads its
 events and hands each to its subscriber (a follower's queue, an exit waiter's future).  When
 the channel or the connection drops, every follower is told (``Dropped``: it asks again from
-the end of its last record) and every exit watch is sent again on the next channel.  Where the
-box has no python3, ``usable()`` says so once and the host falls back to a channel per use.
+the end of its last record) and every exit watch is sent again on the next channel.  Once the
+agent has said hello its channel stays up until the host closes or the channel drops: a job's
+launch checks it first (``ready``) and its follow comes a moment later.  Where the agent cannot
+start (no python3 on the box, ``SUPERVISE_SSH_PYTHON`` not runnable or too old), every use fails
+with a ``HostError`` whose one line says what to do; the next use asks the box again.
 """
 
 from __future__ import annotations
@@ -17,22 +20,20 @@ from dataclasses import dataclass
 import asyncssh
 import structlog
 
-from supervisor.core.errors import SuperviseError
+from supervisor.core.errors import HostError, SuperviseError
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import _remote
 from supervisor.hosts.ssh.agent import _close_process
 from supervisor.hosts.ssh.connection import _CHANNEL, _DROPS, SshConnection
 from supervisor.hosts.ssh.mux_agent import (
-    AGENT_PY,
     MUX_SH,
-    NO_PYTHON,
     AskStats,
     Data,
     Ended,
     Event,
     Follow,
     Gone,
-    Hello,
+    NoAgent,
     ProtocolError,
     Request,
     Reset,
@@ -40,7 +41,9 @@ from supervisor.hosts.ssh.mux_agent import (
     Stats,
     Stop,
     Watch,
+    agent_source,
     parse_event,
+    parse_hello,
 )
 
 log = structlog.get_logger("supervise.ssh")
@@ -68,31 +71,43 @@ class SshMux:
         self._subs: dict[int, asyncio.Queue[FollowEvent]] = {}
         self._watches: dict[str, set[asyncio.Future[None]]] = {}
         self._stats: list[asyncio.Future[Stats]] = []
+        self._ready: list[asyncio.Future[None]] = []
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._usable: bool | None = None  # None: not known until the first channel answers
-        self._known = asyncio.Event()
         self._closed = False
         self.channels = 0  # agent channels started, the first included
 
+    @property
+    def python(self) -> str:
+        """The command that runs the agent on the box (SUPERVISE_SSH_PYTHON, else python3)."""
+        return self._python
+
     # -- users ------------------------------------------------------------------------------
 
-    async def usable(self) -> bool:
-        """Whether the box runs the agent (python3 there); starts the channel to find out."""
-        if self._usable is None:
-            self._ensure_running()
-            await self._known.wait()
-        return bool(self._usable)
+    async def ready(self) -> None:
+        """Once the agent runs on the box (started if need be); a ``HostError`` saying what to
+        do when it cannot start there."""
+        if self._up.is_set():
+            return
+        if self._closed:
+            raise HostError(f"the SSH host {self._host.target.display} was closed")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ready.append(future)
+        self._ensure_running()
+        try:
+            await future
+        finally:
+            if future in self._ready:
+                self._ready.remove(future)
 
     async def subscribe(self, path: str, offset: int, *, drain: bool) -> tuple[int, asyncio.Queue[FollowEvent]]:
         """Follow (or drain once) ``path`` from ``offset``; events arrive on the queue."""
         sub_id = next(self._ids)
         queue: asyncio.Queue[FollowEvent] = asyncio.Queue()
         self._subs[sub_id] = queue
-        self._ensure_running()
         try:
-            await self._up.wait()
+            await self.ready()
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
@@ -122,10 +137,9 @@ class SshMux:
 
     async def stats(self) -> Stats:
         """What the agent serves right now (follows, watches): for tests and benchmarks."""
+        await self.ready()
         future: asyncio.Future[Stats] = asyncio.get_running_loop().create_future()
         self._stats.append(future)
-        self._ensure_running()
-        await self._up.wait()
         self._send(AskStats())
         return await future
 
@@ -134,6 +148,9 @@ class SshMux:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
+        for waiting in self._ready:  # a launch waiting for the agent is told, not left waiting forever
+            if not waiting.done():
+                waiting.set_exception(HostError(f"the SSH host {self._host.target.display} was closed"))
 
     # -- the channel --------------------------------------------------------------------------
 
@@ -148,26 +165,29 @@ class SshMux:
             self._task = asyncio.create_task(self._run(), name=f"ssh-mux:{self._host.name}")
 
     def _wanted(self) -> bool:
-        return bool(self._subs or self._watches or self._stats or self._usable is None)
+        return bool(self._subs or self._watches or self._stats or self._ready)
 
     async def _run(self) -> None:
         failures = 0
         while self._wanted() and not self._closed:
             proc = None
             try:
-                proc = await self._host.stream(MUX_SH, self._python, AGENT_PY)
-                if not await self._hello(proc):
-                    return
+                proc = await self._host.stream(MUX_SH, self._python, agent_source())
+                await self._hello(proc)
                 self.channels += 1
                 failures = 0
                 self._proc = proc
                 for key in self._watches:
                     self._send(Watch(key))
                 self._up.set()
+                for future in self._ready:
+                    if not future.done():
+                        future.set_result(None)
                 await self._serve(proc)
             except SuperviseError as exc:
+                log.warning("the remote agent cannot run", host=self._host.name, error=str(exc))
                 self._fail_all(exc)
-                return
+                continue  # ends here, unless a use came while this channel closed: the box is asked again
             except _AGENT_ERRORS as exc:
                 self._host.note_drop(exc)
                 failures += 1
@@ -180,25 +200,16 @@ class SshMux:
             if failures:
                 await asyncio.sleep(_CHANNEL.wait(failures))
 
-    async def _hello(self, proc: asyncssh.SSHClientProcess[bytes]) -> bool:
-        """Skip to the script's marker; then the agent's hello, or that there is no python3."""
+    async def _hello(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+        """Skip to the script's marker; then the agent's hello, or why it cannot start (a HostError)."""
         while (line := await proc.stdout.readline()) and line.rstrip(b"\n") != _remote.MARK:
             pass
         line = await proc.stdout.readline()
         if not line:
             raise EOFError("the remote agent ended before it said hello")
-        if line.strip() == NO_PYTHON:
-            log.warning("no python3 on the remote box: one SSH channel per followed log", host=self._host.name)
-            self._decide(False)
-            return False
-        if not isinstance(parse_event(line), Hello):
-            raise ProtocolError(f"the remote agent did not say hello: {line[:200]!r}")
-        self._decide(True)
-        return True
-
-    def _decide(self, usable: bool) -> None:
-        self._usable = usable
-        self._known.set()
+        answer = parse_hello(line)
+        if isinstance(answer, NoAgent):
+            raise HostError(answer.message(self._python, self._host.target.display))
 
     async def _serve(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
         while True:
@@ -209,8 +220,6 @@ class SshMux:
             if isinstance(event, Data):
                 event = Data(event.id, event.size, await proc.stdout.readexactly(event.size))
             self._dispatch(event)
-            if not self._wanted():
-                return
 
     def _dispatch(self, event: Event) -> None:
         if isinstance(event, Gone):
@@ -234,11 +243,8 @@ class SshMux:
             queue.put_nowait(Dropped("the remote agent's channel dropped"))
 
     def _fail_all(self, exc: SuperviseError) -> None:
-        if self._usable is None:
-            # Not known yet (refused before the agent ran): this use falls back and meets the
-            # same refusal there; the next use asks again.
-            self._known.set()
-            self._known = asyncio.Event()
+        """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
+        only uses that come later ask the box again."""
         for group in self._watches.values():
             for future in group:
                 if not future.done():
@@ -248,4 +254,10 @@ class SshMux:
         for asked in self._stats:
             if not asked.done():
                 asked.set_exception(exc)
+        for waiting in self._ready:
+            if not waiting.done():
+                waiting.set_exception(exc)
+        self._watches.clear()
+        self._subs.clear()
         self._stats.clear()
+        self._ready.clear()

@@ -13,7 +13,6 @@ from supervisor.core.records import RecordBuffer
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts._iterated import IteratedOnce
 from supervisor.hosts.ssh.connection import _CHANNEL, SshConnection
-from supervisor.hosts.ssh.follow import SshFollower
 from supervisor.hosts.ssh.mux import Dropped, FollowEvent, SshMux
 from supervisor.hosts.ssh.mux_agent import Data, Ended, Reset, Started
 
@@ -23,13 +22,15 @@ _END = object()  # a drain reached the end of the file
 
 
 class MuxFollower(IteratedOnce):
-    """Follow a remote log from a byte offset, as ``SshFollower`` does, but as one subscription
-    on the host's agent channel instead of a channel of its own.
+    """Follow a remote log from a byte offset: the same interface and the same records as
+    ``LogFollower`` (both feed the bytes they read to a ``records.RecordBuffer``), as one
+    subscription on the host's agent channel.
 
     The byte offset is counted here; after a dropped channel the follower asks again from the
     end of the last complete record it yielded, so nothing is lost or doubled.  ``finish()``
     turns the subscription into one read to the end of the file, then the trailing partial
-    line is emitted.  Where the box cannot run the agent, an ``SshFollower`` does the work.
+    line is emitted.  Where the box cannot run the agent, the follower raises the host's
+    ``HostError`` saying what to do.
     """
 
     def __init__(self, host: SshConnection, mux: SshMux, path: str, offset: int = 0, generation: int = 0) -> None:
@@ -38,53 +39,45 @@ class MuxFollower(IteratedOnce):
         self._host = host
         self._mux = mux
         self.path = path
-        self._start = (offset, generation)
         self.truncations = 0
         self.restarts = 0
         self._buffer = RecordBuffer(offset, generation)
         self._finishing = False
         self._closed = False
         self._wakeup = asyncio.Event()
-        self._fallback: SshFollower | None = None
 
     @property
     def offset(self) -> int:
-        return self._fallback.offset if self._fallback else self._buffer.offset
+        """Byte offset just past the last record yielded: where a restarted follower resumes."""
+        return self._buffer.offset
 
     @property
     def buffered(self) -> int:
-        return self._fallback.buffered if self._fallback else self._buffer.buffered
+        return self._buffer.buffered
 
     @property
     def generation(self) -> int:
-        return self._fallback.generation if self._fallback else self._buffer.generation
+        """How many times the log restarted from 0, counted on from the generation resumed at."""
+        return self._buffer.generation
 
     def partial_text(self, limit: int = 4096) -> str:
-        return self._fallback.partial_text(limit) if self._fallback else self._buffer.partial_text(limit)
+        """The unterminated tail received after the last record (see ``LogFollower.partial_text``)."""
+        return self._buffer.partial_text(limit)
 
     def finish(self) -> None:
+        """The writer has exited: read to EOF, emit the trailing partial line, then end."""
         self._finishing = True
         self._wakeup.set()
-        if self._fallback is not None:
-            self._fallback.finish()
 
     async def aclose(self) -> None:
+        """Stop following; the iterator ends."""
         self._closed = True
         self._wakeup.set()
-        if self._fallback is not None:
-            await self._fallback.aclose()
         await self._close_iterator()  # its subscription ends now, not when the generator is collected
 
     # -- the loop -------------------------------------------------------------------------
 
     async def _iterate(self) -> AsyncGenerator[list[Record], None]:
-        usable = await self._woken_or(self._mux.usable())
-        if usable is None:
-            return
-        if not usable:
-            async for batch in self._fall_back():
-                yield batch
-            return
         drops = 0
         while not self._closed:
             drain = self._finishing
@@ -158,16 +151,6 @@ class MuxFollower(IteratedOnce):
         if isinstance(event, Ended):
             return self._buffer.flush()
         return []
-
-    async def _fall_back(self) -> AsyncGenerator[list[Record], None]:
-        follower = self._fallback = SshFollower(self._host, self.path, *self._start)
-        if self._finishing:
-            follower.finish()
-        if self._closed:
-            return
-        async for batch in follower.records():
-            yield batch
-        self.truncations, self.restarts = follower.truncations, follower.restarts
 
     async def _woken_or(self, awaitable: Awaitable[T], *, by_finish: bool = False) -> T | None:
         """``awaitable``'s result, or None when aclose() (or with ``by_finish``, finish()) came

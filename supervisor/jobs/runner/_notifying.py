@@ -74,16 +74,21 @@ class Notifying(Recording):
 
     def _notify_observed(self, live: Live, events: list[Event]) -> None:
         """Milestones among the events just read: a phase the spec names, a bar's ETA."""
+        if not events:
+            return
         milestones = self._milestones.setdefault(live.row.n, Milestones(self.spec.alerts))
         elapsed = time.time() - live.row.started
+        # What an alert says of the attempt (its GPUs, its failure) is the same for every event of
+        # one read: made once for them, not once per redraw of a busy bar.
+        about = self._about(live)
         for event in events:
             due = []
             if event.phase is not None:  # a phase line, or a progress line that implies its phase
-                due.append(milestones.phase(self._about(live), event.phase, elapsed))
+                due.append(milestones.phase(about, event.phase, elapsed))
             step = BarStep.of(ProbeFields.of(event).progress, live.watchdog.progress) \
                 if event.kind is EventKind.PROGRESS else None
             if step is not None:
-                due.append(milestones.progress(self._about(live), step, elapsed, self.ctx.clock()))
+                due.append(milestones.progress(about, step, elapsed, self.ctx.clock()))
             for alert in due:
                 if alert is not None:
                     self._send_soon(live, alert)

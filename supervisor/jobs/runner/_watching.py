@@ -44,6 +44,9 @@ _SIGKILL = 9
 # (the log keeps the rest, the stored offset says where to go on): none dropped.
 _MAX_UNSAVED_EVENTS = 100_000
 _UNSAVED_RETRY_S = 1.0
+# Records matched, judged and stored per step of the reader: a step holds the loop for about
+# 50 us a record (the watchdog, milestones, notices), so ~10 ms at most.
+_RECORDS_PER_STEP = 256
 
 
 class Watching(Pacing, Queueing):
@@ -143,31 +146,43 @@ class Watching(Pacing, Queueing):
                     unsaved.extend(self._observe(live, await redraws.read(), output=False))
                 # Rules may have come due already (these events date from the last output): look now.
                 live.wake.set()
-            else:
+                self._caught_up(live, follower, quiet=True)
+                last_save, disk_warned = await self._store_read(live, engine, unsaved, last_save, disk_warned)
+                continue
+            # A backlog comes in reads of up to a MiB; taken whole, its events held the loop for
+            # seconds (every `status` waited behind eight of them).  Taken a step at a time, the
+            # loop's work per step stays short, and other tasks run between steps.
+            for step in _steps(batch):
                 if self.ctx.records_seen is not None:
-                    self.ctx.records_seen(self.spec.name, len(batch))
-                live.row.log_generation = batch[-1].generation  # a batch never spans a restart of the log
+                    self.ctx.records_seen(self.spec.name, len(step))
+                live.row.log_generation = step[-1].generation  # a batch never spans a restart of the log
                 if arrivals is not None:
-                    arrivals.arrived(batch[-1].generation, batch[-1].end, self._arrived_at(live, batch[-1]))
-                matched = self._matched(live, await engine.feed(batch))
-                unsaved.extend(self._observe(live, matched, records=len(batch), last=batch[-1]))
-            self._caught_up(live, follower, quiet=batch is None)
-            force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
-            try:
-                if self._writes.now(self._save, live, unsaved, engine.resume_offset, force=force):
-                    last_save = time.monotonic()
-                unsaved.clear()
-                disk_warned = False
-            except StoreError as exc:
-                # Keep following and judging; store what is pending with the next batch (or in a second).
-                if not disk_warned:
-                    log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
-                    disk_warned = True
-                while len(unsaved) >= _MAX_UNSAVED_EVENTS:  # bounded: read no further until the store takes them
-                    await asyncio.sleep(_UNSAVED_RETRY_S)
-                    with contextlib.suppress(StoreError):
-                        self._writes.now(self._save, live, unsaved, engine.resume_offset, force=True)
-                        unsaved.clear()
+                    arrivals.arrived(step[-1].generation, step[-1].end, self._arrived_at(live, step[-1]))
+                matched = self._matched(live, await engine.feed(step))
+                unsaved.extend(self._observe(live, matched, records=len(step), last=step[-1]))
+                self._caught_up(live, follower, quiet=False)
+                last_save, disk_warned = await self._store_read(live, engine, unsaved, last_save, disk_warned)
+
+    async def _store_read(self, live: Live, engine: Matcher, unsaved: list[Event], last_save: float,
+                          disk_warned: bool) -> tuple[float, bool]:
+        """Store what the log brought with the offset it brings the attempt to; returns when it
+        was last saved and whether the store's refusal has been logged."""
+        force = time.monotonic() - last_save > _OFFSET_SAVE_INTERVAL_S
+        try:
+            if self._writes.now(self._save, live, unsaved, engine.resume_offset, force=force):
+                last_save = time.monotonic()
+            unsaved.clear()
+            return last_save, False
+        except StoreError as exc:
+            # Keep following and judging; store what is pending with the next batch (or in a second).
+            if not disk_warned:
+                log.error("cannot store events; will retry with the next batch", job=self.spec.name, error=str(exc))
+            while len(unsaved) >= _MAX_UNSAVED_EVENTS:  # bounded: read no further until the store takes them
+                await asyncio.sleep(_UNSAVED_RETRY_S)
+                with contextlib.suppress(StoreError):
+                    self._writes.now(self._save, live, unsaved, engine.resume_offset, force=True)
+                    unsaved.clear()
+            return last_save, True
 
     @staticmethod
     def _arrived_at(live: Live, last: Record) -> float:
@@ -343,6 +358,12 @@ class Watching(Pacing, Queueing):
         pids = {live.handle.pid, live.handle.pgid} | live.known_pids
         return await asyncio.to_thread(kernel_log.oom_killed, pids)
 
+
+
+def _steps(batch: list[Record]) -> list[list[Record]]:
+    if len(batch) <= _RECORDS_PER_STEP:
+        return [batch]
+    return [batch[i:i + _RECORDS_PER_STEP] for i in range(0, len(batch), _RECORDS_PER_STEP)]
 
 
 async def _batches_or_quiet(
