@@ -17,6 +17,7 @@ from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.errors import NotFound
 from supervisor.core.events import EventKind, JobState
+from supervisor.core.payloads import ProbeFields
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -198,11 +199,10 @@ class _EventPrinter:
         print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
 
     def _progress(self, event: protocol.EventInfo) -> None:
-        done, total = event.data.get("done"), event.data.get("total")
-        extra = ""
-        for key in ("tok_s", "loss", "rate"):
-            if key in event.data:
-                extra += f" {key}={event.data[key]}"
+        payload = ProbeFields.of(event)
+        progress = payload.progress
+        done, total = (progress.done, progress.total) if progress is not None else (None, None)
+        extra = "".join(f" {name}={value}" for name, value in payload.figures())
         line = f"{_fmt.clock(event.ts)} #{event.attempt} progress {event.probe}: {_fmt.num(done)}/{_fmt.num(total)}{extra}"
         bar = event.probe or ""
         if self.tty:

@@ -34,9 +34,11 @@ from matplotlib.patches import Patch
 
 from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
+from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import ConfigError, FileWriteError
 from supervisor.core.events import EventKind, Phase, Verdict
 from supervisor.core.host_url import LOCAL_HOST
+from supervisor.core.payloads import ProbeFields, VerdictData
 
 _PAGE = 10_000  # events per API call
 _MAX_EVENTS = 200_000
@@ -197,13 +199,13 @@ def _event_marker(axis: Any, event: protocol.EventInfo, lane: int) -> None:
     if event.kind is EventKind.FAILURE:
         axis.plot(x, lane - 0.22, marker="o", color="#d62728", markersize=5, linestyle="")
     elif event.kind is EventKind.VERDICT:
-        verdict = str(event.data.get("verdict", ""))
-        marker, colour = _VERDICT_MARKERS.get(verdict, ("D", "black"))
+        verdict = VerdictData.of(event).verdict
+        marker, colour = _VERDICT_MARKERS.get(verdict.value if verdict else "", ("D", "black"))
         axis.plot(x, lane, marker=marker, color=colour, markersize=10, markeredgecolor="black", linestyle="")
     elif event.kind is EventKind.ACTION:
         if event.message.startswith("killed the process tree"):
             axis.plot(x, lane - 0.38, marker="v", color="black", markersize=7, linestyle="")
-        elif event.message.startswith("give up"):
+        elif (said := AttemptAction.read(event.message)) is not None and said.kind is ActionKind.GIVE_UP:
             axis.plot(x, lane + 0.38, marker="X", color="black", markersize=8, linestyle="")
 
 
@@ -213,7 +215,7 @@ def phase_spans(attempt: protocol.AttemptInfo, events: list[protocol.EventInfo],
     spans: list[tuple[str, float, float]] = []
     current, since = "(none)", attempt.started
     for event in events:
-        phase = event.phase or (event.data.get("phase") if event.kind is EventKind.PROGRESS else None)
+        phase = event.phase or (ProbeFields.of(event).phase if event.kind is EventKind.PROGRESS else None)
         if event.kind not in (EventKind.PHASE, EventKind.PROGRESS) or phase not in order:
             continue
         if current != "(none)" and order.index(phase) <= order.index(current):
@@ -231,10 +233,11 @@ def _draw_progress(axis: Any, history: History) -> None:
     for event in history.events:
         if event.kind is not EventKind.PROGRESS:
             continue
-        done, total = event.data.get("done"), event.data.get("total")
-        if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
+        progress = ProbeFields.of(event).progress
+        fraction = progress.fraction if progress is not None else None
+        if fraction is None:
             continue
-        curves[(event.attempt, event.probe or "progress")].append((event.ts, 100.0 * done / total))
+        curves[(event.attempt, event.probe or "progress")].append((event.ts, 100.0 * fraction))
     styles = ("-", "--", ":", "-.")
     lanes = {a.n: lane_label(a) for a in history.attempts}
     probe_style: dict[str, str] = {}
@@ -277,9 +280,9 @@ def _draw_gpu(axis: Any, history: History) -> None:
 
 
 def _mark_actions(history: History, axes: tuple[Any, ...]) -> None:
-    marks = [(event.ts, _VERDICT_MARKERS.get(str(event.data.get("verdict")), ("", "#555555"))[1])
-             for event in history.events
-             if event.kind is EventKind.VERDICT and event.data.get("verdict") not in (None, Verdict.DONE)]
+    verdicts = [(event.ts, VerdictData.of(event).verdict) for event in history.events if event.kind is EventKind.VERDICT]
+    marks = [(ts, _VERDICT_MARKERS.get(verdict.value, ("", "#555555"))[1])
+             for ts, verdict in verdicts if verdict is not None and verdict is not Verdict.DONE]
     marks += [(a.ended or history.now, _RELAUNCH_COLOUR) for a in history.relaunched()]
     for ts, colour in marks:
         for axis in axes:

@@ -39,10 +39,12 @@ from prometheus_client.registry import Collector
 from supervisor import __version__
 from supervisor.core.events import Event, EventKind, FailureKind, JobState, Phase
 from supervisor.core.host_url import LOCAL_HOST
+from supervisor.core.payloads import VerdictData
+from supervisor.core.progress import BarProgress
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import Host, ProcessHandle
 from supervisor.jobs.shard_views import GATHER, ShardRows
-from supervisor.jobs.snapshot import BarProgress, RunnerSnapshot
+from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.notify.alerts import AlertCounts
 from supervisor.store.database import AttemptRow, JobRow
 
@@ -135,7 +137,8 @@ class Metrics:
                 if (shard := self._shard(event)) is not None:
                     self.shard_failures.labels(event.job, shard, kind.value).inc()
             elif event.kind is EventKind.VERDICT:
-                verdict = str(event.data.get("verdict", "unknown"))
+                said = VerdictData.of(event).verdict
+                verdict = said.value if said is not None else "unknown"
                 self.verdicts.labels(event.job, verdict).inc()
                 if (shard := self._shard(event)) is not None:
                     self.shard_verdicts.labels(event.job, shard, verdict).inc()
@@ -382,7 +385,7 @@ def _progress(row: AttemptRow, live: RunnerSnapshot | None) -> BarProgress | Non
     """The runner's reading of the active bar, else the latest one stored."""
     if live is not None and live.progress is not None:
         return live.progress
-    return BarProgress(**row.progress) if row.progress else None
+    return row.progress
 
 
 async def serve_tcp(metrics: Metrics, host: str, port: int) -> Any:

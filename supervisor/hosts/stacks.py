@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.core.payloads import ProcessStackData, StacksData
 from supervisor.core.tasks import cancel_and_wait
 
 _WRAPPER_SCRIPT_START = 's=$1; shift;'  # the launch wrapper's inner shell (hosts/base.py's WRAPPER_SH)
@@ -65,10 +66,9 @@ class StackDump:
         return "; ".join(parts)
 
 
-def stacks_data(dump: StackDump) -> dict[str, object]:
-    """A dump as an event's data (JSON): what `events`, the page and `stack` show."""
-    return {"note": dump.note, "processes": [{"pid": p.pid, "name": p.name, "stack": p.stack, "error": p.error}
-                                             for p in dump.processes]}
+def stacks_data(dump: StackDump) -> StacksData:
+    """A dump as an event's payload: what `events`, the page and `stack` show."""
+    return StacksData(dump.note, tuple(ProcessStackData(p.pid, p.name, p.stack, p.error) for p in dump.processes))
 
 
 def first_frames(stack: str, n: int = 3) -> list[str]:

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
 
+from supervisor.core.actions import ActionKind
 from supervisor.core.backoff import Backoff
 from supervisor.core.events import FailureKind, Verdict
 from supervisor.spec.tables import RestartSpec
 
-Action = Literal["relaunch", "give_up", "none"]
-
 
 @dataclass(frozen=True)
 class Decision:
-    action: Action
+    action: ActionKind  # relaunch, give_up or none (a stop is the user's, never the policy's)
     wait_s: float
     reason: str
 
@@ -45,35 +43,35 @@ class RestartPolicy:
     ) -> Decision:
         restart = self._restart
         if verdict == Verdict.HEALTHY:
-            return Decision("none", 0.0, "healthy")
+            return Decision(ActionKind.NONE, 0.0, "healthy")
         if verdict == Verdict.DONE:
-            return Decision("none", 0.0, "job complete")
+            return Decision(ActionKind.NONE, 0.0, "job complete")
         if verdict == Verdict.PREEMPTED:
             # The scheduler's doing, not the job's: at once, and the runner does not count it.
-            return Decision("relaunch", 0.0, "preempted by the scheduler: relaunching (not counted as a failure)")
+            return Decision(ActionKind.RELAUNCH, 0.0, "preempted by the scheduler: relaunching (not counted as a failure)")
         if verdict == Verdict.LEAKED:
             # Relaunching onto GPUs that still hold the last attempt's memory would fail
             # (OOM) or, worse, share the device with a zombie.
-            return Decision("give_up", 0.0, "GPU memory was not released after the attempt: not relaunching")
+            return Decision(ActionKind.GIVE_UP, 0.0, "GPU memory was not released after the attempt: not relaunching")
         if failure is FailureKind.COMMAND_NOT_FOUND:
             # The same command would not be found again: say so at once, no backoff, no budget spent.
-            return Decision("give_up", 0.0, "the command was not found: not relaunching (fix `command`, `python` or PATH)")
+            return Decision(ActionKind.GIVE_UP, 0.0, "the command was not found: not relaunching (fix `command`, `python` or PATH)")
         if verdict not in restart.on:
             allowed = ", ".join(v.value for v in restart.on) or "nothing"
-            return Decision("give_up", 0.0, f"{verdict.value} is not a verdict to relaunch on (restart.on: {allowed})")
+            return Decision(ActionKind.GIVE_UP, 0.0, f"{verdict.value} is not a verdict to relaunch on (restart.on: {allowed})")
         # Checked before the attempt budget: it says more about what went wrong.
         if restart.stop_on_repeat and fingerprint is not None and fingerprint == previous_fingerprint:
             return Decision(
-                "give_up",
+                ActionKind.GIVE_UP,
                 0.0,
                 f"same failure twice in a row (fingerprint {_short(fingerprint)}): "
                 "a deterministic bug, not relaunching",
             )
         if attempt >= restart.max_attempts:
-            return Decision("give_up", 0.0, f"attempt {attempt}/{restart.max_attempts} failed: giving up")
+            return Decision(ActionKind.GIVE_UP, 0.0, f"attempt {attempt}/{restart.max_attempts} failed: giving up")
         wait = self.wait_after(attempt)
         return Decision(
-            "relaunch",
+            ActionKind.RELAUNCH,
             wait,
             f"{verdict.value}: relaunching in {wait:.1f}s (attempt {attempt + 1}/{restart.max_attempts})",
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 from supervisor.core.bus import EventBus
 from supervisor.core.events import Event, EventKind, JobState
+from supervisor.core.payloads import StateData
 from supervisor.store.database import Store
 
 
@@ -39,6 +40,6 @@ class Recorder:
         attempt: 0 before any), then published."""
         latest = self.store.next_attempt_number(job) - 1
         event = Event(job=job, attempt=latest, kind=EventKind.STATE, message=f"{state.value}: {reason}" if reason else state.value,
-                      data={"state": state.value, "reason": reason})
+                      data=StateData(state, reason).to_json())
         self.store.record_events([event], job_state=(state, reason))
         self.bus.publish([event] if event.id is not None else [])

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from supervisor.core import protocol
+from supervisor.core.actions import ActionKind
 from supervisor.core.events import AttemptState, JobState, Verdict
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.store.database import AttemptRow
@@ -92,7 +93,7 @@ def _state(latest: AttemptRow | None, job_state: JobState) -> JobState:
         return JobState.DONE
     if latest.state is AttemptState.STOPPED:
         return JobState.STOPPED
-    if (latest.action or "").startswith("relaunch"):
+    if latest.action_kind is ActionKind.RELAUNCH:
         # A relaunch was due; if the job has ended since, it never came (stopped, or other shards failed).
         return JobState.BACKOFF if job_state not in _ENDED else JobState.STOPPED
     return JobState.FAILED

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import structlog
 
+from supervisor.core.actions import ActionKind
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import FailureKind, JobState, Verdict
 from supervisor.gpu.health import GpuFault
@@ -84,7 +85,7 @@ class ShardScope(JobScope):
             return 0.0
         mine = self._mine()
         last = mine[-1] if mine else None
-        if last is None or last.ended is None or not (last.action or "").startswith("relaunch"):
+        if last is None or last.ended is None or last.action_kind is not ActionKind.RELAUNCH:
             return 0.0
         wait = 0.0 if last.verdict is Verdict.PREEMPTED else policy.wait_after(len(mine))
         return max(0.0, last.ended + wait - time.time())
@@ -141,8 +142,8 @@ class _ShardPolicy(RestartPolicy):
         other = self._coordinator.failure_seen(self._shard, fingerprint)
         if other is None:
             return decision
-        return Decision("give_up", 0.0, f"the same failure (fingerprint {fingerprint[:12]}) on shards {other} and "
-                                        f"{self._shard}: it is the code, not the box; stopping the job")
+        return Decision(ActionKind.GIVE_UP, 0.0, f"the same failure (fingerprint {fingerprint[:12]}) on shards {other} "
+                                                 f"and {self._shard}: it is the code, not the box; stopping the job")
 
 
 class ShardedJob:

@@ -11,21 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.core.events import BoundKind, Phase, Verdict
+from supervisor.core.progress import BarProgress
 
 if TYPE_CHECKING:
     from supervisor.watchdog import BoundSource, Watchdog
-
-
-@dataclass(frozen=True, slots=True)
-class BarProgress:
-    """The attempt's active progress bar.  ``rate_s_per_it`` is the median seconds per item."""
-
-    probe: str
-    done: float
-    total: float | None
-    rate_s_per_it: float | None
-    eta_s: float | None
-    bar: str | None = None  # its label (description, process) when one probe draws several bars
 
 
 @dataclass(frozen=True, slots=True)

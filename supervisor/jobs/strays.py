@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from supervisor.core.actions import AttemptAction
 from supervisor.core.events import AttemptState, Event, EventKind
+from supervisor.core.payloads import ActionData
 from supervisor.hosts.base import Host, KillReport, ProcessHandle
 from supervisor.jobs.recorder import Recorder
 from supervisor.store.database import AttemptRow, Store
@@ -60,14 +62,14 @@ async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | N
         status = await host.exit_status(handle)
         log.warning("stopped an attempt no runner watched", job=job, attempt=row.n, outcome=report.summary())
         reason = "stopped by user; it was running unwatched"
-        store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action="stopped by user", reason=reason,
+        store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action=AttemptAction.stopped(), reason=reason,
                              exit_code=status.returncode if status else None,
                              exit_signal=status.signal if status else None)
         recorder.events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,
                                    message=f"stopped by user (it was running unwatched): {report.summary()}",
-                                   data={"terminated": [p for p, _ in report.terminated],
-                                         "killed": [p for p, _ in report.killed],
-                                         "survivors": [p for p, _ in report.survivors]})])
+                                   data=ActionData(terminated=[p for p, _ in report.terminated],
+                                                   killed=[p for p, _ in report.killed],
+                                                   survivors=[p for p, _ in report.survivors]).to_json())])
         result.attempts.append(row.n)
         merge_reports(result.report, report)
     return result

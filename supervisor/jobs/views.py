@@ -19,7 +19,9 @@ from supervisor.store.database import AttemptRow, JobRow, Store
 
 
 def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
-    progress = protocol.ProgressInfo(**row.progress) if row.progress else None
+    bar = row.progress
+    progress = None if bar is None else protocol.ProgressInfo(
+        probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it, eta_s=bar.eta_s)
     failure = protocol.FailureInfo.of(row.failure) if row.failure else None
     return protocol.AttemptInfo(
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,

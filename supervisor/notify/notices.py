@@ -11,10 +11,11 @@ a milestone is due.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from supervisor.core.events import Failure, Phase
 from supervisor.core.host_url import is_local
+from supervisor.core.payloads import SlowStep
+from supervisor.core.progress import Progress
 from supervisor.gpu.health import GpuFault
 from supervisor.notify.alerts import Alert, AlertKind
 from supervisor.spec.tables import AlertSpec
@@ -109,12 +110,12 @@ def reachable(at: Attempt, host: str, down_s: float) -> Alert:
 
 def slow(at: Attempt, judgement: Judgement, where: str) -> Alert:
     """A bar's step takes well over what earlier attempts took: said before it becomes a stall."""
-    ev = judgement.evidence
-    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: slow {where}: step at {fine_duration(ev['step_s'])}, "
-                 f"history p95 {fine_duration(ev['history_p95_s'])}",
+    step = SlowStep.from_json(judgement.evidence)
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: slow {where}: step at {fine_duration(step.step_s)}, "
+                 f"history p95 {fine_duration(step.history_p95_s)}",
                  what=f"slow (attempt {at.n} still running)", evidence=judgement.reason, gpu=at.gpu,
-                 next_action=f"nothing yet: stalled if no step for {fine_duration(ev['stall_bound_s'])}",
-                 key=f"{at.job}:slow:{ev['bar']}", kind=AlertKind.SLOW)
+                 next_action=f"nothing yet: stalled if no step for {fine_duration(step.stall_bound_s)}",
+                 key=f"{at.job}:slow:{step.bar}", kind=AlertKind.SLOW)
 
 
 def where(progress: ProgressState | None, phase: Phase | None) -> str:
@@ -134,10 +135,11 @@ class BarStep:
     rate_s_per_it: float | None  # the bar's median so far
 
     @classmethod
-    def of(cls, data: dict[str, Any], progress: ProgressState | None) -> BarStep | None:
-        done, total = data.get("done"), data.get("total")
-        if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or progress is None:
+    def of(cls, step: Progress | None, progress: ProgressState | None) -> BarStep | None:
+        """``step``: the line's count; ``progress``: its bar as the watchdog tracks it."""
+        if step is None or step.total is None or progress is None:
             return None
+        done, total = step.done, step.total
         # The bar's description where it has one; else the probe's id without its pack's name.
         bar = progress.bar if progress.bar and progress.bar != progress.probe else progress.probe.rsplit(".", 1)[-1]
         return cls(bar, done, total, progress.rate)

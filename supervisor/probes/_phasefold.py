@@ -18,6 +18,7 @@ mean for the phase, so that `status` and `supervise probe` name the same one:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from supervisor.core.events import Failure, Phase, ProbeKind
@@ -40,7 +41,7 @@ def survived(failure_survivable: bool, phase: Phase | None) -> bool:
     return failure_survivable and phase is not None and phase.rank >= Phase.ENGINE_READY.rank
 
 
-def entering_recovers(kind: ProbeKind, fields: dict[str, Any]) -> bool:
+def entering_recovers(kind: ProbeKind, fields: Mapping[str, Any]) -> bool:
     """Whether entering a phase through this event shows the program going on after a failure.
     A bar's first draw at 0 does not: tqdm draws a bar when it is made, and a program that has
     just failed may still make one on its way out (vLLM 0.6.3's `Processed prompts 0/4` drawn
@@ -53,7 +54,7 @@ def entering_recovers(kind: ProbeKind, fields: dict[str, Any]) -> bool:
     return True
 
 
-def goes_on_serving(fields: dict[str, Any]) -> bool:
+def goes_on_serving(fields: Mapping[str, Any]) -> bool:
     """Whether an event shows a server answering a request successfully: normal operation going
     on, which a failure before it did not end."""
     if fields.get("serving") is not True:
@@ -71,7 +72,7 @@ def starts_new_attempt(attempt_over: bool, failure: Failure) -> bool:
     return attempt_over and not failure.consequence
 
 
-def ends_attempt(attempt_over: bool, failure: Failure, fields: dict[str, Any]) -> bool:
+def ends_attempt(attempt_over: bool, failure: Failure, fields: Mapping[str, Any]) -> bool:
     """Whether, after ``failure``, the workers' attempt is over (the launcher said so, and no
     restarted attempt's failure has come since)."""
     if fields.get("attempt_over") is True:

@@ -44,6 +44,7 @@ from supervisor.core.events import (
     ProbeEvent,
     ProbeKind,
 )
+from supervisor.core.progress import Progress, count
 from supervisor.core.records import split_records
 from supervisor.probes._barfold import RedrawCoalescer
 from supervisor.probes._engine import ProbeEngine
@@ -246,10 +247,11 @@ class _Summary:
             counts = folded.pop(event.offset, None) if folded and event.kind is ProbeKind.PROGRESS else None
             if counts:
                 seen = bar_of(event.probe, event.fields)
+                total = count(event.fields.get("total"))
                 for done in counts:
                     was_recovered = self._recovered
                     self.counts["progress"] = self.counts.get("progress", 0) + 1
-                    self._place(event.probe, event.fields, done, event.fields.get("total"), seen)
+                    self._place(event.probe, event.fields, done, total, seen)
                     if self._recovered and not was_recovered and not self._fatal_seen:
                         self.failures.recovered()
             was_recovered = self._recovered
@@ -282,12 +284,12 @@ class _Summary:
         self._list(event)
 
     def _progress(self, event: ProbeEvent) -> None:
-        done, total = event.fields.get("done"), event.fields.get("total")
-        if isinstance(done, (int, float)):
-            self._place(event.probe, event.fields, done, total)
+        progress = Progress.read(event.fields)  # the count the watchdog and the store read
+        if progress is not None:
+            self._place(event.probe, event.fields, progress.done, progress.total)
 
-    def _place(self, probe: str, fields: dict[str, Any], done: float, total: Any, seen: Bar | None = None) -> None:
-        run, new = self._bars.place(probe, fields, done, total if isinstance(total, (int, float)) else None, seen)
+    def _place(self, probe: str, fields: dict[str, Any], done: float, total: float | None, seen: Bar | None = None) -> None:
+        run, new = self._bars.place(probe, fields, done, total, seen)
         if not new and self._done_seen.get(run.id) != run.done:
             self._recovered = True  # a step forward of a bar already drawn: an advance, as the watchdog counts it
         self._done_seen[run.id] = run.done

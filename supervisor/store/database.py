@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import NotFound, StoreBusy, StoreError
 from supervisor.core.events import (
     AttemptState,
@@ -29,6 +30,7 @@ from supervisor.core.events import (
     Verdict,
     failure_kind,
 )
+from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
 from supervisor.store.schema import MIGRATIONS as _MIGRATIONS
 
@@ -60,7 +62,7 @@ class AttemptRow:
     exit_signal: int | None
     log_offset: int
     phase: Phase | None
-    progress: dict[str, Any] | None
+    progress: BarProgress | None  # its most recently moved bar, as last stored
     verdict: Verdict | None
     reason: str | None
     failure: Failure | None
@@ -72,6 +74,12 @@ class AttemptRow:
     scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
     shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
     usage: AttemptUsage | None = None  # what it used (CPU, memory, GPUs), stored as it ended
+
+    @property
+    def action_kind(self) -> ActionKind | None:
+        """What was done when it ended (None: it has not ended), read from ``action``."""
+        found = AttemptAction.read(self.action)
+        return None if found is None else found.kind
 
 
 @dataclass(frozen=True)
@@ -302,6 +310,10 @@ class Store:
             column = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}.get(key, key)
             if isinstance(value, Failure):
                 value = value.to_json()
+            if isinstance(value, AttemptAction):
+                value = value.text
+            if isinstance(value, BarProgress):
+                value = value.to_json()
             if isinstance(value, AttemptUsage):
                 value = value.model_dump(mode="json")
             if column.endswith("_json") and value is not None:
@@ -393,7 +405,7 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         pgid=row["pgid"], start_time=row["start_time"], started=row["started"], ended=row["ended"],
         state=AttemptState(row["state"]), exit_code=row["exit_code"], exit_signal=row["exit_signal"],
         log_offset=row["log_offset"], phase=Phase(row["phase"]) if row["phase"] else None,
-        progress=load(row["progress_json"]), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
+        progress=BarProgress.from_json(load(row["progress_json"])), verdict=Verdict(row["verdict"]) if row["verdict"] else None,
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
         log_generation=row["log_generation"], scheduler_id=row["scheduler_id"], shard=row["shard"],

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 
 from supervisor.core.events import Event, EventKind
+from supervisor.core.payloads import ProbeFields
+from supervisor.core.progress import Progress
 from supervisor.probes import BarBook
 
 INTERVAL_S = 30.0  # a bar without a total: at most one stored line per this long
@@ -60,13 +62,15 @@ class ProgressMilestones:
         """Whether ``event`` is a milestone; anything but a progress line with a count always is."""
         if event.kind is not EventKind.PROGRESS:
             return True
-        done = _number(event.data.get("done"))
-        if done is None:
+        payload = ProbeFields.of(event)
+        progress = payload.progress
+        counts = None if progress is None else _counts(progress)
+        if progress is None or counts is None:
             return True  # not a count this sieve can read: kept as it came
-        total = _number(event.data.get("total"))
-        run, new = self._book.place(event.probe or "progress", event.data, done, total)
+        done, total = counts
+        run, new = self._book.place(event.probe or "progress", payload.fields, done, total)
         kept = self._bars.get(run.id)
-        percent = _percent(done, total)
+        percent = progress.percent
         if new or kept is None:
             self._bars[run.id] = _Kept(done, percent, now, done)
             if self.latest_only:  # past the cap, a new bar too is its latest line, in place
@@ -95,25 +99,26 @@ class ProgressMilestones:
         for its end (no milestone: the same whole percent, or the same ``interval_s`` slot, as
         the row before it) gets that row back as the one its next line replaces; otherwise the
         restarted daemon would store a second first line beside it and leave it orphaned."""
-        rows: dict[int, list[Event]] = {}
+        rows: dict[int, list[tuple[Event, Progress]]] = {}
         for event in stored:
-            done = _number(event.data.get("done")) if event.kind is EventKind.PROGRESS else None
-            if done is None or event.id is None:
+            payload = ProbeFields.of(event)
+            progress = payload.progress if event.kind is EventKind.PROGRESS else None
+            counts = None if progress is None else _counts(progress)
+            if progress is None or counts is None or event.id is None:
                 continue
-            run, new = self._book.place(event.probe or "progress", event.data, done, _number(event.data.get("total")))
+            run, new = self._book.place(event.probe or "progress", payload.fields, *counts)
             if new:
                 rows[run.id] = []
-            rows.setdefault(run.id, []).append(event)
+            rows.setdefault(run.id, []).append((event, progress))
         for bar, events in rows.items():
-            last = events[-1]
-            done = _number(last.data.get("done")) or 0.0
-            percent = _percent(done, _number(last.data.get("total")))
+            last, last_progress = events[-1]
+            done, total = float(last_progress.done), _total(last_progress)
+            percent = last_progress.percent
             kept = _Kept(done, percent, last.ts, done)
             if len(events) > 1:
-                before = events[-2]
-                before_done = _number(before.data.get("done")) or 0.0
-                before_percent = _percent(before_done, _number(before.data.get("total")))
-                total = _number(last.data.get("total"))
+                before, before_progress = events[-2]
+                before_done = float(before_progress.done)
+                before_percent = before_progress.percent
                 if percent is not None:
                     stand_in = percent == before_percent and total is not None and done < total
                 else:
@@ -144,21 +149,16 @@ class ProgressMilestones:
         self._replaced.clear()
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return number if math.isfinite(number) else None
-    return None
+def _counts(progress: Progress) -> tuple[float, float | None] | None:
+    """A line's count and total as the sieve compares them: None for a count that is no finite
+    number (such a line is kept as it came), and an infinite total is none."""
+    done = float(progress.done)
+    return None if not _isfinite(done) else (done, _total(progress))
 
 
-def _percent(done: float, total: float | None) -> int | None:
-    if total is None or total <= 0:
-        return None
-    return math.floor(100 * min(done, total) / total)
+def _total(progress: Progress) -> float | None:
+    total = progress.total
+    return None if total is None or not _isfinite(total) else float(total)
+
+
+_isfinite = math.isfinite

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ class LossTrack:
     bound: float | None = None
     not_finite: tuple[float, str] | None = None  # when, and the value as printed
 
-    def observe(self, data: dict[str, Any], at: float) -> None:
+    def observe(self, data: Mapping[str, Any], at: float) -> None:
         k = self.k
         raw = data.get("loss")
         if raw is None or isinstance(raw, bool):

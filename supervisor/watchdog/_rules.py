@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.core.events import BoundKind, Failure, FailureKind, Phase, Verdict
+from supervisor.core.payloads import SlowStep
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, Judgement, fine_duration, format_duration
 from supervisor.watchdog._divergence import diverged
@@ -146,10 +147,10 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
         reason = (f"{_where(track)}: this step has taken {format_duration(taken)}, over "
                   f"{format_duration(after)} ({history.source()}: 95th percentile {fine_duration(history.high)}); "
                   f"a stall at {format_duration(stall)}")
-        return reason, {"probe": track.probe, "bar": track.bar, "done": track.done, "total": track.total,
-                        "step_s": round(taken, 3), "slow_after_s": round(after, 3),
-                        "history_p95_s": round(history.high, 3), "stall_bound_s": round(stall, 3),
-                        "bound_source": str(history.source()), "phase": facts.phase_name}
+        step = SlowStep(probe=track.probe, bar=track.bar, done=track.done, total=track.total, step_s=round(taken, 3),
+                        slow_after_s=round(after, 3), history_p95_s=round(history.high, 3),
+                        stall_bound_s=round(stall, 3), bound_source=str(history.source()), phase=facts.phase_name)
+        return reason, step.to_json()
 
     return Condition(since + after, Verdict.STALLED, describe, since, history.source(), advisory=True)
 

@@ -11,6 +11,7 @@ forever.  ``EngineLoad`` folds the lines (fields ``gen_tps``, ``prompt_tps``, ``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ class EngineLoad:
     lines: int = 0  # zero-throughput-with-work lines in a row
     without_work: bool = False  # the latest throughput line: no request runs or waits (an idle server)
 
-    def observe(self, data: dict[str, Any], at: float) -> None:
+    def observe(self, data: Mapping[str, Any], at: float) -> None:
         gen = _number(data.get("gen_tps"))
         if gen is None:
             return  # not a throughput line

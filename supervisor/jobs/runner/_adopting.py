@@ -14,6 +14,7 @@ import os
 import time
 
 from supervisor.core.events import Event, EventKind, JobState
+from supervisor.core.payloads import ActionData, RestartData
 from supervisor.hosts.base import ProcessHandle
 from supervisor.jobs.runner._backlog import Backlog, backlog_of
 from supervisor.jobs.runner._context import Live
@@ -121,7 +122,7 @@ class Adopting(Watching):
             self.unreachable_since = None
             where = self.ctx.host.name
             self._action(live, f"{where} reachable again: attempt {n} ({what}) re-adopted after "
-                               f"{format_duration(down_s)} unreachable", {"down_s": down_s})
+                               f"{format_duration(down_s)} unreachable", ActionData(down_s=down_s))
             self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; {where} was unreachable for {format_duration(down_s)})")
             self._send_soon(live, notices.reachable(self._about(live), where, down_s))
             return
@@ -131,5 +132,5 @@ class Adopting(Watching):
         for_how_long = "for an unknown time" if gone_s is None else f"for {format_duration(gone_s)}"
         self._publish([self._event(n, EventKind.DAEMON_RESTARTED,
                                    f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}",
-                                   {"down_s": gone_s, "down_since": gone_since, "pid": live.row.pid})])
+                                   RestartData(gone_s, gone_since, live.row.pid))])
         self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from supervisor.core.events import EventKind, JobState
+from supervisor.core.payloads import AlertData
 from supervisor.jobs.dependencies import readiness
 from supervisor.jobs.runner._context import Recording
 from supervisor.notify.alerts import Alert
@@ -41,7 +42,7 @@ async def _cancel(runner: Recording, why: str) -> None:
     runner._set_job(JobState.CANCELLED, reason)
     # Attempt 0: nothing was launched; the event is kept (and shown by `events`) whether or not an
     # alert URL is configured.
-    runner._publish([runner._event(0, EventKind.ALERT, f"{name}: cancelled", {"evidence": reason, "next": "not launched"})])
+    runner._publish([runner._event(0, EventKind.ALERT, f"{name}: cancelled", AlertData(evidence=reason, next="not launched"))])
     await runner.ctx.alerter.send(Alert(job=name, attempt=0, title=f"{name}: cancelled", what="cancelled", evidence=reason,
                                         gpu="", next_action="not launched; start it again once the cause is fixed",
                                         key=f"{name}:cancelled:{time.time():.0f}"))

@@ -14,6 +14,8 @@ from typing import Any
 
 from supervisor.core.bus import EventBus
 from supervisor.core.events import Event, EventKind, Failure, JobState, ProbeEvent
+from supervisor.core.payloads import ActionData, Payload, ProbeFields, jsonable
+from supervisor.core.progress import BarProgress
 from supervisor.core.usage import GpuUsageMeter
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
@@ -121,15 +123,16 @@ class Recording:
     def _update(self, n: int, **fields: Any) -> None:
         self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
 
-    def _action(self, live: Live, message: str, data: dict[str, Any]) -> None:
-        self._publish([self._event(live.row.n, EventKind.ACTION, message, jsonable(data))])
+    def _action(self, live: Live, message: str, data: ActionData) -> None:
+        self._publish([self._event(live.row.n, EventKind.ACTION, message, data)])
 
-    def _event(self, n: int, kind: EventKind, message: str, data: dict[str, Any]) -> Event:
-        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=data)
+    def _event(self, n: int, kind: EventKind, message: str, payload: Payload) -> Event:
+        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=payload.to_json())
 
     def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
-        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line,
-                     probe=pe.probe, phase=pe.phase, offset=pe.offset, data=jsonable(pe.fields), failure=pe.failure)
+        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line, probe=pe.probe,
+                     phase=pe.phase, offset=pe.offset, data=ProbeFields(jsonable(pe.fields)).to_json(),
+                     failure=pe.failure)
 
     def _publish(self, events: list[Event]) -> None:
         self._writes.submit(lambda: self.ctx.recorder.events(events))
@@ -139,9 +142,9 @@ def describe_exit(status: ExitStatus | None) -> str:
     return status.describe() if status is not None else "was still running when watching stopped"
 
 
-def progress_dict(progress: ProgressState) -> dict[str, Any]:
-    return {"probe": progress.probe, "bar": progress.bar, "done": progress.done, "total": progress.total,
-            "rate_s_per_it": progress.rate, "eta_s": progress.eta_s}
+def bar_progress(progress: ProgressState) -> BarProgress:
+    """The watchdog's reading of a bar, as the attempt's row keeps it."""
+    return BarProgress(progress.probe, progress.done, progress.total, progress.rate, progress.eta_s, progress.bar)
 
 
 def gpu_summary(sample: GpuSample | None) -> str:
@@ -158,21 +161,6 @@ def cmdline(pid: int) -> str:
         return " ".join(psutil.Process(pid).cmdline())[:80]
     except psutil.Error:
         return "(gone)"
-
-
-_PLAIN = frozenset({str, int, float, bool, type(None)})
-
-
-def jsonable(value: Any) -> Any:
-    if type(value) is dict and all(type(k) is str and type(v) in _PLAIN for k, v in value.items()):
-        return value  # a probe's fields, as they nearly always are: nothing to convert (one look per event)
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
 
 
 async def cancel_until_done(task: asyncio.Task[Any]) -> None:

@@ -16,6 +16,7 @@ from itertools import groupby
 import structlog
 
 from supervisor.core.events import EventKind, JobState
+from supervisor.core.payloads import ActionData, GpuHolder, GpuWaitData
 from supervisor.gpu.nvml import GpuProcess, GpuSample, foreign_processes
 from supervisor.jobs.runner._context import Recording, cmdline
 
@@ -74,10 +75,9 @@ class GpuWaiting(Recording):
     def _gpu_waiting(self, foreign: list[GpuProcess], who: str, left_s: float) -> None:
         self.gpu_wait = f"waiting for {who}"
         n = self.ctx.store.next_attempt_number(self.spec.name)  # the attempt that waits to launch
-        holders = [{"pid": p.pid, "gpu": p.gpu_index, "used_mib": p.used_mib, "command": cmdline(p.pid)}
-                   for p in foreign]
+        holders = tuple(GpuHolder(p.pid, p.gpu_index, p.used_mib, cmdline(p.pid)) for p in foreign)
         self._publish([self._event(n, EventKind.GPU_WAIT, f"{self.gpu_wait} (launching when it is freed, "
-                                   f"for at most {left_s:.0f}s more)", {"holders": holders})])
+                                   f"for at most {left_s:.0f}s more)", GpuWaitData(holders))])
         self._set_job(JobState.WAITING, self.gpu_wait)
 
     def _gpus_free(self, sample: GpuSample, waited_s: float) -> None:
@@ -88,7 +88,7 @@ class GpuWaiting(Recording):
                  sample_ts=sample.ts)
         self._publish([self._event(n, EventKind.ACTION, f"GPUs free (the GPU sample of {at} shows it): launching "
                                    f"after waiting {waited_s:.1f}s",
-                                   {"woken_by": "gpu_sample", "sample_ts": sample.ts, "waited_s": waited_s})])
+                                   ActionData(woken_by="gpu_sample", sample_ts=sample.ts, waited_s=waited_s))])
 
     async def _next_sample_unless_stopped(self, deadline: float) -> GpuSample | None:
         """The host's next GPU sample (its sampling loop wakes us); None when a stop came first.

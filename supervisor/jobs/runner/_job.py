@@ -13,8 +13,10 @@ import uuid
 
 import structlog
 
+from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
+from supervisor.core.payloads import ActionData, ExitedData, LaunchedData
 from supervisor.gpu.nvml import ReleaseResult, wait_for_release
 from supervisor.hosts import stacks
 from supervisor.hosts.base import ExitStatus, KillReport, LaunchRequest, StackDumper, UsageReader
@@ -173,13 +175,14 @@ class JobRunner(Adopting, GpuWaiting):
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
                 await self._record_usage(live)
-                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action="stopped by user", verdict=None,
+                stopped = AttemptAction.stopped()
+                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=stopped, verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
-                self._action(live, "stopped by user", {})
+                self._action(live, stopped.text, ActionData())
                 self._set_job(JobState.STOPPED, "stopped by user")
                 return
             if judgement.verdict is Verdict.DONE:
-                await self._end_attempt(live, judgement, "none: job done")
+                await self._end_attempt(live, judgement, AttemptAction.none("job done"))
                 self._set_job(JobState.DONE, judgement.reason)
                 await self._alert_done(live, judgement)
                 return
@@ -188,13 +191,14 @@ class JobRunner(Adopting, GpuWaiting):
             await self._cleanup(live, judgement)
             released = await self._wait_gpu_release(live)
             if not released:
-                await self._end_attempt(live, judgement, "give up: GPU memory leaked")
+                await self._end_attempt(live, judgement, AttemptAction.give_up("GPU memory leaked"))
                 self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
                 return
-            action = f"relaunch in {decision.wait_s:.1f}s" if decision.action == "relaunch" else f"give up: {decision.reason}"
+            relaunch = decision.action is ActionKind.RELAUNCH
+            action = AttemptAction.relaunch(decision.wait_s) if relaunch else AttemptAction.give_up(decision.reason)
             await self._end_attempt(live, judgement, action)
-            await self._alert_end(live, judgement, action, None if decision.action == "relaunch" else decision.reason)
-            if decision.action != "relaunch":
+            await self._alert_end(live, judgement, action.text, None if relaunch else decision.reason)
+            if not relaunch:
                 self._set_job(JobState.FAILED, decision.reason)
                 return
             if judgement.verdict is Verdict.PREEMPTED:
@@ -222,7 +226,7 @@ class JobRunner(Adopting, GpuWaiting):
         self.live, self.unreachable_since = None, since
         where = self.ctx.host.name
         self._action(live, f"{where} unreachable: {exc}; attempt {n} is not known to have ended, waiting for the host",
-                     {"error": str(exc)})
+                     ActionData(error=str(exc)))
         self._set_job(JobState.UNREACHABLE, f"attempt {n}: {exc}; re-adopted when the host answers")
         self._send_soon(live, notices.unreachable(self._about(live), where, str(exc)))
         wait, said = _REACH_AGAIN_S[0], str(exc)
@@ -281,7 +285,7 @@ class JobRunner(Adopting, GpuWaiting):
                   error=repr(exc), exc_info=exc)
         reason = f"supervision failed ({type(exc).__name__}: {exc})"
         self.live = live
-        self._action(live, f"{reason}; watching only the process's exit from now on", {"error": repr(exc)})
+        self._action(live, f"{reason}; watching only the process's exit from now on", ActionData(error=repr(exc)))
         self._set_job(JobState.RUNNING, f"attempt {live.row.n}: {reason}; watching its exit only")
         try:
             status = await self.ctx.host.wait_exit(live.handle)
@@ -294,10 +298,10 @@ class JobRunner(Adopting, GpuWaiting):
         stopped = self._stop_requested.is_set()
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
                      state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
-                     action="stopped by user" if stopped else "none: supervision failed",
+                     action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
                      reason=f"{reason}; the command {status.describe()}")
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
-                                   {"returncode": status.returncode, "signal": status.signal})])
+                                   ExitedData(status.returncode, status.signal))])
         if stopped:
             self._set_job(JobState.STOPPED, "stopped by user")
         elif status.returncode == 0:
@@ -343,7 +347,7 @@ class JobRunner(Adopting, GpuWaiting):
             # a launch the daemon died in, by the next daemon's recovery.
             error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
             self._update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
-                         reason=str(error), action="give up: launch failed")
+                         reason=str(error), action=AttemptAction.give_up("launch failed"))
             raise error from exc
         row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
         row.scheduler_id = handle.scheduler_id
@@ -352,8 +356,7 @@ class JobRunner(Adopting, GpuWaiting):
         self.news.running(row)
         what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
-                                   {"pid": handle.pid, "argv": argv, "log": log_path, "host": self.ctx.host.name,
-                                    "scheduler_id": handle.scheduler_id})])
+                                   LaunchedData(handle.pid, argv, log_path, self.ctx.host.name, handle.scheduler_id))])
         return Live(row=row, handle=handle, watchdog=self._new_watchdog(n), event_cap=EventCap(self.ctx.events_per_attempt))
 
     def _adopt(self, row: AttemptRow) -> Live:
@@ -390,8 +393,8 @@ class JobRunner(Adopting, GpuWaiting):
                 live.exit_status = status
                 self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._action(live, f"killed the process tree: {report.summary()}",
-                     {"terminated": report.terminated, "killed": report.killed, "survivors": report.survivors,
-                      "reparented": report.reparented})
+                     ActionData(terminated=report.terminated, killed=report.killed, survivors=report.survivors,
+                                reparented=report.reparented))
 
     async def stacks_now(self) -> StackDump | None:
         """`supervise stack`: the running attempt's stacks now (None: none is running)."""
@@ -421,7 +424,7 @@ class JobRunner(Adopting, GpuWaiting):
             await self.ctx.host.kill_tree(live.handle, 0)
             result = await wait()
         self._action(live, f"GPU memory {'released' if result.released else 'STILL HELD'} after {result.waited_s:.1f}s",
-                     {"released": result.released, "waited_s": result.waited_s})
+                     ActionData(released=result.released, waited_s=result.waited_s))
         if not result.released:
             await self._alert(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}), "not relaunching: GPU memory still held")
         return result.released
@@ -438,8 +441,8 @@ class JobRunner(Adopting, GpuWaiting):
         live.row.usage = live.gpu_meter.usage().with_host(from_host)
         self._update(live.row.n, usage=live.row.usage)
 
-    async def _end_attempt(self, live: Live, judgement: Judgement, action: str) -> None:
+    async def _end_attempt(self, live: Live, judgement: Judgement, action: AttemptAction) -> None:
         await self._record_usage(live)
         self._update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
                      verdict=judgement.verdict.value, reason=judgement.reason)
-        self._action(live, action, {})
+        self._action(live, action.text, ActionData())

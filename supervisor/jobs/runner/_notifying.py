@@ -11,12 +11,13 @@ from typing import Any
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import Event, EventKind, JobState, Verdict
+from supervisor.core.payloads import ActionData, AlertData, GpuFaultData, ProbeFields, VerdictData
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
 from supervisor.hosts.base import StackDumper
 from supervisor.hosts.stacks import StackDump, stacks_data
-from supervisor.jobs.runner._context import Live, Recording, gpu_summary, jsonable
+from supervisor.jobs.runner._context import Live, Recording, gpu_summary
 from supervisor.jobs.runner._gate import KillGate, Step
 from supervisor.notify import notices
 from supervisor.notify.alerts import Alert
@@ -49,8 +50,8 @@ class Notifying(Recording):
     async def _send(self, live: Live, alert: Alert) -> None:
         if await self.ctx.alerter.send(alert):
             self._publish([self._event(live.row.n, EventKind.ALERT, alert.title,
-                                       {"kind": alert.kind.value, "severity": alert.severity.value,
-                                        "evidence": alert.evidence, "next": alert.next_action})])
+                                       AlertData(kind=alert.kind.value, severity=alert.severity.value,
+                                                 evidence=alert.evidence, next=alert.next_action))])
 
     def _send_soon(self, live: Live, alert: Alert) -> None:
         """Sent off the watch loop: a slow endpoint must not delay noticing an exit."""
@@ -84,7 +85,8 @@ class Notifying(Recording):
             due = []
             if event.phase is not None:  # a phase line, or a progress line that implies its phase
                 due.append(milestones.phase(about, event.phase, elapsed))
-            step = BarStep.of(event.data, live.watchdog.progress) if event.kind is EventKind.PROGRESS else None
+            step = BarStep.of(ProbeFields.of(event).progress, live.watchdog.progress) \
+                if event.kind is EventKind.PROGRESS else None
             if step is not None:
                 due.append(milestones.progress(about, step, elapsed, self.ctx.clock()))
             for alert in due:
@@ -132,7 +134,7 @@ class Notifying(Recording):
         if not named and not await self._attempt_pids(live) & device_pids:
             return False
         self._publish([self._event(live.row.n, EventKind.GPU_FAULT, fault.describe(),
-                                   {"gpu": fault.gpu, "kind": fault.kind.value, "xid": fault.xid, "detail": fault.detail})])
+                                   GpuFaultData(fault.gpu, fault.kind.value, fault.xid, fault.detail))])
         self._send_soon(live, notices.gpu_fault(self._about(live), host, fault))
         return True
 
@@ -141,7 +143,7 @@ class Notifying(Recording):
     def _record_verdict(self, live: Live, judgement: Judgement) -> None:
         self._update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
         self._publish([self._event(live.row.n, EventKind.VERDICT, f"{judgement.verdict.value}: {judgement.reason}",
-                                   {"verdict": judgement.verdict.value, **jsonable(judgement.evidence)})])
+                                   VerdictData(judgement.verdict, judgement.evidence))])
 
 
     def _gate(self, live: Live) -> KillGate:
@@ -168,7 +170,7 @@ class Notifying(Recording):
         elif step is Step.RECOVERED and episode is not None:
             pending = kill_pending
             self._update(live.row.n, verdict=None, reason=None)
-            self._action(live, f"moving again {where}: {'kill cancelled' if pending else 'warning over'}", {})
+            self._action(live, f"moving again {where}: {'kill cancelled' if pending else 'warning over'}", ActionData())
             self._set_job(JobState.RUNNING, f"attempt {live.row.n}")
             self._send_soon(live, notices.recovered(self._about(live), episode, where, pending))
         return step is Step.KILL
@@ -220,7 +222,7 @@ class Notifying(Recording):
         message = (f"{self.spec.name} held: the kill due in {max(0.0, due - self.ctx.clock()):.0f} s is postponed"
                    if due is not None else f"{self.spec.name} held: no kill") + \
             f" until `supervise release {self.spec.name}`"
-        self._action(live, message, {"held": True})
+        self._action(live, message, ActionData(held=True))
         live.wake.set()
         return message
 
@@ -235,7 +237,7 @@ class Notifying(Recording):
         due = gate.deadline()
         message = f"{self.spec.name} released" + (
             f": killing in {max(0.0, due - self.ctx.clock()):.0f} s unless it moves" if due is not None else "")
-        self._action(live, message, {"held": False})
+        self._action(live, message, ActionData(held=False))
         live.wake.set()
         return message
 

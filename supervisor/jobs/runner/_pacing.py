@@ -4,11 +4,10 @@ step well over its history alerted as ``slow`` (an alert, never a kill)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 
 from supervisor.core.errors import StoreError
+from supervisor.core.payloads import ActionData, SlowStep
 from supervisor.jobs.runner._context import Live
 from supervisor.jobs.runner._notifying import Notifying
 from supervisor.notify import notices
@@ -55,6 +54,5 @@ class Pacing(Notifying):
                 continue
             self._slow_sent.add((live.row.n, key))
             where = notices.where(live.watchdog.progress, live.watchdog.phase)
-            data: dict[str, Any] = dict(judgement.evidence)
-            self._action(live, f"slow {where}: {judgement.reason}", {"slow": True, **data})
+            self._action(live, f"slow {where}: {judgement.reason}", ActionData(slow=SlowStep.from_json(judgement.evidence)))
             self._send_soon(live, notices.slow(self._about(live), judgement, where))

@@ -16,6 +16,7 @@ import structlog
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import JobState, Verdict
+from supervisor.core.payloads import ActionData
 from supervisor.hosts.base import ExitStatus, QueuedHost, SchedulerEnd
 from supervisor.jobs.runner._context import Live, Recording
 from supervisor.watchdog import Judgement
@@ -62,7 +63,7 @@ class Queueing(Recording):
                 self._set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {job} "
                                                 f"PENDING ({state.reason or 'no reason given'})")
                 self._action(live, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
-                             {"reason": state.reason})
+                             ActionData(reason=state.reason))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), timeout=_QUEUE_POLL_S)
 

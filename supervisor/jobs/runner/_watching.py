@@ -15,11 +15,12 @@ import structlog
 
 from supervisor.core.errors import StoreError
 from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Record
+from supervisor.core.payloads import ActionData, AlertData, ExitedData
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
-from supervisor.jobs.runner._context import Live, progress_dict
+from supervisor.jobs.runner._context import Live, bar_progress
 from supervisor.jobs.runner._drain import drain
 from supervisor.jobs.runner._pacing import Pacing
 from supervisor.jobs.runner._queued import Queueing, scheduler_judgement
@@ -77,7 +78,7 @@ class Watching(Pacing, Queueing):
                     reader_reported = True
                     live.catch_up_until = None
                     error = reader.exception()
-                    self._action(live, f"log following stopped ({error}); still watching the process", {})
+                    self._action(live, f"log following stopped ({error}); still watching the process", ActionData())
                 if live.catch_up_until is not None:
                     if self.ctx.clock() < live.catch_up_until:
                         continue  # not judged on its stored past while its backlog is unread
@@ -213,7 +214,7 @@ class Watching(Pacing, Queueing):
     def _pack_disabled(self, live: Live, disabled: PackDisabled) -> None:
         message = f"probe pack '{disabled.pack}' disabled for attempt {live.row.n}: {disabled.reason}"
         self._publish([self._event(live.row.n, EventKind.ALERT, message,
-                                   {"pack": disabled.pack, "reason": disabled.reason})])
+                                   AlertData(pack=disabled.pack, reason=disabled.reason))])
 
     def _quiet_wait(self, live: Live, engine: Matcher, redraws: TailReader) -> float | None:
         """How long the log may stay quiet before something it left open is completed: an open
@@ -266,7 +267,7 @@ class Watching(Pacing, Queueing):
                 admitted.append(event)
         notice = live.event_cap.notice()
         if notice is not None:
-            self._action(live, notice, {"events_per_attempt": live.event_cap.limit})
+            self._action(live, notice, ActionData(events_per_attempt=live.event_cap.limit))
         return admitted
 
     def _clock_at(self, wall: float) -> float:
@@ -287,7 +288,7 @@ class Watching(Pacing, Queueing):
         fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
                                   "log_generation": live.row.log_generation}
         if state.progress is not None:
-            fields["progress"] = progress_dict(state.progress)
+            fields["progress"] = bar_progress(state.progress)
         if state.failure is not None:
             fields["failure"] = state.failure
             fields["fingerprint"] = state.failure.fingerprint
@@ -320,7 +321,7 @@ class Watching(Pacing, Queueing):
         live.contained.add(key)
         log.error("fault contained; supervision goes on", job=self.spec.name, what=what, error=repr(exc))
         self._action(live, f"{what} ({type(exc).__name__}: {exc}); it was skipped, supervision goes on",
-                     {"error": repr(exc)})
+                     ActionData(error=repr(exc)))
 
     async def _finish(self, live: Live, follower: Follower, reader: asyncio.Task[None], engine: Matcher,
                       status: ExitStatus) -> Judgement:
@@ -348,7 +349,7 @@ class Watching(Pacing, Queueing):
         live.exit_status = status
         self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
         self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
-                                   {"returncode": status.returncode, "signal": status.signal})])
+                                   ExitedData(status.returncode, status.signal))])
         judgement = scheduler_judgement(status) or live.watchdog.exited(
             status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(live, status))
         if not self._stop_requested.is_set():  # a user's stop is not a verdict on the job
