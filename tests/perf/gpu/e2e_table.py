@@ -1,6 +1,7 @@
-"""The EAGLE-3 end-to-end table from eagle3_e2e.sh's output folder: ``python e2e_table.py OUT``.
+"""The EAGLE-3 end-to-end table from eagle3_e2e.sh's output folder: ``python e2e_table.py OUT [none LABEL…]``.
 
-Reads ``OUT/bench/{none,draft,quarter}.json`` (e2e_bench.py), the target's ``e2e_target.json`` and each
+Reads ``OUT/bench/{none,draft,quarter}.json`` (e2e_bench.py; other labels when named: the first is the run
+without a draft, mla_real_vocab.sh names its drafts), the target's ``e2e_target.json`` and each
 draft's ``train_info.json``; prints markdown: per setting tokens/s without and with each draft, the
 acceptance rate and mean acceptance length, and whether greedy output with a draft is token-identical
 to greedy output without one.
@@ -29,7 +30,9 @@ def last_step(run: Path) -> str:
     return steps[-1] if steps else "(no log)"
 
 
-def main(out: Path) -> int:
+def main(out: Path, labels: list[str] | None = None) -> int:
+    if labels:
+        return table(out, labels[0], labels[1:])
     bench = {k: load(out / "bench" / f"{k}.json") for k in ("none", "draft", "quarter")}
     target = load(out / "e2e_target.json") or {}
     info = {k: load(out / k / "train_info.json") or {} for k in ("full", "quarter")}
@@ -70,5 +73,35 @@ def main(out: Path) -> int:
     return 0
 
 
+def table(out: Path, none: str, drafts: list[str]) -> int:
+    """One row per setting and draft: tok/s without and with the draft, the speed-up, acceptance, mean
+    acceptance length, acceptance per position; then greedy identity per draft."""
+    base = load(out / "bench" / f"{none}.json")
+    if not base:
+        print("(no baseline run)")
+        return 1
+    lines = ["| setting | draft | tok/s no draft | tok/s draft | × | acceptance | mean acc. length | per position |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    runs = {k: load(out / "bench" / f"{k}.json") for k in drafts}
+    for i, s in enumerate(base["settings"]):
+        for k, run in runs.items():
+            if not run:
+                continue
+            d = run["settings"][i]
+            lines.append(f"| batch {s['batch']}, T={s['temperature']} | {k} | {s['tok_s']:,.0f} | {d['tok_s']:,.0f} | "
+                         f"{d['tok_s'] / s['tok_s']:.2f}× | {d['acceptance_rate']} | {d['mean_acceptance_length']} | "
+                         f"{' / '.join(f'{x:.2f}' for x in d['acceptance_per_pos'])} |")
+    lines.append("")
+    for k, run in runs.items():
+        for i, s in enumerate(base["settings"]):
+            if run and s["temperature"] == 0.0:
+                n, m = same_tokens(s["outputs"], run["settings"][i]["outputs"])
+                lines.append(f"Greedy, batch {s['batch']}, {k}: {n}/{m} completions token-identical to no draft.")
+        if not run:
+            lines.append(f"{k}: no bench run")
+    print("\n".join(lines))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))

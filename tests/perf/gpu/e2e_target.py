@@ -1,6 +1,7 @@
 """A small *trained* target for the EAGLE-3 end-to-end run, built with no download.
 
-    PYTHONPATH=jobs python tests/perf/gpu/e2e_target.py build OUT_DIR [--steps 1500] [--size base|tiny]
+    PYTHONPATH=jobs python tests/perf/gpu/e2e_target.py build OUT_DIR [--steps 1500] [--size base|tiny|mla]
+        [--text synthetic|docstrings]
     PYTHONPATH=jobs python tests/perf/gpu/e2e_target.py prompts OUT_DIR --extract N --bench M
 
 ``build`` writes a synthetic corpus with learnable structure (templated dialogues over a fixed table
@@ -9,6 +10,11 @@ of facts, two-digit arithmetic, code-like snippets, counting), trains a byte-lev
 ~86M parameters) for a fixed number of steps, and saves it as safetensors shards with the tokenizer.
 Everything is seeded, so the same command gives the same data, tokenizer and initial weights; the GPU's
 kernels decide the last bits of the trained weights.
+
+``--text docstrings`` trains on natural English instead: the docstrings of the installed Python
+(``docstring_corpus.py``) as conversations with a thinking section, a 32,000-token byte-level BPE with a
+thinking chat template (``THINKING_TEMPLATE``), and reports a held-out loss on files never trained on;
+``prompts`` then writes the held-out files' conversations for the drafts (``docstring_prompts``).
 
 ``prompts`` writes, from another seed and with every document that also occurs in the training
 corpus dropped (held apart), ``extract.jsonl`` (whole documents for ``eagle3.extract``),
@@ -25,7 +31,9 @@ import math
 import random
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ANIMALS = ["otter", "heron", "badger", "lynx", "gecko", "walrus", "falcon", "marmot", "ibis", "tapir",
            "okapi", "bison", "newt", "puffin", "jackal", "koala", "lemur", "mole", "quail", "raven",
@@ -50,6 +58,19 @@ SIZES = {"base": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers
                      qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, topk_method="greedy", n_group=1,
                      topk_group=1)}
 MLA_VOCAB = 32000
+# The Llama-3 style template of eagle3.tiny_model with a thinking section, as Qwen3's: the assistant's answer
+# opens with <think>…</think>; a generation prompt with enable_thinking=False closes an empty one, so the
+# model answers at once.
+THINKING_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
 
 
 def fact(animal: str, table: list[str], salt: int) -> str:
@@ -91,13 +112,10 @@ def doc_key(doc: str) -> str:
     return hashlib.sha1(doc.encode()).hexdigest()
 
 
-def build(out: Path, steps: int, size: str, docs: int, seq: int, batch: int, lr: float) -> None:
-    import torch
+def synthetic_text(out: Path, docs: int) -> tuple[Any, list[int], list[int]]:
+    """(tokenizer, training token stream, held-out token stream) of the synthetic corpus."""
     from eagle3.tiny_model import build_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    t0 = time.monotonic()
-    out.mkdir(parents=True, exist_ok=True)
     texts = corpus(SEED_TRAIN, docs)
     (out / "train_docs.sha1").write_text("\n".join(sorted({doc_key(d) for d in texts})) + "\n")
     tok_src = out / "tokenizer_corpus.jsonl"
@@ -107,9 +125,81 @@ def build(out: Path, steps: int, size: str, docs: int, seq: int, batch: int, lr:
     tok = build_tokenizer(tok_src, vocab_size=2048)
     tok_src.unlink()
     ids = [t for enc in tok(texts, add_special_tokens=True)["input_ids"] for t in enc + [tok.eos_token_id]]
+    return tok, ids, []
+
+
+def docstring_text(out: Path, docs: int) -> tuple[Any, list[int], list[int]]:
+    """(tokenizer, training stream, held-out stream) of the docstring conversations (docstring_corpus.py).
+
+    The tokenizer is a byte-level BPE of ``MLA_VOCAB`` tokens trained on the training conversations'
+    text, with the thinking chat template; the held-out files' conversations are written to
+    ``held_docs.jsonl`` for ``prompts``."""
+    from dataclasses import asdict
+
+    from docstring_corpus import collect
+
+    found, notes = collect(docs or None)
+    for n in notes:
+        print(f"text source {n}", flush=True)
+    train, held = [d for d in found if not d.held], [d for d in found if d.held]
+    with (out / "held_docs.jsonl").open("w") as f:
+        f.writelines(json.dumps(asdict(d)) + "\n" for d in held)
+    tok = thinking_tokenizer((t for d in train for t in (d.messages()[0]["content"], d.answer())), MLA_VOCAB)
+
+    def stream(ds: list[Any]) -> list[int]:
+        texts = [tok.apply_chat_template(d.messages(), tokenize=False) for d in ds]
+        return [t for enc in tok(texts, add_special_tokens=False)["input_ids"] for t in enc]
+
+    print(f"docstrings: {len(train)} conversations for training, {len(held)} held out (other files), "
+          f"{sum(len(d.text) for d in found) / 1e6:.1f}M characters", flush=True)
+    return tok, stream(train), stream(held)
+
+
+def thinking_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` (the special tokens of eagle3.tiny_model plus
+    ``<think>``/``</think>``) with ``THINKING_TEMPLATE``; deterministic for the same texts."""
+    from eagle3.tiny_model import BOS, EOT, PAD, SPECIAL_TOKENS
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2,
+                                  special_tokens=[*SPECIAL_TOKENS, "<think>", "</think>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                       special_tokens=[(BOS, bos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOT, pad_token=PAD,
+                                   chat_template=THINKING_TEMPLATE, model_max_length=2048,
+                                   clean_up_tokenization_spaces=False)
+
+
+def held_loss(model: Any, rows: Any, dev: str) -> float:
+    """Mean loss on held-out rows (no gradient), in eval mode; the model is put back in train mode."""
+    import torch
+
+    model.eval()
+    with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
+        losses = [model(input_ids=rows[i:i + 16].to(dev), labels=rows[i:i + 16].to(dev)).loss.item()
+                  for i in range(0, rows.shape[0], 16)]
+    model.train()
+    return sum(losses) / max(len(losses), 1)
+
+
+def build(out: Path, steps: int, size: str, docs: int, seq: int, batch: int, lr: float, text: str) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    t0 = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    tok, ids, held_ids = (docstring_text if text == "docstrings" else synthetic_text)(out, docs)
     stream = torch.tensor(ids, dtype=torch.int64)
     rows = stream[: (len(stream) // seq) * seq].view(-1, seq)
-    print(f"target corpus: {len(texts)} documents, {len(ids)} tokens, {rows.shape[0]} rows of {seq}; "
+    held = torch.tensor(held_ids[: (min(len(held_ids), 64 * seq) // seq) * seq], dtype=torch.int64).view(-1, seq)
+    print(f"target corpus: {len(ids)} tokens, {rows.shape[0]} rows of {seq}; held-out {len(held_ids)} tokens; "
           f"vocab {len(tok)}; {time.monotonic() - t0:.1f}s", flush=True)
 
     torch.manual_seed(SEED_TRAIN)
@@ -150,14 +240,19 @@ def build(out: Path, steps: int, size: str, docs: int, seq: int, batch: int, lr:
         opt.zero_grad(set_to_none=True)
         if step % 50 == 0 or step == steps:
             el = time.monotonic() - t1
-            print(f"target step {step}/{steps} loss={loss.item():.4f} tok/s={step * batch * seq / el:.0f}", flush=True)
+            ev = f" held_out_loss={held_loss(model, held, dev):.4f}" if held.numel() and (
+                step % 250 == 0 or step == steps) else ""
+            print(f"target step {step}/{steps} loss={loss.item():.4f} tok/s={step * batch * seq / el:.0f}{ev}",
+                  flush=True)
+    final_held = held_loss(model, held, dev) if held.numel() else None
     model = model.to(torch.bfloat16)
     model.config.torch_dtype = torch.bfloat16
     model.save_pretrained(out, safe_serialization=True, max_shard_size="60MB")
     tok.save_pretrained(out)
     (out / "e2e_target.json").write_text(json.dumps(
         {"size": size, "steps": steps, "docs": docs, "seq": seq, "batch": batch, "lr": lr, "final_loss": loss.item(),
-         "train_s": round(time.monotonic() - t1, 1), "vocab": len(tok)}, indent=1) + "\n")
+         "train_s": round(time.monotonic() - t1, 1), "vocab": len(tok), "text": text,
+         "tokens": len(ids), "held_out_loss": final_held}, indent=1) + "\n")
     print(f"target saved to {out} after {time.monotonic() - t0:.0f}s", flush=True)
 
 
@@ -168,6 +263,8 @@ def opening(doc: str) -> str:
 
 
 def prompts(model_dir: Path, n_extract: int, n_bench: int) -> None:
+    if (model_dir / "held_docs.jsonl").exists():
+        return docstring_prompts(model_dir, n_extract, n_bench)
     seen = set((model_dir / "train_docs.sha1").read_text().split())
     held = [d for d in corpus(SEED_HELD, 4 * (n_extract + n_bench)) if doc_key(d) not in seen]
     ext, bench = held[:n_extract], held[n_extract:n_extract + n_bench]
@@ -182,6 +279,64 @@ def prompts(model_dir: Path, n_extract: int, n_bench: int) -> None:
           f"{4 * (n_extract + n_bench) - len(held)} dropped as seen in training", flush=True)
 
 
+N_HELDOUT = 200
+COVERAGE_KS = (4096, 8192, 16384, 24576, 32000)
+
+
+def docstring_prompts(model_dir: Path, n_extract: int, n_bench: int) -> None:
+    """The held-out files' conversations, shuffled (seeded): the last ``N_HELDOUT`` are the drafts' held-out
+    set (``heldout_docs.jsonl``, ``heldout_asks.jsonl``), up to ``n_extract`` before them the drafts' training
+    set (``draft_docs.jsonl``: the conversation with the docstring's answer; ``draft_asks.jsonl``: the user turn
+    alone, for eagle3.regenerate). ``bench.jsonl``: the first ``n_bench`` held-out user turns as token ids
+    with the generation prompt (thinking on). ``coverage.json``: the share of the held-out answers' tokens
+    inside the k most frequent tokens of the draft training answers, for each k of ``COVERAGE_KS``."""
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    docs = [json.loads(line) for line in (model_dir / "held_docs.jsonl").read_text().splitlines()]
+    random.Random(SEED_HELD).shuffle(docs)
+    held, train = docs[-N_HELDOUT:], docs[:-N_HELDOUT][:n_extract]
+    from docstring_corpus import Doc
+
+    sets = {"draft": [Doc(**d) for d in train], "heldout": [Doc(**d) for d in held]}
+    for name, ds in sets.items():
+        with (model_dir / f"{name}_docs.jsonl").open("w") as f:
+            f.writelines(json.dumps({"messages": d.messages()}) + "\n" for d in ds)
+        with (model_dir / f"{name}_asks.jsonl").open("w") as f:
+            f.writelines(json.dumps({"messages": d.messages(with_answer=False)}) + "\n" for d in ds)
+    with (model_dir / "bench.jsonl").open("w") as f:
+        for d in sets["heldout"][:n_bench]:
+            text = tok.apply_chat_template(d.messages(with_answer=False), tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=True)
+            f.write(json.dumps({"prompt": tok(text, add_special_tokens=False)["input_ids"]}) + "\n")
+
+    def answer_ids(ds: list[Any]) -> list[int]:
+        # The answer and its end-of-turn token: what the assistant-only loss mask covers.
+        return [t for enc in tok([d.answer() for d in ds], add_special_tokens=False)["input_ids"]
+                for t in [*enc, tok.eos_token_id]]
+
+    freq = Counter(answer_ids(sets["draft"]))
+    held_ids = answer_ids(sets["heldout"])
+    ranked = [t for t, _ in sorted(freq.items(), key=lambda kv: (-kv[1], kv[0]))]
+    cov = {}
+    for k in COVERAGE_KS:
+        top = set(ranked[:k])
+        cov[k] = sum(t in top for t in held_ids) / len(held_ids)
+    distinct = len(set(held_ids))
+    info = {"draft_docs": len(train), "heldout_docs": len(held), "bench": n_bench,
+            "draft_answer_tokens": sum(freq.values()), "draft_distinct_tokens": len(freq),
+            "heldout_answer_tokens": len(held_ids), "heldout_distinct_tokens": distinct,
+            "vocab": len(tok), "coverage_of_heldout": cov}
+    (model_dir / "coverage.json").write_text(json.dumps(info, indent=1) + "\n")
+    print(f"prompts: {len(train)} draft conversations ({info['draft_answer_tokens']} answer tokens, "
+          f"{len(freq)} distinct ids), {len(held)} held out ({len(held_ids)} tokens, {distinct} distinct), "
+          f"{n_bench} bench", flush=True)
+    print("coverage of held-out answer tokens by the k most frequent draft-training tokens: "
+          + ", ".join(f"{k}: {c:.1%}" for k, c in cov.items()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -193,13 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seq", type=int, default=512)
     b.add_argument("--batch", type=int, default=32)
     b.add_argument("--lr", type=float, default=6e-4)
+    b.add_argument("--text", choices=("synthetic", "docstrings"), default="synthetic",
+                   help="synthetic: the templated corpus; docstrings: the installed Python's docstrings as "
+                        "conversations with a thinking section, a 32,000-token BPE (docstring_corpus.py)")
     p = sub.add_parser("prompts")
     p.add_argument("out", type=Path)
     p.add_argument("--extract", type=int, default=4000)
     p.add_argument("--bench", type=int, default=64)
     a = ap.parse_args(argv)
     if a.cmd == "build":
-        build(a.out, a.steps, a.size, a.docs, a.seq, a.batch, a.lr)
+        build(a.out, a.steps, a.size, a.docs, a.seq, a.batch, a.lr, a.text)
     else:
         prompts(a.out, a.extract, a.bench)
     return 0

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# EAGLE-3 on a trained MLA + MoE target with a real 32,000-token tokenizer, one GPU. The text is natural English
+# found on the machine itself (docstring_corpus.py: the docstrings of the standard library, transformers, torch
+# and numpy, as conversations with a thinking section); e2e_target.py trains the byte-level BPE tokenizer
+# (32,000) and the DeepSeek-V2 on it (--text docstrings). Drafts on conversations from files the target never
+# saw: "docs" on the docstrings' own answers, "regen" on the target's answers through the chat template with
+# thinking on (eagle3.regenerate), each with a draft vocabulary of k of 32,000 tokens; estimated on held-out
+# conversations (eagle3.heldout, both the documents and the target's regenerated answers) and served by
+# `vllm serve` without and with each draft, measured by e2e_bench.py (tokens/s and vLLM's counters).
+# Run from the repo root on the GPU machine after vLLM's wheels were installed into /tmp/site
+# (../shared/gpu/README.md), phases in as many calls as fit (each under 10 min on an H200):
+#   PHASES="target"          OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (corpus, tokenizer, target, prompts)
+#   PHASES="extract regen"   OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (hidden states; regenerated answers)
+#   PHASES="drafts"          OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (drafts and their held-out estimates)
+#   PHASES="serve table"     OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (vllm serve + e2e_bench, the table)
+# Knobs: TARGET_STEPS (1000), DRAFTS ("docs:8192 regen:8192 docs:16384 docs:32000"), SERVE_LABELS ("none
+# docs-8192 regen-8192 docs-16384 docs-32000"), EPOCHS (6), REGEN_TOKENS (256), DEVICE (cuda), REGEN_BACKEND
+# (vllm), K (3 speculative tokens), BENCH_ARGS (e2e_bench.py options).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=true
+REPO=$(pwd) W=${WORK:-/tmp/mlavocab}
+T=$W/target OUT=${OUT:-/tmp/mlavocab-out}
+export PYTHONPATH=${SITE:-/tmp/site}:$REPO/jobs
+DEVICE=${DEVICE:-cuda} K=${K:-3} EPOCHS=${EPOCHS:-6}
+LAYERS=1,3,4,6
+mkdir -p "$OUT" "$W"
+# A server must not outlive the script (a timeout's TERM included): the next one would find its port taken and
+# its bench would measure the old server.
+SERVER=""
+trap '[ -n "$SERVER" ] && kill -KILL -- -"$SERVER" 2>/dev/null' EXIT
+trap 'exit 143' TERM INT
+say() { echo "=== $(date +%T) $*"; }
+timed() { local s; s=$(date +%s); "$@"; echo "took $(( $(date +%s) - s )) s: ${*:1:4}"; }
+
+phase_target() {
+  say "target: docstring corpus, tokenizer, training, prompt sets"
+  timed python3 tests/perf/gpu/e2e_target.py build "$T" --size mla --text docstrings --steps "${TARGET_STEPS:-1000}" \
+    ${TARGET_ARGS:-} 2>&1 | grep -v "Writing model shards" > "$OUT/target-build.log"
+  grep -E "source|docstrings:|corpus|model:|held_out|saved|took" "$OUT/target-build.log" | tail -12
+  python3 tests/perf/gpu/e2e_target.py prompts "$T" --extract "${EXTRACT_N:-3000}" --bench 64 | tee -a "$OUT/target-build.log"
+  cp "$T/e2e_target.json" "$T/config.json" "$T/coverage.json" "$OUT/"
+}
+
+extract() {  # $1 prompt set, $2 output name
+  timed python3 -m eagle3.extract --model "$T" --prompts "$1" --out "$W/ext-$2" --backend hf --device "$DEVICE" \
+    --dtype bfloat16 --layer-ids $LAYERS --max-seq-len 512 --batch-size 32 > "$OUT/extract-$2.log" 2>&1
+  tail -2 "$OUT/extract-$2.log"
+}
+
+phase_extract() {
+  say "extract: hidden states of the draft and held-out conversations (hf backend)"
+  extract "$T/draft_docs.jsonl" docs
+  extract "$T/heldout_docs.jsonl" heldout-docs
+}
+
+phase_regen() {
+  say "regenerate: the target answers the user turns through its chat template, thinking on"
+  cat "$T/draft_asks.jsonl" "$T/heldout_asks.jsonl" > "$W/asks.jsonl"
+  timed python3 -m eagle3.regenerate --model "$T" --prompts "$W/asks.jsonl" --out "$W/regen-all.jsonl" \
+    --backend "${REGEN_BACKEND:-vllm}" --device "$DEVICE" --max-new-tokens "${REGEN_TOKENS:-256}" > "$OUT/regen.log" 2>&1
+  grep -E "^regenerate|took" "$OUT/regen.log"
+  local n; n=$(wc -l < "$T/heldout_asks.jsonl")
+  head -n -"$n" "$W/regen-all.jsonl" > "$W/regen.jsonl"
+  tail -n "$n" "$W/regen-all.jsonl" > "$W/heldout-regen.jsonl"
+  # Three regenerated answers, decoded, as a sample of what the target writes.
+  python3 - "$T" "$W/heldout-regen.jsonl" > "$OUT/regen-samples.txt" <<'PY'
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+for line in open(sys.argv[2]).readlines()[:3]:
+    print(tok.decode(json.loads(line)["token_ids"]) + "\n" + "-" * 60)
+PY
+  extract "$W/regen.jsonl" regen
+  extract "$W/heldout-regen.jsonl" heldout-regen
+}
+
+phase_drafts() {
+  for d in ${DRAFTS:-docs:8192 regen:8192 docs:16384 docs:32000}; do
+    local data=${d%%:*} k=${d##*:} name="${d%%:*}-${d##*:}"
+    say "draft $name: trained on ext-$data, draft vocabulary $k"
+    timed python3 -m eagle3.train --data "$W/ext-$data" --out "$W/draft-$name" --device "$DEVICE" --epochs "$EPOCHS" \
+      --batch-size 32 --draft-vocab "$k" --log-every 100 > "$OUT/train-$name.log" 2>&1
+    grep -E "train config|note|step .*/" "$OUT/train-$name.log" | tail -3
+    for h in heldout-docs heldout-regen; do
+      [ -d "$W/ext-$h" ] || continue
+      timed python3 -m eagle3.heldout --draft "$W/draft-$name" --data "$W/ext-$h" --target-model "$T" --steps "$K" \
+        --device "$DEVICE" > "$OUT/heldout-$name-on-$h.log" 2>&1
+      tail -2 "$OUT/heldout-$name-on-$h.log"
+    done
+  done
+}
+
+serve_one() {  # $1 label, $2 draft dir or empty
+  local spec=()
+  [ -n "$2" ] && spec=(--speculative-config "{\"method\": \"eagle3\", \"model\": \"$2\", \"num_speculative_tokens\": $K}")
+  say "serve $1 ${2:+(draft $2)}"
+  setsid python3 -c "from vllm.entrypoints.cli.main import main; main()" serve "$T" --port 8011 \
+    --gpu-memory-utilization 0.3 --max-model-len 2048 --seed 0 "${spec[@]}" > "$OUT/serve-$1.log" 2>&1 &
+  local pid=$! ok=""
+  SERVER=$pid
+  for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8011/health >/dev/null && { ok=1; break; }; sleep 1; done
+  say "serve $1 ${ok:+ready}${ok:-NOT READY}"
+  [ -n "$ok" ] && python3 tests/perf/gpu/e2e_bench.py --port 8011 --prompts "$T/bench.jsonl" --label "$1" \
+    --out "$OUT/bench" ${BENCH_ARGS:-}
+  kill -TERM -- -"$pid" 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- -"$pid" 2>/dev/null
+  SERVER=""
+  # The server's log without its per-request lines.
+  grep -vE "POST /v1/completions|GET /metrics|GET /health" "$OUT/serve-$1.log" | tail -60 > "$OUT/serve-$1.tail.log"
+  rm -f "$OUT/serve-$1.log"
+}
+
+phase_serve() {
+  for label in ${SERVE_LABELS:-none docs-8192 regen-8192 docs-16384 docs-32000}; do
+    if [ "$label" = none ]; then serve_one none ""; else serve_one "$label" "$W/draft-$label"; fi
+  done
+}
+
+phase_table() {
+  python3 tests/perf/gpu/e2e_table.py "$OUT" ${SERVE_LABELS:-none docs-8192 regen-8192 docs-16384 docs-32000} \
+    | tee "$OUT/e2e.md"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.csv" 2>/dev/null
+for p in ${PHASES:?PHASES=target extract regen drafts serve table}; do "phase_$p"; done
+say "done: $PHASES"
