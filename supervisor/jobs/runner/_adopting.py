@@ -48,7 +48,7 @@ class Adopting(Watching):
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
                                scheduler_id=row.scheduler_id)
-        watchdog = self._new_watchdog(row.n, started_at=self._clock_at(row.started))
+        watchdog = self.paces.new_watchdog(row.n, started_at=self._clock_at(row.started))
         stored = self.ctx.store.count_events(EventQuery(self.spec.name, attempt=row.n))
         logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
         live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(self.ctx.events_per_attempt, logged))

@@ -27,6 +27,7 @@ from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done, describe_exit
 from supervisor.jobs.runner._gpu_wait import GpuWaiting
 from supervisor.jobs.runner._news import StartNews
+from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._program import learn_program_pid
 from supervisor.jobs.runner._scope import JobScope
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
@@ -66,7 +67,7 @@ class JobRunner(Adopting, GpuWaiting):
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
         self.unreachable_since: float | None = None  # its host stopped answering (wall time), until it answers
         self._init_notifying()
-        self._slow_sent = set()
+        self.paces = Paces(spec, ctx, self._writes)  # each bar's pace: earlier attempts' for the watchdog, this one's kept
 
     def start(self, resume: AttemptRow | None = None) -> None:
         self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
@@ -357,7 +358,7 @@ class JobRunner(Adopting, GpuWaiting):
         what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
         self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                                    LaunchedData(handle.pid, argv, log_path, self.ctx.host.name, handle.scheduler_id))])
-        return Live(row=row, handle=handle, watchdog=self._new_watchdog(n), event_cap=EventCap(self.ctx.events_per_attempt))
+        return Live(row=row, handle=handle, watchdog=self.paces.new_watchdog(n), event_cap=EventCap(self.ctx.events_per_attempt))
 
     def _adopt(self, row: AttemptRow) -> Live:
         self._baseline = self._gpu_baseline()

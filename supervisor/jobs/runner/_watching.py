@@ -15,15 +15,17 @@ import structlog
 
 from supervisor.core.errors import StoreError
 from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Record
-from supervisor.core.payloads import ActionData, AlertData, ExitedData
+from supervisor.core.payloads import ActionData, AlertData, ExitedData, SlowStep
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
 from supervisor.jobs.runner._context import Live, bar_progress
 from supervisor.jobs.runner._drain import drain
-from supervisor.jobs.runner._pacing import Pacing
+from supervisor.jobs.runner._notifying import Notifying
+from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._queued import Queueing, scheduler_judgement
+from supervisor.notify import notices
 from supervisor.store.arrivals import ArrivalWriter, marks_path
 from supervisor.watchdog import Judgement
 
@@ -49,12 +51,20 @@ _UNSAVED_RETRY_S = 1.0
 _RECORDS_PER_STEP = 256
 
 
-class Watching(Pacing, Queueing):
+class Watching(Notifying, Queueing):
     """The half of a job runner that watches the attempt it launched or adopted."""
 
     live: Live | None
+    paces: Paces
     _stop_requested: asyncio.Event
     _engine_packs: Any
+
+    def _report_slow(self, live: Live) -> None:
+        """A step well over its history, once per bar and step: alerted (never a kill), and stored."""
+        for slow in self.paces.new_slow_steps(live):
+            self._action(live, f"slow {slow.where}: {slow.judgement.reason}",
+                         ActionData(slow=SlowStep.from_json(slow.judgement.evidence)))
+            self._send_soon(live, notices.slow(self._about(live), slow.judgement, slow.where))
 
     async def _watch(self, live: Live) -> Judgement:
         await self._wait_while_queued(live)  # a batch scheduler's queue: no output to judge yet
@@ -91,7 +101,7 @@ class Watching(Pacing, Queueing):
                     self._record_verdict(live, judgement)
                     return judgement
         finally:
-            self._store_paces(live)
+            self.paces.store(live)
             for task in (exit_task, reader):
                 await cancel_and_wait(task)
             engine.close()
