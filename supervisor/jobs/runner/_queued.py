@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import JobState, Verdict
 from supervisor.core.payloads import ActionData
-from supervisor.hosts.base import ExitStatus, QueuedHost, SchedulerEnd
-from supervisor.jobs.runner._context import Live, Recording
+from supervisor.hosts.base import ExitStatus, Host, QueuedHost, SchedulerEnd
+from supervisor.jobs.runner._context import Live
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
@@ -32,40 +33,37 @@ _VERDICTS = {
 }
 
 
-class Queueing(Recording):
-    """The wait of an attempt in a batch scheduler's queue, before it is watched."""
-
-    _stop_requested: asyncio.Event
-
-    async def _wait_while_queued(self, live: Live) -> None:
-        """Return once the attempt runs (or ended, or a stop was asked for); the job shows
-        the scheduler's reason meanwhile.  Hosts without a queue return at once."""
-        host = self.ctx.host
-        if not isinstance(host, QueuedHost):
+async def wait_while_queued(host: Host, live: Live, stopped: asyncio.Event, job: str,
+                            set_job: Callable[[JobState, str], None],
+                            action: Callable[[Live, str, ActionData], None]) -> None:
+    """Return once the attempt runs (or ended, or ``stopped`` is set); the job shows the
+    scheduler's reason meanwhile (``set_job``, ``action``: the runner's record of both).
+    Hosts without a queue return at once."""
+    if not isinstance(host, QueuedHost):
+        return
+    shown: str | None = None
+    while not stopped.is_set():
+        try:
+            state = await host.queue_state(live.handle)
+        except SuperviseError as exc:  # cannot ask now: watch it; its exit is still awaited
+            log.warning("cannot read the attempt's place in the queue", job=job, error=str(exc))
             return
-        shown: str | None = None
-        while not self._stop_requested.is_set():
-            try:
-                state = await host.queue_state(live.handle)
-            except SuperviseError as exc:  # cannot ask now: watch it; its exit is still awaited
-                log.warning("cannot read the attempt's place in the queue", job=self.spec.name, error=str(exc))
-                return
-            if not state.pending:
-                if shown is not None:
-                    # Judged from when it started, not from when it was queued.
-                    live.watchdog = live.watchdog.anew()
-                    where = f" on {state.detail}" if state.detail else ""
-                    self._set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
-                return
-            if state.reason != shown:
-                shown = state.reason
-                job = live.handle.scheduler_id or "?"
-                self._set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {job} "
-                                                f"PENDING ({state.reason or 'no reason given'})")
-                self._action(live, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
-                             ActionData(reason=state.reason))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_requested.wait(), timeout=_QUEUE_POLL_S)
+        if not state.pending:
+            if shown is not None:
+                # Judged from when it started, not from when it was queued.
+                live.watchdog = live.watchdog.anew()
+                where = f" on {state.detail}" if state.detail else ""
+                set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
+            return
+        if state.reason != shown:
+            shown = state.reason
+            scheduler_job = live.handle.scheduler_id or "?"
+            set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {scheduler_job} "
+                                      f"PENDING ({state.reason or 'no reason given'})")
+            action(live, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
+                   ActionData(reason=state.reason))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), timeout=_QUEUE_POLL_S)
 
 
 def scheduler_judgement(status: ExitStatus) -> Judgement | None:

@@ -24,7 +24,7 @@ from supervisor.jobs.runner._context import Live, bar_progress
 from supervisor.jobs.runner._drain import drain
 from supervisor.jobs.runner._notifying import Notifying
 from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._queued import Queueing, scheduler_judgement
+from supervisor.jobs.runner._queued import scheduler_judgement, wait_while_queued
 from supervisor.notify import notices
 from supervisor.store.arrivals import ArrivalWriter, marks_path
 from supervisor.watchdog import Judgement
@@ -51,7 +51,7 @@ _UNSAVED_RETRY_S = 1.0
 _RECORDS_PER_STEP = 256
 
 
-class Watching(Notifying, Queueing):
+class Watching(Notifying):
     """The half of a job runner that watches the attempt it launched or adopted."""
 
     live: Live | None
@@ -67,7 +67,8 @@ class Watching(Notifying, Queueing):
             self._send_soon(live, notices.slow(self._about(live), slow.judgement, slow.where))
 
     async def _watch(self, live: Live) -> Judgement:
-        await self._wait_while_queued(live)  # a batch scheduler's queue: no output to judge yet
+        # A batch scheduler's queue: no output to judge yet.
+        await wait_while_queued(self.ctx.host, live, self._stop_requested, self.spec.name, self._set_job, self._action)
         engine = Matcher(self._engine_packs, live.row.log_offset, live.row.tag)
         follower = self.ctx.host.follow(live.handle.log_path, live.row.log_offset, live.row.log_generation)
         reader = asyncio.create_task(self._read(live, follower, engine), name=f"read:{live.row.tag}")
