@@ -116,3 +116,19 @@ async def _feed_all(matcher: matching.Matcher, batches: list[list[Record]]) -> i
         await matcher.feed(batch)
         fed += 1
     return fed
+
+
+def test_a_bars_pending_line_is_saved_on_time_and_retried_at_the_retry_pace_while_the_store_refuses() -> None:
+    from supervisor.jobs.runner._watching import _OFFSET_SAVE_INTERVAL_S, _UNSAVED_RETRY_S, quiet_timeout
+
+    # Nothing open, nothing pending: wait for the next line however long it takes.
+    assert quiet_timeout(None, latest_pending=False, since_save=9.0, refused=False, unsaved=False) is None
+    # A bar's latest line waits: woken when the second between saves is up, or at once if it is.
+    assert quiet_timeout(None, latest_pending=True, since_save=0.25, refused=False, unsaved=False) == \
+        _OFFSET_SAVE_INTERVAL_S - 0.25
+    assert quiet_timeout(None, latest_pending=True, since_save=5.0, refused=False, unsaved=False) == 0.0
+    # ... but not at once, again and again, while the store refuses it (a held lock, a full disk):
+    # that spun the loop for as long as it lasted.
+    assert quiet_timeout(None, latest_pending=True, since_save=5.0, refused=True, unsaved=False) == _UNSAVED_RETRY_S
+    # Something open (a traceback, a redraw) due sooner still wakes it sooner.
+    assert quiet_timeout(0.2, latest_pending=True, since_save=5.0, refused=True, unsaved=True) == 0.2

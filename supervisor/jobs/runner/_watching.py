@@ -145,11 +145,8 @@ class Watching(Notifying):
         disk_warned = False
 
         def quiet_wait() -> float | None:
-            wait = self._quiet_wait(live, engine, redraws)
-            if live.stored_progress.pending():  # a bar's latest line waits for the next save: not past it
-                due = max(0.0, _OFFSET_SAVE_INTERVAL_S - (time.monotonic() - last_save))
-                wait = due if wait is None else min(wait, due)
-            return wait if not unsaved else _UNSAVED_RETRY_S if wait is None else min(wait, _UNSAVED_RETRY_S)
+            return quiet_timeout(self._quiet_wait(live, engine, redraws), latest_pending=live.stored_progress.pending(),
+                                 since_save=time.monotonic() - last_save, refused=disk_warned, unsaved=bool(unsaved))
 
         async for batch in _batches_or_quiet(follower, quiet_wait):
             if batch is None:  # the log has been quiet: complete what it left open
@@ -377,6 +374,23 @@ class Watching(Notifying):
         pids = {live.handle.pid, live.handle.pgid} | live.known_pids
         return await asyncio.to_thread(kernel_log.oom_killed, pids)
 
+
+
+def quiet_timeout(open_wait: float | None, *, latest_pending: bool, since_save: float, refused: bool,
+                  unsaved: bool) -> float | None:
+    """How long the reader waits for the log before it looks again with no new line (None: until
+    a line comes).  ``open_wait``: until something the log left open is due (``_quiet_wait``);
+    ``latest_pending``: a bar's latest line waits for the next save (``since_save`` seconds after
+    the last one); ``refused``: the store refused the last save; ``unsaved``: events wait for it.
+    While the store refuses, a pending line is tried again at the retry pace: trying at once, as
+    its due time has passed, would spin the loop for as long as the lock is held or the disk full."""
+    wait = open_wait
+    if latest_pending:
+        due = _UNSAVED_RETRY_S if refused else max(0.0, _OFFSET_SAVE_INTERVAL_S - since_save)
+        wait = due if wait is None else min(wait, due)
+    if unsaved:
+        wait = _UNSAVED_RETRY_S if wait is None else min(wait, _UNSAVED_RETRY_S)
+    return wait
 
 
 def _steps(batch: list[Record]) -> list[list[Record]]:
