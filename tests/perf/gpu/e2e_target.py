@@ -13,7 +13,7 @@ kernels decide the last bits of the trained weights.
 
 ``--text docstrings`` trains on natural English instead: the docstrings of the installed Python
 (``docstring_corpus.py``) as conversations with a thinking section, a 32,000-token byte-level BPE with a
-thinking chat template (``THINKING_TEMPLATE``), and reports a held-out loss on files never trained on;
+thinking chat template (``thinking_template()``), and reports a held-out loss on files never trained on;
 ``prompts`` then writes the held-out files' conversations for the drafts (``docstring_prompts``).
 
 ``prompts`` writes, from another seed and with every document that also occurs in the training
@@ -58,19 +58,19 @@ SIZES = {"base": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers
                      qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, topk_method="greedy", n_group=1,
                      topk_group=1)}
 MLA_VOCAB = 32000
-# The Llama-3 style template of eagle3.tiny_model with a thinking section, as Qwen3's: the assistant's answer
+# eagle3.tiny_model's Llama-3 style template with a thinking section, as Qwen3's: the assistant's answer
 # opens with <think>…</think>; a generation prompt with enable_thinking=False closes an empty one, so the
 # model answers at once.
-THINKING_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
+_NO_THINKING = "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+
+
+def thinking_template() -> str:
+    """The thinking chat template: eagle3.tiny_model's chat template, its generation prompt followed by ``_NO_THINKING``."""
+    from eagle3.tiny_model import CHAT_TEMPLATE
+
+    prompt = "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    assert CHAT_TEMPLATE.count(prompt) == 1, "eagle3.tiny_model's generation prompt changed"
+    return CHAT_TEMPLATE.replace(prompt, prompt + _NO_THINKING)
 
 
 def fact(animal: str, table: list[str], salt: int) -> str:
@@ -157,7 +157,7 @@ def docstring_text(out: Path, docs: int) -> tuple[Any, list[int], list[int]]:
 
 def thinking_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` (the special tokens of eagle3.tiny_model plus
-    ``<think>``/``</think>``) with ``THINKING_TEMPLATE``; deterministic for the same texts."""
+    ``<think>``/``</think>``) with ``thinking_template()``; deterministic for the same texts."""
     from eagle3.tiny_model import BOS, EOT, PAD, SPECIAL_TOKENS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -173,7 +173,7 @@ def thinking_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
                                                        special_tokens=[(BOS, bos_id)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOT, pad_token=PAD,
-                                   chat_template=THINKING_TEMPLATE, model_max_length=2048,
+                                   chat_template=thinking_template(), model_max_length=2048,
                                    clean_up_tokenization_spaces=False)
 
 
