@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from supervisor.cli.client import Client
 from supervisor.core.config import default_paths
+from supervisor.core.overrides import FieldOverrides
 from supervisor.core.protocol import MAX_GRACE_S
-from supervisor.spec.fields import FieldOverrides
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}

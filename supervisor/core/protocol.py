@@ -22,8 +22,8 @@ from supervisor.core.events import (
     Phase,
     Verdict,
 )
+from supervisor.core.overrides import FieldOverrides
 from supervisor.core.usage import AttemptUsage
-from supervisor.spec.fields import FieldOverrides
 
 API_VERSION = 1
 

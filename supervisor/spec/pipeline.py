@@ -34,8 +34,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from supervisor.core.errors import SpecError, one_line, shown
+from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
-from supervisor.spec.fields import OVERRIDABLE, FieldOverrides
 from supervisor.spec.model import JobSpec, _describe_validation, load_spec, spec_search_path
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # no '.': `{steps.S.params.P}` splits on it
