@@ -140,9 +140,9 @@ class Readoption:
         gone_since = max(known) if known else None
         gone_s = None if gone_since is None else max(0.0, time.time() - gone_since)
         for_how_long = "for an unknown time" if gone_s is None else f"for {format_duration(gone_s)}"
-        self._journal.publish([self._journal.event(n, EventKind.DAEMON_RESTARTED,
-                                                   f"daemon restarted: attempt {n} ({_what(live)}) went unwatched {for_how_long}",
-                                                   RestartData(gone_s, gone_since, live.row.pid))])
+        self._journal.record(n, EventKind.DAEMON_RESTARTED,
+                             f"daemon restarted: attempt {n} ({_what(live)}) went unwatched {for_how_long}",
+                             RestartData(gone_s, gone_since, live.row.pid))
         self._journal.set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")
 
 

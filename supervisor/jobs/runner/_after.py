@@ -43,7 +43,7 @@ async def _cancel(journal: Journal, alerter: Alerter, why: str) -> None:
     journal.set_job(JobState.CANCELLED, reason)
     # Attempt 0: nothing was launched; the event is kept (and shown by `events`) whether or not an
     # alert URL is configured.
-    journal.publish([journal.event(0, EventKind.ALERT, f"{name}: cancelled", AlertData(evidence=reason, next="not launched"))])
+    journal.record(0, EventKind.ALERT, f"{name}: cancelled", AlertData(evidence=reason, next="not launched"))
     await alerter.send(Alert(job=name, attempt=0, title=f"{name}: cancelled", what="cancelled", evidence=reason,
                              gpu="", next_action="not launched; start it again once the cause is fixed",
                              key=f"{name}:cancelled:{time.time():.0f}"))

@@ -49,9 +49,9 @@ class Alerts:
 
     async def send(self, live: Live, alert: Alert) -> None:
         if await self._ctx.alerter.send(alert):
-            self._journal.publish([self._journal.event(live.row.n, EventKind.ALERT, alert.title,
-                                                       AlertData(kind=alert.kind.value, severity=alert.severity.value,
-                                                                 evidence=alert.evidence, next=alert.next_action))])
+            self._journal.record(live.row.n, EventKind.ALERT, alert.title,
+                                 AlertData(kind=alert.kind.value, severity=alert.severity.value,
+                                           evidence=alert.evidence, next=alert.next_action))
 
     def send_soon(self, live: Live, alert: Alert) -> None:
         """Sent off the watch loop: a slow endpoint must not delay noticing an exit."""
@@ -95,8 +95,8 @@ class Alerts:
 
     def gpu_fault(self, live: Live, host: str, fault: GpuFault) -> None:
         """A fault on a GPU the attempt uses: recorded and alerted."""
-        self._journal.publish([self._journal.event(live.row.n, EventKind.GPU_FAULT, fault.describe(),
-                                                   GpuFaultData(fault.gpu, fault.kind.value, fault.xid, fault.detail))])
+        self._journal.record(live.row.n, EventKind.GPU_FAULT, fault.describe(),
+                             GpuFaultData(fault.gpu, fault.kind.value, fault.xid, fault.detail))
         self.send_soon(live, notices.gpu_fault(self.about(live), host, fault))
 
     async def sent(self) -> None:
@@ -109,9 +109,9 @@ class Alerts:
 
     def record_verdict(self, live: Live, judgement: Judgement) -> None:
         self._journal.update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
-        self._journal.publish([self._journal.event(live.row.n, EventKind.VERDICT,
-                                                   f"{judgement.verdict.value}: {judgement.reason}",
-                                                   VerdictData(judgement.verdict, judgement.evidence))])
+        self._journal.record(live.row.n, EventKind.VERDICT,
+                             f"{judgement.verdict.value}: {judgement.reason}",
+                             VerdictData(judgement.verdict, judgement.evidence))
 
     def _gate(self, live: Live) -> KillGate:
         return self._gates.setdefault(live.row.n, KillGate.of(self._spec.health, self._held))
@@ -175,9 +175,9 @@ class Alerts:
             except (SuperviseError, TimeoutError) as exc:
                 dump = StackDump((), f"no stacks: {exc or 'timed out'}")
         live.stacks = dump
-        self._journal.publish([self._journal.event(live.row.n, EventKind.STACKS,
-                                                   f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
-                                                   stacks_data(dump))])
+        self._journal.record(live.row.n, EventKind.STACKS,
+                             f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
+                             stacks_data(dump))
 
     def hold(self, live: Live | None) -> str:
         """Postpone any kill of this job (``live``: its attempt running now, if any) until ``release``."""

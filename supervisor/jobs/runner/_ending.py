@@ -8,10 +8,10 @@ import structlog
 
 from supervisor.core.actions import AttemptAction
 from supervisor.core.errors import SuperviseError
-from supervisor.core.events import AttemptState, Verdict
-from supervisor.core.payloads import ActionData
+from supervisor.core.events import AttemptState, EventKind, Verdict
+from supervisor.core.payloads import ActionData, ExitedData
 from supervisor.gpu.nvml import ReleaseResult, wait_for_release
-from supervisor.hosts.base import UsageReader
+from supervisor.hosts.base import ExitStatus, UsageReader
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live, RunnerContext, describe_exit
 from supervisor.jobs.runner._journal import Journal
@@ -104,6 +104,18 @@ class Ending:
         self._journal.update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=stopped, verdict=None,
                              reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
         self._journal.action(live.row.n, stopped.text, ActionData())
+
+    async def record_unwatched(self, live: Live, status: ExitStatus, reason: str, *, stopped: bool) -> None:
+        """The attempt's exit, awaited alone once supervising it failed (``reason``): no verdict."""
+        live.exit_status = status
+        await self.record_usage(live)
+        n = live.row.n
+        self._journal.update(n, exit_code=status.returncode, exit_signal=status.signal,
+                             state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
+                             action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
+                             reason=f"{reason}; the command {status.describe()}")
+        self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
+                             ExitedData(status.returncode, status.signal))
 
     async def record(self, live: Live, judgement: Judgement, action: AttemptAction) -> None:
         """The attempt ended, judged, and what follows."""

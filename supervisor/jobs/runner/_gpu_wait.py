@@ -82,8 +82,8 @@ class GpuGate:
         self.waiting = f"waiting for {who}"
         n = self._ctx.store.next_attempt_number(self._spec.name)  # the attempt that waits to launch
         holders = tuple(GpuHolder(p.pid, p.gpu_index, p.used_mib, cmdline(p.pid)) for p in foreign)
-        self._journal.publish([self._journal.event(n, EventKind.GPU_WAIT, f"{self.waiting} (launching when it is freed, "
-                                   f"for at most {left_s:.0f}s more)", GpuWaitData(holders))])
+        self._journal.record(n, EventKind.GPU_WAIT, f"{self.waiting} (launching when it is freed, "
+                             f"for at most {left_s:.0f}s more)", GpuWaitData(holders))
         self._journal.set_job(JobState.WAITING, self.waiting)
 
     def _gpus_free(self, sample: GpuSample, waited_s: float) -> None:
@@ -92,9 +92,9 @@ class GpuGate:
         at = time.strftime("%H:%M:%S", time.localtime(sample.ts)) + f".{int(sample.ts * 1000) % 1000:03d}"
         log.info("GPUs free: launching", job=self._spec.name, waited_s=round(waited_s, 2), woken_by="gpu sample",
                  sample_ts=sample.ts)
-        self._journal.publish([self._journal.event(n, EventKind.ACTION, f"GPUs free (the GPU sample of {at} shows it): launching "
-                                   f"after waiting {waited_s:.1f}s",
-                                   ActionData(woken_by="gpu_sample", sample_ts=sample.ts, waited_s=waited_s))])
+        self._journal.record(n, EventKind.ACTION, f"GPUs free (the GPU sample of {at} shows it): launching "
+                             f"after waiting {waited_s:.1f}s",
+                             ActionData(woken_by="gpu_sample", sample_ts=sample.ts, waited_s=waited_s))
 
     async def _next_sample_unless_stopped(self, deadline: float) -> GpuSample | None:
         """The host's next GPU sample (its sampling loop wakes us); None when a stop came first.

@@ -15,9 +15,9 @@ import time
 import structlog
 
 from supervisor.core.actions import ActionKind, AttemptAction
-from supervisor.core.errors import ConnectionLost, HostRefused, StoreError, SuperviseError
-from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
-from supervisor.core.payloads import ActionData, ExitedData
+from supervisor.core.errors import StoreError, SuperviseError
+from supervisor.core.events import JobState, Verdict
+from supervisor.core.payloads import ActionData
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
@@ -38,9 +38,9 @@ from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._program import learn_program_pid
 from supervisor.jobs.runner._queued import wait_while_queued
 from supervisor.jobs.runner._scope import JobScope
+from supervisor.jobs.runner._unreachable import UNREACHABLE, wait_for_host
 from supervisor.jobs.runner._watching import AttemptWatch
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
-from supervisor.notify import notices
 from supervisor.probes import load_packs
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow
@@ -49,10 +49,6 @@ from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
 
-# A host that cannot be reached (a link down past its retries, a changed host key, a refused
-# login) says nothing of the process running there: its attempt waits for the host, not ended.
-_UNREACHABLE = (ConnectionLost, HostRefused)
-_REACH_AGAIN_S = (2.0, 30.0)  # the first wait before asking the host again, and the longest
 LAUNCH_PACK = "launch"  # probes/launch.toml
 
 
@@ -230,46 +226,21 @@ class JobRunner:
     def _unreachable(self, exc: Exception) -> bool:
         """The attempt's host cannot be reached, and nothing says its process ended."""
         live = self._current
-        return isinstance(exc, _UNREACHABLE) and live is not None and live.exit_status is None
+        return isinstance(exc, UNREACHABLE) and live is not None and live.exit_status is None
 
     async def _wait_until_reachable(self, exc: Exception) -> AttemptRow | None:
         """The host of a live attempt cannot be reached (``exc``): the job reads ``unreachable``
-        (alerted) and the host is asked again, with backoff, until it answers; then the attempt
-        is returned to be re-adopted as after a daemon restart (its log from the stored offset,
-        its exit from the exit file if it ended meanwhile).  None: stopped by the user meanwhile."""
+        until the host answers; then the attempt is returned to be re-adopted as after a daemon
+        restart (its log from the stored offset, its exit from the exit file if it ended
+        meanwhile).  None: stopped by the user meanwhile."""
         live = self._current
         assert live is not None
-        n, since = live.row.n, time.time()
-        self.live, self.unreachable_since = None, since
-        where = self.ctx.host.name
-        self.journal.action(n, f"{where} unreachable: {exc}; attempt {n} is not known to have ended, waiting for the host",
-                            ActionData(error=str(exc)))
-        self.journal.set_job(JobState.UNREACHABLE, f"attempt {n}: {exc}; re-adopted when the host answers")
-        self.alerts.send_soon(live, notices.unreachable(self.alerts.about(live), where, str(exc)))
-        wait, said = _REACH_AGAIN_S[0], str(exc)
-        while True:
-            try:
-                await asyncio.wait_for(self._stop_requested.wait(), timeout=wait)
-            except TimeoutError:
-                pass
-            else:
-                # The attempt stays `running` in the store (nothing says it ended): a later `stop`,
-                # once the host answers, finds it and kills it; a restarted daemon re-adopts it.
-                self.unreachable_since = None
-                self.journal.set_job(JobState.STOPPED, f"stopped by user while {where} was unreachable: attempt {n} "
-                                     f"(pid {live.row.pid}) may still run there; `supervise stop {self.spec.name}` "
-                                     "again once the host answers ends it")
-                return None
-            try:
-                await self.ctx.host.is_alive(live.handle)
-                break
-            except _UNREACHABLE as again:
-                wait = min(wait * 2, _REACH_AGAIN_S[1])
-                if str(again) != said:  # a different refusal (the key fixed, the login not yet): say it
-                    said = str(again)
-                    self.journal.set_job(JobState.UNREACHABLE, f"attempt {n}: {again}; re-adopted when the host answers")
+        self.live, self.unreachable_since = None, time.time()
+        if not await wait_for_host(self.ctx.host, live, exc, self.journal, self.alerts, self._stop_requested):
+            self.unreachable_since = None
+            return None
         await self._writes.drained()  # the re-adoption reads what this attempt stored
-        return self.ctx.store.attempt(self.spec.name, n)
+        return self.ctx.store.attempt(self.spec.name, live.row.n)
 
     async def _contain(self, exc: Exception) -> None:
         """What ended the loop.  A live process is never left unsupervised: it is watched to
@@ -311,15 +282,8 @@ class JobRunner:
             status = ExitStatus(returncode=None, signal=None)
             reason += f"; its exit could not be awaited ({wait_error})"
         self.live = None
-        live.exit_status = status
-        await self.ending.record_usage(live)
         stopped = self._stop_requested.is_set()
-        self.journal.update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
-                            state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
-                            action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
-                            reason=f"{reason}; the command {status.describe()}")
-        self.journal.publish([self.journal.event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
-                                                 ExitedData(status.returncode, status.signal))])
+        await self.ending.record_unwatched(live, status, reason, stopped=stopped)
         if stopped:
             self.journal.set_job(JobState.STOPPED, "stopped by user")
         elif status.returncode == 0:

@@ -32,11 +32,10 @@ class Journal:
         self.writes.submit(lambda: store.update_attempt(job, n, **fields))
 
     def action(self, n: int, message: str, data: ActionData) -> None:
-        self.publish([self.event(n, EventKind.ACTION, message, data)])
+        self.record(n, EventKind.ACTION, message, data)
 
-    def event(self, n: int, kind: EventKind, message: str, payload: Payload) -> Event:
-        return Event(job=self.job, attempt=n, kind=kind, message=message, data=payload.to_json())
-
-    def publish(self, events: list[Event]) -> None:
+    def record(self, n: int, kind: EventKind, message: str, payload: Payload) -> None:
+        """An event of attempt ``n`` (0: before any), stored then published, in order with the rest."""
+        event = Event(job=self.job, attempt=n, kind=kind, message=message, data=payload.to_json())
         recorder = self.recorder
-        self.writes.submit(lambda: recorder.events(events))
+        self.writes.submit(lambda: recorder.events([event]))

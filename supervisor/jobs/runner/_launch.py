@@ -62,7 +62,7 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
                    scheduler_id=handle.scheduler_id)
     news.running(row)
     what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
-    journal.publish([journal.event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
-                                   LaunchedData(handle.pid, argv, log_path, ctx.host.name, handle.scheduler_id))])
+    journal.record(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
+                   LaunchedData(handle.pid, argv, log_path, ctx.host.name, handle.scheduler_id))
     return Live(row=row, handle=handle, watchdog=paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
                 gpu_baseline=baseline)

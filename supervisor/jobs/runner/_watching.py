@@ -234,8 +234,8 @@ class AttemptWatch:
     def _pack_disabled(self, disabled: PackDisabled) -> None:
         n = self.live.row.n
         message = f"probe pack '{disabled.pack}' disabled for attempt {n}: {disabled.reason}"
-        self._journal.publish([self._journal.event(n, EventKind.ALERT, message,
-                                                   AlertData(pack=disabled.pack, reason=disabled.reason))])
+        self._journal.record(n, EventKind.ALERT, message,
+                             AlertData(pack=disabled.pack, reason=disabled.reason))
 
     def _quiet_wait(self) -> float | None:
         """How long the log may stay quiet before something it left open is completed: an open
@@ -353,8 +353,8 @@ class AttemptWatch:
         live.exit_status = status
         n = live.row.n
         self._journal.update(n, exit_code=status.returncode, exit_signal=status.signal)
-        self._journal.publish([self._journal.event(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
-                                                   ExitedData(status.returncode, status.signal))])
+        self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
+                             ExitedData(status.returncode, status.signal))
         judgement = scheduler_judgement(status) or live.watchdog.exited(
             status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status))
         if not self._stopped.is_set():  # a user's stop is not a verdict on the job
