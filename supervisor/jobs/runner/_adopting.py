@@ -18,7 +18,7 @@ from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
 from supervisor.hosts.base import ProcessHandle
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import Backlog, backlog_of
+from supervisor.jobs.runner._backlog import Backlog, CatchUp, backlog_of
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._pacing import Paces
@@ -53,9 +53,11 @@ class Readoption:
         self._alerts = alerts
         self._paces = paces
 
-    def live(self, row: AttemptRow, unreachable_since: float | None, gpu_baseline: dict[int, int]) -> Live:
+    def live(self, row: AttemptRow, unreachable_since: float | None,
+             gpu_baseline: dict[int, int]) -> tuple[Live, CatchUp]:
         """The attempt of ``row`` watched again: after a daemon restart, or (``unreachable_since``:
-        since when) once its host answers again.  ``gpu_baseline``: the GPU memory in use now."""
+        since when) once its host answers again; and what its watch catches up on.
+        ``gpu_baseline``: the GPU memory in use now."""
         ctx, clock = self._ctx, self._ctx.clock
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
@@ -75,17 +77,15 @@ class Readoption:
         # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
         live.stored_progress.resume([e for e in probe_events if e.kind is EventKind.PROGRESS])
         log_stat = self._log_stat(row)
-        live.backlog = None if log_stat is None else _backlog(row, probe_events, *log_stat)
-        live.judge_at_once = True
-        if live.backlog is not None:
-            live.catch_up_until = clock() + _CATCH_UP_MAX_S
-        else:
+        backlog = None if log_stat is None else _backlog(row, probe_events, *log_stat)
+        if backlog is None:
             self._last_output_read(live, log_stat)
+        catch_up = CatchUp(backlog, None if backlog is None else clock() + _CATCH_UP_MAX_S)
         if unreachable_since is not None:
             self._say_reachable(live, unreachable_since)
         else:
             self._say_restarted(live, ctx.store.events(self._job, attempt=row.n, limit=1, latest=True))
-        return live
+        return live, catch_up
 
     def _replayed(self, n: int) -> list[Event]:
         """The stored events of attempt ``n`` the watchdog is fed again, in the order they came."""

@@ -18,7 +18,6 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner._backlog import Backlog
 from supervisor.notify.alerts import Alerter
 from supervisor.store.database import AttemptRow, Store
 from supervisor.store.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
@@ -71,11 +70,6 @@ class Live:
     check_at: float | None = None  # when the watch loop will next ask the watchdog
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     contained: set[str] = field(default_factory=set)  # faults already reported (once each)
-    backlog: Backlog | None = None  # re-adopted: the log written while no daemon watched, until read
-    # Re-adopted, its deadlines may have passed while no daemon watched: judged at once, but only
-    # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
-    judge_at_once: bool = False
-    catch_up_until: float | None = None
     stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
     stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)

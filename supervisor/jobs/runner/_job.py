@@ -27,6 +27,7 @@ from supervisor.jobs.policy import RestartPolicy
 from supervisor.jobs.runner._adopting import Readoption
 from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
+from supervisor.jobs.runner._backlog import CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done
 from supervisor.jobs.runner._ending import Ending, gpu_baseline
 from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
@@ -171,8 +172,9 @@ class JobRunner:
             return
         while True:
             run_attempts += 1
+            catch_up = None  # a re-adopted attempt's: what its watch catches up on
             if resume is not None:
-                live = self._adopt(resume)
+                live, catch_up = self._adopt(resume)
                 resume = None
             else:
                 if not await self.gpu_gate.clear():
@@ -183,7 +185,7 @@ class JobRunner:
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
             try:
-                judgement = await self._watch(live)
+                judgement = await self._watch(live, catch_up)
             finally:
                 finder.cancel()
             self.live = None
@@ -301,16 +303,18 @@ class JobRunner:
         finally:
             self.next_relaunch_at = None
 
-    def _adopt(self, row: AttemptRow) -> Live:
-        live = self._current = self._readoption.live(row, self.unreachable_since, gpu_baseline(self.ctx))
+    def _adopt(self, row: AttemptRow) -> tuple[Live, CatchUp]:
+        live, catch_up = self._readoption.live(row, self.unreachable_since, gpu_baseline(self.ctx))
+        self._current = live
         self.unreachable_since = None  # the host answers again, if that was the wait
-        return live
+        return live, catch_up
 
-    async def _watch(self, live: Live) -> Judgement:
+    async def _watch(self, live: Live, catch_up: CatchUp | None) -> Judgement:
         # A batch scheduler's queue: no output to judge yet.
         await wait_while_queued(self.ctx.host, live, self._stop_requested, self.journal)
         watch = AttemptWatch(live, spec=self.spec, ctx=self.ctx, journal=self.journal, alerts=self.alerts,
-                             paces=self.paces, packs=self._engine_packs, stopped=self._stop_requested)
+                             paces=self.paces, packs=self._engine_packs, stopped=self._stop_requested,
+                             catch_up=catch_up)
         return await watch.run()
 
     def snapshot(self) -> RunnerSnapshot:

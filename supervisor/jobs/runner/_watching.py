@@ -24,6 +24,7 @@ from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
 from supervisor.jobs.runner._alerts import Alerts
+from supervisor.jobs.runner._backlog import CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._drain import drain
 from supervisor.jobs.runner._journal import Journal
@@ -62,7 +63,7 @@ class AttemptWatch:
     gate let through while it runs); the follower and matcher it opens are closed by then."""
 
     def __init__(self, live: Live, *, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts,
-                 paces: Paces, packs: Sequence[Pack], stopped: asyncio.Event) -> None:
+                 paces: Paces, packs: Sequence[Pack], stopped: asyncio.Event, catch_up: CatchUp | None = None) -> None:
         self.live = live
         self._job = spec.name
         self._ctx = ctx
@@ -77,6 +78,12 @@ class AttemptWatch:
         self._unsaved: list[Event] = []  # events a refused store write (a full disk) could not take yet
         self._last_save = 0.0  # when the reader last stored (monotonic)
         self._refused = False  # the store refused the last save (said once in the daemon's log)
+        # Re-adopted (``catch_up``): the log written while no daemon watched, dated, until read past;
+        # judged at once (a deadline may have passed meanwhile), but not before that backlog is read
+        # or ``_catch_up_until`` (a clock time) has come.
+        self._backlog = catch_up.backlog if catch_up is not None else None
+        self._catch_up_until = catch_up.until if catch_up is not None else None
+        self._judge_at_once = catch_up is not None
 
     async def run(self) -> Judgement:
         live = self.live
@@ -96,14 +103,14 @@ class AttemptWatch:
                 if reader in done:
                     # The log cannot be read (removed, unreadable disk): keep watching the process.
                     reader_reported = True
-                    live.catch_up_until = None
+                    self._catch_up_until = None
                     error = reader.exception()
                     self._journal.action(live.row.n, f"log following stopped ({error}); still watching the process",
                                          ActionData())
-                if live.catch_up_until is not None:
-                    if self._ctx.clock() < live.catch_up_until:
+                if self._catch_up_until is not None:
+                    if self._ctx.clock() < self._catch_up_until:
                         continue  # not judged on its stored past while its backlog is unread
-                    live.catch_up_until = None
+                    self._catch_up_until = None
                 judgement = live.watchdog.check()
                 self._report_slow()
                 # Stalled, silent, or hung after a failure: judged while alive, killed next
@@ -128,10 +135,10 @@ class AttemptWatch:
 
     def _time_to_next_check(self) -> float | None:
         live = self.live
-        if live.catch_up_until is not None:  # the reader wakes the loop once the backlog is read
-            return max(0.0, live.catch_up_until - self._ctx.clock())
-        if live.judge_at_once:  # re-adopted: a deadline that passed while no daemon watched is due now
-            live.judge_at_once = False
+        if self._catch_up_until is not None:  # the reader wakes the loop once the backlog is read
+            return max(0.0, self._catch_up_until - self._ctx.clock())
+        if self._judge_at_once:  # re-adopted: a deadline that passed while no daemon watched is due now
+            self._judge_at_once = False
             return 0.0
         at = live.watchdog.next_check_at()
         live.check_at = at
@@ -210,7 +217,7 @@ class AttemptWatch:
 
     def _arrived_at(self, last: Record) -> float:
         """When a batch ending with ``last`` arrived: now, or when a backlog's line was written."""
-        backlog = self.live.backlog
+        backlog = self._backlog
         if backlog is not None and backlog.covers(last.offset, last.generation):
             return backlog.wall_at(last.offset)
         return time.time()
@@ -219,10 +226,10 @@ class AttemptWatch:
         """A re-adopted attempt's backlog is read once the follower has passed its end, or the log
         has gone quiet (its unterminated tail is read then): judge it now."""
         live = self.live
-        if live.catch_up_until is None:
+        if self._catch_up_until is None:
             return
-        if quiet or live.backlog is None or self._follower.offset >= live.backlog.end_offset:
-            live.catch_up_until = None
+        if quiet or self._backlog is None or self._follower.offset >= self._backlog.end_offset:
+            self._catch_up_until = None
             live.wake.set()
 
     def _matched(self, matched: Matched) -> list[ProbeEvent]:
@@ -260,12 +267,12 @@ class AttemptWatch:
         ``output=False``: events completed later from records already seen, which date from the
         last output, not from now.  Records written while the daemon was down date from then."""
         live, clock = self.live, self._ctx.clock
-        backlog = live.backlog if output else None
+        backlog = self._backlog if output else None
         wall = time.time()
         if backlog is not None and last is not None and backlog.covers(last.offset, last.generation):
             wall = backlog.wall_at(last.offset)
         elif backlog is not None:
-            live.backlog = None  # read past what was written while no daemon watched
+            self._backlog = None  # read past what was written while no daemon watched
         if output:
             now = clock_at(clock, wall)
             heartbeats = sum(1 for pe in probe_events if pe.kind is ProbeKind.INFO and pe.fields.get("heartbeat"))
