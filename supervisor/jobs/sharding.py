@@ -30,13 +30,12 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.policy import Decision, RestartPolicy
-from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner import JobRunner, JobScope, RunnerContext, StartNews, cancel_until_done
+from supervisor.jobs.runner import JobRunner, RunnerContext, StartNews, cancel_until_done
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.jobs.strays import merge_reports
 from supervisor.spec.model import JobSpec
 from supervisor.spec.placement import Placement
-from supervisor.store.database import AttemptRow
+from supervisor.store.database import AttemptRow, Store
 from supervisor.store.pending import PendingWrites
 
 log = structlog.get_logger("supervise.sharding")
@@ -45,12 +44,14 @@ GATHER_SHARD = -1  # the shard index the gather step's attempts are stored with
 _ENDED = {JobState.DONE, JobState.FAILED, JobState.STOPPED}
 
 
-class ShardScope(JobScope):
-    """What a shard's attempts belong to: its index, the coordinator's run, launches numbered one
-    at a time across the job's shards; its state goes to the coordinator, which says the job's."""
+class ShardScope:
+    """What a shard's attempts belong to (a ``Scope``): its index, the coordinator's run, launches
+    numbered one at a time across the job's shards; its state goes to the coordinator, which says
+    the job's."""
 
-    def __init__(self, recorder: Recorder, job: str, coordinator: ShardedJob, shard: int) -> None:
-        super().__init__(recorder, job)
+    def __init__(self, store: Store, job: str, coordinator: ShardedJob, shard: int) -> None:
+        self.store = store
+        self.job = job
         self.shard = shard
         self.coordinator = coordinator
         self.state = JobState.STARTING
@@ -61,8 +62,8 @@ class ShardScope(JobScope):
         self.coordinator.shard_moved()
 
     def run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
-        if resume is not None:
-            return super().run_so_far(resume)
+        if resume is not None:  # a re-adopted attempt continues its run
+            return resume.run, resume.run_attempt - 1, self._previous_fingerprint(resume)
         if not self.coordinator.continuing:
             return self.coordinator.run, 0, None
         # A daemon restart found this shard between attempts (a backoff, a launch it died in): its
@@ -74,7 +75,7 @@ class ShardScope(JobScope):
         """This shard's attempts in the job's current run."""
         return [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.run == self.coordinator.run]
 
-    def previous_fingerprint(self, resume: AttemptRow) -> str | None:
+    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
         mine = [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.n < resume.n]
         return mine[-1].fingerprint if mine else None
 
@@ -101,7 +102,7 @@ class Shard:
 
     def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, index: int) -> None:
         self.index = index
-        self.scope = ShardScope(ctx.recorder, spec.name, coordinator, index)
+        self.scope = ShardScope(ctx.store, spec.name, coordinator, index)
         self.runner = JobRunner(spec, ctx, self.scope, news=coordinator.news,
                                 policy=_ShardPolicy(RestartPolicy(spec.restart), coordinator, index))
 

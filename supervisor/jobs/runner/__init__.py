@@ -10,7 +10,7 @@ is given or makes, none of them a base class.
     _journal    Journal: job state, attempt fields and events, in order, through the jobs' Recorder
     _gpu_wait   GpuGate: before a launch, GPU memory other processes hold
     _pacing     Paces: each bar's pace, earlier attempts' and this one's
-    _scope      what a runner's attempts belong to and where its state goes (a job's, a shard's)
+    _scope      Scope: what a runner's attempts belong to and where its state goes (JobScope; a shard's in sharding.py)
     _news       what a start awaits: the first attempt running, or a wait said at once
     _context    what a runner works with (context, live handles of its attempt)
 """
@@ -18,6 +18,6 @@ is given or makes, none of them a base class.
 from supervisor.jobs.runner._context import GpuView, RunnerContext, cancel_until_done
 from supervisor.jobs.runner._job import JobRunner
 from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._scope import JobScope
+from supervisor.jobs.runner._scope import JobScope, Scope
 
-__all__ = ["GpuView", "JobRunner", "JobScope", "RunnerContext", "StartNews", "cancel_until_done"]
+__all__ = ["GpuView", "JobRunner", "JobScope", "RunnerContext", "Scope", "StartNews", "cancel_until_done"]

@@ -38,7 +38,7 @@ from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._program import learn_program_pid
 from supervisor.jobs.runner._queued import wait_while_queued
-from supervisor.jobs.runner._scope import JobScope
+from supervisor.jobs.runner._scope import JobScope, Scope
 from supervisor.jobs.runner._unreachable import UNREACHABLE, wait_for_host
 from supervisor.jobs.runner._watching import AttemptWatch
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
@@ -57,11 +57,11 @@ class JobRunner:
     """A job's runner.  A shard's runner is the same loop given its coordinator's scope, news and
     policy (sharding.py)."""
 
-    def __init__(self, spec: JobSpec, ctx: RunnerContext, scope: JobScope | None = None, *,
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, scope: Scope | None = None, *,
                  news: StartNews | None = None, policy: RestartPolicy | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
-        self.scope = scope or JobScope(ctx.recorder, spec.name)  # a shard's runner: its coordinator's (sharding.py)
+        self.scope: Scope = scope or JobScope(ctx.recorder, spec.name)  # a shard's runner: its coordinator's (sharding.py)
         self.policy = policy or RestartPolicy(spec.restart)
         self.news = news or StartNews()  # what `start` awaits: the first attempt running, or a wait said at once
         self._live: Live | None = None

@@ -11,12 +11,12 @@ from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, Payload
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._scope import JobScope
+from supervisor.jobs.runner._scope import Scope
 from supervisor.store.pending import PendingWrites
 
 
 class Journal:
-    def __init__(self, job: str, recorder: Recorder, writes: PendingWrites, scope: JobScope, news: StartNews) -> None:
+    def __init__(self, job: str, recorder: Recorder, writes: PendingWrites, scope: Scope, news: StartNews) -> None:
         self.job = job
         self.recorder = recorder
         self.writes = writes  # the job's queue, in order; the watch also writes through it at once (``now``)
