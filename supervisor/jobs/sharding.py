@@ -29,7 +29,7 @@ from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.stacks import StackDump
-from supervisor.jobs.policy import Decision, RestartPolicy
+from supervisor.jobs.policy import Decision, Policy, RestartPolicy
 from supervisor.jobs.runner import JobRunner, RunnerContext, StartNews, cancel_until_done
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.jobs.strays import merge_reports
@@ -79,7 +79,7 @@ class ShardScope:
         mine = [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.n < resume.n]
         return mine[-1].fingerprint if mine else None
 
-    def rest_of_backoff(self, policy: RestartPolicy) -> float:
+    def rest_of_backoff(self, policy: Policy) -> float:
         """After a daemon restart in this shard's backoff: the rest of the wait (the policy's, from
         the failed attempt's end) before its next launch."""
         if not self.coordinator.continuing:
@@ -119,10 +119,10 @@ class Shard:
         self.scope.state, self.scope.reason = JobState.DONE, "done before the daemon restarted"
 
 
-class _ShardPolicy(RestartPolicy):
+class _ShardPolicy:
     """The shard's own restart policy, and the coordinator's word on failures other shards saw."""
 
-    def __init__(self, inner: RestartPolicy, coordinator: ShardedJob, shard: int) -> None:
+    def __init__(self, inner: Policy, coordinator: ShardedJob, shard: int) -> None:
         self._inner = inner
         self._coordinator = coordinator
         self._shard = shard

@@ -23,7 +23,7 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
 from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
-from supervisor.jobs.policy import RestartPolicy
+from supervisor.jobs.policy import Policy, RestartPolicy
 from supervisor.jobs.runner._adopting import Readoption
 from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
@@ -58,11 +58,11 @@ class JobRunner:
     policy (sharding.py)."""
 
     def __init__(self, spec: JobSpec, ctx: RunnerContext, scope: Scope | None = None, *,
-                 news: StartNews | None = None, policy: RestartPolicy | None = None) -> None:
+                 news: StartNews | None = None, policy: Policy | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
         self.scope: Scope = scope or JobScope(ctx.recorder, spec.name)  # a shard's runner: its coordinator's (sharding.py)
-        self.policy = policy or RestartPolicy(spec.restart)
+        self.policy: Policy = policy or RestartPolicy(spec.restart)
         self.news = news or StartNews()  # what `start` awaits: the first attempt running, or a wait said at once
         self._live: Live | None = None
         self._watching_one = asyncio.Event()  # set while ``live`` is an attempt (what a stop awaits)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import JobState
-from supervisor.jobs.policy import RestartPolicy
+from supervisor.jobs.policy import Policy
 from supervisor.jobs.recorder import Recorder
 from supervisor.store.database import AttemptRow
 from supervisor.store.pending import PendingWrites
@@ -30,7 +30,7 @@ class Scope(Protocol):
     def run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
         """The run the coming attempts belong to, the attempts of it spent, the last fingerprint."""
 
-    def rest_of_backoff(self, policy: RestartPolicy) -> float:
+    def rest_of_backoff(self, policy: Policy) -> float:
         """After a daemon restart in a backoff: how much of it is left (0: none)."""
 
     def numbering(self) -> AbstractAsyncContextManager[object]:
@@ -62,7 +62,7 @@ class JobScope:
             return self.store.attempt(self.job, resume.n - 1).fingerprint
         return None
 
-    def rest_of_backoff(self, policy: RestartPolicy) -> float:
+    def rest_of_backoff(self, policy: Policy) -> float:
         """After a daemon restart in a backoff: how much of it is left before the next launch (0: none)."""
         return 0.0
 
