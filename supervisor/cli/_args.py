@@ -78,7 +78,7 @@ def whole_number(text: str) -> int:
 
 
 def add_field_flags(p: argparse.ArgumentParser) -> None:
-    """The spec fields a user may change at start (spec/fields.py); `--set` is for [params] only."""
+    """The spec fields a user may change at start (core/overrides.py); `--set` is for [params] only."""
     p.add_argument("--host", default=None, metavar="HOST", help="run it there: local, ssh://[user@]box[:port], slurm://...")
     p.add_argument("--python", default=None, metavar="PATH", help="the job's interpreter ({python})")
     p.add_argument("--workdir", default=None, metavar="DIR", help="its working directory (absolute on a remote host)")

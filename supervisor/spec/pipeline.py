@@ -62,7 +62,7 @@ class StepSpec(_Strict):
     job: str
     set: dict[str, str] = Field(default_factory=dict)  # the job's [params] only
     after: list[str] | None = None  # step names; None: the step before it in the file
-    # The job's spec fields a step may change (spec/fields.py); `--host` and the like override them.
+    # The job's spec fields a step may change (core/overrides.py); `--host` and the like override them.
     host: str | None = None
     python: str | None = None
     workdir: str | None = None
