@@ -46,6 +46,10 @@ class Watchdog:
         self._facts.loss.k = health.diverge_k
         self._final: Judgement | None = None
         self._last_unhealthy: Judgement | None = None
+        # The rules' conditions depend on the facts alone (a deadline each, not the time now), so
+        # they are made once per change of the facts: the runner asks for the next check, the
+        # verdict, slow steps and stall bounds after every read, each of which made them anew.
+        self._made: list[Condition] | None = None
 
     def anew(self) -> Watchdog:
         """A watchdog for the same attempt judged from now on (one that left a batch queue), with
@@ -96,15 +100,18 @@ class Watchdog:
     def output_seen(self, now: float | None = None, *, heartbeats_only: bool = False) -> None:
         """Records arrived: the process is not silent.  ``heartbeats_only``: they were all
         "still waiting" lines, which show it alive but not doing anything."""
+        self._made = None
         self._facts.output_seen(self._now(now), heartbeats_only=heartbeats_only)
 
     def gpus_sampled(self, devices: tuple[int, ...], busy: bool, now: float | None = None) -> None:
         """A GPU sample showed the attempt's processes on ``devices`` (none: not on a GPU), and
         whether any of them computed (utilisation above 0)."""
+        self._made = None
         self._facts.gpu.sampled(devices, busy, self._now(now))
 
     def observe(self, event: Event, now: float | None = None) -> None:
         """A probe event: a phase, a progress step, a failure (``event.failure``), a heartbeat."""
+        self._made = None
         self._facts.observe(event, self._now(now))
 
     # ---- judgement while running ---------------------------------------------------
@@ -188,7 +195,10 @@ class Watchdog:
         return [c for c in self._conditions() if c.deadline > at]
 
     def _conditions(self) -> list[Condition]:
-        return conditions(self._health, self._facts)
+        made = self._made
+        if made is None:
+            made = self._made = conditions(self._health, self._facts)
+        return made
 
     # ---- judgement at exit ------------------------------------------------------------
 

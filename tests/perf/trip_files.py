@@ -39,7 +39,15 @@ def prof(frame, event, arg):
         return
     f = frame.f_code.co_filename
     if f.startswith(ROOT):
-        trace.append((threading.current_thread().name, f[len(ROOT):], frame.f_code.co_name, time.monotonic()))
+        thread = threading.current_thread()
+        task = None
+        if thread is threading.main_thread():
+            try:
+                current = asyncio.current_task()
+            except RuntimeError:
+                current = None
+            task = None if current is None else current.get_name()
+        trace.append((thread.name, f[len(ROOT):], frame.f_code.co_name, time.monotonic(), task))
 
 async def run():
     service = Service(Paths(home), DaemonSettings())
@@ -64,6 +72,14 @@ def span(start_pred, end_pred):
     i = next(k for k, t in enumerate(trace) if start_pred(t))
     j = next(k for k in range(i, len(trace)) if end_pred(trace[k]))
     return trace[i:j + 1]
+def on_the_path(t):
+    """A call the line's own trip makes: the attempt's reader and job tasks, the job's ordered
+    writes, the matcher's thread; not the exit watch, the program finder, the daemon's other
+    tasks, nor this script's own polling of the store."""
+    thread, task = t[0], t[4]
+    if thread != threading.main_thread().name:
+        return True  # the matcher's thread (its only other threads here are the store's)
+    return task is not None and task.split(":")[0] in ("read", "job", "writes")
 def report(name, seg):
     files = [t[1] for t in seg]
     seq = [f for k, f in enumerate(files) if k == 0 or files[k - 1] != f]
@@ -74,4 +90,10 @@ stored = span(lambda t: t[1] == "hosts/local/follow.py" and t[2] == "_pump", lam
 report("follower -> stored event", stored)
 verdict = span(lambda t: t[1] == "hosts/local/follow.py" and t[2] == "_pump", lambda t: t[2] == "record_verdict")
 report("follower -> verdict", verdict)
+print("only the line's own path (its reader, job and write tasks and the matcher's thread):")
+report("  follower -> stored event", [t for t in stored if on_the_path(t)])
+report("  follower -> verdict", [t for t in verdict if on_the_path(t)])
 shutil.rmtree(home, ignore_errors=True)
+if "--calls" in sys.argv:
+    seg = [t for t in stored if on_the_path(t)]
+    print(Counter(f"{t[1]}:{t[2]}" for t in seg).most_common(40))
