@@ -93,7 +93,7 @@ class Plan:
     size: int
 
     def describe(self) -> str:
-        return f"hyperscan prefilter, {self.patterns - len(self.alone)} patterns, {len(self.alone)} checked by RE2 alone"
+        return f"hyperscan prefilter, {self.patterns} patterns, {len(self.alone)} checked by RE2 alone"
 
 
 def _flags(ci: bool = False) -> int:
