@@ -149,11 +149,13 @@ def test_costly_patterns_fall_back(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     """A pattern over the compile bounds is left to RE2; a database over them turns Hyperscan off."""
     packs = _pack(tmp_path, r"alpha (?P<n>\d+)", r"beta (?P<n>\d+)")
     _hsfilter.build.cache_clear()
+    _hsfilter._too_costly.cache_clear()
     try:
         monkeypatch.setattr(_hsfilter, "MAX_DB_BYTES_ONE", 0)
         assert _engine(packs, True, monkeypatch).reader == \
             "re2 (prefilter off: Hyperscan accepts none of the probe regexes)"
         _hsfilter.build.cache_clear()
+        _hsfilter._too_costly.cache_clear()
         monkeypatch.undo()
         monkeypatch.setattr(_hsfilter, "MAX_DB_BYTES", 0)
         assert _engine(packs, True, monkeypatch).reader.startswith(
@@ -162,6 +164,7 @@ def test_costly_patterns_fall_back(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert [e.fields for e in _events(data, True, monkeypatch, packs=packs)] == [{"n": "1"}, {"n": "2"}]
     finally:
         _hsfilter.build.cache_clear()
+        _hsfilter._too_costly.cache_clear()
 
 
 @needs_hyperscan
@@ -183,3 +186,26 @@ def test_builtin_packs_compile_within_bounds() -> None:
 ])
 def test_hs_form(pattern: str, form: str | None) -> None:
     assert _hsfilter.hs_form(pattern) == form
+
+
+@needs_hyperscan
+def test_threads_share_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon matches each attempt in a thread of its own; each has its own scratch space."""
+    import threading
+
+    data = b"\n".join(_corpus_lines()[:20000]) + b"\n"
+    expected = _events(data, True, monkeypatch)
+    records, _ = split_records(data, 0, final=True)
+    results: dict[int, list[ProbeEvent]] = {}
+
+    def read(i: int) -> None:
+        engine = ProbeEngine(PACKS)
+        results[i] = [e for start in range(0, len(records), 500) for e in engine.feed_many(records[start:start + 500])]
+        results[i] += engine.flush()
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[i] == expected for i in range(3))

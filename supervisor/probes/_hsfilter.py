@@ -29,6 +29,7 @@ turns the prefilter off, as does a machine without the package.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ def build(patterns: tuple[str, ...], literals: tuple[str, ...]) -> Plan | str:
     return Plan(db, len(patterns), tuple(alone), seconds, size)
 
 
+@lru_cache(maxsize=4096)
 def _too_costly(form: str) -> bool:
     """Whether Hyperscan refuses ``form`` alone, or compiles it too slowly or too large."""
     try:
@@ -151,12 +153,28 @@ def _escape(text: str) -> str:
     return "".join(c if c.isalnum() or c == " " or not c.isascii() else f"\\x{ord(c):02x}" for c in text)
 
 
+# Scratch space of one database may serve one scan at a time: each matching thread (one per
+# watched attempt) has its own, for each database it scans with.
+_local = threading.local()
+
+
+def _scratch(db: Any) -> Any:
+    spaces: dict[int, tuple[Any, Any]] = _local.__dict__.setdefault("spaces", {})
+    entry = spaces.get(id(db))
+    if entry is None or entry[0] is not db:
+        if len(spaces) > 64:
+            spaces.clear()
+        entry = spaces[id(db)] = (db, hyperscan.Scratch(db))
+    return entry[1]
+
+
 class HsScanner:
     """The first record at or after a given one where some pattern of ``db`` matches, in a
     joined, ANSI-stripped batch ``buf`` (records separated by one ``\\n`` each)."""
 
     def __init__(self, db: Any, buf: bytes) -> None:
         self._db = db
+        self._scratch = _scratch(db)
         self._buf = buf
         self._view = memoryview(buf)
         self._end = -1
@@ -165,7 +183,7 @@ class HsScanner:
         """Byte offset in ``buf`` (>= pos) of the last byte of the first match from ``pos`` on; -1 if none."""
         self._end = -1
         try:
-            self._db.scan(self._view[pos:], match_event_handler=self._on_match)
+            self._db.scan(self._view[pos:], match_event_handler=self._on_match, scratch=self._scratch)
         except hyperscan.ScanTerminated:
             pass
         return -1 if self._end < 0 else pos + max(self._end - 1, 0)
