@@ -209,3 +209,32 @@ def test_threads_share_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
     for thread in threads:
         thread.join()
     assert all(results[i] == expected for i in range(3))
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_probe_stats_names_the_engine(on: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli import main
+
+    if on and _hsfilter.hyperscan is None:
+        pytest.skip("the hyperscan package is not installed")
+    log = tmp_path / "x.log"
+    log.write_text("INFO 04-19 16:21:20 [loader.py:1] Loading weights took 2.40 seconds\n")
+    _engine(PACKS, on, monkeypatch)  # sets the switch
+    assert main(["probe", "--json", "--stats", str(log)]) == 0
+    out, err = capsys.readouterr()
+    assert out.lstrip().startswith("{")
+    expected = "hyperscan prefilter, " if on else "re2 (prefilter off: SUPERVISE_PREFILTER=off)"
+    assert f"supervise probe: read by {expected}" in err
+
+
+def test_doctor_names_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.doctor import _reader_check
+
+    monkeypatch.setenv("SUPERVISE_PREFILTER", "off")
+    check = _reader_check()
+    assert (check.status, check.detail) == ("ok", "re2 (prefilter off: SUPERVISE_PREFILTER=off)")
+    monkeypatch.setattr(_hsfilter, "hyperscan", None)
+    monkeypatch.delenv("SUPERVISE_PREFILTER")
+    check = _reader_check()
+    assert check.status == "warn" and "pip install hyperscan" in check.detail
