@@ -2,10 +2,9 @@
 
 Hyperscan (the optional ``hyperscan`` package) compiles every probe regex of a pack set
 into one database, once (``build``, cached by the patterns).  A batch of records is joined
-with ``\\n`` and scanned from the next unread record on; the scan stops at the first match
-and its end offset names the record (``HsScanner``).  Records no probe can match are never
-touched by Python.  The records it names go to RE2, which decides exactly as before, so
-the events are the same with or without the prefilter.
+with ``\\n`` and scanned once; the end offset of each match names a record (``HsScanner``).
+Records no probe can match are never touched by Python.  The records it names go to RE2,
+which decides exactly as before, so the events are the same with or without the prefilter.
 
 Why a hit is never missed (the prefilter may say "maybe" too often, never too rarely):
 
@@ -14,9 +13,9 @@ Why a hit is never missed (the prefilter may say "maybe" too often, never too ra
 - its zero-width assertions (``^ $ \\b \\B \\A \\z``) are dropped first: a probe reads a line
   after its prefixes are stripped, so ``^`` may match in the middle of the record's text;
   without assertions the pattern matches wherever the line's match lies;
-- matches are reported in order of their end, and a match that a probe finds inside a
-  record ends inside it, so the first report from the start of a record on is at or
-  before the first record any probe matches;
+- a match that a probe finds inside a record ends inside it, and Hyperscan reports every
+  match's end: the record holding the first end at or after a record's start is at or
+  before the first record from there that any probe matches;
 - RE2 folds ``k``/``s`` to the Kelvin sign and the long s under ``(?i)``: when any pattern
   is case-insensitive, those two characters are patterns of their own; a case-insensitive
   pattern holding other non-ASCII text is not given to Hyperscan.
@@ -30,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+from bisect import bisect_right
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,25 +169,22 @@ def _scratch(db: Any) -> Any:
 
 
 class HsScanner:
-    """The first record at or after a given one where some pattern of ``db`` matches, in a
-    joined, ANSI-stripped batch ``buf`` (records separated by one ``\\n`` each)."""
+    """The first match at or after a given offset of a joined, ANSI-stripped batch ``buf``
+    (records separated by one ``\\n`` each): one scan of the whole batch, every match's end kept."""
 
     def __init__(self, db: Any, buf: bytes) -> None:
-        self._db = db
-        self._scratch = _scratch(db)
-        self._buf = buf
-        self._view = memoryview(buf)
-        self._end = -1
+        ends: list[int] = []
+        add = ends.append
+
+        def on_match(_id: int, _start: int, end: int, _flags: int, _context: Any) -> None:
+            add(end)
+
+        db.scan(buf, match_event_handler=on_match, scratch=_scratch(db))
+        ends.sort()  # Hyperscan reports by end already: a linear pass
+        self._ends = ends
 
     def first_hit(self, pos: int) -> int:
-        """Byte offset in ``buf`` (>= pos) of the last byte of the first match from ``pos`` on; -1 if none."""
-        self._end = -1
-        try:
-            self._db.scan(self._view[pos:], match_event_handler=self._on_match, scratch=self._scratch)
-        except hyperscan.ScanTerminated:
-            pass
-        return -1 if self._end < 0 else pos + max(self._end - 1, 0)
-
-    def _on_match(self, _id: int, _start: int, end: int, _flags: int, _context: Any) -> bool:
-        self._end = end
-        return True  # stop: the first report is the earliest end
+        """Offset in ``buf`` (>= pos) of the last byte of the first match ending after ``pos``; -1 if none."""
+        ends = self._ends
+        k = bisect_right(ends, pos)
+        return ends[k] - 1 if k < len(ends) else -1
