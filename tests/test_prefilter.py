@@ -238,3 +238,18 @@ def test_doctor_names_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SUPERVISE_PREFILTER")
     check = _reader_check()
     assert check.status == "warn" and "pip install hyperscan" in check.detail
+
+
+@needs_hyperscan
+def test_a_flood_of_matches_reads_the_batch_with_re2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A digit run matches ``\\d+`` at every digit: past the cap, every record of the batch is read."""
+    packs = _pack(tmp_path, r"n=(?P<n>\d+)")
+    engine = _engine(packs, True, monkeypatch)
+    assert engine._prefilter is not None
+    line = "n=" + "7" * 20_000
+    scanner = _hsfilter.HsScanner(engine._prefilter.db, f"{line}\nnothing\n".encode(), 2)
+    assert scanner.everything and scanner.first_hit(len(line) + 1) == len(line) + 1
+    data = f"a\n{line}\nn=5\nnothing\n".encode()
+    on = _events(data, True, monkeypatch, packs=packs)
+    assert [e.fields["n"] for e in on] == ["7" * 20_000, "5"]
+    assert on == _events(data, False, monkeypatch, packs=packs)

@@ -50,6 +50,7 @@ MAX_COMPILE_S_ONE = 0.5
 MAX_DB_BYTES_ONE = 4 << 20
 MAX_COMPILE_S = 10.0
 MAX_DB_BYTES = 64 << 20
+MAX_MATCHES_PER_RECORD = 32  # see HsScanner
 # Characters RE2 matches case-insensitively with an ASCII letter ("k", "s").
 _FOLDS_TO_ASCII = ("\u212a", "\u017f")
 
@@ -170,21 +171,33 @@ def _scratch(db: Any) -> Any:
 
 class HsScanner:
     """The first match at or after a given offset of a joined, ANSI-stripped batch ``buf``
-    (records separated by one ``\\n`` each): one scan of the whole batch, every match's end kept."""
+    (records separated by one ``\\n`` each): one scan of the whole batch, every match's end kept.
 
-    def __init__(self, db: Any, buf: bytes) -> None:
+    Each match costs a Python call, and a pattern such as ``\\d+`` matches at every digit of a
+    long run: past ``MAX_MATCHES_PER_RECORD`` matches a record on average (plus a margin) the
+    scan stops and every record of the batch counts as a hit (read by RE2: correct, slower)."""
+
+    def __init__(self, db: Any, buf: bytes, records: int = 1) -> None:
         ends: list[int] = []
         add = ends.append
+        cap = MAX_MATCHES_PER_RECORD * records + 4096
 
-        def on_match(_id: int, _start: int, end: int, _flags: int, _context: Any) -> None:
+        def on_match(_id: int, _start: int, end: int, _flags: int, _context: Any) -> bool:
             add(end)
+            return len(ends) >= cap
 
-        db.scan(buf, match_event_handler=on_match, scratch=_scratch(db))
-        ends.sort()  # Hyperscan reports by end already: a linear pass
+        self.everything = False
+        try:
+            db.scan(buf, match_event_handler=on_match, scratch=_scratch(db))
+        except hyperscan.ScanTerminated:
+            self.everything = True
+        ends.sort()  # Hyperscan does not promise to report matches in order of their end
         self._ends = ends
 
     def first_hit(self, pos: int) -> int:
         """Offset in ``buf`` (>= pos) of the last byte of the first match ending after ``pos``; -1 if none."""
+        if self.everything:
+            return pos
         ends = self._ends
         k = bisect_right(ends, pos)
         return ends[k] - 1 if k < len(ends) else -1

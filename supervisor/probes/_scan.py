@@ -53,7 +53,7 @@ class Scanner:
         self.ok = buf.count(b"\n") == len(texts) - 1  # a text with its own newline: no scanning
         self._buf = buf
         self._rx = prefilter.rx
-        self._hs = _hsfilter.HsScanner(prefilter.db, buf) if prefilter.db is not None else None
+        self._hs = _hsfilter.HsScanner(prefilter.db, buf, len(texts)) if prefilter.db is not None else None
         self._idx = 0
         self._pos = 0
 
