@@ -74,6 +74,8 @@ def test_specforge_layout_holds_post_norm_states_that_match_transformers(model, 
     assert r.returncode == 0, r.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["output_format"] == "specforge" and manifest["status"] == "complete"
+    # SpecForge's draft config names the auxiliary layers one lower (SGLang's numbering).
+    assert manifest["sglang_aux_layer_ids"] == [k - 1 for k in manifest["layer_ids"][:-1]]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ckpt"))
     assert files == sorted(f"rows_0-2000/data_{i}.ckpt" for i in range(8))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
@@ -90,6 +92,11 @@ def test_specforge_layout_holds_post_norm_states_that_match_transformers(model, 
     exp = tmp_path / "sf-export"
     r = run_export(ours, exp, "--format", "specforge")
     assert r.returncode == 0, r.stdout
+    ids = manifest["sglang_aux_layer_ids"]
+    note = ("export note: SpecForge's draft config takes these auxiliary layers as "
+            f"eagle_aux_hidden_state_layer_ids {ids} ")
+    assert note in r.stdout, r.stdout
+    assert json.loads((exp / "manifest.json").read_text())["sglang_aux_layer_ids"] == ids
     for f in files:
         assert (exp / f).read_bytes() == (out / f).read_bytes(), f
 

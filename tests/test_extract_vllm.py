@@ -16,7 +16,7 @@ from extract_helpers import build_test_model  # noqa: E402
 from fakes.fake_vllm import make_api  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from eagle3 import extract, vllm_backend  # noqa: E402
+from eagle3 import extract, formats, vllm_backend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +82,14 @@ def test_requests_follow_the_example_and_files_move_into_place(tmp_path, model_d
     assert [len(c) for c in llm.calls] == [4, 4, 2]
     assert [ids for c in llm.calls for ids in c] == [ids for ids, _ in samples]
     assert sum(x.startswith("extract progress: ") for x in lines) == 3
+    reader = formats.Reader(out, formats.Format.SUPERVISE)
     for i, (ids, mask) in enumerate(samples):
         f = load_file(str(out / f"hs_{i}.safetensors"))
-        assert f["token_ids"].tolist() == ids and f["loss_mask"].tolist() == mask
+        # vLLM's file renamed into place as it is: the loss mask is prepared.safetensors' span.
+        assert sorted(f) == ["hidden_states", "token_ids"] and f["token_ids"].tolist() == ids
         assert f["hidden_states"].dtype == torch.bfloat16
         assert torch.equal(f["hidden_states"], llm.hidden_fn(ids, [1, 2, 4]))
+        assert reader.load(i).loss_mask.tolist() == mask
     assert list((out / ".staging").iterdir()) == []  # moved files and their .lock files are gone
 
 

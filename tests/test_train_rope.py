@@ -1,6 +1,7 @@
-"""The draft for a target with rope scaling (YaRN, as DeepSeek/Kimi configs have) and a large target:
-the config copies the target's rope settings, the frequencies match transformers' reference, and a
-draft for hidden size 7168 and a 163,840-token vocabulary builds with the right shapes (meta device)."""
+"""The draft for a Llama-style target with rope scaling (YaRN) and a large target: the config copies the
+target's rope settings, the frequencies match transformers' reference, and a draft for hidden size 7168
+and a 163,840-token vocabulary builds with the right shapes (meta device). MLA targets (DeepSeek, Kimi),
+whose draft does not copy the target's heads or scaling, are in test_train_draft_shape.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from eagle3 import rope
 from eagle3 import train as T
 from eagle3.draft import DraftConfig, Eagle3Draft
 
-# The text config of a Kimi-K2-like target (the values that matter here).
-KIMI = {"model_type": "kimi_k2", "hidden_size": 7168, "vocab_size": 163840, "num_hidden_layers": 61,
+# A Llama-style (not MLA) target of Kimi-K2's size and YaRN scaling (the values that matter here).
+KIMI = {"model_type": "llama", "hidden_size": 7168, "vocab_size": 163840, "num_hidden_layers": 61,
         "num_attention_heads": 64, "num_key_value_heads": 64, "intermediate_size": 18432, "rms_norm_eps": 1e-6,
         "rope_theta": 50000.0, "max_position_embeddings": 131072,
         "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,

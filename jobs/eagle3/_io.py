@@ -5,6 +5,12 @@ Every file this job writes goes to a temporary name in the destination directory
 so a reader (or a relaunch) sees either the old file, no file, or the complete new file.
 Leftover temporaries from a killed run are removed by :func:`remove_temp_files` at start.
 
+A file that is already complete elsewhere (a vLLM staged file, another output's sample) is put into
+place without being written again by :func:`place_file`: fsynced, then renamed (or hard-linked via
+a temporary name) onto its final name; across filesystems, or where linking is refused, it is copied
+(temporary + fsync + rename). :data:`stats` counts the bytes these helpers write and the files
+renamed, linked and copied.
+
 A write that fails with ``ENOSPC``/``EDQUOT`` removes its temporary and raises
 :class:`DiskFull`, which the CLI turns into one clear line and exit code 75.
 
@@ -24,13 +30,20 @@ import errno
 import json
 import os
 import signal
+import shutil
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
 TMP_MARK = ".tmp-"
 
 _samples_written = 0  # sample files written by this process (for the test hooks)
+_lock = threading.Lock()
+# Bytes written through these helpers, and files put into place without rewriting them.
+stats = {"bytes_written": 0, "renamed": 0, "linked": 0, "copied": 0, "bytes_copied": 0}
+# errnos of a hard link that cannot be made here (another filesystem, no links, too many links).
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES, errno.ENOSYS}
 
 
 class DiskFull(OSError):
@@ -99,6 +112,7 @@ def atomic_write_bytes(data: bytes, path: str | os.PathLike[str], *, sample: boo
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+        _add("bytes_written", len(data))
     except OSError as e:
         try:
             tmp.unlink()
@@ -114,7 +128,97 @@ def atomic_write_bytes(data: bytes, path: str | os.PathLike[str], *, sample: boo
             pass
         raise
     if sample:
-        _samples_written += 1
+        with _lock:
+            _samples_written += 1
+
+
+def _add(key: str, n: int = 1) -> None:
+    with _lock:
+        stats[key] += n
+
+
+def _sample_hooks(path: Path) -> None:
+    """The ENOSPC and SIGKILL test hooks for a sample put into place without a write."""
+    enospc_after = _hook_count("EAGLE3_FAULT_ENOSPC_AFTER")
+    if enospc_after is not None and _samples_written >= enospc_after:
+        raise DiskFull(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)))
+    kill_after = _hook_count("EAGLE3_FAULT_SIGKILL_AFTER")
+    if kill_after is not None and _samples_written >= kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy(src: Path, path: Path) -> None:
+    """Copy ``src`` onto ``path`` atomically (temporary + fsync + rename + directory fsync)."""
+    tmp = temp_path(path)
+    try:
+        shutil.copyfile(src, tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException as e:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        if isinstance(e, OSError) and _is_disk_full(e):
+            raise DiskFull(path, e) from e
+        raise
+    size = path.stat().st_size
+    _add("copied")
+    _add("bytes_copied", size)
+    _add("bytes_written", size)
+
+
+def place_file(src: str | os.PathLike[str], path: str | os.PathLike[str], *, move: bool,
+               sample: bool = False) -> str:
+    """Put the complete file ``src`` at ``path`` atomically without rewriting it.
+
+    ``move=True`` renames it (``src`` is gone afterwards), ``move=False`` hard-links it (``src`` stays).
+    Where that cannot be done (another filesystem, links refused) the file is copied instead.
+    Returns ``"renamed"``, ``"linked"`` or ``"copied"``. ``sample=True`` counts it for the test hooks.
+    """
+    global _samples_written
+    src, path = Path(src), Path(path)
+    if sample:
+        _sample_hooks(path)
+    how = "copied"
+    if move:
+        _fsync_file(src)  # its data on disk before its name appears
+        try:
+            os.replace(src, path)
+            how = "renamed"
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            _copy(src, path)
+            src.unlink(missing_ok=True)
+    else:
+        tmp = temp_path(path)
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+            os.replace(tmp, path)
+            how = "linked"
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno not in _NO_LINK:
+                raise
+            _copy(src, path)
+    if how != "copied":
+        fsync_dir(path.parent)
+        _add(how)
+    if sample:
+        with _lock:
+            _samples_written += 1
+    return how
 
 
 def atomic_save_safetensors(tensors: dict[str, Any], path: str | os.PathLike[str], *,
@@ -176,18 +280,22 @@ def safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def sample_file_ok(path: str | os.PathLike[str], seq_len: int | None = None,
                    n_layers: int | None = None, hidden: int | None = None) -> bool:
-    """True when ``path`` is a complete per-sample file (with the expected shapes if given)."""
+    """True when ``path`` is a complete per-sample file (with the expected shapes if given).
+
+    ``loss_mask`` is optional: a file without it (a vLLM staged file renamed into place) takes its
+    loss mask from the output's ``prepared.safetensors``.
+    """
     h = safetensors_header(path)
     if h is None:
         return False
     try:
-        hs, ids, mask = h["hidden_states"], h["token_ids"], h["loss_mask"]
+        hs, ids = h["hidden_states"], h["token_ids"]
     except KeyError:
         return False
     if hs.get("dtype") != "BF16" or ids.get("dtype") != "I64" or len(hs.get("shape", ())) != 3:
         return False
     t, nl, hd = hs["shape"]
-    if ids.get("shape") != [t] or mask.get("shape") != [t]:
+    if ids.get("shape") != [t] or ("loss_mask" in h and h["loss_mask"].get("shape") != [t]):
         return False
     return ((seq_len is None or t == seq_len) and (n_layers is None or nl == n_layers)
             and (hidden is None or hd == hidden))

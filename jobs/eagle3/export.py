@@ -5,14 +5,25 @@
 ``DST`` gets the same samples in the layout asked for (see :mod:`.formats`) and a ``manifest.json``
 that records it (``output_format``, ``exported_from``). SpecForge's post-norm ``hidden_state`` needs
 the target's final-norm weight: it is read from ``--model`` (default: the manifest's ``model``), and
-the export refuses in one line without it (exit code 78).
+the export refuses in one line without it (exit code 78). SpecForge's files store no layer ids: the
+draft config SpecForge trains with must name the 3 auxiliary layers in SGLang's numbering, one lower
+than ours (see :mod:`.draft_export`); the manifest records them as ``sglang_aux_layer_ids`` and an
+``export note:`` line prints them.
+
+A sample file that already is what the new layout reads (ours to ours, speculators' to ours, ours
+written by the vLLM backend to speculators') is hard-linked, not copied: no byte is written for it.
+Where linking is refused (another filesystem, a filesystem without links) it is copied as it is; the
+rest (SpecForge's layout, files that must gain or lose a tensor) is rewritten. ``prepared.safetensors``
+and ``token_freq.safetensors`` are linked the same way. Sample files are never modified in place, so
+the two outputs sharing them is safe; ``export files`` says how many were linked, copied, rewritten.
 
 Like the extraction it is resumable and atomic: each file is written to a temporary name and renamed,
 a relaunch skips the samples already in ``DST``, and an export from another source or into another
 layout is refused. A sample missing in ``SRC`` (an incomplete extraction) is skipped and reported;
 the manifest then says ``incomplete`` and the exit code is 3.
 
-Lines: ``export progress: {done}/{total} samples``, ``export done: {n} samples in {secs:.1f}s``,
+Lines: ``export progress: {done}/{total} samples``,
+``export files: {linked} linked, {copied} copied, {rewritten} rewritten``, ``export done: {n} samples in {secs:.1f}s``,
 ``export error: ...`` (one line, then exit code 78 or 75 for a full disk).
 """
 
@@ -25,11 +36,12 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, formats
+from . import _io, draft_export, formats
 
 EXIT_INCOMPLETE = 3
 EXIT_DISK_FULL = 75
@@ -132,30 +144,45 @@ def _export_locked(args: argparse.Namespace, src: Path, dst: Path, manifest: dic
     masked = _masked_freq(src, token_ids, masks, int(manifest.get("vocab_size") or 0)
                           or 1 + max(max(t) for t in token_ids))
     if (src / "token_freq.safetensors").is_file():
-        _io.atomic_write_bytes((src / "token_freq.safetensors").read_bytes(), dst / "token_freq.safetensors")
+        _io.place_file(src / "token_freq.safetensors", dst / "token_freq.safetensors", move=False)
     writer.write_dataset(token_ids, masks, masked)
+
+    sglang_ids = None
+    if args.format is formats.Format.SPECFORGE:
+        sglang_ids = draft_export.renumber(layer_ids[:-1], "vllm", "sglang")
+        say(f"export note: SpecForge's draft config takes these auxiliary layers as eagle_aux_hidden_state_layer_ids "
+            f"{sglang_ids} (SGLang numbering, one lower than vLLM's {layer_ids[:-1]})")
 
     def write_manifest(status: str, done: int) -> None:
         m = {**manifest, **origin, "status": status, "finished": done,
              "files": {**writer.files(), "prepared": "prepared.safetensors"}}
+        if sglang_ids is not None:
+            m["sglang_aux_layer_ids"] = sglang_ids
         _io.atomic_write_json(m, dst / "manifest.json")
 
     if (src / "prepared.safetensors").is_file():
-        _io.atomic_write_bytes((src / "prepared.safetensors").read_bytes(), dst / "prepared.safetensors")
+        _io.place_file(src / "prepared.safetensors", dst / "prepared.safetensors", move=False)
+        writer.masks_elsewhere = True  # sample files without a loss mask take it from there
     write_manifest("running", 0)
     done, missing = 0, []
+    how: Counter[str] = Counter()
     for i in range(n):
         if writer.complete(i, len(token_ids[i])):
             done += 1
             continue
-        if reader.header(i) is None:
+        header = reader.header(i)
+        if header is None:
             missing.append(i)
             continue
-        writer.write(i, reader.load(i))
+        placed = writer.adopt(i, reader.path(i), header, move=False)
+        if placed is None:
+            writer.write(i, reader.load(i))
+        how[placed or "rewritten"] += 1
         done += 1
         if done % args.progress_every == 0:
             say(f"export progress: {done}/{n} samples")
     write_manifest("complete" if not missing else "incomplete", done)
+    say(f"export files: {how['linked']} linked, {how['copied']} copied, {how['rewritten']} rewritten")
     say(f"export done: {done} samples in {time.monotonic() - t0:.1f}s")
     if missing:
         say(f"export incomplete: {len(missing)} of {n} samples are missing in {src} (first: {missing[:10]}); "

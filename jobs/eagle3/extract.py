@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, formats, shards
+from . import _io, draft_export, formats, shards
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
@@ -202,6 +202,16 @@ class Job:
                                                 torch.tensor(s.loss_mask, dtype=torch.uint8)))
         self.done.add(i)
 
+    def place_sample(self, i: int, path: Path, header: dict[str, Any]) -> str | None:
+        """Rename the complete file ``path`` into place as sample ``i`` if it is in the output's layout
+        (:meth:`formats.Writer.adopt`); how it went, or None when it must be rewritten (write_sample)."""
+        if i in self.done:
+            raise RuntimeError(f"sample {i} is finished already and is never rewritten")
+        how = self.writer.adopt(i, path, header, move=True)
+        if how is not None:
+            self.done.add(i)
+        return how
+
     def batch_finished(self, written: int, tokens: int, seconds: float) -> None:
         if self.t_loop is None:
             self.t_loop = time.monotonic() - seconds
@@ -263,6 +273,8 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
                      "plus the end-of-turn token right after each",
         "fingerprint": fingerprint,
     }
+    if job.writer.fmt is formats.Format.SPECFORGE:  # its draft config names them in SGLang's numbering
+        m["sglang_aux_layer_ids"] = draft_export.renumber(job.layer_ids[:-1], "vllm", "sglang")
     if verify is not None:
         m["verify"] = verify
     if args.num_shards > 1:  # the set's size, and this shard's part of it (gather merges the parts)
@@ -399,6 +411,7 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
         _check_fingerprint(out, fingerprint, args.format)
 
     writer = formats.make_writer(args.format, out, layer_ids, num_layers, hidden, model_dir)
+    writer.masks_elsewhere = True  # prepared.safetensors (a shard: its partial, gather's) holds every loss mask
     part = shards.select([s.index for s in samples], args.shard, args.num_shards, args.batch_size)
     job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer, part)
     masked, every = data_mod.token_frequencies([samples[i] for i in part], vocab)
@@ -406,6 +419,8 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
     if sharded:  # the files describing the whole set are `gather`'s to write
         _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every},
                                     out / shards.partial("token_freq", args.shard, args.num_shards, ".safetensors"))
+        _io.atomic_save_safetensors(data_mod.packed(samples),  # the whole set's: gather takes it
+                                    out / shards.partial("prepared", args.shard, args.num_shards, ".safetensors"))
         manifest_path = out / shards.partial("manifest", args.shard, args.num_shards, ".json")
     else:
         _io.atomic_save_safetensors({"token_freq": masked, "token_freq_all": every}, out / "token_freq.safetensors")

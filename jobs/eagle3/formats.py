@@ -4,7 +4,9 @@ Every layout holds, per sample ``i``, the captured layers (ascending layer ids i
 last one L: the last decoder layer's output before the final norm), the token ids and the loss mask.
 
 * ``supervise`` (ours): ``hs_{i}.safetensors`` with ``hidden_states`` bf16 ``[T, n_layers, H]``,
-  ``token_ids`` int64 ``[T]``, ``loss_mask`` uint8 ``[T]``; ``token_freq.safetensors``.
+  ``token_ids`` int64 ``[T]``, ``loss_mask`` uint8 ``[T]``; ``token_freq.safetensors``. A sample file
+  may lack ``loss_mask`` (a vLLM staged file renamed into place as it is): its mask is then sample
+  ``i``'s span of ``prepared.safetensors``, which such an output always has.
 * ``speculators`` (what ``speculators.train.data.ArrowDataset`` reads): the directory is a
   ``datasets.save_to_disk`` dataset with columns ``input_ids``, ``loss_mask``, ``seq_len`` (torch
   format), ``hidden_states/hs_{i}.safetensors`` (``hidden_states`` ``[T, n_layers, H]``, ``token_ids``;
@@ -20,7 +22,8 @@ last one L: the last decoder layer's output before the final norm), the token id
   this layout is written, never read back for training.
 
 Every file is written to a temporary name and renamed (:mod:`._io`), so a sample exists only when
-complete; a relaunch skips the samples that exist.
+complete; a relaunch skips the samples that exist. A complete file that already holds what a layout
+reads (:meth:`Writer.adopt`) is renamed or hard-linked into place instead of being written again.
 """
 
 from __future__ import annotations
@@ -116,12 +119,39 @@ class Writer:
     """Per-sample files of one layout under ``root`` (the base: ours)."""
 
     fmt = Format.SUPERVISE
+    loss_mask_keys: tuple[str, ...] = ("", "loss_mask")  # "": a file without one (see masks_elsewhere)
 
     def __init__(self, root: Path, layer_ids: Sequence[int], num_layers: int, hidden: int):
         self.root = Path(root)
         self.layer_ids = list(layer_ids)
         self.num_layers = num_layers
         self.hidden = hidden
+        # True when the output's prepared.safetensors holds every sample's loss mask (an extraction,
+        # whose shards each write the whole set's for gather; an export): sample files may then lack one.
+        self.masks_elsewhere = False
+
+    def adoptable(self, h: dict[str, Any]) -> bool:
+        """Whether a complete sample file with safetensors header ``h`` is already in this layout."""
+        keys = set(h) - {"__metadata__"}
+        hs, ids = h.get("hidden_states") or {}, h.get("token_ids") or {}
+        shape = hs.get("shape") or [0, 0, 0]
+        if hs.get("dtype") != "BF16" or ids.get("dtype") != "I64" or len(shape) != 3 \
+                or shape[1:] != [len(self.layer_ids), self.hidden] or ids.get("shape") != shape[:1]:
+            return False
+        if keys == {"hidden_states", "token_ids"}:
+            return "" in self.loss_mask_keys and (self.masks_elsewhere or self.fmt is not Format.SUPERVISE)
+        mask = h.get("loss_mask") or {}
+        return (keys == {"hidden_states", "token_ids", "loss_mask"} and "loss_mask" in self.loss_mask_keys
+                and mask.get("dtype") == "U8" and mask.get("shape") == shape[:1])
+
+    def adopt(self, i: int, src: Path, header: dict[str, Any], *, move: bool) -> str | None:
+        """Put the complete file ``src`` in place as sample ``i`` without writing it again, if it is
+        already in this layout: renamed (``move``) or hard-linked, copied where neither can be done.
+        Returns how, or None when the sample must be rewritten (:meth:`write`)."""
+        if not self.adoptable(header):
+            return None
+        self.path(i).parent.mkdir(parents=True, exist_ok=True)
+        return _io.place_file(src, self.path(i), move=move, sample=True)
 
     def path(self, i: int) -> Path:
         return self.root / f"hs_{i}.safetensors"
@@ -201,6 +231,7 @@ class SpeculatorsWriter(Writer):
 
 class SpecForgeWriter(Writer):
     fmt = Format.SPECFORGE
+    loss_mask_keys = ()  # another file format altogether: always rewritten
 
     def __init__(self, root: Path, layer_ids: Sequence[int], num_layers: int, hidden: int, norm: FinalNorm):
         super().__init__(root, layer_ids, num_layers, hidden)
@@ -274,6 +305,7 @@ class Reader:
         self.root = Path(root)
         self.fmt = fmt
         self._rows: Any = None
+        self._masks: Any = None  # prepared.safetensors' loss masks and offsets, read when first needed
         if fmt is Format.SPECULATORS:
             datasets = require_datasets(f"reading {root} (speculators' layout)")
             try:
@@ -304,9 +336,25 @@ class Reader:
             if not torch.equal(row["input_ids"].to(torch.int64), d["token_ids"].to(torch.int64)):
                 raise FormatError(f"{self.path(i)}: token_ids differ from row {i} of the dataset in {self.root}")
             mask = row["loss_mask"]
-        else:
+        elif "loss_mask" in d:
             mask = d["loss_mask"]
+        else:
+            mask = self.prepared_mask(i)
         return SampleData(d["hidden_states"], d["token_ids"].to(torch.int64), mask)
+
+    def prepared_mask(self, i: int) -> Any:
+        """Sample ``i``'s loss mask from ``prepared.safetensors`` (for sample files without one)."""
+        from safetensors.torch import load_file
+
+        if self._masks is None:
+            p = self.root / "prepared.safetensors"
+            if not p.is_file():
+                raise FormatError(f"{self.path(i)} has no loss_mask and {self.root} has no prepared.safetensors "
+                                  "to take it from")
+            d = load_file(str(p))
+            self._masks = (d["loss_mask"], d["offsets"].tolist())
+        mask, off = self._masks
+        return mask[off[i]:off[i + 1]]
 
     def token_freq(self) -> dict[int, int] | None:
         """speculators' ``token_freq.pt`` if there is one."""

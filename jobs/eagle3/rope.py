@@ -1,9 +1,10 @@
 """Rotary frequencies of the draft: plain RoPE or the target's scaling (linear, llama3, YaRN).
 
-The draft copies the target's ``rope_scaling`` (DeepSeek and Kimi configs carry YaRN) into its own
-config, and is trained with the same frequencies that vLLM's Llama layer computes from that config at
-inference (``get_rope``): for YaRN the blend of interpolated and extrapolated frequencies between the
-``beta_fast``/``beta_slow`` correction dimensions, and cos/sin scaled by ``0.1·ln(factor) + 1`` times
+A draft for a Llama-style target copies the target's ``rope_scaling`` into its own config (the draft
+of an MLA target, DeepSeek or Kimi, whose configs carry YaRN, gets plain RoPE: :mod:`.draft_shape`),
+and is trained with the same frequencies that vLLM's Llama layer computes from that config at inference
+(``get_rope``): for YaRN the blend of interpolated and extrapolated frequencies between the ``beta_fast``/
+``beta_slow`` correction dimensions, and cos/sin scaled by ``0.1·ln(factor) + 1`` times
 ``attn_factor``. vLLM's Llama YaRN ignores ``mscale``/``mscale_all_dim`` (DeepSeek's own attention uses
 them), and transformers would not, so :func:`draft_scaling` leaves them out of the draft's config:
 then both compute the same.

@@ -7,13 +7,16 @@ in their last bits, on the batch it was computed in: a shard computes each of it
 the batch an unsharded run computes it in, so its files are the same bytes.  Its
 ``hs_{i}`` files keep their global indices, in the one ``--out`` all shards share, so the union
 of the N shards' files is the unsharded output.  Each shard writes its own
-``manifest.shard-I-of-N.json`` and ``token_freq.shard-I-of-N.safetensors`` (counts over its
-part), and never the files that describe the whole set.
+``manifest.shard-I-of-N.json``, ``token_freq.shard-I-of-N.safetensors`` (counts over its
+part) and ``prepared.shard-I-of-N.safetensors`` (the whole tokenised set, the same in every shard:
+the loss masks of sample files renamed into place without one), and never the files that describe
+the whole set.
 
 ``gather`` checks that every shard is there, complete, and made with the same settings, then
-writes ``token_freq.safetensors`` (the shards' counts summed), ``prepared.safetensors`` (read
-back from the sample files) and ``manifest.json`` (written last): the files the training job
-reads, as an unsharded run writes them.
+writes ``token_freq.safetensors`` (the shards' counts summed), ``prepared.safetensors`` (shard 0's
+``prepared.shard-0-of-N``, hard-linked; read back from the sample files for shards made before
+there was one) and ``manifest.json`` (written last): the files the training job reads, as an
+unsharded run writes them.
 """
 
 from __future__ import annotations
@@ -91,7 +94,11 @@ def gather(out: Path) -> dict[str, Any]:
                             "every shard says complete: extract the shards again")
     num = len(manifests)
     _io.atomic_save_safetensors(_summed_token_freq(out, num), out / "token_freq.safetensors")
-    _io.atomic_save_safetensors(_prepared(out, total), out / "prepared.safetensors")
+    whole = out / partial("prepared", 0, num, ".safetensors")
+    if whole.is_file():
+        _io.place_file(whole, out / "prepared.safetensors", move=False)
+    else:
+        _io.atomic_save_safetensors(_prepared(out, total), out / "prepared.safetensors")
     merged = {k: v for k, v in first.items() if k not in ("shard", "verify")}
     merged["finished"] = sum(int(m["finished"]) for m in manifests)
     merged["failed"] = sorted(i for m in manifests for i in m["failed"])

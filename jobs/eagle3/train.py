@@ -67,7 +67,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import _dist, _io, formats, rope
+from . import _dist, _io, draft_shape, formats
 from ._ckpt import Checkpoints
 from .draft import DraftConfig, Eagle3Draft, draft_vocab, export_tensors
 
@@ -327,22 +327,19 @@ def draft_config(target: Target, ds: Dataset, draft_vocab_size: int, args: argpa
     h = ds.hidden
     if target.embed.shape[1] != h:
         raise DataError(f"target embeddings have width {target.embed.shape[1]}, the hidden states {h}")
-    nh = args.num_heads or int(tc.get("num_attention_heads") or max(1, h // 128))
-    nkv = args.num_kv_heads or (int(tc.get("num_key_value_heads") or nh) if not args.num_heads else nh)
-    head_dim = int(tc.get("head_dim") or 0) if not args.num_heads else 0
-    head_dim = head_dim or h // nh
-    params = tc.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta") or tc.get("rope_theta") or 10000.0)
-    scaling, warning = rope.draft_scaling(tc)
-    if warning:
-        say(f"train warning: {warning}")
+    shape = draft_shape.draft_shape(tc, h, args.num_heads, args.num_kv_heads)  # what is copied: see there
+    if shape.warning:
+        say(f"train warning: {shape.warning}")
+    if shape.note:
+        say(f"train note: {shape.note}")
     return DraftConfig(
         hidden_size=h,
         intermediate_size=args.intermediate_size or int(tc.get("intermediate_size") or 4 * h),
-        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=head_dim,
-        vocab_size=int(tc.get("vocab_size") or target.vocab), draft_vocab_size=draft_vocab_size,
-        aux_layer_ids=ds.layer_ids[:-1], rms_norm_eps=target.eps, rope_theta=theta,
-        max_position_embeddings=int(tc.get("max_position_embeddings") or 2048), rope_scaling=scaling,
+        num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim, vocab_size=int(tc.get("vocab_size") or target.vocab),
+        draft_vocab_size=draft_vocab_size, aux_layer_ids=ds.layer_ids[:-1], rms_norm_eps=target.eps,
+        rope_theta=shape.rope_theta, max_position_embeddings=int(tc.get("max_position_embeddings") or 2048),
+        rope_scaling=shape.rope_scaling,
     )
 
 
@@ -561,8 +558,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--draft-vocab", type=int, default=32000,
                     help="draft vocabulary: the most frequent target tokens (capped at the target's vocabulary)")
     ap.add_argument("--intermediate-size", type=int, help="draft MLP width (default: the target's)")
-    ap.add_argument("--num-heads", type=int, help="draft attention heads (default: the target's)")
-    ap.add_argument("--num-kv-heads", type=int, help="draft key/value heads (default: the target's)")
+    ap.add_argument("--num-heads", type=int, help="draft attention heads (default: the target's; hidden/128 for MLA)")
+    ap.add_argument("--num-kv-heads", type=int, help="draft key/value heads (default: the target's; 8 for MLA)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads for torch (default 0: torch's own choice; 1 is often faster on a busy CPU)")
     ap.add_argument("--seed", type=int, default=0)

@@ -7,8 +7,12 @@ input of decoder layer k, id L the last layer's output before the final norm) an
 ``ExampleHiddenStatesConnector`` writes one safetensors file per request (``hidden_states`` bf16
 ``[T, n_layers, H]``, ``token_ids`` int64 ``[T]``) into a staging directory on the output disk,
 named in the request output's ``kv_transfer_params["hidden_states_path"]``. Each such file is
-checked against the sample, written into place as ``hs_{i}.safetensors`` with the loss mask added,
-and then removed together with its ``.lock`` companion.
+checked against the sample from its header and token ids (the hidden states are not read), then,
+when it already is what the output layout reads (bf16 hidden states, int64 token ids, nothing else;
+the loss masks are in ``prepared.safetensors`` or the speculators dataset), fsynced and renamed
+into place as ``hs_{i}.safetensors``: written once, by vLLM. Otherwise (another dtype, SpecForge's
+layout) it is read and rewritten. Either way
+this runs in a small thread pool (``io_workers``), and the ``.lock`` companion is removed after.
 
 Failure handling:
 
@@ -35,6 +39,7 @@ import shutil
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -186,7 +191,8 @@ class VllmBackend:
     def __init__(self, model_dir: str, staging_dir: str | os.PathLike[str], *, api: Any = None,
                  max_model_len: int = 2049, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
                  tensor_parallel_size: int = 1, trust_remote_code: bool = False, file_timeout_s: float = 120.0,
-                 max_consecutive_failures: int = 8, retries: int = 1, log: Any = print):
+                 max_consecutive_failures: int = 8, retries: int = 1, log: Any = print,
+                 io_workers: int | None = None):
         self.model_dir = model_dir
         self.staging = Path(staging_dir)
         self.api = api
@@ -199,6 +205,7 @@ class VllmBackend:
         self.max_consecutive_failures = max_consecutive_failures
         self.retries = retries
         self.log = log
+        self.io_workers = io_workers or min(4, os.cpu_count() or 1)
         self.llm: Any = None
 
     def load(self, layer_ids: Sequence[int]) -> None:
@@ -263,6 +270,7 @@ class VllmBackend:
     def _take(self, job: Any, i: int, out: Any) -> str | None:
         """Move request output ``out`` into place as sample ``i``; None on success, else why not."""
         import torch
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
         sample = job.samples[i]
@@ -289,19 +297,22 @@ class VllmBackend:
                 raise _io.DiskFull(path)
             self._discard(path_s)
             return f"hidden-states file {path.name} missing or incomplete after {self.file_timeout_s:.0f}s"
-        data = load_file(str(path))
-        hs, ids = data.get("hidden_states"), data.get("token_ids")
-        if hs is None or ids is None:
+        header = _io.safetensors_header(path) or {}
+        if "hidden_states" not in header or "token_ids" not in header:
             self._discard(path_s)
             return f"{path.name} lacks hidden_states or token_ids"
+        want = [sample.seq_len, len(job.layer_ids), job.hidden]
+        shape = header["hidden_states"].get("shape")
+        if shape != want:
+            self._discard(path_s)
+            return f"{path.name} has hidden_states of shape {tuple(shape or ())}, expected {tuple(want)}"
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            ids = f.get_tensor("token_ids")
         if ids.tolist() != sample.token_ids:
             self._discard(path_s)
             return f"{path.name} holds other token ids than the sample"
-        want = (sample.seq_len, len(job.layer_ids), job.hidden)
-        if tuple(hs.shape) != want:
-            self._discard(path_s)
-            return f"{path.name} has hidden_states of shape {tuple(hs.shape)}, expected {want}"
-        job.write_sample(i, hs.to(torch.bfloat16))
+        if job.place_sample(i, path, header) is None:  # not in the output's layout: rewrite it
+            job.write_sample(i, load_file(str(path))["hidden_states"].to(torch.bfloat16))
         self._discard(path_s)
         return None
 
@@ -324,6 +335,11 @@ class VllmBackend:
         attempts: Counter[int] = Counter()
         failed: list[int] = []
         in_a_row = 0
+        with ThreadPoolExecutor(self.io_workers, thread_name_prefix="eagle3-io") as pool:
+            return self._loop(job, queue, attempts, failed, in_a_row, sp, pool)
+
+    def _loop(self, job: Any, queue: deque[int], attempts: Counter[int], failed: list[int], in_a_row: int,
+              sp: Any, pool: ThreadPoolExecutor) -> list[int]:
         while queue:
             batch = [queue.popleft() for _ in range(min(job.batch_size, len(queue)))]
             prompts = [self.api.TokensPrompt(prompt_token_ids=job.samples[i].token_ids) for i in batch]
@@ -332,8 +348,10 @@ class VllmBackend:
             if len(outputs) != len(batch):
                 raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(batch)} prompts")
             written = tokens = 0
-            for i, out in zip(batch, outputs, strict=True):
-                why = self._take(job, i, out)
+            # Each output's file is checked and put into place in the pool; outcomes in batch order.
+            futures = [pool.submit(self._take, job, i, out) for i, out in zip(batch, outputs, strict=True)]
+            for i, fut in zip(batch, futures, strict=True):
+                why = fut.result()
                 if why is None:
                     written += 1
                     tokens += job.samples[i].seq_len

@@ -12,11 +12,26 @@ Runs under the jobs' interpreter (torch, transformers), never imports the superv
    batches with the same padding: `model(ids, output_hidden_states=True)` (what people write) and the
    base model alone (no lm_head), after one warm-up batch.
 Prints a markdown table: tokens/s of each and the job's overhead against the plain forward.
+
+    PYTHONPATH=jobs python tests/perf/bench_extract.py --io [--baseline REV] [--hidden 2048] [--layers 8]
+                                                      [--samples 64] [--seq-len 512]
+
+``--io`` measures bytes written per byte of hidden state instead, on CPU: the vLLM backend runs in this
+process against the fake of vLLM's engine and staged-file writer (tests/fakes/fake_vllm.py, the one
+tests/test_extract_vllm.py uses; its writes count as vLLM's would), on a config-only target of the
+given size and random token-id prompts; then ``eagle3.export`` to ours and to speculators' layout.
+Bytes written are the ``wchar`` of /proc/self/io (every write(2), sendfile and copy_file_range of the
+process and its threads; the job's lines go to memory). Each figure is measured for this checkout's
+jobs/ and for ``--baseline``'s (default db0bcc7, the last commit before the staged files were renamed
+into place and exports hard-linked), in subprocesses, and printed side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import os
 import platform
 import re
@@ -102,7 +117,99 @@ def plain_forward(model_dir: Path, out: Path, device: str, samples: int, batch_s
     return {"full": tokens / full, "base": tokens / base, "tokens": tokens}
 
 
+def _wchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("no wchar in /proc/self/io")
+
+
+def io_child(jobs: Path, work: Path, hidden: int, layers: int, samples: int, seq_len: int) -> dict[str, float]:
+    """Bytes written per byte of hidden state by a vLLM-backend extraction and by exports (this process)."""
+    import random
+
+    sys.path[:0] = [str(jobs), str(REPO / "tests")]
+    from fakes.fake_vllm import make_api
+
+    from eagle3 import export, extract
+
+    model = work / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": layers,
+        "hidden_size": hidden, "vocab_size": 32000, "max_position_embeddings": 2 * seq_len + 8}))
+    rng = random.Random(0)
+    prompts = work / "tokens.jsonl"
+    lens = [rng.randint(seq_len // 2, seq_len) for _ in range(samples)]
+    prompts.write_text("".join(json.dumps({"token_ids": [rng.randrange(3, 32000) for _ in range(n)]}) + "\n"
+                               for n in lens))
+    n_layers = len(extract.default_layer_ids(layers))
+    hs_bytes = sum(lens) * n_layers * hidden * 2
+    res: dict[str, float] = {"hidden_state_bytes": hs_bytes, "tokens": sum(lens)}
+
+    def measured(key: str, fn: object) -> None:
+        sink = io.StringIO()
+        w0, t0 = _wchar(), time.perf_counter()
+        with contextlib.redirect_stdout(sink):
+            rc = fn()  # type: ignore[operator]
+        res[key + "_s"] = time.perf_counter() - t0
+        res[key] = (_wchar() - w0) / hs_bytes
+        if rc != 0:
+            raise SystemExit(f"{key} failed (exit {rc}): {sink.getvalue()[-2000:]}")
+
+    out = work / "extract"
+    measured("extract", lambda: extract.main(["--backend", "vllm", "--model", str(model), "--prompts", str(prompts),
+                                               "--out", str(out), "--batch-size", "16"], vllm_api=make_api()))
+    measured("export_supervise", lambda: export.main([str(out), str(work / "exp-supervise"), "--format", "supervise"]))
+    try:
+        import datasets  # noqa: F401
+        measured("export_speculators", lambda: export.main([str(out), str(work / "exp-spec"),
+                                                            "--format", "speculators"]))
+    except ImportError:
+        pass
+    return res
+
+
+def io_bench(args: argparse.Namespace) -> int:
+    """Run io_child for the baseline's jobs/ and this checkout's, in subprocesses; print both."""
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base_jobs = Path(tmp) / "baseline"
+        base_jobs.mkdir()
+        tar = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline, "jobs"], check=True,
+                             capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(base_jobs)], input=tar, check=True)
+        for label, jobs in (("before", base_jobs / "jobs"), ("after", JOBS)):
+            work = Path(tmp) / label
+            cmd = [sys.executable, __file__, "--io-child", str(jobs), str(work), "--hidden", str(args.hidden),
+                   "--layers", str(args.layers), "--samples", str(args.samples), "--seq-len", str(args.seq_len)]
+            r = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            results[label] = json.loads(r.stdout.strip().splitlines()[-1])
+    a = results["after"]
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs; target hidden {args.hidden}, {args.layers} layers; "
+          f"{args.samples} samples, {int(a['tokens'])} tokens, {a['hidden_state_bytes'] / 2**20:,.1f} MiB of "
+          f"hidden state; baseline {args.baseline}\n")
+    print("| step | bytes written per byte of hidden state, before | after | seconds before | after |")
+    print("|---|---:|---:|---:|---:|")
+    labels = {"extract": "extract (vLLM backend: staged file + into place)",
+              "export_supervise": "export --format supervise", "export_speculators": "export --format speculators"}
+    for key, label in labels.items():
+        if key in a and key in results["before"]:
+            b = results["before"]
+            print(f"| {label} | {b[key]:.3f} | {a[key]:.3f} | {b[key + '_s']:.2f} | {a[key + '_s']:.2f} |")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--io-child"]:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("jobs", type=Path)
+        ap.add_argument("work", type=Path)
+        for k in ("hidden", "layers", "samples", "seq_len"):
+            ap.add_argument("--" + k.replace("_", "-"), type=int)
+        c = ap.parse_args(sys.argv[2:])
+        print(json.dumps(io_child(c.jobs, c.work, c.hidden, c.layers, c.samples, c.seq_len)))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--hidden", type=int, default=256)
@@ -110,7 +217,14 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=1, help="use the shipped prompt set this many times over")
+    ap.add_argument("--io", action="store_true", help="measure bytes written per byte of hidden state instead")
+    ap.add_argument("--baseline", default="db0bcc7", help="--io: the commit whose jobs/ gives the 'before' figures")
+    ap.add_argument("--seq-len", type=int, default=512, help="--io: the longest prompt (lengths are L/2..L)")
     args = ap.parse_args()
+    if args.io:
+        if "--hidden" not in sys.argv:
+            args.hidden = 2048
+        return io_bench(args)
     model = build_model(args.hidden, args.layers)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
