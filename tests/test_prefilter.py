@@ -182,6 +182,8 @@ def test_builtin_packs_compile_within_bounds() -> None:
     (r"[\^$]x", r"[\^$]x"),
     (r"a\$b", r"a\$b"),
     (r"(?i)straße", None),
+    (r"(?si:straße)", None),
+    (r"(?-i:straße)", "(?-i:straße)"),
     (r"^*x", None),
 ])
 def test_hs_form(pattern: str, form: str | None) -> None:

@@ -59,8 +59,7 @@ def hs_form(pattern: str) -> str | None:
     """``pattern`` for Hyperscan's prefilter (assertions dropped), or None if it cannot
     be given one that matches at least wherever RE2 does."""
     tokens = _tokens(pattern)
-    folded = any(t.kind == "flags" and t.ci for t in tokens) or "(?i" in pattern
-    if folded and (not pattern.isascii() or "\\x" in pattern or "\\p" in pattern or "\\P" in pattern):
+    if _folds_case(pattern) and (not pattern.isascii() or "\\x" in pattern or "\\p" in pattern or "\\P" in pattern):
         return None
     pieces: list[str] = []
     pos = 0
@@ -72,6 +71,11 @@ def hs_form(pattern: str) -> str | None:
             pos = tok.end
     pieces.append(pattern[pos:])
     return "".join(pieces)
+
+
+def _folds_case(pattern: str) -> bool:
+    """Whether some part of ``pattern`` is case-insensitive (``(?i)``, ``(?si:...)``...)."""
+    return any(t.ci for t in _tokens(pattern))
 
 
 def disabled_reason() -> str | None:
@@ -125,7 +129,7 @@ def build(patterns: tuple[str, ...], literals: tuple[str, ...]) -> Plan | str:
             exprs.append(form)
     if len(alone) == len(patterns) and patterns:
         return "Hyperscan accepts none of the probe regexes"
-    if any("(?i" in p for p in patterns):
+    if any(_folds_case(p) for p in patterns):
         literals = literals + _FOLDS_TO_ASCII
     flags = [_flags()] * len(exprs) + [hyperscan.HS_FLAG_UTF8] * len(literals)
     exprs += [_escape(text) for text in literals]
