@@ -176,6 +176,18 @@ def test_builtin_packs_compile_within_bounds() -> None:
     assert plan.compile_s < _hsfilter.MAX_COMPILE_S and plan.size < _hsfilter.MAX_DB_BYTES
 
 
+@needs_hyperscan
+def test_a_set_within_one_patterns_bounds_compiles_once() -> None:
+    """Every start compiles the packs: when the whole set is within one pattern's bounds, the
+    patterns are not compiled one by one as well (that doubled the start-up compile)."""
+    patterns = tuple(p.regex for pack in PACKS for p in pack.probes)
+    _hsfilter.build.cache_clear()
+    _hsfilter._too_costly.cache_clear()
+    plan = _hsfilter.build(patterns, ("Traceback (most recent call last)",))
+    assert isinstance(plan, _hsfilter.Plan) and plan.alone == ()
+    assert _hsfilter._too_costly.cache_info().misses == 0
+
+
 @pytest.mark.parametrize(("pattern", "form"), [
     (r"^foo (?P<n>\d+)$", r"foo (?P<n>\d+)"),
     (r"\bword\b", "word"),

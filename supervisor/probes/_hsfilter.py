@@ -119,18 +119,21 @@ def _compile(expressions: Sequence[str], flags: Sequence[int]) -> tuple[Any, flo
 def build(patterns: tuple[str, ...], literals: tuple[str, ...]) -> Plan | str:
     """The prefilter for ``patterns`` (RE2 syntax) and ``literals`` (plain text, always
     given to Hyperscan), or why there is none.  Cached: one compile per pack set."""
+    if any(_folds_case(p) for p in patterns):
+        literals = literals + _FOLDS_TO_ASCII
+    forms = [hs_form(pattern) for pattern in patterns]
+    quick = _within_one_bound([f for f in forms if f is not None], literals)
+    if quick is not None:
+        return Plan(quick[0], len(patterns), tuple(i for i, f in enumerate(forms) if f is None), quick[1], quick[2])
     exprs: list[str] = []
     alone: list[int] = []
-    for index, pattern in enumerate(patterns):
-        form = hs_form(pattern)
+    for index, form in enumerate(forms):
         if form is None or _too_costly(form):
             alone.append(index)
         else:
             exprs.append(form)
     if len(alone) == len(patterns) and patterns:
         return "Hyperscan accepts none of the probe regexes"
-    if any(_folds_case(p) for p in patterns):
-        literals = literals + _FOLDS_TO_ASCII
     flags = [_flags()] * len(exprs) + [hyperscan.HS_FLAG_UTF8] * len(literals)
     exprs += [_escape(text) for text in literals]
     if not exprs:
@@ -142,6 +145,21 @@ def build(patterns: tuple[str, ...], literals: tuple[str, ...]) -> Plan | str:
     if seconds > MAX_COMPILE_S or size > MAX_DB_BYTES:
         return f"the Hyperscan database costs too much ({seconds:.1f} s, {size >> 20} MiB)"
     return Plan(db, len(patterns), tuple(alone), seconds, size)
+
+
+def _within_one_bound(forms: list[str], literals: tuple[str, ...]) -> tuple[Any, float, int] | None:
+    """The database of every form and literal, if the whole set compiles within the bounds of one
+    pattern: then no pattern of it can cost more alone, and the 143 compiles of a pattern each
+    (``_too_costly``, half of the start-up compile) are not needed.  None: check them one by one."""
+    if not forms:
+        return None
+    try:
+        built = _compile([*forms, *(_escape(t) for t in literals)],
+                         [_flags()] * len(forms) + [hyperscan.HS_FLAG_UTF8] * len(literals))
+    except hyperscan.error:
+        return None  # some pattern is refused: find which
+    within = built[1] <= min(MAX_COMPILE_S_ONE, MAX_COMPILE_S) and built[2] <= min(MAX_DB_BYTES_ONE, MAX_DB_BYTES)
+    return built if within else None
 
 
 @lru_cache(maxsize=4096)
