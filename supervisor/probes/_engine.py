@@ -50,6 +50,7 @@ from supervisor.probes._pack import Pack, Probe, re2_options
 from supervisor.probes._prefix import ANSI_BYTES_RE, LineSplitter
 from supervisor.probes._rootcause import FailureReader
 from supervisor.probes._scan import Prefilter, Scanner, build_prefilter
+from supervisor.probes._syntax import without_optional_tail
 from supervisor.probes._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
 
 _UNANCHORED = re2._Anchor.UNANCHORED
@@ -60,7 +61,7 @@ _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
 
 
 class _CompiledProbe:
-    __slots__ = ("bar_layout", "constants", "layout", "probe", "regex")
+    __slots__ = ("bar_layout", "bar_regex", "constants", "layout", "probe", "regex")
 
     def __init__(self, probe: Probe) -> None:
         compiled = re2.compile(probe.regex, re2_options())
@@ -68,22 +69,27 @@ class _CompiledProbe:
         self.regex = compiled._regexp
         self.constants = probe.constants
         # (group index, field name, converter); None means the text as it is (hot path).
-        self.layout: list[tuple[int, str, Converter | None]] = [
-            (idx, name, None if probe.fields.get(name, "str") == "str" else CONVERTERS[probe.fields[name]])
-            for name, idx in sorted(compiled.groupindex.items())
-        ]
-        self.bar_layout = [entry for entry in self.layout if entry[1] in RunFold.NAMES]  # what _barfold compares
+        self.layout = self._layout(compiled)
+        # What ``_barfold`` compares, read by the regex without its optional tail: the same
+        # match and spans of these groups, at a fraction of the cost on a long line.
+        bar = re2.compile(without_optional_tail(probe.regex, RunFold.NAMES), re2_options())
+        self.bar_regex = bar._regexp
+        self.bar_layout = [entry for entry in self._layout(bar) if entry[1] in RunFold.NAMES]
 
-    def fields(self, data: bytes, line: str, layout: list[tuple[int, str, Converter | None]] | None = None
-               ) -> dict[str, Any] | None:
-        """The probe's fields if it matches (``data`` is ``line`` encoded); ``layout``: only
-        those groups (with the constants: ``bar_layout`` for ``_barfold``), the rest not converted."""
-        spans = self.regex.Match(_UNANCHORED, data, 0, len(data))
+    def _layout(self, compiled: Any) -> list[tuple[int, str, Converter | None]]:
+        fields = self.probe.fields
+        return [(idx, name, None if fields.get(name, "str") == "str" else CONVERTERS[fields[name]])
+                for name, idx in sorted(compiled.groupindex.items())]
+
+    def fields(self, data: bytes, line: str, bar: bool = False) -> dict[str, Any] | None:
+        """The probe's fields if it matches (``data`` is ``line`` encoded); ``bar``: only those
+        ``_barfold`` compares (with the constants), the rest not read."""
+        spans = (self.bar_regex if bar else self.regex).Match(_UNANCHORED, data, 0, len(data))
         if spans[0][0] < 0:
             return None
         out: dict[str, Any] = self.constants.copy() if self.constants else {}
         same = len(data) == len(line)  # ASCII: byte offsets are character offsets
-        for idx, name, convert in self.layout if layout is None else layout:
+        for idx, name, convert in self.bar_layout if bar else self.layout:
             start, end = spans[idx]
             if start < 0:
                 continue
@@ -268,7 +274,7 @@ class ProbeEngine:
         if not hits or min(hits) != fold.index:
             return False
         probe = self._probes[fold.index]
-        fields = probe.fields(data, text, probe.bar_layout)
+        fields = probe.fields(data, text, bar=True)
         if fields is None or not fold.keeps_bar(fields):
             return False
         fold.hold(prev, record, fields["done"])
