@@ -276,3 +276,29 @@ def test_a_flood_of_matches_reads_the_batch_with_re2(tmp_path: Path, monkeypatch
     on = _events(data, True, monkeypatch, packs=packs)
     assert [e.fields["n"] for e in on] == ["7" * 20_000, "5"]
     assert on == _events(data, False, monkeypatch, packs=packs)
+
+
+@needs_hyperscan
+def test_small_batches_are_scanned_by_the_literal_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon's batch of a few lines costs less through RE2's literal scan than through a Hyperscan
+    scan call; a long batch goes to Hyperscan.  Either names the same records for the engine."""
+    from supervisor.probes import _scan
+
+    engine = _engine(PACKS, True, monkeypatch)
+    prefilter = engine._prefilter
+    assert prefilter is not None and prefilter.db is not None
+    lines = [line.decode("utf-8", "replace") for line in _corpus_lines()[:2000]]
+    assert prefilter.scanner(lines[: _scan.SMALL_BATCH])._hs is None
+    assert prefilter.scanner(lines[: _scan.SMALL_BATCH + 1])._hs is not None
+    for size in (1, 20, _scan.SMALL_BATCH, 500):
+        named: list[list[int]] = []
+        for scanner in (prefilter.scanner(lines[:size]), _scan.Scanner(prefilter, lines[:size])):
+            found, i = [], 0
+            while i < size and (hit := scanner.next_candidate(i)) is not None:
+                found.append(hit)
+                i = hit + 1
+            named.append(found)
+        # Both name every record a probe matches (the engine reads only those): check on the lines.
+        for index, line in enumerate(lines[:size]):
+            if engine._matches(line.encode("utf-8", "replace")):
+                assert all(index in found for found in named), (size, line)
