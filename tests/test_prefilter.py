@@ -302,3 +302,43 @@ def test_small_batches_are_scanned_by_the_literal_scan(monkeypatch: pytest.Monke
         for index, line in enumerate(lines[:size]):
             if engine._matches(line.encode("utf-8", "replace")):
                 assert all(index in found for found in named), (size, line)
+
+
+@needs_hyperscan
+def test_the_database_is_kept_between_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second start loads the compiled database instead of compiling it; a kept file that is
+    altered or cut short, or a cache that cannot be written, costs a compile and nothing else."""
+    from supervisor.probes import _hscache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = b"\n".join(_corpus_lines()[:3000]) + b"\n"
+    expected = _events(data, False, monkeypatch)
+    _hsfilter.build.cache_clear()
+    reader = _engine(PACKS, True, monkeypatch).reader
+    assert reader.startswith("hyperscan prefilter")
+    [kept] = (tmp_path / "cache" / "supervise").glob("hs-*.db")
+
+    def no_compile(*_a: object) -> None:
+        raise AssertionError("compiled again")
+
+    with monkeypatch.context() as m:
+        m.setattr(_hsfilter, "_compile", no_compile)
+        _hsfilter.build.cache_clear()
+        assert _engine(PACKS, True, monkeypatch).reader == reader
+        _hsfilter.build.cache_clear()
+        assert _events(data, True, monkeypatch) == expected
+    for damage in (lambda b: b[:-1000], lambda b: b[:-5] + bytes(x ^ 0xFF for x in b[-5:]), lambda b: b"junk"):
+        kept.write_bytes(damage(kept.read_bytes()))
+        assert _hscache.load(_hsfilter.hyperscan, kept.stem[3:]) is None
+        _hsfilter.build.cache_clear()
+        assert _engine(PACKS, True, monkeypatch).reader == reader  # compiled, and kept again
+        assert _hscache.load(_hsfilter.hyperscan, kept.stem[3:]) is not None
+        _hsfilter.build.cache_clear()
+        assert _events(data, True, monkeypatch) == expected
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    _hsfilter.build.cache_clear()
+    assert _engine(PACKS, True, monkeypatch).reader == reader
+    _hsfilter.build.cache_clear()
+    assert _events(data, True, monkeypatch) == expected
+    _hsfilter.build.cache_clear()

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from supervisor.probes import _hscache
 from supervisor.probes._syntax import _tokens, operand_start, top_level
 
 try:  # optional: wheels exist for x86-64 Linux only
@@ -196,12 +197,22 @@ def _whole_set(forms: list[str], literals: tuple[str, ...]) -> tuple[Any, float,
     143 compiles of a pattern each doubled every start).  None: find the culprits one by one."""
     if not forms:
         return None
-    try:
-        built = _compile([*forms, *(_escape(t) for t in literals)],
-                         [_flags()] * len(forms) + [hyperscan.HS_FLAG_UTF8] * len(literals))
-    except hyperscan.error:
-        return None  # some pattern is refused: find which
-    return built if built[1] <= MAX_COMPILE_S and built[2] <= MAX_DB_BYTES else None
+    exprs = [*forms, *(_escape(t) for t in literals)]
+    flags = [_flags()] * len(forms) + [hyperscan.HS_FLAG_UTF8] * len(literals)
+    name = _hscache.key(getattr(hyperscan, "__version__", "?"), exprs, flags)
+    kept = _hscache.load(hyperscan, name)
+    if kept is not None:
+        built = (kept[0], kept[1], kept[0].size())
+    else:
+        try:
+            built = _compile(exprs, flags)
+        except hyperscan.error:
+            return None  # some pattern is refused: find which
+    if built[1] > MAX_COMPILE_S or built[2] > MAX_DB_BYTES:
+        return None
+    if kept is None:
+        _hscache.store(hyperscan, name, built[0], built[1])
+    return built
 
 
 @lru_cache(maxsize=4096)
