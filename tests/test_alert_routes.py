@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-from supervisor.notify.alerts import Alert, AlertKind, Alerter, parse_route, shown_route
+from supervisor.core.alert_routes import AlertKind, parse_route
+from supervisor.notify.alerts import Alert, Alerter, shown_route
 from supervisor.core.config import Paths, load_settings
 from supervisor.core.errors import ConfigError
 

@@ -12,8 +12,9 @@ import pytest
 import structlog
 from aiohttp import web
 
-from supervisor.notify.alerts import Alert, AlertKind, Alerter, format_body
-from supervisor.notify.redact import redact_text, redact_url
+from supervisor.core.alert_routes import AlertKind
+from supervisor.notify.alerts import Alert, Alerter, format_body
+from supervisor.core.redact import redact_text, redact_url
 
 
 class Clock:

@@ -1,5 +1,5 @@
 """reference/exit-codes.md, reference/events.md and reference/metrics.md, from supervisor/core/errors.py,
-supervisor/core/events.py, supervisor/notify/alerts.py and supervisor/daemon/metrics.py."""
+supervisor/core/events.py, supervisor/core/alert_routes.py and supervisor/daemon/metrics.py."""
 
 from __future__ import annotations
 
@@ -85,12 +85,12 @@ def _enum_table(cls: type[Enum], heading: str, extra: dict[str, str] | None = No
 
 
 def events() -> str:
-    from supervisor.notify.alerts import AlertKind, Severity
+    from supervisor.core.alert_routes import AlertKind, Severity
     from supervisor.core.events import (AttemptState, BoundKind, EventKind, FailureKind, JobState, Outcome, Phase,
                                    ProbeKind, Verdict)
 
     out = ["# Events, verdicts and states", "",
-           "Generated from `supervisor/core/events.py` and `supervisor/notify/alerts.py` by `python docs/gen_reference.py`; do",
+           "Generated from `supervisor/core/events.py` and `supervisor/core/alert_routes.py` by `python docs/gen_reference.py`; do",
            "not edit by hand. These strings are canonical: probe packs, the store, the API, `--json` output, alerts",
            "and metrics labels all use exactly them. What each verdict means in practice:",
            "[how a job is judged](../guides/verdicts.md).", ""]

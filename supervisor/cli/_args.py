@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from supervisor.cli.client import Client
 from supervisor.core.config import default_paths
+from supervisor.core.overrides import FieldOverrides
 from supervisor.core.protocol import MAX_GRACE_S
-from supervisor.spec.fields import FieldOverrides
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -78,7 +78,7 @@ def whole_number(text: str) -> int:
 
 
 def add_field_flags(p: argparse.ArgumentParser) -> None:
-    """The spec fields a user may change at start (spec/fields.py); `--set` is for [params] only."""
+    """The spec fields a user may change at start (core/overrides.py); `--set` is for [params] only."""
     p.add_argument("--host", default=None, metavar="HOST", help="run it there: local, ssh://[user@]box[:port], slurm://...")
     p.add_argument("--python", default=None, metavar="PATH", help="the job's interpreter ({python})")
     p.add_argument("--workdir", default=None, metavar="DIR", help="its working directory (absolute on a remote host)")

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from supervisor.core import protocol
 from supervisor.core.config import Paths, load_settings
 from supervisor.core.errors import DaemonError, DaemonNotRunning, RequestRejected, error_of
-from supervisor.spec.fields import FieldOverrides
+from supervisor.core.overrides import FieldOverrides
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -12,7 +12,7 @@ from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.errors import SpecError
 from supervisor.core.events import JobState
-from supervisor.spec.fields import FieldOverrides
+from supervisor.core.overrides import FieldOverrides
 from supervisor.spec.pipeline import load_pipeline, resolve
 
 FINAL = (JobState.DONE, JobState.FAILED, JobState.STOPPED, JobState.CANCELLED)

@@ -38,7 +38,7 @@ from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import ConfigError, FileWriteError
 from supervisor.core.events import EventKind, Phase, Verdict
 from supervisor.core.host_url import LOCAL_HOST
-from supervisor.core.payloads import ProbeFields, VerdictData
+from supervisor.core.payloads import ActionData, ProbeFields, VerdictData
 
 _PAGE = 10_000  # events per API call
 _MAX_EVENTS = 200_000
@@ -203,7 +203,7 @@ def _event_marker(axis: Any, event: protocol.EventInfo, lane: int) -> None:
         marker, colour = _VERDICT_MARKERS.get(verdict.value if verdict else "", ("D", "black"))
         axis.plot(x, lane, marker=marker, color=colour, markersize=10, markeredgecolor="black", linestyle="")
     elif event.kind is EventKind.ACTION:
-        if event.message.startswith("killed the process tree"):
+        if ActionData.of(event).is_kill:
             axis.plot(x, lane - 0.38, marker="v", color="black", markersize=7, linestyle="")
         elif (said := AttemptAction.read(event.message)) is not None and said.kind is ActionKind.GIVE_UP:
             axis.plot(x, lane + 0.38, marker="X", color="black", markersize=8, linestyle="")

@@ -110,7 +110,7 @@ class DaemonSettings(BaseModel):
     def _split_urls(cls, value: Any) -> Any:
         urls = tuple(value.split()) if isinstance(value, str) else value
         if isinstance(urls, (tuple, list)):
-            from supervisor.notify.alerts import parse_route
+            from supervisor.core.alert_routes import parse_route
 
             for entry in urls:
                 if isinstance(entry, str):
@@ -254,7 +254,7 @@ def _message(error: Any) -> str:
 def describe_settings(loaded: LoadedSettings) -> Any:
     """The effective settings as the API shows them (alert URLs redacted: they carry secrets)."""
     from supervisor.core.protocol import ConfigResponse, SettingInfo
-    from supervisor.notify.redact import redact_url
+    from supervisor.core.redact import redact_url
 
     rows = []
     for name, field in DaemonSettings.model_fields.items():

@@ -253,6 +253,12 @@ class ActionData:
     def of(cls, event: Carries) -> ActionData:
         return cls.from_json(event.data)
 
+    @property
+    def is_kill(self) -> bool:
+        """Processes were signalled here (an unhealthy attempt's tree, a stop, an unwatched
+        attempt): every kill stores its report, and nothing else does."""
+        return self.terminated is not None
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ActionData:
         return cls(reason=_text(data.get("reason")), held=_bool(data.get("held")),

@@ -22,8 +22,9 @@ from supervisor.core.events import (
     Phase,
     Verdict,
 )
+from supervisor.core.overrides import FieldOverrides
+from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
-from supervisor.spec.fields import FieldOverrides
 
 API_VERSION = 1
 
@@ -57,6 +58,11 @@ class ProgressInfo(BaseModel):
     total: float | None = None
     rate_s_per_it: float | None = None
     eta_s: float | None = None
+
+    @classmethod
+    def of(cls, bar: BarProgress) -> ProgressInfo:
+        return cls(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it,
+                   eta_s=bar.eta_s)
 
 
 class FailureInfo(BaseModel):

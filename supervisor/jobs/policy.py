@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 from supervisor.core.actions import ActionKind
 from supervisor.core.backoff import Backoff
@@ -20,6 +21,16 @@ class Decision:
     action: ActionKind  # relaunch, give_up or none (a stop is the user's, never the policy's)
     wait_s: float
     reason: str
+
+
+class Policy(Protocol):
+    """What a runner asks after each attempt: ``RestartPolicy``, or a sharded job's shard policy
+    (sharding.py), which wraps one and hears of the failures other shards saw."""
+
+    def wait_after(self, attempt: int) -> float: ...
+
+    def decide(self, verdict: Verdict, attempt: int, fingerprint: str | None, previous_fingerprint: str | None,
+               failure: FailureKind | None = None) -> Decision: ...
 
 
 class RestartPolicy:

@@ -69,15 +69,12 @@ def _shard(shard: ShardRows, snapshot: RunnerSnapshot | None,
     if snapshot is not None and snapshot.next_relaunch_at is not None:
         relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
     if watching and snapshot is not None:
-        if (upcoming := snapshot.next_verdict) is not None:
-            next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason,
-                                                bound_s=upcoming.bound_s)
+        next_verdict = snapshot.next_verdict
         if snapshot.last_output is not None:
             output_age = max(0.0, time.time() - snapshot.last_output)
     attempt = info(latest) if latest else None
     if attempt is not None and watching and snapshot is not None and (bar := snapshot.progress) is not None:
-        attempt.progress = protocol.ProgressInfo(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total,
-                                                 rate_s_per_it=bar.rate_s_per_it, eta_s=bar.eta_s)
+        attempt.progress = protocol.ProgressInfo.of(bar)
     return protocol.ShardStatus(shard=shard.shard, state=shard.state, host=latest.host if latest else "-",
                                 attempts=len(shard.rows), attempt=attempt, next_relaunch_in_s=relaunch,
                                 next_verdict=next_verdict, last_output_age_s=output_age)

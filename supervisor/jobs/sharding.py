@@ -1,7 +1,7 @@
 """A sharded job: N shards of one job running at once, each a runner of its own, then an optional
 `gather` step once every shard is done.
 
-Each shard (``ShardRunner``) has its own attempts, verdicts, kills, relaunches and backoff: a
+Each shard (``Shard``: a ``JobRunner`` composed with the shard's scope and policy) has its own attempts, verdicts, kills, relaunches and backoff: a
 failed shard is relaunched alone, and "the same failure twice" is judged within that shard.  The
 coordinator (``ShardedJob``) owns the job's state, and one judgement across shards: the same
 failure fingerprint on two shards is the code, not the box, so the whole job stops.  A shard
@@ -29,14 +29,13 @@ from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.stacks import StackDump
-from supervisor.jobs.policy import Decision, RestartPolicy
-from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner import JobRunner, JobScope, RunnerContext, StartNews, cancel_until_done
+from supervisor.jobs.policy import Decision, Policy, RestartPolicy
+from supervisor.jobs.runner import JobRunner, RunnerContext, StartNews, cancel_until_done
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.jobs.strays import merge_reports
 from supervisor.spec.model import JobSpec
 from supervisor.spec.placement import Placement
-from supervisor.store.database import AttemptRow
+from supervisor.store.database import AttemptRow, Store
 from supervisor.store.pending import PendingWrites
 
 log = structlog.get_logger("supervise.sharding")
@@ -45,12 +44,14 @@ GATHER_SHARD = -1  # the shard index the gather step's attempts are stored with
 _ENDED = {JobState.DONE, JobState.FAILED, JobState.STOPPED}
 
 
-class ShardScope(JobScope):
-    """What a shard's attempts belong to: its index, the coordinator's run, launches numbered one
-    at a time across the job's shards; its state goes to the coordinator, which says the job's."""
+class ShardScope:
+    """What a shard's attempts belong to (a ``Scope``): its index, the coordinator's run, launches
+    numbered one at a time across the job's shards; its state goes to the coordinator, which says
+    the job's."""
 
-    def __init__(self, recorder: Recorder, job: str, coordinator: ShardedJob, shard: int) -> None:
-        super().__init__(recorder, job)
+    def __init__(self, store: Store, job: str, coordinator: ShardedJob, shard: int) -> None:
+        self.store = store
+        self.job = job
         self.shard = shard
         self.coordinator = coordinator
         self.state = JobState.STARTING
@@ -61,8 +62,8 @@ class ShardScope(JobScope):
         self.coordinator.shard_moved()
 
     def run_so_far(self, resume: AttemptRow | None) -> tuple[int, int, str | None]:
-        if resume is not None:
-            return super().run_so_far(resume)
+        if resume is not None:  # a re-adopted attempt continues its run
+            return resume.run, resume.run_attempt - 1, self._previous_fingerprint(resume)
         if not self.coordinator.continuing:
             return self.coordinator.run, 0, None
         # A daemon restart found this shard between attempts (a backoff, a launch it died in): its
@@ -74,11 +75,11 @@ class ShardScope(JobScope):
         """This shard's attempts in the job's current run."""
         return [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.run == self.coordinator.run]
 
-    def previous_fingerprint(self, resume: AttemptRow) -> str | None:
+    def _previous_fingerprint(self, resume: AttemptRow) -> str | None:
         mine = [a for a in self.store.attempts(self.job) if a.shard == self.shard and a.n < resume.n]
         return mine[-1].fingerprint if mine else None
 
-    def rest_of_backoff(self, policy: RestartPolicy) -> float:
+    def rest_of_backoff(self, policy: Policy) -> float:
         """After a daemon restart in this shard's backoff: the rest of the wait (the policy's, from
         the failed attempt's end) before its next launch."""
         if not self.coordinator.continuing:
@@ -94,39 +95,34 @@ class ShardScope(JobScope):
         return self.coordinator.numbering  # one at a time across the job's shards
 
 
-class ShardRunner(JobRunner):
-    """One shard: a job runner given a shard's scope, its coordinator's news and a policy that
-    hears of the failures other shards saw."""
+class Shard:
+    """One shard: a job runner composed with the shard's scope, its coordinator's news (the first
+    shard's attempt, or its wait, is the start's) and a policy that hears of the failures other
+    shards saw.  Its state is its scope's: the coordinator reads it to say the job's."""
 
-    scope: ShardScope
-
-    def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, shard: int) -> None:
-        super().__init__(spec, ctx, ShardScope(ctx.recorder, spec.name, coordinator, shard))
-        self.index = shard  # the shard's index, typed as always set
-        self.news = coordinator.news  # the first shard's attempt, or its wait, is the start's news
-        self.policy = _ShardPolicy(self.policy, coordinator, shard)
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, coordinator: ShardedJob, index: int) -> None:
+        self.index = index
+        self.scope = ShardScope(ctx.store, spec.name, coordinator, index)
+        self.runner = JobRunner(spec, ctx, self.scope, news=coordinator.news,
+                                policy=_ShardPolicy(RestartPolicy(spec.restart), coordinator, index))
 
     @property
     def state(self) -> JobState:
         return self.scope.state
 
-    @state.setter
-    def state(self, state: JobState) -> None:
-        self.scope.state = state
-
     @property
     def reason(self) -> str:
         return self.scope.reason
 
-    @reason.setter
-    def reason(self, reason: str) -> None:
-        self.scope.reason = reason
+    def ended_before(self) -> None:
+        """Its attempt in this run ended done before the daemon restarted: not started again."""
+        self.scope.state, self.scope.reason = JobState.DONE, "done before the daemon restarted"
 
 
-class _ShardPolicy(RestartPolicy):
+class _ShardPolicy:
     """The shard's own restart policy, and the coordinator's word on failures other shards saw."""
 
-    def __init__(self, inner: RestartPolicy, coordinator: ShardedJob, shard: int) -> None:
+    def __init__(self, inner: Policy, coordinator: ShardedJob, shard: int) -> None:
         self._inner = inner
         self._coordinator = coordinator
         self._shard = shard
@@ -157,8 +153,8 @@ class ShardedJob:
         self.numbering = asyncio.Lock()
         self.run = 0
         self.news = StartNews()  # what `start` awaits, told by the shards
-        self.shards = [self._shard_runner(spec.for_shard(p), p.shard) for p in spec.placements()]
-        self.gather: ShardRunner | None = None
+        self.shards = [self._shard(spec.for_shard(p), p.shard) for p in spec.placements()]
+        self.gather: Shard | None = None
         self.task: asyncio.Task[None] | None = None
         self.stopped_by: str | None = None  # why the coordinator stopped every shard, if it did
         self._failures: dict[str, int] = {}  # fingerprint -> the first shard it was seen on
@@ -169,8 +165,12 @@ class ShardedJob:
         self.resume: dict[int, AttemptRow] = {}  # the live attempts a daemon restart re-adopts, by shard
         self.continuing = False  # a daemon restart took the job's latest run up again
 
-    def _shard_runner(self, spec: JobSpec, shard: int) -> ShardRunner:
-        return ShardRunner(spec, self._context(spec.host), self, shard)
+    def _shard(self, spec: JobSpec, shard: int) -> Shard:
+        return Shard(spec, self._context(spec.host), self, shard)
+
+    def _running(self) -> list[JobRunner]:
+        """The runners of the shards (and gather step) running now."""
+        return [s.runner for s in [*self.shards, self.gather] if s is not None and s.runner.running]
 
     def start(self, resume: dict[int, AttemptRow] | None = None) -> None:
         """Start every shard in a new run; with ``resume`` (a daemon restart, even with no live
@@ -185,22 +185,23 @@ class ShardedJob:
 
     def hold(self) -> str:
         """`supervise hold`: every running shard postpones its kills."""
-        return "; ".join(f"shard {r.index}: {r.hold()}" for r in self.shards if r.running) or "no shard is running"
+        return "; ".join(f"shard {s.index}: {s.runner.hold()}" for s in self.shards if s.runner.running) or "no shard is running"
 
     def release(self) -> str:
-        return "; ".join(f"shard {r.index}: {r.release()}" for r in self.shards if r.running) or "no shard is running"
+        return "; ".join(f"shard {s.index}: {s.runner.release()}" for s in self.shards if s.runner.running) \
+            or "no shard is running"
 
     async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
-        for r in self.shards:
-            if r.running:
-                await r.gpus_sampled(host, sample)
+        for s in self.shards:
+            if s.runner.running:
+                await s.runner.gpus_sampled(host, sample)
 
     async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
-        return any([await r.gpu_fault(host, fault, device_pids) for r in self.shards if r.running])
+        return any([await s.runner.gpu_fault(host, fault, device_pids) for s in self.shards if s.runner.running])
 
     async def stacks_now(self) -> StackDump | None:
         """`supervise stack`: every running shard's processes, in one dump."""
-        dumps = [d for r in self.shards if r.running and (d := await r.stacks_now()) is not None]
+        dumps = [d for s in self.shards if s.runner.running and (d := await s.runner.stacks_now()) is not None]
         if not dumps:
             return None
         return StackDump(tuple(p for d in dumps for p in d.processes), "; ".join(d.note for d in dumps if d.note))
@@ -208,12 +209,13 @@ class ShardedJob:
     @property
     def gpu_wait(self) -> str | None:
         """While any shard's launch waits for GPU memory other processes hold: for what (`start` says it)."""
-        return "; ".join(f"shard {r.index}: {r.gpu_wait}" for r in self.shards if r.gpu_wait) or None
+        return "; ".join(f"shard {s.index}: {s.runner.gpu_wait}" for s in self.shards if s.runner.gpu_wait) or None
 
     @property
     def error(self) -> SuperviseError | None:
         """What ended a shard's runner, if an error did (`start` reports the first)."""
-        return next((r.error for r in [*self.shards, self.gather] if r is not None and r.error is not None), None)
+        return next((s.runner.error for s in [*self.shards, self.gather] if s is not None and s.runner.error is not None),
+                    None)
 
     async def _run(self, resume: dict[int, AttemptRow]) -> None:
         try:
@@ -223,12 +225,12 @@ class ShardedJob:
             self.run = max((r.run for r in resume.values()), default=0) or (
                 latest_run if self.continuing and latest_run else latest_run + 1)
             done_before = self._done_before()
-            for runner in self.shards:
-                if runner.shard in done_before:
-                    runner.state, runner.reason = JobState.DONE, "done before the daemon restarted"
+            for shard in self.shards:
+                if shard.index in done_before:
+                    shard.ended_before()
                 else:
-                    runner.start(resume.get(runner.index))
-            await asyncio.gather(*(r.task for r in self.shards if r.task is not None), return_exceptions=True)
+                    shard.runner.start(resume.get(shard.index))
+            await asyncio.gather(*(s.runner.task for s in self.shards if s.runner.task is not None), return_exceptions=True)
             if all(r.state is JobState.DONE for r in self.shards) and self.spec.gather and not self._stop_requested:
                 await self._gather(resume.get(GATHER_SHARD), GATHER_SHARD in done_before)
             self._finish()
@@ -245,15 +247,16 @@ class ShardedJob:
     async def _gather(self, resume: AttemptRow | None, done: bool) -> None:
         placement = Placement(GATHER_SHARD, self.spec.host, None)
         spec = self.spec.for_shard(placement).model_copy(update={"command": self.spec.gather})
-        self.gather = self._shard_runner(spec, GATHER_SHARD)
+        self.gather = self._shard(spec, GATHER_SHARD)
         if done:  # it ran to its end before the daemon restarted: never twice
-            self.gather.state, self.gather.reason = JobState.DONE, "done before the daemon restarted"
+            self.gather.ended_before()
             return
         self.shard_moved()
-        self.gather.start(resume)
-        if self.gather.task is not None:
+        runner = self.gather.runner
+        runner.start(resume)
+        if runner.task is not None:
             with contextlib.suppress(Exception):
-                await self.gather.task
+                await runner.task
 
     def _finish(self) -> None:
         gather = self.gather
@@ -263,7 +266,7 @@ class ShardedJob:
             state, reason = JobState.FAILED, self.stopped_by
         elif any(r.state is not JobState.DONE for r in self.shards):
             bad = [r for r in self.shards if r.state is not JobState.DONE]
-            state, reason = JobState.FAILED, f"shard {bad[0].shard} {bad[0].state}: {bad[0].reason}" + (
+            state, reason = JobState.FAILED, f"shard {bad[0].index} {bad[0].state}: {bad[0].reason}" + (
                 f" (and {len(bad) - 1} more shards)" if len(bad) > 1 else "")
         elif gather is not None and gather.state is not JobState.DONE:
             state, reason = JobState.FAILED, f"gather {gather.state}: {gather.reason}"
@@ -293,9 +296,9 @@ class ShardedJob:
         self.stopped_by = (f"the same failure (fingerprint {fingerprint[:12]}) on shards {first} and {shard}: "
                            "it is the code, not the box; stopped every shard")
         log.info("deterministic failure across shards: stopping the job", job=self.spec.name, shards=[first, shard])
-        for runner in self.shards:
-            if runner.shard != shard and runner.running:
-                task = asyncio.create_task(runner.stop(), name=f"stop:{self.spec.name}:{runner.shard}")
+        for other in self.shards:
+            if other.index != shard and other.runner.running:
+                task = asyncio.create_task(other.runner.stop(), name=f"stop:{self.spec.name}:{other.index}")
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
         return first
@@ -308,8 +311,7 @@ class ShardedJob:
 
     async def stop(self, grace_s: float | None = None) -> KillReport:
         self._stop_requested = True
-        runners = [r for r in [*self.shards, self.gather] if r is not None and r.running]
-        reports = await asyncio.gather(*(r.stop(grace_s) for r in runners))
+        reports = await asyncio.gather(*(r.stop(grace_s) for r in self._running()))
         report = KillReport()
         for each in reports:
             merge_reports(report, each)
@@ -320,14 +322,14 @@ class ShardedJob:
 
     async def detach(self) -> None:
         self._writes.close()
-        for runner in [*self.shards, self.gather]:
-            if runner is not None:
-                await runner.detach()
+        for shard in [*self.shards, self.gather]:
+            if shard is not None:
+                await shard.runner.detach()
         if self.task is not None:
             await cancel_until_done(self.task)
 
     def snapshot(self) -> RunnerSnapshot:
-        shards = tuple(r.snapshot() for r in [*self.shards, self.gather] if r is not None)
+        shards = tuple(s.runner.snapshot() for s in [*self.shards, self.gather] if s is not None)
         return RunnerSnapshot(job=self.spec.name, attempt=None, shards=shards)
 
 

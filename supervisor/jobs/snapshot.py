@@ -10,22 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from supervisor.core.events import BoundKind, Phase, Verdict
+from supervisor.core import protocol
+from supervisor.core.events import BoundKind, Phase
 from supervisor.core.progress import BarProgress
 
 if TYPE_CHECKING:
     from supervisor.watchdog import BoundSource, Watchdog
-
-
-@dataclass(frozen=True, slots=True)
-class UpcomingVerdict:
-    """The watchdog rule that comes due first if nothing changes."""
-
-    in_s: float
-    verdict: Verdict
-    reason: str  # as it would read then
-    bound_s: float | None = None  # the rule's whole bound (in_s of it is left)
-    bound_source: str | None = None  # a stall bound's source: "history (…)", "this run", "default floor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +39,7 @@ class RunnerSnapshot:
     progress: BarProgress | None = None
     last_output: float | None = None  # wall-clock time the attempt last wrote to its log
     still_for_s: float | None = None  # seconds since it last moved forward (a bar advanced, a phase began)
-    next_verdict: UpcomingVerdict | None = None
+    next_verdict: protocol.NextVerdict | None = None  # the watchdog rule that comes due first if nothing changes
     stall_bounds: tuple[StallBound, ...] = ()
     next_relaunch_at: float | None = None  # wall-clock time of the next launch, during a backoff wait
     known_pids: frozenset[int] = frozenset()  # every pid the attempt was seen with (its tree, reparented workers)
@@ -64,9 +54,9 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     bar = watchdog.progress
     moved = watchdog.phase_entered_at if bar is None else max(watchdog.phase_entered_at, bar.last_advance_at)
     first = watchdog.first_due(now)
-    upcoming = None if first is None else UpcomingVerdict(first.deadline - now, first.verdict,
-                                                          first.describe(first.deadline)[0], first.bound_s,
-                                                          None if first.source is None else str(first.source))
+    upcoming = None if first is None else protocol.NextVerdict(
+        verdict=first.verdict, in_s=first.deadline - now, reason=first.describe(first.deadline)[0], bound_s=first.bound_s,
+        bound_source=None if first.source is None else str(first.source))
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
         progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s, bar.bar),

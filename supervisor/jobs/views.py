@@ -20,8 +20,7 @@ from supervisor.store.database import AttemptRow, JobRow, Store
 
 def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
     bar = row.progress
-    progress = None if bar is None else protocol.ProgressInfo(
-        probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it, eta_s=bar.eta_s)
+    progress = None if bar is None else protocol.ProgressInfo.of(bar)
     failure = protocol.FailureInfo.of(row.failure) if row.failure else None
     return protocol.AttemptInfo(
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
@@ -43,9 +42,7 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         bounds = [protocol.StallBoundInfo(bar=b.bar, bound_s=b.bound_s, in_s=b.in_s, kind=b.kind, source=b.source,
                                           history_intervals=b.history_intervals, history_runs=b.history_runs)
                   for b in snapshot.stall_bounds]
-        if (upcoming := snapshot.next_verdict) is not None:
-            next_verdict = protocol.NextVerdict(verdict=upcoming.verdict, in_s=upcoming.in_s, reason=upcoming.reason,
-                                                bound_s=upcoming.bound_s, bound_source=upcoming.bound_source)
+        next_verdict = snapshot.next_verdict
         if snapshot.last_output is not None:
             last_output_age = time.time() - snapshot.last_output
         if snapshot.next_relaunch_at is not None:

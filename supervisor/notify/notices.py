@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from supervisor.core.alert_routes import AlertKind
 from supervisor.core.events import Failure, Phase
 from supervisor.core.host_url import is_local
 from supervisor.core.payloads import SlowStep
 from supervisor.core.progress import Progress
 from supervisor.gpu.health import GpuFault
-from supervisor.notify.alerts import Alert, AlertKind
+from supervisor.notify.alerts import Alert
 from supervisor.spec.tables import AlertSpec
 from supervisor.watchdog import Judgement, ProgressState, fine_duration, format_duration, label
 

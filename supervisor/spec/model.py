@@ -25,9 +25,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from supervisor.core.config import default_paths
 from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.host_url import LOCAL_HOST, is_local
+from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
 from supervisor.resources import jobs_dir
-from supervisor.spec.fields import OVERRIDABLE, FieldOverrides
 from supervisor.spec.placement import Placement, check_placement, place
 from supervisor.spec.tables import (
     AlertSpec,

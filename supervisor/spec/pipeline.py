@@ -34,8 +34,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from supervisor.core.errors import SpecError, one_line, shown
+from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
-from supervisor.spec.fields import OVERRIDABLE, FieldOverrides
 from supervisor.spec.model import JobSpec, _describe_validation, load_spec, spec_search_path
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # no '.': `{steps.S.params.P}` splits on it
@@ -62,7 +62,7 @@ class StepSpec(_Strict):
     job: str
     set: dict[str, str] = Field(default_factory=dict)  # the job's [params] only
     after: list[str] | None = None  # step names; None: the step before it in the file
-    # The job's spec fields a step may change (spec/fields.py); `--host` and the like override them.
+    # The job's spec fields a step may change (core/overrides.py); `--host` and the like override them.
     host: str | None = None
     python: str | None = None
     workdir: str | None = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from supervisor.core.events import Verdict
 from supervisor.watchdog._pace import BoundSource
+from supervisor.watchdog._progress import Track
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Condition:
     source: BoundSource | None = None  # where a stall bound came from (stall rules only)
     # Reported, never a verdict: a step slower than its history (``Watchdog.slow``).
     advisory: bool = False
+    bar: Track | None = None  # the bar a stall or slow-step rule watches
 
     @property
     def bound_s(self) -> float | None:

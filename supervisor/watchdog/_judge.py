@@ -138,9 +138,9 @@ class Watchdog:
             return []  # a verdict is due: it says more than a slow report would
         found = []
         for c in conditions:
-            if c.advisory and at >= c.deadline:
+            if c.advisory and at >= c.deadline and c.bar is not None:
                 reason, evidence = c.describe(at)
-                found.append((f"{evidence['bar']}@{evidence['done']}", Judgement(c.verdict, reason, evidence)))
+                found.append((f"{c.bar.bar}@{c.bar.done}", Judgement(c.verdict, reason, evidence)))
         return found
 
     def stall_bounds(self, now: float | None = None) -> list[tuple[str, float, float, BoundSource]]:
@@ -150,11 +150,9 @@ class Watchdog:
         at = self._now(now)
         found = []
         for c in self._conditions():
-            if c.advisory or c.source is None:  # only stall bounds carry a source
+            if c.advisory or c.source is None or c.bar is None:  # only a bar's stall rule carries a source
                 continue
-            evidence = c.describe(at)[1]
-            found.append((str(evidence.get("bar") or evidence.get("probe")), c.bound_s or 0.0,
-                          max(0.0, c.deadline - at), c.source))
+            found.append((c.bar.bar or c.bar.probe, c.bound_s or 0.0, max(0.0, c.deadline - at), c.source))
         return found
 
     def paces(self) -> dict[str, list[float]]:

@@ -80,7 +80,7 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
         }
         return reason, evidence
 
-    return Condition(deadline, Verdict.STALLED, describe, track.last_advance_at, source)
+    return Condition(deadline, Verdict.STALLED, describe, track.last_advance_at, source, bar=track)
 
 
 def _where(track: Track) -> str:
@@ -152,7 +152,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
                         stall_bound_s=round(stall, 3), bound_source=str(history.source()), phase=facts.phase_name)
         return reason, step.to_json()
 
-    return Condition(since + after, Verdict.STALLED, describe, since, history.source(), advisory=True)
+    return Condition(since + after, Verdict.STALLED, describe, since, history.source(), advisory=True, bar=track)
 
 
 def _first_progress(health: HealthSpec, facts: Facts) -> list[Condition]:

@@ -68,10 +68,10 @@ def report(name, seg):
     files = [t[1] for t in seg]
     seq = [f for k, f in enumerate(files) if k == 0 or files[k - 1] != f]
     c = Counter(seq)
-    print(f"{name}: {len(set(files))} files; entered more than once: {[(f, n) for f, n in c.items() if n > 1][:12]}")
+    print(f"{name}: {len(set(files))} files; entered more than once: {[(f, n) for f, n in c.items() if n > 1]}")
     print("   ", sorted(set(files)))
 stored = span(lambda t: t[1] == "hosts/local/follow.py" and t[2] == "_pump", lambda t: t[1] == "store/database.py" and t[2] == "record_events")
 report("follower -> stored event", stored)
-verdict = span(lambda t: t[1] == "hosts/local/follow.py" and t[2] == "_pump", lambda t: t[2] == "_record_verdict")
+verdict = span(lambda t: t[1] == "hosts/local/follow.py" and t[2] == "_pump", lambda t: t[2] == "record_verdict")
 report("follower -> verdict", verdict)
 shutil.rmtree(home, ignore_errors=True)

@@ -1,15 +1,23 @@
-"""A job's runner, one per job the daemon supervises.
+"""A job's runner, one per job the daemon supervises: a short control loop over collaborators it
+is given or makes, none of them a base class.
 
-    _job        the control loop: launch or adopt, judge, clean up, relaunch with backoff or stop
-    _watching   watching one attempt: follow and match its log, await its exit, ask the watchdog
-    _scope      what a runner's attempts belong to and where its state goes (a job's, a shard's)
+    _job        JobRunner, the loop: launch or adopt, watch, end the attempt, ask the policy, relaunch or stop
+    _launch     launching one attempt (stored `launching` first, then `running`)
+    _adopting   Readoption: an attempt taken over again (a daemon restart, a host that answers again)
+    _watching   AttemptWatch: one attempt watched to its judgement (follower, matcher, watchdog, exit, backlog)
+    _ending     Ending: what follows a judgement (the kill, the GPU memory given back, usage, the end recorded)
+    _alerts     Alerts: alerts sent, verdicts recorded, the kill gate, stacks, hold and release
+    _journal    Journal: job state, attempt fields and events, in order, through the jobs' Recorder
+    _gpu_wait   GpuGate: before a launch, GPU memory other processes hold
+    _pacing     Paces: each bar's pace, earlier attempts' and this one's
+    _scope      Scope: what a runner's attempts belong to and where its state goes (JobScope; a shard's in sharding.py)
     _news       what a start awaits: the first attempt running, or a wait said at once
-    _context    what a runner works with (context, live handles) and how it records events
+    _context    what a runner works with (context, live handles of its attempt)
 """
 
 from supervisor.jobs.runner._context import GpuView, RunnerContext, cancel_until_done
 from supervisor.jobs.runner._job import JobRunner
 from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._scope import JobScope
+from supervisor.jobs.runner._scope import JobScope, Scope
 
-__all__ = ["GpuView", "JobRunner", "JobScope", "RunnerContext", "StartNews", "cancel_until_done"]
+__all__ = ["GpuView", "JobRunner", "JobScope", "RunnerContext", "Scope", "StartNews", "cancel_until_done"]

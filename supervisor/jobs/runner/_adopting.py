@@ -5,7 +5,8 @@ phase and progress step, as they were stored.  Replayed at the restart's time in
 interval would read zero (a rate of 0.00 s/it, then one far too fast) and every deadline
 (stall, silence, phase) would start again from the restart.  The log written while no daemon
 watched is dated by its place in the log (``_backlog``).  A ``daemon_restarted`` event says how
-long the attempt went unwatched.
+long the attempt went unwatched.  ``readopt`` makes the attempt's ``Live`` from its stored row;
+the runner watches it as it would one it launched (``AttemptWatch``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ import time
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
 from supervisor.hosts.base import ProcessHandle
-from supervisor.jobs.runner._backlog import Backlog, backlog_of
-from supervisor.jobs.runner._context import Live
-from supervisor.jobs.runner._watching import Watching
+from supervisor.jobs.runner._alerts import Alerts
+from supervisor.jobs.runner._backlog import Backlog, CatchUp, backlog_of
+from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._journal import Journal
+from supervisor.jobs.runner._pacing import Paces
+from supervisor.jobs.runner._watching import clock_at, note
 from supervisor.notify import notices
+from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow, EventQuery
 from supervisor.store.event_cap import EventCap
 from supervisor.watchdog import format_duration
@@ -38,42 +43,53 @@ _LOG_KINDS = (EventKind.PHASE, EventKind.PROGRESS, EventKind.FAILURE, EventKind.
 _CATCH_UP_MAX_S = 5.0
 
 
-class Adopting(Watching):
-    """The half of a job runner that takes over an attempt a previous daemon launched, or its own
-    attempt again once the host it runs on answers again."""
+class Readoption:
+    """What re-adopting one attempt needs: the runner's context, journal, alerts and paces."""
 
-    unreachable_since: float | None
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts, paces: Paces) -> None:
+        self._job = spec.name
+        self._ctx = ctx
+        self._journal = journal
+        self._alerts = alerts
+        self._paces = paces
 
-    def _readopt(self, row: AttemptRow) -> Live:
+    def live(self, row: AttemptRow, unreachable_since: float | None,
+             gpu_baseline: dict[int, int]) -> tuple[Live, CatchUp]:
+        """The attempt of ``row`` watched again: after a daemon restart, or (``unreachable_since``:
+        since when) once its host answers again; and what its watch catches up on.
+        ``gpu_baseline``: the GPU memory in use now."""
+        ctx, clock = self._ctx, self._ctx.clock
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
                                scheduler_id=row.scheduler_id)
-        watchdog = self.paces.new_watchdog(row.n, started_at=self._clock_at(row.started))
-        stored = self.ctx.store.count_events(EventQuery(self.spec.name, attempt=row.n))
+        watchdog = self._paces.new_watchdog(row.n, started_at=clock_at(clock, row.started))
+        stored = ctx.store.count_events(EventQuery(self._job, attempt=row.n))
         logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
-        live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(self.ctx.events_per_attempt, logged))
+        live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(ctx.events_per_attempt, logged),
+                    gpu_baseline=gpu_baseline)
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)
         for event in probe_events:
-            self._note(live, event, self._clock_at(event.ts))
+            note(self._journal, live, event, clock_at(clock, event.ts))
         if probe_events:
             live.last_output = probe_events[-1].ts
         # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
         live.stored_progress.resume([e for e in probe_events if e.kind is EventKind.PROGRESS])
         log_stat = self._log_stat(row)
-        live.backlog = None if log_stat is None else self._backlog(row, probe_events, *log_stat)
-        live.judge_at_once = True
-        if live.backlog is not None:
-            live.catch_up_until = self.ctx.clock() + _CATCH_UP_MAX_S
-        else:
+        backlog = None if log_stat is None else _backlog(row, probe_events, *log_stat)
+        if backlog is None:
             self._last_output_read(live, log_stat)
-        self._say_restarted(live, self.ctx.store.events(self.spec.name, attempt=row.n, limit=1, latest=True))
-        return live
+        catch_up = CatchUp(backlog, None if backlog is None else clock() + _CATCH_UP_MAX_S)
+        if unreachable_since is not None:
+            self._say_reachable(live, unreachable_since)
+        else:
+            self._say_restarted(live, ctx.store.events(self._job, attempt=row.n, limit=1, latest=True))
+        return live, catch_up
 
     def _replayed(self, n: int) -> list[Event]:
         """The stored events of attempt ``n`` the watchdog is fed again, in the order they came."""
-        store, job = self.ctx.store, self.spec.name
+        store, job = self._ctx.store, self._job
         rare: list[Event] = []
         while True:
             after = rare[-1].id or 0 if rare else 0
@@ -88,7 +104,7 @@ class Adopting(Watching):
     def _log_stat(self, row: AttemptRow) -> tuple[int, float] | None:
         """The attempt's log's size and last change, when it can be looked at without a round
         trip (a local log); None for a remote one (its backlog is dated when it is read)."""
-        if not self.ctx.host.capabilities.files_here:
+        if not self._ctx.host.capabilities.files_here:
             return None
         try:
             info = os.stat(row.log_path)
@@ -96,41 +112,46 @@ class Adopting(Watching):
             return None
         return info.st_size, info.st_mtime
 
-    def _backlog(self, row: AttemptRow, probe_events: list[Event], size: int, mtime: float) -> Backlog | None:
-        """What the log gained while no daemon watched."""
-        known = [e for e in probe_events if e.generation == row.log_generation and e.offset is not None]
-        anchor = (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)
-        return backlog_of(row.log_generation, row.log_offset, anchor, size, mtime, time.time())
-
     def _last_output_read(self, live: Live, log_stat: tuple[int, float] | None) -> None:
         """The old daemon read the log to its end, lines no probe matched included: its last line
         was written at the log's last change.  A remote log's is not known: the silence clock
         starts again from now, rather than from an older event that would make it look silent."""
         wall = time.time() if log_stat is None else min(log_stat[1], time.time())
         if live.last_output is None or wall > live.last_output:
-            live.watchdog.output_seen(self._clock_at(wall), heartbeats_only=True)  # it shows no activity
+            live.watchdog.output_seen(clock_at(self._ctx.clock, wall), heartbeats_only=True)  # it shows no activity
             live.last_output = wall
+
+    def _say_reachable(self, live: Live, unreachable_since: float) -> None:
+        """The host answers again (this daemon never stopped): one event, the job's reason, an alert."""
+        n = live.row.n
+        down_s = max(0.0, time.time() - unreachable_since)
+        where = self._ctx.host.name
+        self._journal.action(n, f"{where} reachable again: attempt {n} ({_what(live)}) re-adopted after "
+                                f"{format_duration(down_s)} unreachable", ActionData(down_s=down_s))
+        self._journal.set_job(JobState.RUNNING, f"attempt {n} (re-adopted; {where} was unreachable for {format_duration(down_s)})")
+        self._alerts.send_soon(live, notices.reachable(self._alerts.about(live), where, down_s))
 
     def _say_restarted(self, live: Live, last: list[Event]) -> None:
         """One event and the job's reason: the attempt is watched again, and for how long it was not.
         The previous daemon was last known alive at its last heartbeat or at the last event it
         stored of this attempt, whichever came later."""
         n = live.row.n
-        what = f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
-        if self.unreachable_since is not None:  # the host answers again; this daemon never stopped
-            down_s = max(0.0, time.time() - self.unreachable_since)
-            self.unreachable_since = None
-            where = self.ctx.host.name
-            self._action(live, f"{where} reachable again: attempt {n} ({what}) re-adopted after "
-                               f"{format_duration(down_s)} unreachable", ActionData(down_s=down_s))
-            self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; {where} was unreachable for {format_duration(down_s)})")
-            self._send_soon(live, notices.reachable(self._about(live), where, down_s))
-            return
-        known = [t for t in (self.ctx.down_since, last[-1].ts if last else None) if t is not None]
+        known = [t for t in (self._ctx.down_since, last[-1].ts if last else None) if t is not None]
         gone_since = max(known) if known else None
         gone_s = None if gone_since is None else max(0.0, time.time() - gone_since)
         for_how_long = "for an unknown time" if gone_s is None else f"for {format_duration(gone_s)}"
-        self._publish([self._event(n, EventKind.DAEMON_RESTARTED,
-                                   f"daemon restarted: attempt {n} ({what}) went unwatched {for_how_long}",
-                                   RestartData(gone_s, gone_since, live.row.pid))])
-        self._set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")
+        self._journal.record(n, EventKind.DAEMON_RESTARTED,
+                             f"daemon restarted: attempt {n} ({_what(live)}) went unwatched {for_how_long}",
+                             RestartData(gone_s, gone_since, live.row.pid))
+        self._journal.set_job(JobState.RUNNING, f"attempt {n} (re-adopted; the daemon was down {for_how_long})")
+
+
+def _what(live: Live) -> str:
+    return f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
+
+
+def _backlog(row: AttemptRow, probe_events: list[Event], size: int, mtime: float) -> Backlog | None:
+    """What the log gained while no daemon watched."""
+    known = [e for e in probe_events if e.generation == row.log_generation and e.offset is not None]
+    anchor = (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)
+    return backlog_of(row.log_generation, row.log_offset, anchor, size, mtime, time.time())

@@ -36,6 +36,16 @@ class Backlog:
         return self.start_ts + share * (self.end_ts - self.start_ts)
 
 
+@dataclass(frozen=True)
+class CatchUp:
+    """What the watch of a re-adopted attempt starts from.  Its deadlines may have passed while no
+    daemon watched: it is judged at once, but only once its ``backlog`` is read (or at ``until``,
+    a clock time: a log that cannot be read to its end)."""
+
+    backlog: Backlog | None
+    until: float | None
+
+
 def backlog_of(generation: int, resume_offset: int, anchor: tuple[int, float], size: int, mtime: float,
                now: float) -> Backlog | None:
     """The backlog of a log of ``size`` bytes last modified at ``mtime``, read again from

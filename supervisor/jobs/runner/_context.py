@@ -1,6 +1,5 @@
 """What a job runner works with: its context (store, bus, host, alerter, GPU view), the live
-handles of the attempt it watches, the event-recording base both its halves share, and small
-helpers that turn values into what is stored."""
+handles of the attempt it watches, and small helpers that turn values into what is stored."""
 
 from __future__ import annotations
 
@@ -13,25 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.core.bus import EventBus
-from supervisor.core.events import Event, EventKind, Failure, JobState, ProbeEvent
-from supervisor.core.payloads import ActionData, Payload, ProbeFields, jsonable
-from supervisor.core.progress import BarProgress
+from supervisor.core.events import Failure
 from supervisor.core.usage import GpuUsageMeter
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner._backlog import Backlog
-from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._scope import JobScope
 from supervisor.notify.alerts import Alerter
-from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow, Store
 from supervisor.store.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
 from supervisor.store.event_cap import EventCap
 from supervisor.store.milestones import ProgressMilestones
-from supervisor.store.pending import PendingWrites
-from supervisor.watchdog import ProgressState, Watchdog
+from supervisor.watchdog import Watchdog
 
 
 class GpuView:
@@ -78,11 +70,6 @@ class Live:
     check_at: float | None = None  # when the watch loop will next ask the watchdog
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     contained: set[str] = field(default_factory=set)  # faults already reported (once each)
-    backlog: Backlog | None = None  # re-adopted: the log written while no daemon watched, until read
-    # Re-adopted, its deadlines may have passed while no daemon watched: judged at once, but only
-    # once the backlog is read (or this clock time has come: a log that cannot be read to its end).
-    judge_at_once: bool = False
-    catch_up_until: float | None = None
     stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
     stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
     pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
@@ -91,6 +78,8 @@ class Live:
     # Which progress lines are stored (its milestones); the watchdog sees them all.
     stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
     event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
+    # GPU memory in use on each device when it was launched (or adopted): what its release is measured against.
+    gpu_baseline: dict[int, int] = field(default_factory=dict)
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""
@@ -105,46 +94,8 @@ class Live:
         return now if written is None else min(now, max(self.row.started, written))
 
 
-class Recording:
-    """How a runner records what happens: job state, attempt fields and events, each through the
-    pending-writes queue (a full disk delays them, never drops or reorders them) to the recorder,
-    which stores each, then publishes it."""
-
-    spec: JobSpec
-    ctx: RunnerContext
-    _writes: PendingWrites
-    news: StartNews
-    scope: JobScope
-
-    def _set_job(self, state: JobState, reason: str) -> None:
-        self.scope.set_state(self._writes, state, reason)
-        self.news.said(state)
-
-    def _update(self, n: int, **fields: Any) -> None:
-        self._writes.submit(lambda: self.ctx.store.update_attempt(self.spec.name, n, **fields))
-
-    def _action(self, live: Live, message: str, data: ActionData) -> None:
-        self._publish([self._event(live.row.n, EventKind.ACTION, message, data)])
-
-    def _event(self, n: int, kind: EventKind, message: str, payload: Payload) -> Event:
-        return Event(job=self.spec.name, attempt=n, kind=kind, message=message, data=payload.to_json())
-
-    def _from_probe(self, n: int, pe: ProbeEvent) -> Event:
-        return Event(job=self.spec.name, attempt=n, kind=EventKind(pe.kind.value), message=pe.line, probe=pe.probe,
-                     phase=pe.phase, offset=pe.offset, data=ProbeFields(jsonable(pe.fields)).to_json(),
-                     failure=pe.failure)
-
-    def _publish(self, events: list[Event]) -> None:
-        self._writes.submit(lambda: self.ctx.recorder.events(events))
-
-
 def describe_exit(status: ExitStatus | None) -> str:
     return status.describe() if status is not None else "was still running when watching stopped"
-
-
-def bar_progress(progress: ProgressState) -> BarProgress:
-    """The watchdog's reading of a bar, as the attempt's row keeps it."""
-    return BarProgress(progress.probe, progress.done, progress.total, progress.rate, progress.eta_s, progress.bar)
 
 
 def gpu_summary(sample: GpuSample | None) -> str:

@@ -18,7 +18,9 @@ import structlog
 from supervisor.core.events import EventKind, JobState
 from supervisor.core.payloads import ActionData, GpuHolder, GpuWaitData
 from supervisor.gpu.nvml import GpuProcess, GpuSample, foreign_processes
-from supervisor.jobs.runner._context import Recording, cmdline
+from supervisor.jobs.runner._context import RunnerContext, cmdline
+from supervisor.jobs.runner._journal import Journal
+from supervisor.spec.model import JobSpec
 
 log = structlog.get_logger("supervise.runner")
 
@@ -31,23 +33,27 @@ def holders_line(foreign: list[GpuProcess]) -> str:
         for p in procs) for gpu, procs in by_gpu)
 
 
-class GpuWaiting(Recording):
-    """The pre-launch check of a job runner."""
+class GpuGate:
+    """The pre-launch check of a job runner, composed into it: ``clear()`` before each launch."""
 
-    _stop_requested: asyncio.Event
-    gpu_wait: str | None = None  # while the launch waits for GPUs: for what, in one line
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, journal: Journal, stopped: asyncio.Event) -> None:
+        self._spec = spec
+        self._ctx = ctx
+        self._journal = journal
+        self._stopped = stopped  # the runner's stop: ends the wait
+        self.waiting: str | None = None  # while the launch waits for GPUs: for what, in one line
 
-    async def _prelaunch_gpu_check(self) -> bool:
+    async def clear(self) -> bool:
         """True: launch now.  False: not at all (refused, waited too long, or stopped); the job's
         state says why."""
-        gpu = self.spec.gpu
+        gpu = self._spec.gpu
         if gpu.foreign_memory == "ignore":
             return True
         devices = None if gpu.devices == "all" else list(gpu.devices)
         started = time.monotonic()
         deadline = started + gpu.foreign_wait_s
         said: frozenset[tuple[int, int]] = frozenset()
-        sample = await self.ctx.gpu.sample()
+        sample = await self._ctx.gpu.sample()
         try:
             while True:
                 foreign = foreign_processes(sample, devices, set()) if sample.available else []
@@ -57,7 +63,7 @@ class GpuWaiting(Recording):
                     return True
                 who = holders_line(foreign)
                 if gpu.foreign_memory == "refuse" or time.monotonic() >= deadline:
-                    self._set_job(JobState.FAILED, f"GPUs hold memory of other processes: {who}; "
+                    self._journal.set_job(JobState.FAILED, f"GPUs hold memory of other processes: {who}; "
                                                    "free them or set gpu.foreign_memory='ignore'")
                     return False
                 holders = frozenset((p.pid, p.gpu_index) for p in foreign)
@@ -66,35 +72,35 @@ class GpuWaiting(Recording):
                     self._gpu_waiting(foreign, who, gpu.foreign_wait_s - (time.monotonic() - started))
                 next_sample = await self._next_sample_unless_stopped(deadline)
                 if next_sample is None:
-                    self._set_job(JobState.STOPPED, "stopped by user while waiting for GPUs")
+                    self._journal.set_job(JobState.STOPPED, "stopped by user while waiting for GPUs")
                     return False
                 sample = next_sample
         finally:
-            self.gpu_wait = None
+            self.waiting = None
 
     def _gpu_waiting(self, foreign: list[GpuProcess], who: str, left_s: float) -> None:
-        self.gpu_wait = f"waiting for {who}"
-        n = self.ctx.store.next_attempt_number(self.spec.name)  # the attempt that waits to launch
+        self.waiting = f"waiting for {who}"
+        n = self._ctx.store.next_attempt_number(self._spec.name)  # the attempt that waits to launch
         holders = tuple(GpuHolder(p.pid, p.gpu_index, p.used_mib, cmdline(p.pid)) for p in foreign)
-        self._publish([self._event(n, EventKind.GPU_WAIT, f"{self.gpu_wait} (launching when it is freed, "
-                                   f"for at most {left_s:.0f}s more)", GpuWaitData(holders))])
-        self._set_job(JobState.WAITING, self.gpu_wait)
+        self._journal.record(n, EventKind.GPU_WAIT, f"{self.waiting} (launching when it is freed, "
+                             f"for at most {left_s:.0f}s more)", GpuWaitData(holders))
+        self._journal.set_job(JobState.WAITING, self.waiting)
 
     def _gpus_free(self, sample: GpuSample, waited_s: float) -> None:
         """The wait is over: said with the sample that showed it (when, and that it woke the launch)."""
-        n = self.ctx.store.next_attempt_number(self.spec.name)
+        n = self._ctx.store.next_attempt_number(self._spec.name)
         at = time.strftime("%H:%M:%S", time.localtime(sample.ts)) + f".{int(sample.ts * 1000) % 1000:03d}"
-        log.info("GPUs free: launching", job=self.spec.name, waited_s=round(waited_s, 2), woken_by="gpu sample",
+        log.info("GPUs free: launching", job=self._spec.name, waited_s=round(waited_s, 2), woken_by="gpu sample",
                  sample_ts=sample.ts)
-        self._publish([self._event(n, EventKind.ACTION, f"GPUs free (the GPU sample of {at} shows it): launching "
-                                   f"after waiting {waited_s:.1f}s",
-                                   ActionData(woken_by="gpu_sample", sample_ts=sample.ts, waited_s=waited_s))])
+        self._journal.record(n, EventKind.ACTION, f"GPUs free (the GPU sample of {at} shows it): launching "
+                             f"after waiting {waited_s:.1f}s",
+                             ActionData(woken_by="gpu_sample", sample_ts=sample.ts, waited_s=waited_s))
 
     async def _next_sample_unless_stopped(self, deadline: float) -> GpuSample | None:
         """The host's next GPU sample (its sampling loop wakes us); None when a stop came first.
         At the deadline, a sample taken then."""
-        sample = asyncio.ensure_future(self.ctx.gpu.next_sample())
-        stop = asyncio.ensure_future(self._stop_requested.wait())
+        sample = asyncio.ensure_future(self._ctx.gpu.next_sample())
+        stop = asyncio.ensure_future(self._stopped.wait())
         try:
             done, _ = await asyncio.wait({sample, stop}, timeout=max(0.0, deadline - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -105,4 +111,4 @@ class GpuWaiting(Recording):
             return None
         if sample in done:
             return sample.result()
-        return await self.ctx.gpu.sample()
+        return await self._ctx.gpu.sample()

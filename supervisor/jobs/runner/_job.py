@@ -1,6 +1,8 @@
-"""One job's control loop: launch an attempt (or adopt one after a daemon restart), watch it
-(``_watching``), judge it, clean up, and relaunch with backoff or stop.  No exception inside
-the loop ends supervision of a live process: it is contained and the process watched to its
+"""One job's control loop: launch an attempt (``_launch``) or adopt one after a daemon restart
+(``_adopting``), watch it (``AttemptWatch``), end it (``_ending``), ask the restart policy, and
+relaunch with backoff or stop.  What it works with is composed, not inherited: the journal it
+records through, the alerts and kill gate, the GPU gate before a launch, the paces.  No exception
+inside the loop ends supervision of a live process: it is contained and the process watched to its
 exit (``_contain``)."""
 
 from __future__ import annotations
@@ -9,52 +11,59 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-import uuid
 
 import structlog
 
 from supervisor.core.actions import ActionKind, AttemptAction
-from supervisor.core.errors import ConnectionLost, HostRefused, LaunchError, StoreError, SuperviseError
-from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
-from supervisor.core.payloads import ActionData, ExitedData, LaunchedData
-from supervisor.gpu.nvml import ReleaseResult, wait_for_release
+from supervisor.core.errors import StoreError, SuperviseError
+from supervisor.core.events import JobState, Verdict
+from supervisor.core.payloads import ActionData
+from supervisor.gpu.health import GpuFault
+from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
-from supervisor.hosts.base import ExitStatus, KillReport, LaunchRequest, StackDumper, UsageReader
+from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
-from supervisor.jobs.policy import RestartPolicy
-from supervisor.jobs.runner._adopting import Adopting
+from supervisor.jobs.policy import Policy, RestartPolicy
+from supervisor.jobs.runner._adopting import Readoption
 from supervisor.jobs.runner._after import wait_for_after
-from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done, describe_exit
-from supervisor.jobs.runner._gpu_wait import GpuWaiting
+from supervisor.jobs.runner._alerts import Alerts
+from supervisor.jobs.runner._backlog import CatchUp
+from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done
+from supervisor.jobs.runner._ending import Ending, gpu_baseline
+from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
+from supervisor.jobs.runner._gpu_wait import GpuGate
+from supervisor.jobs.runner._journal import Journal
+from supervisor.jobs.runner._launch import launch
 from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._program import learn_program_pid
-from supervisor.jobs.runner._scope import JobScope
+from supervisor.jobs.runner._queued import wait_while_queued
+from supervisor.jobs.runner._scope import JobScope, Scope
+from supervisor.jobs.runner._unreachable import UNREACHABLE, wait_for_host
+from supervisor.jobs.runner._watching import AttemptWatch
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
-from supervisor.notify import notices
 from supervisor.probes import load_packs
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow
-from supervisor.store.event_cap import EventCap
-from supervisor.store.pending import PendingWrites, when_free
+from supervisor.store.pending import PendingWrites
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
 
-_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
-# A host that cannot be reached (a link down past its retries, a changed host key, a refused
-# login) says nothing of the process running there: its attempt waits for the host, not ended.
-_UNREACHABLE = (ConnectionLost, HostRefused)
-_REACH_AGAIN_S = (2.0, 30.0)  # the first wait before asking the host again, and the longest
 LAUNCH_PACK = "launch"  # probes/launch.toml
 
-class JobRunner(Adopting, GpuWaiting):
-    def __init__(self, spec: JobSpec, ctx: RunnerContext, scope: JobScope | None = None) -> None:
+
+class JobRunner:
+    """A job's runner.  A shard's runner is the same loop given its coordinator's scope, news and
+    policy (sharding.py)."""
+
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, scope: Scope | None = None, *,
+                 news: StartNews | None = None, policy: Policy | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
-        self.scope = scope or JobScope(ctx.recorder, spec.name)  # a shard's runner: its coordinator's (sharding.py)
-        self.policy = RestartPolicy(spec.restart)
-        self.news = StartNews()  # what `start` awaits: the first attempt running, or a wait said at once
+        self.scope: Scope = scope or JobScope(ctx.recorder, spec.name)  # a shard's runner: its coordinator's (sharding.py)
+        self.policy: Policy = policy or RestartPolicy(spec.restart)
+        self.news = news or StartNews()  # what `start` awaits: the first attempt running, or a wait said at once
         self._live: Live | None = None
         self._watching_one = asyncio.Event()  # set while ``live`` is an attempt (what a stop awaits)
         self.next_relaunch_at: float | None = None
@@ -66,8 +75,13 @@ class JobRunner(Adopting, GpuWaiting):
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
         self.unreachable_since: float | None = None  # its host stopped answering (wall time), until it answers
-        self._init_notifying()
+        # Its collaborators, each given what it needs.
+        self.journal = Journal(spec.name, ctx.recorder, self._writes, self.scope, self.news)
+        self.alerts = Alerts(spec, ctx, self.journal)
         self.paces = Paces(spec, ctx, self._writes)  # each bar's pace: earlier attempts' for the watchdog, this one's kept
+        self.gpu_gate = GpuGate(spec, ctx, self.journal, self._stop_requested)
+        self.ending = Ending(spec, ctx, self.journal, self.alerts)
+        self._readoption = Readoption(spec, ctx, self.journal, self.alerts, self.paces)
 
     def start(self, resume: AttemptRow | None = None) -> None:
         self.task = asyncio.create_task(self._run(resume), name=f"job:{self.spec.name}")
@@ -143,117 +157,92 @@ class JobRunner(Adopting, GpuWaiting):
                 except Exception:  # the daemon must outlive any one job's bug
                     log.exception("job runner crashed", job=self.spec.name)
             break
-        await self._alerts_sent()
+        await self.alerts.sent()
         await self._writes.drained()  # the run's end is stored before the runner counts as ended
 
     async def _attempts(self, resume: AttemptRow | None) -> None:
         run, run_attempts, previous_fp = self.scope.run_so_far(resume)
         if resume is None and (left := self.scope.rest_of_backoff(self.policy)) > 0:
-            self._set_job(JobState.BACKOFF, f"relaunching in {left:.0f}s (the backoff the daemon restarted in)")
+            self.journal.set_job(JobState.BACKOFF, f"relaunching in {left:.0f}s (the backoff the daemon restarted in)")
             if await self._sleep_unless_stopped(left):
-                self._set_job(JobState.STOPPED, "stopped by user during backoff")
+                self.journal.set_job(JobState.STOPPED, "stopped by user during backoff")
                 return
-        if resume is None and self.spec.after and not await wait_for_after(self, self._stop_requested):
+        if resume is None and self.spec.after and not await wait_for_after(self.spec.after, self.ctx.store, self.journal,
+                                                                             self.ctx.alerter, self._stop_requested):
             return
         while True:
             run_attempts += 1
+            catch_up = None  # a re-adopted attempt's: what its watch catches up on
             if resume is not None:
-                live = self._adopt(resume)
+                live, catch_up = self._adopt(resume)
                 resume = None
             else:
-                if not await self._prelaunch_gpu_check():
+                if not await self.gpu_gate.clear():
                     return
                 async with self.scope.numbering():
-                    live = await self._launch(run)
+                    live = await launch(run, self.shard, spec=self.spec, ctx=self.ctx, journal=self.journal,
+                                        news=self.news, paces=self.paces)
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
             try:
-                judgement = await self._watch(live)
+                judgement = await self._watch(live, catch_up)
             finally:
                 finder.cancel()
             self.live = None
             fingerprint = live.failure.fingerprint if live.failure else None
             if self._stop_requested.is_set():
                 # A stop is the user's decision, not a verdict on the job: no crashed/oom label.
-                await self._record_usage(live)
-                stopped = AttemptAction.stopped()
-                self._update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=stopped, verdict=None,
-                             reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
-                self._action(live, stopped.text, ActionData())
-                self._set_job(JobState.STOPPED, "stopped by user")
+                await self.ending.record_stopped(live)
+                self.journal.set_job(JobState.STOPPED, "stopped by user")
                 return
             if judgement.verdict is Verdict.DONE:
-                await self._end_attempt(live, judgement, AttemptAction.none("job done"))
-                self._set_job(JobState.DONE, judgement.reason)
-                await self._alert_done(live, judgement)
+                await self.ending.record(live, judgement, AttemptAction.none("job done"))
+                self.journal.set_job(JobState.DONE, judgement.reason)
+                await self.alerts.done(live, judgement)
                 return
             decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp,
                                           live.failure.kind if live.failure else None)
-            await self._cleanup(live, judgement)
-            released = await self._wait_gpu_release(live)
+            await self.ending.kill_what_is_left(live, judgement)
+            released = await self.ending.gpus_released(live)
             if not released:
-                await self._end_attempt(live, judgement, AttemptAction.give_up("GPU memory leaked"))
-                self._set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
+                await self.ending.record(live, judgement, AttemptAction.give_up("GPU memory leaked"))
+                self.journal.set_job(JobState.FAILED, "GPU memory still held after cleanup: not relaunching")
                 return
             relaunch = decision.action is ActionKind.RELAUNCH
             action = AttemptAction.relaunch(decision.wait_s) if relaunch else AttemptAction.give_up(decision.reason)
-            await self._end_attempt(live, judgement, action)
-            await self._alert_end(live, judgement, action.text, None if relaunch else decision.reason)
+            await self.ending.record(live, judgement, action)
+            await self.alerts.end(live, judgement, action.text, None if relaunch else decision.reason)
             if not relaunch:
-                self._set_job(JobState.FAILED, decision.reason)
+                self.journal.set_job(JobState.FAILED, decision.reason)
                 return
             if judgement.verdict is Verdict.PREEMPTED:
                 run_attempts -= 1  # the scheduler's doing: it spends none of the failure budget
             else:
                 previous_fp = fingerprint
-            self._set_job(JobState.BACKOFF, f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
+            self.journal.set_job(JobState.BACKOFF,
+                                 f"{judgement.verdict.value}: {judgement.reason}; relaunching in {decision.wait_s:.0f}s")
             if await self._sleep_unless_stopped(decision.wait_s):
-                self._set_job(JobState.STOPPED, "stopped by user during backoff")
+                self.journal.set_job(JobState.STOPPED, "stopped by user during backoff")
                 return
 
     def _unreachable(self, exc: Exception) -> bool:
         """The attempt's host cannot be reached, and nothing says its process ended."""
         live = self._current
-        return isinstance(exc, _UNREACHABLE) and live is not None and live.exit_status is None
+        return isinstance(exc, UNREACHABLE) and live is not None and live.exit_status is None
 
     async def _wait_until_reachable(self, exc: Exception) -> AttemptRow | None:
         """The host of a live attempt cannot be reached (``exc``): the job reads ``unreachable``
-        (alerted) and the host is asked again, with backoff, until it answers; then the attempt
-        is returned to be re-adopted as after a daemon restart (its log from the stored offset,
-        its exit from the exit file if it ended meanwhile).  None: stopped by the user meanwhile."""
+        until the host answers; then the attempt is returned to be re-adopted as after a daemon
+        restart (its log from the stored offset, its exit from the exit file if it ended
+        meanwhile).  None: stopped by the user meanwhile."""
         live = self._current
         assert live is not None
-        n, since = live.row.n, time.time()
-        self.live, self.unreachable_since = None, since
-        where = self.ctx.host.name
-        self._action(live, f"{where} unreachable: {exc}; attempt {n} is not known to have ended, waiting for the host",
-                     ActionData(error=str(exc)))
-        self._set_job(JobState.UNREACHABLE, f"attempt {n}: {exc}; re-adopted when the host answers")
-        self._send_soon(live, notices.unreachable(self._about(live), where, str(exc)))
-        wait, said = _REACH_AGAIN_S[0], str(exc)
-        while True:
-            try:
-                await asyncio.wait_for(self._stop_requested.wait(), timeout=wait)
-            except TimeoutError:
-                pass
-            else:
-                # The attempt stays `running` in the store (nothing says it ended): a later `stop`,
-                # once the host answers, finds it and kills it; a restarted daemon re-adopts it.
-                self.unreachable_since = None
-                self._set_job(JobState.STOPPED, f"stopped by user while {where} was unreachable: attempt {n} "
-                              f"(pid {live.row.pid}) may still run there; `supervise stop {self.spec.name}` "
-                              "again once the host answers ends it")
-                return None
-            try:
-                await self.ctx.host.is_alive(live.handle)
-                break
-            except _UNREACHABLE as again:
-                wait = min(wait * 2, _REACH_AGAIN_S[1])
-                if str(again) != said:  # a different refusal (the key fixed, the login not yet): say it
-                    said = str(again)
-                    self._set_job(JobState.UNREACHABLE, f"attempt {n}: {again}; re-adopted when the host answers")
+        self.live, self.unreachable_since = None, time.time()
+        if not await wait_for_host(self.ctx.host, live, exc, self.journal, self.alerts, self._stop_requested):
+            self.unreachable_since = None
+            return None
         await self._writes.drained()  # the re-adoption reads what this attempt stored
-        return self.ctx.store.attempt(self.spec.name, n)
+        return self.ctx.store.attempt(self.spec.name, live.row.n)
 
     async def _contain(self, exc: Exception) -> None:
         """What ended the loop.  A live process is never left unsupervised: it is watched to
@@ -264,14 +253,14 @@ class JobRunner(Adopting, GpuWaiting):
         elif isinstance(exc, StoreError):
             # Nothing runs (the store refused a new attempt): the job's end is stored when there is room.
             log.error("job supervision stopped: the store cannot be written", job=self.spec.name, error=str(exc))
-            self._set_job(JobState.FAILED, f"the store could not be written ({exc}); free disk space")
+            self.journal.set_job(JobState.FAILED, f"the store could not be written ({exc}); free disk space")
         elif isinstance(exc, SuperviseError):
             log.error("job failed", job=self.spec.name, error=str(exc))
             self.error = exc
-            self._set_job(JobState.FAILED, str(exc))
+            self.journal.set_job(JobState.FAILED, str(exc))
         else:  # the daemon must outlive any one job's bug
             log.error("job runner crashed", job=self.spec.name, error=repr(exc), exc_info=exc)
-            self._set_job(JobState.FAILED, f"internal error: {exc!r}")
+            self.journal.set_job(JobState.FAILED, f"internal error: {exc!r}")
 
     async def _alive(self, live: Live) -> bool:
         try:
@@ -286,29 +275,23 @@ class JobRunner(Adopting, GpuWaiting):
                   error=repr(exc), exc_info=exc)
         reason = f"supervision failed ({type(exc).__name__}: {exc})"
         self.live = live
-        self._action(live, f"{reason}; watching only the process's exit from now on", ActionData(error=repr(exc)))
-        self._set_job(JobState.RUNNING, f"attempt {live.row.n}: {reason}; watching its exit only")
+        self.journal.action(live.row.n, f"{reason}; watching only the process's exit from now on",
+                            ActionData(error=repr(exc)))
+        self.journal.set_job(JobState.RUNNING, f"attempt {live.row.n}: {reason}; watching its exit only")
         try:
             status = await self.ctx.host.wait_exit(live.handle)
         except SuperviseError as wait_error:
             status = ExitStatus(returncode=None, signal=None)
             reason += f"; its exit could not be awaited ({wait_error})"
         self.live = None
-        live.exit_status = status
-        await self._record_usage(live)
         stopped = self._stop_requested.is_set()
-        self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal,
-                     state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
-                     action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
-                     reason=f"{reason}; the command {status.describe()}")
-        self._publish([self._event(live.row.n, EventKind.EXITED, f"attempt {live.row.n} {status.describe()}",
-                                   ExitedData(status.returncode, status.signal))])
+        await self.ending.record_unwatched(live, status, reason, stopped=stopped)
         if stopped:
-            self._set_job(JobState.STOPPED, "stopped by user")
+            self.journal.set_job(JobState.STOPPED, "stopped by user")
         elif status.returncode == 0:
-            self._set_job(JobState.DONE, f"exited 0; {reason}")
+            self.journal.set_job(JobState.DONE, f"exited 0; {reason}")
         else:
-            self._set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
+            self.journal.set_job(JobState.FAILED, f"{reason}; the command {status.describe()}")
 
     async def _sleep_unless_stopped(self, seconds: float) -> bool:
         self.next_relaunch_at = time.time() + seconds
@@ -320,56 +303,19 @@ class JobRunner(Adopting, GpuWaiting):
         finally:
             self.next_relaunch_at = None
 
-    async def _launch(self, run: int) -> Live:
-        store, spec = self.ctx.store, self.spec
-        await self._writes.drained()  # the previous attempt's end is stored before the next is numbered
-        n = store.next_attempt_number(spec.name)
-        log_path, status_path = await self.ctx.host.log_paths(spec.name, n)
-        tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
-        argv = spec.argv(n)
-        workdir = spec.resolved_workdir()
-        row = AttemptRow(
-            job=spec.name, n=n, tag=tag, host=self.ctx.host.name, argv=argv, workdir=workdir,
-            log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
-            started=time.time(), ended=None, state=AttemptState.LAUNCHING, exit_code=None, exit_signal=None,
-            log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
-            fingerprint=None, action=None, run=run, shard=self.shard,
-        )
-        await when_free(lambda: store.add_attempt(row))  # saved before launch: a crash here leaves a visible 'launching' row
-        self._set_job(JobState.RUNNING, f"attempt {n}")
-        self._baseline = self._gpu_baseline()
-        try:
-            env = await asyncio.to_thread(spec.environment, n)  # a spec's `env` may be 1 MiB: off the loop
-            request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
-                                    status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
-            handle = await self.ctx.host.launch(request)
-        except Exception as exc:  # re-raised as a SuperviseError
-            # Whatever failed, the attempt ends here: a row left `launching` would be taken for
-            # a launch the daemon died in, by the next daemon's recovery.
-            error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
-            self._update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
-                         reason=str(error), action=AttemptAction.give_up("launch failed"))
-            raise error from exc
-        row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
-        row.scheduler_id = handle.scheduler_id
-        self._update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING,
-                     scheduler_id=handle.scheduler_id)
-        self.news.running(row)
-        what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
-        self._publish([self._event(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
-                                   LaunchedData(handle.pid, argv, log_path, self.ctx.host.name, handle.scheduler_id))])
-        return Live(row=row, handle=handle, watchdog=self.paces.new_watchdog(n), event_cap=EventCap(self.ctx.events_per_attempt))
+    def _adopt(self, row: AttemptRow) -> tuple[Live, CatchUp]:
+        live, catch_up = self._readoption.live(row, self.unreachable_since, gpu_baseline(self.ctx))
+        self._current = live
+        self.unreachable_since = None  # the host answers again, if that was the wait
+        return live, catch_up
 
-    def _adopt(self, row: AttemptRow) -> Live:
-        self._baseline = self._gpu_baseline()
-        live = self._current = self._readopt(row)
-        return live
-
-    def _gpu_baseline(self) -> dict[int, int]:
-        sample = self.ctx.gpu.latest()
-        if sample is None or not sample.available:
-            return {}
-        return {d.index: d.used_mib for d in sample.devices}
+    async def _watch(self, live: Live, catch_up: CatchUp | None) -> Judgement:
+        # A batch scheduler's queue: no output to judge yet.
+        await wait_while_queued(self.ctx.host, live, self._stop_requested, self.journal)
+        watch = AttemptWatch(live, spec=self.spec, ctx=self.ctx, journal=self.journal, alerts=self.alerts,
+                             paces=self.paces, packs=self._engine_packs, stopped=self._stop_requested,
+                             catch_up=catch_up)
+        return await watch.run()
 
     def snapshot(self) -> RunnerSnapshot:
         """What the runner shows readers (status, metrics) now: a frozen copy, never live state."""
@@ -380,23 +326,6 @@ class JobRunner(Adopting, GpuWaiting):
                         known_pids=frozenset(live.known_pids), program_pid=live.program_pid)
         return seen if self.shard is None else dataclasses.replace(seen, shard=self.shard)
 
-    async def _cleanup(self, live: Live, judgement: Judgement) -> None:
-        if judgement.verdict in _FINAL_VERDICTS and not await self.ctx.host.attempt_pids(live.handle):
-            return
-        if live.exit_status is None:  # judged while alive (stalled, silent, hung): why, before the kill
-            await self._dump_stacks(live, judgement, "before the kill")
-        live.killed_by_us = True
-        report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s)
-        live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
-        if live.exit_status is None:  # killed while alive (stalled, silent): record how it ended
-            status = await self.ctx.host.exit_status(live.handle)
-            if status is not None:
-                live.exit_status = status
-                self._update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
-        self._action(live, f"killed the process tree: {report.summary()}",
-                     ActionData(terminated=report.terminated, killed=report.killed, survivors=report.survivors,
-                                reparented=report.reparented))
-
     async def stacks_now(self) -> StackDump | None:
         """`supervise stack`: the running attempt's stacks now (None: none is running)."""
         live, host = self.live, self.ctx.host
@@ -406,44 +335,35 @@ class JobRunner(Adopting, GpuWaiting):
             return StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
         return await host.dump_stacks(live.handle, stacks.PER_PROCESS_S)
 
-    async def _wait_gpu_release(self, live: Live) -> bool:
-        sample = self.ctx.gpu.latest()
-        if sample is None or not sample.available:
-            return True
-        gpu = self.spec.gpu
-        devices = None if gpu.devices == "all" else list(gpu.devices)
-        # Every pid the attempt ever showed: NVML may still list a process that psutil no longer sees.
-        known = {live.handle.pid} | live.known_pids | await self.ctx.host.attempt_pids(live.handle)
+    # ---- what the jobs' owner and the daemon's GPU sampler call -----------------------------
 
-        async def wait() -> ReleaseResult:
-            return await wait_for_release(self.ctx.gpu.sample, devices, self._baseline, lambda: known,
-                                          tolerance_mib=gpu.release_tolerance_mib, timeout_s=gpu.release_timeout_s)
+    @property
+    def gpu_wait(self) -> str | None:
+        """While the launch waits for GPUs other processes hold: for what, in one line."""
+        return self.gpu_gate.waiting
 
-        result = await wait()
-        if not result.released and await self.ctx.host.attempt_pids(live.handle):
-            # Last resort: anything still alive that carries the attempt's tag is killed outright.
-            await self.ctx.host.kill_tree(live.handle, 0)
-            result = await wait()
-        self._action(live, f"GPU memory {'released' if result.released else 'STILL HELD'} after {result.waited_s:.1f}s",
-                     ActionData(released=result.released, waited_s=result.waited_s))
-        if not result.released:
-            await self._alert(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}), "not relaunching: GPU memory still held")
-        return result.released
+    def hold(self) -> str:
+        """Postpone any kill of this job until ``release``."""
+        return self.alerts.hold(self.live)
 
-    async def _record_usage(self, live: Live) -> None:
-        """What the attempt used, stored with it: its GPU figures, and its cgroup's where the host has one."""
-        host = self.ctx.host
-        from_host = None
-        if isinstance(host, UsageReader):
-            try:
-                from_host = await host.attempt_usage(live.handle)
-            except (SuperviseError, OSError) as exc:
-                log.warning("cannot read what the attempt used", job=self.spec.name, attempt=live.row.n, error=str(exc))
-        live.row.usage = live.gpu_meter.usage().with_host(from_host)
-        self._update(live.row.n, usage=live.row.usage)
+    def release(self) -> str:
+        """Let kills come again; a pending one counts down again from now."""
+        return self.alerts.release(self.live)
 
-    async def _end_attempt(self, live: Live, judgement: Judgement, action: AttemptAction) -> None:
-        await self._record_usage(live)
-        self._update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
-                     verdict=judgement.verdict.value, reason=judgement.reason)
-        self._action(live, action.text, ActionData())
+    async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
+        """Whether the running attempt's GPUs computed: the watchdog's idle rule reads it."""
+        live = self.live
+        if live is not None and host == self.ctx.host.name:
+            await gpus_sampled(self.ctx.host, self.spec.gpu, live, sample, self.ctx.clock)
+
+    async def gpu_fault(self, host: str, fault: GpuFault, device_pids: set[int]) -> bool:
+        """A fault on one of ``host``'s GPUs: recorded and alerted if the running attempt uses it (a
+        process of its tree on that device, or the device named in its spec)."""
+        live = self.live
+        if live is None or host != self.ctx.host.name:
+            return False
+        named = self.spec.gpu.devices != "all" and fault.gpu in self.spec.gpu.devices
+        if not named and not await attempt_pids(self.ctx.host, live, self.ctx.clock) & device_pids:
+            return False
+        self.alerts.gpu_fault(live, host, fault)
+        return True

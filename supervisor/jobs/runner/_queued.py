@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 
 import structlog
 
@@ -20,6 +19,7 @@ from supervisor.core.events import JobState, Verdict
 from supervisor.core.payloads import ActionData
 from supervisor.hosts.base import ExitStatus, Host, QueuedHost, SchedulerEnd
 from supervisor.jobs.runner._context import Live
+from supervisor.jobs.runner._journal import Journal
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
@@ -33,12 +33,10 @@ _VERDICTS = {
 }
 
 
-async def wait_while_queued(host: Host, live: Live, stopped: asyncio.Event, job: str,
-                            set_job: Callable[[JobState, str], None],
-                            action: Callable[[Live, str, ActionData], None]) -> None:
+async def wait_while_queued(host: Host, live: Live, stopped: asyncio.Event, journal: Journal) -> None:
     """Return once the attempt runs (or ended, or ``stopped`` is set); the job shows the
-    scheduler's reason meanwhile (``set_job``, ``action``: the runner's record of both).
-    Hosts without a queue return at once."""
+    scheduler's reason meanwhile (recorded in the runner's ``journal``).  Hosts without a queue
+    return at once."""
     if not isinstance(host, QueuedHost):
         return
     shown: str | None = None
@@ -46,22 +44,22 @@ async def wait_while_queued(host: Host, live: Live, stopped: asyncio.Event, job:
         try:
             state = await host.queue_state(live.handle)
         except SuperviseError as exc:  # cannot ask now: watch it; its exit is still awaited
-            log.warning("cannot read the attempt's place in the queue", job=job, error=str(exc))
+            log.warning("cannot read the attempt's place in the queue", job=journal.job, error=str(exc))
             return
         if not state.pending:
             if shown is not None:
                 # Judged from when it started, not from when it was queued.
                 live.watchdog = live.watchdog.anew()
                 where = f" on {state.detail}" if state.detail else ""
-                set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
+                journal.set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
             return
         if state.reason != shown:
             shown = state.reason
             scheduler_job = live.handle.scheduler_id or "?"
-            set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {scheduler_job} "
-                                      f"PENDING ({state.reason or 'no reason given'})")
-            action(live, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
-                   ActionData(reason=state.reason))
+            journal.set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {scheduler_job} "
+                                              f"PENDING ({state.reason or 'no reason given'})")
+            journal.action(live.row.n, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
+                           ActionData(reason=state.reason))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopped.wait(), timeout=_QUEUE_POLL_S)
 

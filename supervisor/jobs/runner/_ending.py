@@ -1,0 +1,125 @@
+"""How an attempt ends once it is judged: a tree still alive is killed (its stacks dumped first,
+when it was judged while alive), the GPU memory it held is awaited back, what it used is stored,
+and its end is recorded with the action that follows (relaunch, give up, none)."""
+
+from __future__ import annotations
+
+import structlog
+
+from supervisor.core.actions import AttemptAction
+from supervisor.core.errors import SuperviseError
+from supervisor.core.events import AttemptState, EventKind, Verdict
+from supervisor.core.payloads import ActionData, ExitedData
+from supervisor.gpu.nvml import ReleaseResult, wait_for_release
+from supervisor.hosts.base import ExitStatus, UsageReader
+from supervisor.jobs.runner._alerts import Alerts
+from supervisor.jobs.runner._context import Live, RunnerContext, describe_exit
+from supervisor.jobs.runner._journal import Journal
+from supervisor.spec.model import JobSpec
+from supervisor.watchdog import Judgement
+
+log = structlog.get_logger("supervise.runner")
+
+_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
+
+
+def gpu_baseline(ctx: RunnerContext) -> dict[int, int]:
+    """GPU memory in use on each device now (the latest sample): an attempt's release is measured against it."""
+    sample = ctx.gpu.latest()
+    if sample is None or not sample.available:
+        return {}
+    return {d.index: d.used_mib for d in sample.devices}
+
+
+class Ending:
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts) -> None:
+        self._spec = spec
+        self._ctx = ctx
+        self._journal = journal
+        self._alerts = alerts
+
+    async def kill_what_is_left(self, live: Live, judgement: Judgement) -> None:
+        """Kill the attempt's tree, unless it ended and left nothing running."""
+        host = self._ctx.host
+        if judgement.verdict in _FINAL_VERDICTS and not await host.attempt_pids(live.handle):
+            return
+        if live.exit_status is None:  # judged while alive (stalled, silent, hung): why, before the kill
+            await self._alerts.dump_stacks(live, judgement, "before the kill")
+        live.killed_by_us = True
+        report = await host.kill_tree(live.handle, self._spec.stop_grace_s)
+        live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
+        if live.exit_status is None:  # killed while alive (stalled, silent): record how it ended
+            status = await host.exit_status(live.handle)
+            if status is not None:
+                live.exit_status = status
+                self._journal.update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
+        self._journal.action(live.row.n, f"killed the process tree: {report.summary()}",
+                             ActionData(terminated=report.terminated, killed=report.killed,
+                                        survivors=report.survivors, reparented=report.reparented))
+
+    async def gpus_released(self, live: Live) -> bool:
+        """Whether the GPU memory the attempt held came back (alerted when it did not)."""
+        ctx = self._ctx
+        sample = ctx.gpu.latest()
+        if sample is None or not sample.available:
+            return True
+        gpu = self._spec.gpu
+        devices = None if gpu.devices == "all" else list(gpu.devices)
+        # Every pid the attempt ever showed: NVML may still list a process that psutil no longer sees.
+        known = {live.handle.pid} | live.known_pids | await ctx.host.attempt_pids(live.handle)
+
+        async def wait() -> ReleaseResult:
+            return await wait_for_release(ctx.gpu.sample, devices, live.gpu_baseline, lambda: known,
+                                          tolerance_mib=gpu.release_tolerance_mib, timeout_s=gpu.release_timeout_s)
+
+        result = await wait()
+        if not result.released and await ctx.host.attempt_pids(live.handle):
+            # Last resort: anything still alive that carries the attempt's tag is killed outright.
+            await ctx.host.kill_tree(live.handle, 0)
+            result = await wait()
+        self._journal.action(live.row.n, f"GPU memory {'released' if result.released else 'STILL HELD'} "
+                                         f"after {result.waited_s:.1f}s",
+                             ActionData(released=result.released, waited_s=result.waited_s))
+        if not result.released:
+            await self._alerts.verdict(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}),
+                                       "not relaunching: GPU memory still held")
+        return result.released
+
+    async def record_usage(self, live: Live) -> None:
+        """What the attempt used, stored with it: its GPU figures, and its cgroup's where the host has one."""
+        host = self._ctx.host
+        from_host = None
+        if isinstance(host, UsageReader):
+            try:
+                from_host = await host.attempt_usage(live.handle)
+            except (SuperviseError, OSError) as exc:
+                log.warning("cannot read what the attempt used", job=self._spec.name, attempt=live.row.n, error=str(exc))
+        live.row.usage = live.gpu_meter.usage().with_host(from_host)
+        self._journal.update(live.row.n, usage=live.row.usage)
+
+    async def record_stopped(self, live: Live) -> None:
+        """The attempt ended by the user's stop: no verdict (a stop is no judgement on the job)."""
+        await self.record_usage(live)
+        stopped = AttemptAction.stopped()
+        self._journal.update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=stopped, verdict=None,
+                             reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
+        self._journal.action(live.row.n, stopped.text, ActionData())
+
+    async def record_unwatched(self, live: Live, status: ExitStatus, reason: str, *, stopped: bool) -> None:
+        """The attempt's exit, awaited alone once supervising it failed (``reason``): no verdict."""
+        live.exit_status = status
+        await self.record_usage(live)
+        n = live.row.n
+        self._journal.update(n, exit_code=status.returncode, exit_signal=status.signal,
+                             state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
+                             action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
+                             reason=f"{reason}; the command {status.describe()}")
+        self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
+                             ExitedData(status.returncode, status.signal))
+
+    async def record(self, live: Live, judgement: Judgement, action: AttemptAction) -> None:
+        """The attempt ended, judged, and what follows."""
+        await self.record_usage(live)
+        self._journal.update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
+                             verdict=judgement.verdict.value, reason=judgement.reason)
+        self._journal.action(live.row.n, action.text, ActionData())

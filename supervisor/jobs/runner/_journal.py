@@ -1,0 +1,41 @@
+"""How a runner records what happens: job state, attempt fields and events, each through the
+job's pending-writes queue (a full disk delays them, never drops or reorders them) to the jobs'
+one ``Recorder``, which stores each, then publishes it.  Composed into the runner and handed to
+each collaborator that records (the watch, the alerts, the GPU gate, the wait for `after`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.core.events import Event, EventKind, JobState
+from supervisor.core.payloads import ActionData, Payload
+from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.runner._news import StartNews
+from supervisor.jobs.runner._scope import Scope
+from supervisor.store.pending import PendingWrites
+
+
+class Journal:
+    def __init__(self, job: str, recorder: Recorder, writes: PendingWrites, scope: Scope, news: StartNews) -> None:
+        self.job = job
+        self.recorder = recorder
+        self.writes = writes  # the job's queue, in order; the watch also writes through it at once (``now``)
+        self._scope = scope  # where the state goes: the job's, or a shard's coordinator
+        self._news = news  # what `start` awaits: a `waiting` state is news for it
+
+    def set_job(self, state: JobState, reason: str) -> None:
+        self._scope.set_state(self.writes, state, reason)
+        self._news.said(state)
+
+    def update(self, n: int, **fields: Any) -> None:
+        store, job = self.recorder.store, self.job
+        self.writes.submit(lambda: store.update_attempt(job, n, **fields))
+
+    def action(self, n: int, message: str, data: ActionData) -> None:
+        self.record(n, EventKind.ACTION, message, data)
+
+    def record(self, n: int, kind: EventKind, message: str, payload: Payload) -> None:
+        """An event of attempt ``n`` (0: before any), stored then published, in order with the rest."""
+        event = Event(job=self.job, attempt=n, kind=kind, message=message, data=payload.to_json())
+        recorder = self.recorder
+        self.writes.submit(lambda: recorder.events([event]))
