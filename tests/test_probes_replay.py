@@ -101,3 +101,32 @@ def test_probe_with_no_pack_to_load_is_an_error_not_a_clean_log(
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and "no probe pack found" in captured.err
     assert str(tmp_path / "no-packs-here") in captured.err
+
+
+def test_listed_events_are_what_model_construct_makes() -> None:
+    """``EventModel.of`` builds the model directly: the same model, fields set and JSON as
+    pydantic's ``model_construct``, on every event of the corpus logs (failures, levels, fields)."""
+    from probe_golden import corpus_logs
+
+    from supervisor.core.records import split_records
+    from supervisor.probes import ProbeEngine, load_packs
+
+    engine = ProbeEngine(load_packs())
+    checked = 0
+    for path in corpus_logs():
+        records, _ = split_records(path.read_bytes(), 0, final=True)
+        for event in engine.feed_many(records) + engine.flush():
+            made = _replay.EventModel.of(event)
+            failure = event.failure
+            fields = event.fields if failure is None or failure.level is None else {**event.fields,
+                                                                                     "level": failure.level}
+            expected = _replay.EventModel.model_construct(
+                kind=event.kind, probe=event.probe, offset=event.offset, line=event.line, phase=event.phase,
+                failure=None if failure is None else failure.kind, fields=fields,
+                traceback=None if failure is None else failure.traceback,
+                fingerprint=None if failure is None else failure.fingerprint)
+            assert made == expected and made.model_fields_set == expected.model_fields_set
+            assert made.model_dump_json() == expected.model_dump_json()
+            checked += 1
+        engine = ProbeEngine(load_packs())
+    assert checked > 1000

@@ -7,7 +7,7 @@ import re2
 
 from supervisor.probes._ere import to_posix_ere
 from supervisor.probes._literals import first_chars, required_literals
-from supervisor.probes._syntax import named_groups, rename_groups
+from supervisor.probes._syntax import named_groups, rename_groups, without_optional_tail
 
 
 @pytest.mark.parametrize(("pattern", "literals"), [
@@ -68,3 +68,42 @@ def test_group_renaming() -> None:
     renamed = rename_groups(r"(?P<pid>\d+)(?:x)(?<proc>\w+)\(?P<no>", "r0_")
     assert named_groups(renamed) == ["r0_pid", "r0_proc"]
     assert re2.compile(renamed).groupindex.keys() == {"r0_pid", "r0_proc"}
+
+
+@pytest.mark.parametrize(("pattern", "kept"), [
+    (r"\biteration\s+(?P<done>\d+)/\s*(?P<total>\d+) \| consumed samples:(?:.*?\| lm loss: (?P<loss>\d+))?",
+     r"\biteration\s+(?P<done>\d+)/\s*(?P<total>\d+) \| consumed samples:"),
+    (r"(?P<done>\d+)/(?P<total>\d+)\s*(?: \[(?P<elapsed>[\d:]+))?", r"(?P<done>\d+)/(?P<total>\d+)"),
+    (r"step (?P<done>\d+)(?:/(?P<total>\d+))?", r"step (?P<done>\d+)(?:/(?P<total>\d+))?"),  # holds a kept group
+    (r"a|b(?:c)?", r"a|b(?:c)?"),  # the tail of one alternative only
+    (r"x(?:y)?$", r"x(?:y)?$"),  # an assertion ends it
+    (r"(?:y)?", r"(?:y)?"),  # nothing would be left
+])
+def test_without_optional_tail(pattern: str, kept: str) -> None:
+    assert without_optional_tail(pattern, frozenset(("done", "total", "desc"))) == kept
+
+
+def test_without_optional_tail_keeps_the_match_and_its_groups() -> None:
+    """Where the pattern matches, the rest matches from the same start and its groups take the
+    same spans (RE2's leftmost-first rule): on every built-in probe and every corpus line."""
+    from probe_golden import corpus_logs
+
+    from supervisor.probes import load_packs
+
+    keep = frozenset(("done", "total", "desc"))
+    lines = [line for path in corpus_logs() for line in path.read_text("utf-8", "replace").splitlines()]
+    checked = 0
+    for pack in load_packs():
+        for probe in pack.probes:
+            kept = without_optional_tail(probe.regex, keep)
+            if kept == probe.regex:
+                continue
+            full, short = re2.compile(probe.regex), re2.compile(kept)
+            names = [n for n in short.groupindex if n in keep]
+            for line in lines:
+                a, b = full.search(line), short.search(line)
+                assert (a is None) == (b is None), (probe.name, line)
+                if a is not None and b is not None:
+                    assert a.start() == b.start() and all(a.span(full.groupindex[n]) == b.span(short.groupindex[n]) for n in names), (probe.name, line)
+                    checked += 1
+    assert checked > 1000

@@ -21,6 +21,8 @@ VARIABLES = {
                            "the built-in jobs",
     "SUPERVISE_PROBE_PATH": "directories (`:`-separated) of probe packs found by name; an earlier one shadows a "
                             "built-in pack of the same name",
+    "SUPERVISE_PREFILTER": "`off`: the probes read logs with RE2 alone, without the Hyperscan prefilter (the events "
+                           "are the same, only slower); `supervise doctor` says which engine reads",
     "SUPERVISE_PYSPY": "the py-spy used for stack dumps (default: the PATH, then beside the daemon's interpreter)",
     "SUPERVISE_ATTEMPT": "set by supervise in every attempt's environment: the tag its processes are found by",
     "SUPERVISE_CGROUP": "set by supervise for the launch wrapper: the cgroup a local attempt enters",

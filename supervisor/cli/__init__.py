@@ -192,6 +192,8 @@ def _system_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
     p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--stats", action="store_true",
+                   help="also say on stderr which engine read the log (Hyperscan prefilter or RE2) and how fast")
 
     p = add("config", cmd_config, "the daemon's settings: config file + SUPERVISE_* environment")
     p.add_argument("action", choices=["show"], help="show: the effective settings and where each came from")

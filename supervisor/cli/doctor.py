@@ -146,7 +146,22 @@ def _local_checks() -> list[Check]:
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
-    return [*checks, _containment_check(), _pyspy_check(), *_mode_checks(default_paths()), _web_check(default_paths())]
+    return [*checks, _containment_check(), _pyspy_check(), _reader_check(), *_mode_checks(default_paths()),
+            _web_check(default_paths())]
+
+
+def _reader_check() -> Check:
+    """Which engine reads the logs here (the daemon reads every job's log on this machine)."""
+    from supervisor.probes import ProbeEngine, load_packs
+
+    try:
+        reader = ProbeEngine(load_packs()).reader
+    except SuperviseError as exc:
+        return Check("MISSING", "log reader", f"the built-in probe packs do not load: {exc}")
+    if reader.startswith("re2 (prefilter off: the hyperscan package"):
+        return Check("warn", "log reader", f"{reader}: correct, only slower (`pip install hyperscan` beside "
+                                           "supervise, x86-64 Linux)", required=False)
+    return Check("ok", "log reader", reader, required=False)
 
 
 def _pyspy_check() -> Check:

@@ -10,11 +10,13 @@ How a record is read:
 3. Otherwise the probes run.  **The first probe that matches wins**: packs in ascending
    ``priority``, probes in file order; one record gives at most one probe event.
 
-Speed: every probe's regex yields required literals (``_literals``); captured fields are converted by ``_fields``.  A batch of records
-is joined and scanned once by one RE2 alternation of all those literals; only lines
-with a hit are looked at in Python, through an ``re2.Set`` of all probes (which tells
-exactly which probes match), then the winning probe's own regex for its groups.  While
-a traceback is open every record is read, since any line may belong to it.
+Speed: a batch of records is joined and scanned by the prefilter (``_scan``): Hyperscan
+with every probe regex where the package is there (``_hsfilter``), else one RE2
+alternation of the probes' required literals (``_literals``).  Only records it names are
+looked at in Python, through an ``re2.Set`` of all probes (which tells exactly which probes
+match), then the winning probe's own regex for its groups; captured fields are converted by
+``_fields``.  ``reader`` says which prefilter runs.  While a traceback is open every
+record is read, since any line may belong to it.
 
 Order and resuming: events come out in offset order.  While a traceback is still being
 captured, events from its first record on are held back until it ends (from the first
@@ -44,16 +46,14 @@ from supervisor.probes._barfold import RunFold
 from supervisor.probes._classify import Classifier
 from supervisor.probes._fields import CONVERTERS, Converter
 from supervisor.probes._fingerprint import fingerprint
-from supervisor.probes._literals import required_literals
 from supervisor.probes._pack import Pack, Probe, re2_options
 from supervisor.probes._prefix import ANSI_BYTES_RE, LineSplitter
 from supervisor.probes._rootcause import FailureReader
-from supervisor.probes._syntax import Literal
+from supervisor.probes._scan import Prefilter, Scanner, build_prefilter
+from supervisor.probes._syntax import without_optional_tail
 from supervisor.probes._traceback import TB_START, TracebackLine, TracebackTracker, capture_event
 
 _UNANCHORED = re2._Anchor.UNANCHORED
-# Literals that may start a traceback; the prefilter must let such lines through.
-_TRACEBACK_LITERALS: tuple[Literal, ...] = ((TB_START[:-1], False), ('File "', False))
 _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
 
 
@@ -61,7 +61,7 @@ _MAX_PREFIX_ONLY = 200  # a line longer than this is not a prefix alone
 
 
 class _CompiledProbe:
-    __slots__ = ("bar_layout", "constants", "layout", "probe", "regex")
+    __slots__ = ("bar_layout", "bar_regex", "constants", "layout", "probe", "regex")
 
     def __init__(self, probe: Probe) -> None:
         compiled = re2.compile(probe.regex, re2_options())
@@ -69,22 +69,27 @@ class _CompiledProbe:
         self.regex = compiled._regexp
         self.constants = probe.constants
         # (group index, field name, converter); None means the text as it is (hot path).
-        self.layout: list[tuple[int, str, Converter | None]] = [
-            (idx, name, None if probe.fields.get(name, "str") == "str" else CONVERTERS[probe.fields[name]])
-            for name, idx in sorted(compiled.groupindex.items())
-        ]
-        self.bar_layout = [entry for entry in self.layout if entry[1] in RunFold.NAMES]  # what _barfold compares
+        self.layout = self._layout(compiled)
+        # What ``_barfold`` compares, read by the regex without its optional tail: the same
+        # match and spans of these groups, at a fraction of the cost on a long line.
+        bar = re2.compile(without_optional_tail(probe.regex, RunFold.NAMES), re2_options())
+        self.bar_regex = bar._regexp
+        self.bar_layout = [entry for entry in self._layout(bar) if entry[1] in RunFold.NAMES]
 
-    def fields(self, data: bytes, line: str, layout: list[tuple[int, str, Converter | None]] | None = None
-               ) -> dict[str, Any] | None:
-        """The probe's fields if it matches (``data`` is ``line`` encoded); ``layout``: only
-        those groups (with the constants: ``bar_layout`` for ``_barfold``), the rest not converted."""
-        spans = self.regex.Match(_UNANCHORED, data, 0, len(data))
+    def _layout(self, compiled: Any) -> list[tuple[int, str, Converter | None]]:
+        fields = self.probe.fields
+        return [(idx, name, None if fields.get(name, "str") == "str" else CONVERTERS[fields[name]])
+                for name, idx in sorted(compiled.groupindex.items())]
+
+    def fields(self, data: bytes, line: str, bar: bool = False) -> dict[str, Any] | None:
+        """The probe's fields if it matches (``data`` is ``line`` encoded); ``bar``: only those
+        ``_barfold`` compares (with the constants), the rest not read."""
+        spans = (self.bar_regex if bar else self.regex).Match(_UNANCHORED, data, 0, len(data))
         if spans[0][0] < 0:
             return None
         out: dict[str, Any] = self.constants.copy() if self.constants else {}
         same = len(data) == len(line)  # ASCII: byte offsets are character offsets
-        for idx, name, convert in self.layout if layout is None else layout:
+        for idx, name, convert in self.bar_layout if bar else self.layout:
             start, end = spans[idx]
             if start < 0:
                 continue
@@ -101,32 +106,6 @@ class _CompiledProbe:
         return out
 
 
-class _Scanner:
-    """Finds, in one batch of records, the next record where some probe might match."""
-
-    def __init__(self, prefilter: Any, texts: list[str]) -> None:
-        buf = "\n".join(texts).encode("utf-8", "replace")
-        if b"\x1b" in buf:
-            buf = ANSI_BYTES_RE.sub(b"", buf)
-        self.ok = buf.count(b"\n") == len(texts) - 1  # a text with its own newline: no scanning
-        self._buf = buf
-        self._rx = prefilter
-        self._idx = 0
-        self._pos = 0
-
-    def next_candidate(self, start: int) -> int | None:
-        buf = self._buf
-        while self._idx < start:
-            self._pos = buf.index(b"\n", self._pos) + 1
-            self._idx += 1
-        hit = self._rx.Match(_UNANCHORED, buf, self._pos, len(buf))[0][0]
-        if hit < 0:
-            return None
-        skipped = buf.count(b"\n", self._pos, hit)
-        if skipped:
-            self._idx += skipped
-            self._pos = buf.rindex(b"\n", self._pos, hit) + 1
-        return self._idx
 
 
 # ---- the engine -----------------------------------------------------------------------
@@ -150,10 +129,15 @@ class ProbeEngine:
         self._classify = Classifier(self.packs)
         self._failures = FailureReader(self.packs)
         self._set = self._probe_set()
-        # prefilter=False: every record is read (what the literal scan must agree with; tests).
-        self._prefilter: Any
+        # prefilter=False: every record is read (what the prefilter must agree with; tests).
+        self._prefilter: Prefilter | None
         self._always: bool
-        self._prefilter, self._always = self._build_prefilter() if prefilter else (None, bool(self._probes))
+        self.reader: str
+        if prefilter:
+            self._prefilter, self._always, self.reader = build_prefilter(
+                [cp.probe.regex for cp in self._probes], any(p.tracebacks for p in self.packs))
+        else:
+            self._prefilter, self._always, self.reader = None, bool(self._probes), "re2 (every record read)"
         tb_pack = next((p.name for p in self.packs if p.tracebacks), None)
         self._tb_probe = f"{tb_pack}.traceback" if tb_pack else None
         self._tracker = TracebackTracker()
@@ -179,18 +163,6 @@ class ProbeEngine:
             rset.Add(cp.probe.regex)
         rset.Compile()
         return rset._set
-
-    def _build_prefilter(self) -> tuple[Any, bool]:
-        literals: set[Literal] = set(_TRACEBACK_LITERALS) if any(p.tracebacks for p in self.packs) else set()
-        for cp in self._probes:
-            found = required_literals(cp.probe.regex)
-            if found is None:
-                return None, True  # this probe could match anything: read every line
-            literals.update(found)
-        if not literals:
-            return None, False  # no probes and no tracebacks: nothing to look for
-        parts = [re2.escape(text) if not ci else f"(?i:{re2.escape(text)})" for text, ci in sorted(literals)]
-        return re2.compile("|".join(parts), re2_options(capture=False))._regexp, False
 
     # ---- feeding ----------------------------------------------------------------------
 
@@ -225,7 +197,7 @@ class ProbeEngine:
         if b"\x1b" in data:
             data = ANSI_BYTES_RE.sub(b"", data)
         out: list[ProbeEvent] = []
-        if self._prefilter.Match(_UNANCHORED, data, 0, len(data))[0][0] >= 0:
+        if self._prefilter.hit(data):
             self._read((record,), 0, out, probe=True)
         self._last = record
         self._end = record.end
@@ -238,9 +210,9 @@ class ProbeEngine:
         if n == 0 or (self._prefilter is None and not self._always):
             self._advance(records)
             return out
-        scanner: _Scanner | None = None
-        if not self._always:
-            scanner = _Scanner(self._prefilter, [r.text for r in records])
+        scanner: Scanner | None = None
+        if self._prefilter is not None and not self._always:
+            scanner = self._prefilter.scanner([r.text for r in records])
             if not scanner.ok:
                 scanner = None  # a text with its own newline: read every record
         i = 0
@@ -302,7 +274,7 @@ class ProbeEngine:
         if not hits or min(hits) != fold.index:
             return False
         probe = self._probes[fold.index]
-        fields = probe.fields(data, text, probe.bar_layout)
+        fields = probe.fields(data, text, bar=True)
         if fields is None or not fold.keeps_bar(fields):
             return False
         fold.hold(prev, record, fields["done"])

@@ -63,7 +63,10 @@ def normalize_level(level: str | None) -> str | None:
 
 
 def _contains_any(text: str, literals: tuple[str, ...]) -> bool:
-    return any(literal in text for literal in literals)
+    for literal in literals:  # noqa: SIM110 (a loop, not any() over a generator: called for most lines read)
+        if literal in text:
+            return True
+    return False
 
 
 class _Rules:
@@ -85,12 +88,19 @@ class _Rules:
             else:
                 for ch in firsts:
                     self._gate.setdefault(ch, []).append((index, needed))
+        if self._ungated:  # merged once here, in rule order, not at every line
+            self._gate = {ch: sorted(gated + self._ungated) for ch, gated in self._gate.items()}
+        # first character -> the literals one of which some rule needs, or None when a rule
+        # needs none (it may match whatever follows): ``may_match``'s whole work on most lines.
+        self._any_of: dict[str, tuple[str, ...] | None] = {ch: _any_of(gated) for ch, gated in self._gate.items()}
+        self._any_of_ungated = _any_of(self._ungated)
 
     def may_match(self, text: str) -> bool:
         """False when no rule can match at the start of ``text`` (no RE2 call needed)."""
         if not text:
             return False
-        return any(needed is None or _contains_any(text, needed) for _, needed in self._candidates(text))
+        needed = self._any_of.get(text[0], self._any_of_ungated)
+        return needed is None or _contains_any(text, needed)
 
     def match(self, text: str) -> tuple[int, dict[str, str]] | None:
         """(characters matched, named groups) of the first rule matching at the start."""
@@ -116,12 +126,14 @@ class _Rules:
         return None
 
     def _candidates(self, text: str) -> list[tuple[int, tuple[str, ...] | None]]:
-        gated = self._gate.get(text[0])
-        if gated is None:
-            return self._ungated
-        if not self._ungated:
-            return gated
-        return sorted(gated + self._ungated)  # rule order decides between several matches
+        return self._gate.get(text[0], self._ungated)  # in rule order: it decides between several matches
+
+
+def _any_of(rules: list[tuple[int, tuple[str, ...] | None]]) -> tuple[str, ...] | None:
+    """The literals one of which some of ``rules`` needs; None if one needs none."""
+    if any(needed is None for _, needed in rules):
+        return None
+    return tuple(dict.fromkeys(literal for _, needed in rules for literal in needed or ()))
 
 
 _MAX_GLUED_PREFIX = 80  # characters of prefixes looked for before a marker found mid-line

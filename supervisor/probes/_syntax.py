@@ -11,6 +11,8 @@ It serves three jobs the regex engine itself cannot do (the first two in sibling
   alternation without clashing group names.
 - ``to_posix_ere`` (``_ere``): the pattern as POSIX ERE for the ``grep -E -f`` benchmark, or
   ``None`` where ERE cannot say the same thing.
+- ``without_optional_tail``: the pattern without the trailing items every match may skip, for
+  reading a few of its groups faster (the offline fold of a bar's run, ``_barfold``).
 
 The reader follows RE2's syntax (not Python's: RE2 has ``\\pN``, ``\\Q...\\E``,
 ``[[:alpha:]]``, and no lookaround).  It is only ever run on patterns that RE2 has
@@ -267,3 +269,59 @@ def rename_groups(pattern: str, prefix: str) -> str:
 
 def named_groups(pattern: str) -> list[str]:
     return [t.name for t in _tokens(pattern) if t.kind == "open" and t.name is not None]
+
+
+# ---- tails ------------------------------------------------------------------------------
+
+
+def top_level(tokens: list[_Tok]) -> list[_Tok]:
+    """The tokens outside every group."""
+    depth = 0
+    out: list[_Tok] = []
+    for tok in tokens:
+        if tok.kind == "open":
+            depth += 1
+        elif tok.kind == "close":
+            depth -= 1
+        elif depth == 0:
+            out.append(tok)
+    return out
+
+
+def operand_start(tokens: list[_Tok]) -> int | None:
+    """Index of the first token of what a quantifier after ``tokens`` repeats (a group or one item)."""
+    if not tokens:
+        return None
+    last = tokens[-1]
+    if last.kind in ("lit", "any"):
+        return len(tokens) - 1
+    if last.kind != "close":
+        return None
+    depth = 0
+    for index in range(len(tokens) - 1, -1, -1):
+        kind = tokens[index].kind
+        depth += 1 if kind == "close" else -1 if kind == "open" else 0
+        if depth == 0:
+            return index
+    return None
+
+
+def without_optional_tail(pattern: str, keep: frozenset[str]) -> str:
+    """``pattern`` without its trailing items that may match nothing (``(?:.*?\\| loss: (?P<x>..))?``,
+    ``\\s*``), unless one holds a group named in ``keep``; the pattern itself if none.
+
+    Where the pattern matches, so does the rest, from the same start; and under RE2's
+    leftmost-first rule the groups of the rest take the same spans (the first way the rest
+    matches is kept, since the tail after it always matches, if only nothing).  Megatron's
+    iteration line is 300 bytes, and its optional loss part costs most of the match."""
+    tokens = _tokens(pattern)
+    if any(t.kind == "alt" for t in top_level(tokens)):
+        return pattern  # the tail of one alternative is not the pattern's
+    cut = len(pattern)
+    while tokens and tokens[-1].kind == "quant" and tokens[-1].min == 0:
+        start = operand_start(tokens[:-1])
+        if start is None or any(t.kind == "open" and t.name in keep for t in tokens[start:]):
+            break
+        tokens = tokens[:start]
+        cut = tokens[-1].end if tokens else 0
+    return pattern[:cut] if tokens else pattern

@@ -17,14 +17,20 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
   same probe regexes: a block scan of each 1 MiB chunk (every match reported, nothing done
   with it: the ceiling for reading the bytes), and a Python loop scanning line by line (the
   floor any per-line Python reader pays before doing anything with a line);
+- the live path's cost per line that no probe matches: ``feed_many`` of batches of 20 such lines
+  (tests/perf/_writer.py's worker lines), what the daemon's follower hands the engine;
 - peak RSS of ``supervise probe --json`` on a log of ``--redraws`` tqdm redraws (the memory target);
 - the offline replay on a log of bar runs (``--bars-mb``: tqdm bars piped to a file, one
   ``\n``-ended line a draw, and Megatron ``iteration N/ M`` lines), with the fold of a bar's run
   (``_barfold``) and without it (every line through the engine and the summary), in-process.
 
+The offline, engine and live runs are made twice, with the Hyperscan prefilter (the default
+where the package is installed) and with ``SUPERVISE_PREFILTER=off`` (RE2 alone), side by side.
+
 Times are wall-clock and CPU seconds (the machine may be shared); ratios use CPU time.
-Prints a markdown table and the targets (offline >= 50 MB/s and >= 8x grep in the C locale;
-<= 200 MB RSS), met or missed.
+Prints a markdown table and the targets (offline >= 50 MB/s and >= 8x grep in the C locale,
+within 3x of the Hyperscan block-scan ceiling; live <= 1 us per non-matching line; <= 200 MB RSS),
+met or missed.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ CORPUS = ROOT / "tests" / "data" / "corpus"
 TARGET_MB_S = 50.0
 TARGET_VS_GREP_C = 8.0
 TARGET_RSS_MB = 200.0
+TARGET_VS_CEILING = 3.0
+TARGET_LIVE_US = 1.0
+LIVE_BATCH = 20
 # Runs a command as this helper's only child and prints the child's CPU time and peak RSS.
 _MEASURE = """\
 import json, resource, subprocess, sys, time
@@ -107,7 +116,16 @@ def export_patterns(path: Path) -> tuple[int, int, list[str]]:
     return total, len(patterns), untranslatable
 
 
-def run_engine(path: Path, size: int, batched: bool) -> Timing:
+def prefilter(on: bool) -> str:
+    """Turns the prefilter on or off for what runs next (this process and its children)."""
+    if on:
+        os.environ.pop("SUPERVISE_PREFILTER", None)
+    else:
+        os.environ["SUPERVISE_PREFILTER"] = "off"
+    return ProbeEngine(load_packs()).reader
+
+
+def run_engine(path: Path, size: int, batched: bool, mode: str) -> Timing:
     engine = ProbeEngine(load_packs())
     events = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -128,7 +146,24 @@ def run_engine(path: Path, size: int, batched: bool) -> Timing:
     events += len(engine.flush())
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     label = "probe engine, `feed_many` per batch" if batched else "probe engine, `feed` per record"
-    return Timing(label, wall, cpu, size, f"{events} events", engine=True)
+    return Timing(f"{label}, {mode}", wall, cpu, size, f"{events} events", engine=True)
+
+
+def run_live(lines: int = 200_000) -> float:
+    """CPU microseconds per line no probe matches, fed ``LIVE_BATCH`` lines at a time."""
+    from supervisor.core.records import RecordBuffer
+
+    data = [f"{1733000000 + i / 1000:.6f} worker 3: processed batch {i} of {lines} (4096 tokens)\n".encode()
+            for i in range(lines)]
+    batches = [RecordBuffer(0).feed(b"".join(data[i : i + LIVE_BATCH])) for i in range(0, lines, LIVE_BATCH)]
+    engine = ProbeEngine(load_packs())
+    events = 0
+    cpu0 = time.process_time()
+    for batch in batches:
+        events += len(engine.feed_many(batch))
+    cpu = time.process_time() - cpu0
+    assert events == 0, "the live bench's lines must match no probe"
+    return cpu / lines * 1e6
 
 
 def measure_child(command: list[str]) -> dict[str, float]:
@@ -141,9 +176,10 @@ def measure_child(command: list[str]) -> dict[str, float]:
     return measured
 
 
-def run_cli_probe(path: Path, size: int) -> Timing:
+def run_cli_probe(path: Path, size: int, mode: str) -> Timing:
     measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(path)])
-    return Timing("`supervise probe --json` (offline, full event output)", measured["wall"], measured["cpu"], size,
+    return Timing(f"`supervise probe --json` (offline, full event output), {mode}", measured["wall"], measured["cpu"],
+                  size,
                   f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB", engine=True)
 
 
@@ -262,19 +298,41 @@ def main() -> int:
     print(f"log: {size / 1e6:.1f} MB of corpus logs repeated; patterns: {translated} of {total} probe regexes "
           f"have a POSIX ERE form (not: {', '.join(missing) or 'none'}), plus {len(TRACEBACK_ERE)} traceback markers\n")
     greps = [run_grep(log, patterns, size, "C")] + ([run_grep(log, patterns, size, None)] if args.grep_default else [])
-    timings = [run_cli_probe(log, size), run_engine(log, size, batched=False), run_engine(log, size, batched=True),
-               *greps]
-    timings += [t for t in (run_hyperscan(log, size, per_line=True), run_hyperscan(log, size, per_line=False)) if t]
+    timings: list[Timing] = []
+    offline: dict[str, Timing] = {}
+    live: dict[str, float] = {}
+    for on in (True, False):
+        mode = "prefilter on" if on else "prefilter off"
+        print(f"{mode}: {prefilter(on)}")
+        cli = run_cli_probe(log, size, mode)
+        offline[mode] = cli
+        timings += [cli, run_engine(log, size, False, mode), run_engine(log, size, True, mode)]
+        live[mode] = run_live()
+    prefilter(True)
+    print()
+    timings += greps
+    ceiling = run_hyperscan(log, size, per_line=False)
+    timings += [t for t in (run_hyperscan(log, size, per_line=True), ceiling) if t]
     print("| run | wall s | CPU s | MB/s (CPU) | vs grep | |")
     print("|---|---:|---:|---:|---:|---|")
     for t in timings:
         ratio = " / ".join(f"{t.mb_s / g.mb_s:.1f}x" for g in greps) if t.engine else "-"
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
     print("\n(vs grep: speed over grep's, C locale" + (" / default locale)" if args.grep_default else ")"))
-    offline, grep_c = timings[0], greps[0]
-    met = offline.mb_s >= TARGET_MB_S and offline.mb_s >= TARGET_VS_GREP_C * grep_c.mb_s
-    print(f"\ntarget offline >= {TARGET_MB_S:.0f} MB/s and >= {TARGET_VS_GREP_C:.0f}x grep (C locale): "
-          f"{offline.mb_s:.1f} MB/s, {offline.mb_s / grep_c.mb_s:.1f}x -> {'met' if met else 'MISSED'}")
+    print(f"\nlive path, CPU per non-matching line ({LIVE_BATCH} lines a batch): "
+          + ", ".join(f"{mode} {us:.2f} us" for mode, us in live.items()))
+    grep_c = greps[0]
+    for mode, t in offline.items():
+        met = t.mb_s >= TARGET_MB_S and t.mb_s >= TARGET_VS_GREP_C * grep_c.mb_s
+        print(f"target offline >= {TARGET_MB_S:.0f} MB/s and >= {TARGET_VS_GREP_C:.0f}x grep (C locale), {mode}: "
+              f"{t.mb_s:.1f} MB/s, {t.mb_s / grep_c.mb_s:.1f}x -> {'met' if met else 'MISSED'}")
+    if ceiling is not None:
+        t = offline["prefilter on"]
+        print(f"target offline within {TARGET_VS_CEILING:.0f}x of the Hyperscan ceiling, prefilter on: "
+              f"{ceiling.mb_s / t.mb_s:.1f}x slower -> {'met' if ceiling.mb_s <= TARGET_VS_CEILING * t.mb_s else 'MISSED'}")
+    for mode, us in live.items():
+        print(f"target live <= {TARGET_LIVE_US:.0f} us per non-matching line, {mode}: {us:.2f} us -> "
+              f"{'met' if us <= TARGET_LIVE_US else 'MISSED'}")
     redraw_size = redraw_log(redraws, args.redraws)
     measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(redraws)])
     rss = measured["maxrss_kib"] / 1024
