@@ -8,20 +8,24 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from supervisor.cli.client import Client
 from supervisor.core.config import default_paths
+from supervisor.core.limits import MAX_GRACE_S
 from supervisor.core.overrides import FieldOverrides
-from supervisor.core.protocol import MAX_GRACE_S
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+if TYPE_CHECKING:
+    from supervisor.cli.client import Client
+
 N = TypeVar("N", int, float)
 
 
 def client() -> Client:
     """A client of the running daemon, started when none runs."""
+    from supervisor.cli.client import Client  # loaded by the verbs that talk to the daemon only
+
     c = Client(default_paths())
     c.ensure_daemon()
     return c

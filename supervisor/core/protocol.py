@@ -22,15 +22,13 @@ from supervisor.core.events import (
     Phase,
     Verdict,
 )
+from supervisor.core.limits import MAX_GRACE_S
 from supervisor.core.overrides import FieldOverrides
 from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
 
 API_VERSION = 1
 
-# Every number a request carries is finite and bounded: a grace of 1e12 s (or inf) once made
-# `stop` wait forever.  A day is far past any real shutdown.
-MAX_GRACE_S = 86400.0
 GraceSeconds = Annotated[float, Field(ge=0, le=MAX_GRACE_S, allow_inf_nan=False)]
 
 
