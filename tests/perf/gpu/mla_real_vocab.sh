@@ -14,13 +14,20 @@
 #   PHASES="drafts"          OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (drafts and their held-out estimates)
 #   PHASES="serve table"     OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (vllm serve + e2e_bench, the table)
 #   PHASES="svreport"        OUT=/dir bash tests/perf/gpu/mla_real_vocab.sh   (SUPERVISED: events, reports, store)
+# Two work calls on a fresh machine after the wheels (about 16-17 min of device time in all, RESULTS §21):
+#   SUPERVISED=1 PHASES="target extract regen drafts svreport"   then   PHASES="serve table"
 # Knobs: TARGET_STEPS (1000), DRAFTS ("docs:8192 regen:8192 docs:16384 docs:32000"), SERVE_LABELS ("none
 # docs-8192 regen-8192 docs-16384 docs-32000"), TABLE_LABELS (SERVE_LABELS), EPOCHS (6), REGEN_TOKENS (256),
-# DEVICE (cuda), REGEN_BACKEND (vllm), K (3 speculative tokens), BENCH_ARGS (e2e_bench.py options).
+# DEVICE (cuda), REGEN_BACKEND (vllm), K (3 speculative tokens), BENCH_ARGS (e2e_bench.py options), HELDOUT
+# (0: no held-out extractions, so no held-out estimates).
 # SUPERVISED=1: the extractions, the regeneration and the drafts' training run as supervise jobs (a spec written
 # per step, `supervise start --follow`), the daemon watching them and storing their events in
 # $SUPERVISE_HOME/supervise.db; supervise runs on the machine's python3 with its own dependencies in SVSITE
-# (/tmp/svsite: the wheels the machine lacks, installed with pip --target), the repo first on its path, since
+# (/tmp/svsite: the wheels the machine lacks — structlog tenacity asyncssh cryptography cffi pycparser google-re2
+# apprise requests-oauthlib oauthlib py-spy, fetched elsewhere with `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 ...`, and pydantic, pydantic-core, annotated-types and
+# typing-inspection from vLLM's parts — installed with `pip install --no-index --no-deps --target /tmp/svsite
+# WHEELS`), the repo first on its path, since
 # vLLM's site holds supervisord's package of the same name `supervisor`. Phase svreport writes each job's
 # `supervise events`, `supervise report` (html) and attempts, the accounting and a copy of the store under
 # $OUT/sv, then stops the daemon, so that the serving measurements run without it.
@@ -87,7 +94,7 @@ extract() {  # $1 prompt set, $2 output name
 phase_extract() {
   say "extract: hidden states of the draft and held-out conversations (hf backend)"
   extract "$T/draft_docs.jsonl" docs
-  extract "$T/heldout_docs.jsonl" heldout-docs
+  [ "${HELDOUT:-1}" = 0 ] || extract "$T/heldout_docs.jsonl" heldout-docs
 }
 
 phase_regen() {
@@ -109,7 +116,7 @@ for line in open(sys.argv[2]).readlines()[:3]:
     print(tok.decode(json.loads(line)["token_ids"]) + "\n" + "-" * 60)
 PY
   extract "$W/regen.jsonl" regen
-  extract "$W/heldout-regen.jsonl" heldout-regen
+  [ "${HELDOUT:-1}" = 0 ] || extract "$W/heldout-regen.jsonl" heldout-regen
 }
 
 phase_drafts() {
