@@ -263,3 +263,16 @@ def test_a_verdict_alert_carries_the_first_frames_of_the_stacks_dumped_before_th
     at = notices.Attempt(job="j", n=2, gpu="", stacks="pid 7 (python job.py): frozen_here (job.py:5) < <module> (job.py:9)")
     alert = notices.verdict(at, Judgement(Verdict.STALLED, "shard 3/10, no progress for 1m00s", {}), "relaunch in 10s")
     assert "stacks: pid 7 (python job.py): frozen_here (job.py:5)" in alert.evidence
+
+
+def test_the_daemon_log_takes_each_alert_at_its_own_severity() -> None:
+    # A job that finished well is not a warning in the daemon's log: only failures and warnings are.
+    import dataclasses
+
+    sent = [dataclasses.replace(alert(key=f"k{kind.value}"), kind=kind)
+            for kind in (AlertKind.VERDICT, AlertKind.WARNING, AlertKind.DONE, AlertKind.ETA)]
+    with structlog.testing.capture_logs() as logs:
+        for each in sent:
+            asyncio.run(Alerter([], max_burst=10).send(each))
+    levels = {e["severity"]: e["log_level"] for e in logs if e["event"] == "alert"}
+    assert levels == {"failure": "error", "warning": "warning", "success": "info", "info": "info"}

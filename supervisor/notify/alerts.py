@@ -37,6 +37,10 @@ from supervisor.core.redact import redact_text, redact_url
 log = structlog.get_logger("supervise.alerts")
 
 _EVERY_ALERT = "supervise-every-alert"  # the tag of unrouted URLs: every alert is sent to them
+# An alert is logged at its own severity: the daemon's log filtered by level (its JSON lines'
+# "level") shows failures and warnings, not every job that finished well.
+_LOG_LEVEL = {Severity.FAILURE: logging.ERROR, Severity.WARNING: logging.WARNING, Severity.SUCCESS: logging.INFO,
+              Severity.INFO: logging.INFO}
 
 
 def shown_route(entry: str) -> str:
@@ -169,8 +173,8 @@ class Alerter:
         if alert.kind in _ENDS_A_LOOP:
             folded = self._folded.pop(alert.job, None)
         body = format_body(alert, suppressed, folded)
-        log.warning("alert", job=alert.job, attempt=alert.attempt, title=alert.title, what=alert.what,
-                    severity=alert.severity.value, gpu=alert.gpu, next=alert.next_action, key=alert.key)
+        log.log(_LOG_LEVEL[alert.severity], "alert", job=alert.job, attempt=alert.attempt, title=alert.title,
+                what=alert.what, severity=alert.severity.value, gpu=alert.gpu, next=alert.next_action, key=alert.key)
         # Counted as sent even if delivery fails (or no URL is set): repeating it on every
         # event would only add noise; the daemon log has the alert either way.
         self._last_sent[alert.key] = now
