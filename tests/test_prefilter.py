@@ -342,3 +342,28 @@ def test_the_database_is_kept_between_processes(tmp_path: Path, monkeypatch: pyt
     _hsfilter.build.cache_clear()
     assert _events(data, True, monkeypatch) == expected
     _hsfilter.build.cache_clear()
+
+
+@needs_hyperscan
+def test_the_kept_databases_are_bounded_and_the_one_in_use_stays(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One database per pack set: a pack edited and tried again and again must not fill the cache;
+    the most recently used ones are kept."""
+    import os
+
+    from supervisor.probes import _hscache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "supervise"
+    db = _hsfilter.hyperscan.Database()
+    db.compile(expressions=[b"Traceback"], ids=[0], flags=[0])
+    _hscache.store(_hsfilter.hyperscan, "in-use", db, 0.1)
+    for n in range(3 * _hscache.KEEP):
+        os.utime(folder / "hs-in-use.db", (10.0**9 + n, 10.0**9 + n))  # older than what follows...
+        assert _hscache.load(_hsfilter.hyperscan, "in-use") is not None  # ...but used again now
+        _hscache.store(_hsfilter.hyperscan, f"edit-{n}", db, 0.1)
+    names = sorted(p.name for p in folder.glob("hs-*.db"))
+    assert len(names) == _hscache.KEEP
+    assert "hs-in-use.db" in names
+    assert f"hs-edit-{3 * _hscache.KEEP - 1}.db" in names
+    assert not list(folder.glob(".hs-*.tmp"))

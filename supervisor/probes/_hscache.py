@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 _MAGIC = b"supervise-hs-1\n"
+# Databases kept, the most recently used first: one per pack set, so a pack being written and
+# tried with `probe --pack-file` leaves one file (~200 KB) per edit; older ones are deleted.
+KEEP = 8
 _HEADER = struct.Struct("<32sd")  # sha256 of the payload, compile seconds
 
 
@@ -39,10 +42,15 @@ def key(version: str, expressions: Sequence[str], flags: Sequence[int]) -> str:
 
 def load(hyperscan: Any, name: str) -> tuple[Any, float] | None:
     """The database kept as ``name`` and the seconds its compile took, or None."""
+    path = cache_dir() / f"hs-{name}.db"
     try:
-        data = (cache_dir() / f"hs-{name}.db").read_bytes()
+        data = path.read_bytes()
     except OSError:
         return None
+    try:
+        os.utime(path)  # used now: the last to be deleted
+    except OSError:
+        pass
     head = len(_MAGIC) + _HEADER.size
     if not data.startswith(_MAGIC) or len(data) <= head:
         return None
@@ -72,5 +80,19 @@ def store(hyperscan: Any, name: str, db: Any, seconds: float) -> None:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        _forget_old(folder)
     except Exception:  # noqa: BLE001 - a cache that cannot be written costs a compile, nothing more
         return
+
+
+def _forget_old(folder: Path) -> None:
+    """Deletes all but the ``KEEP`` most recently used databases."""
+    kept = []
+    for path in folder.glob("hs-*.db"):
+        try:
+            kept.append((path.stat().st_mtime, path))
+        except OSError:
+            continue  # deleted meanwhile by another process
+    kept.sort(reverse=True)
+    for _, path in kept[KEEP:]:
+        path.unlink(missing_ok=True)
