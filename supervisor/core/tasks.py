@@ -14,3 +14,13 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+
+
+async def set_within(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event``: True if it was set by then (a stop came during a
+    backoff or a poll's pause), False if the time ran out first."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True

@@ -8,6 +8,7 @@ import time
 
 from supervisor.core.events import EventKind, JobState
 from supervisor.core.payloads import AlertData
+from supervisor.core.tasks import set_within
 from supervisor.jobs.dependencies import readiness
 from supervisor.jobs.runner._journal import Journal
 from supervisor.notify.alerts import Alert, Alerter
@@ -29,9 +30,7 @@ async def wait_for_after(after: list[str], store: Store, journal: Journal, alert
         if state.waiting != shown:
             shown = state.waiting
             journal.set_job(JobState.WAITING, shown)
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=POLL_S)
-        except TimeoutError:
+        if not await set_within(stop, POLL_S):
             continue
         journal.set_job(JobState.STOPPED, f"stopped by user while {shown}")
         return False

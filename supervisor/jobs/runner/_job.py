@@ -18,6 +18,7 @@ from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import StoreError, SuperviseError
 from supervisor.core.events import JobState, Verdict
 from supervisor.core.payloads import ActionData
+from supervisor.core.tasks import set_within
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
@@ -296,10 +297,7 @@ class JobRunner:
     async def _sleep_unless_stopped(self, seconds: float) -> bool:
         self.next_relaunch_at = time.time() + seconds
         try:
-            await asyncio.wait_for(self._stop_requested.wait(), timeout=seconds)
-            return True
-        except TimeoutError:
-            return False
+            return await set_within(self._stop_requested, seconds)
         finally:
             self.next_relaunch_at = None
 

@@ -10,13 +10,13 @@ that is the verdict: the exit code alone would read as a crash.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import JobState, Verdict
 from supervisor.core.payloads import ActionData
+from supervisor.core.tasks import set_within
 from supervisor.hosts.base import ExitStatus, Host, QueuedHost, SchedulerEnd
 from supervisor.jobs.runner._context import Live
 from supervisor.jobs.runner._journal import Journal
@@ -60,8 +60,7 @@ async def wait_while_queued(host: Host, live: Live, stopped: asyncio.Event, jour
                                               f"PENDING ({state.reason or 'no reason given'})")
             journal.action(live.row.n, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
                            ActionData(reason=state.reason))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopped.wait(), timeout=_QUEUE_POLL_S)
+        await set_within(stopped, _QUEUE_POLL_S)
 
 
 def scheduler_judgement(status: ExitStatus) -> Judgement | None:

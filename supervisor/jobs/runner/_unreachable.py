@@ -11,6 +11,7 @@ import asyncio
 from supervisor.core.errors import ConnectionLost, HostRefused
 from supervisor.core.events import JobState
 from supervisor.core.payloads import ActionData
+from supervisor.core.tasks import set_within
 from supervisor.hosts.base import Host
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live
@@ -31,11 +32,7 @@ async def wait_for_host(host: Host, live: Live, exc: Exception, journal: Journal
     alerts.send_soon(live, notices.unreachable(alerts.about(live), where, str(exc)))
     wait, said = _REACH_AGAIN_S[0], str(exc)
     while True:
-        try:
-            await asyncio.wait_for(stopped.wait(), timeout=wait)
-        except TimeoutError:
-            pass
-        else:
+        if await set_within(stopped, wait):
             # The attempt stays `running` in the store (nothing says it ended): a later `stop`,
             # once the host answers, finds it and kills it; a restarted daemon re-adopts it.
             journal.set_job(JobState.STOPPED, f"stopped by user while {where} was unreachable: attempt {n} "
