@@ -10,7 +10,7 @@ from supervisor.core.actions import AttemptAction
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import AttemptState, EventKind, Verdict
 from supervisor.core.payloads import ActionData, ExitedData
-from supervisor.gpu.nvml import ReleaseResult, wait_for_release
+from supervisor.gpu.nvml import ReleaseResult, baseline_of, wait_for_release
 from supervisor.hosts.base import ExitStatus, UsageReader
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live, RunnerContext, describe_exit
@@ -28,7 +28,7 @@ def gpu_baseline(ctx: RunnerContext) -> dict[int, int]:
     sample = ctx.gpu.latest()
     if sample is None or not sample.available:
         return {}
-    return {d.index: d.used_mib for d in sample.devices}
+    return baseline_of(sample, None)
 
 
 class Ending:
