@@ -59,7 +59,7 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
         bound_source=None if first.source is None else str(first.source))
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
-        progress=None if bar is None else BarProgress(bar.probe, bar.done, bar.total, bar.rate, bar.eta_s, bar.bar),
+        progress=None if bar is None else bar.standing(),
         last_output=last_output, still_for_s=max(0.0, now - moved),
         next_verdict=upcoming,
         stall_bounds=tuple(_stall_bound(*b) for b in watchdog.stall_bounds(now)),

@@ -7,6 +7,8 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
+from supervisor.core.progress import BarProgress
+
 # Enough intervals for a stable median without letting a million-step training bar grow
 # memory without bound.
 _MAX_INTERVALS = 256  # the median of the recent intervals: adapts, and stays cheap to recompute
@@ -23,6 +25,10 @@ class ProgressState:
     eta_s: float | None
     last_advance_at: float
     bar: str = ""  # which bar: its description, else the probe, with its process
+
+    def standing(self) -> BarProgress:
+        """Where the bar stands, as the attempt's row, a runner's snapshot and ``status`` show it."""
+        return BarProgress(self.probe, self.done, self.total, self.rate, self.eta_s, self.bar)
 
 
 @dataclass

@@ -18,7 +18,6 @@ import structlog
 from supervisor.core.errors import StoreError
 from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Record
 from supervisor.core.payloads import ActionData, AlertData, ExitedData, ProbeFields, SlowStep, jsonable
-from supervisor.core.progress import BarProgress
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower
@@ -34,7 +33,7 @@ from supervisor.notify import notices
 from supervisor.probes import Pack
 from supervisor.spec.model import JobSpec
 from supervisor.store.arrivals import ArrivalWriter, marks_path
-from supervisor.watchdog import Judgement, ProgressState
+from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
 
@@ -314,7 +313,7 @@ class AttemptWatch:
         fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
                                   "log_generation": live.row.log_generation}
         if state.progress is not None:
-            fields["progress"] = bar_progress(state.progress)
+            fields["progress"] = state.progress.standing()
         if state.failure is not None:
             fields["failure"] = state.failure
             fields["fingerprint"] = state.failure.fingerprint
@@ -404,11 +403,6 @@ def _contained(journal: Journal, live: Live, what: str, exc: Exception) -> None:
 def clock_at(clock: Callable[[], float], wall: float) -> float:
     """A wall-clock time on ``clock`` (the watchdog's)."""
     return clock() - (time.time() - wall)
-
-
-def bar_progress(progress: ProgressState) -> BarProgress:
-    """The watchdog's reading of a bar, as the attempt's row keeps it."""
-    return BarProgress(progress.probe, progress.done, progress.total, progress.rate, progress.eta_s, progress.bar)
 
 
 def _from_probe(job: str, n: int, pe: ProbeEvent) -> Event:
