@@ -269,6 +269,10 @@ class HsScanner:
         ends.sort()  # Hyperscan does not promise to report matches in order of their end
         self._ends = ends
 
+    def last_bytes(self) -> list[int]:
+        """The offset of the last byte of every match, in order."""
+        return [end - 1 for end in self._ends]
+
     def first_hit(self, pos: int) -> int:
         """Offset in ``buf`` (>= pos) of the last byte of the first match ending after ``pos``; -1 if none."""
         if self.everything:

@@ -192,9 +192,12 @@ def replay_file(
     pack_names: Sequence[str] | None = None,
     pack_paths: Sequence[str | os.PathLike[str]] = (),
     spool: EventSpool[EventModel] | None = None,
+    *,
+    skip_quiet: bool = True,
 ) -> ReplayReport:
     """Replay a log file through the probe packs (``pack_names=None``: all built-in packs).
-    With a ``spool`` the listed events go there, not into the report's ``events``."""
+    With a ``spool`` the listed events go there, not into the report's ``events``.
+    ``skip_quiet=False``: every line is split and fed (what skipping must agree with; tests)."""
     packs = load_packs(pack_names, pack_paths)
     if not packs:  # nothing could match: "no failure" would be a lie
         searched = ", ".join(str(d) for d in search_dirs())
@@ -202,18 +205,35 @@ def replay_file(
     engine = ProbeEngine(packs, fold_runs=True)
     summary = _Summary(spool)
     bars = RedrawCoalescer()
+
+    def feed(data: bytes, offset: int, final: bool) -> int:
+        records, used = split_records(data, offset, final)
+        summary.add(engine.feed_many(bars.feed(records)), engine.folded)
+        return used
+
     offset = 0
     pending = b""
     with open(path, "rb") as handle:
         while True:
             chunk = handle.read(_CHUNK)
             data = pending + chunk
-            records, used = split_records(data, offset, final=not chunk)
-            summary.add(engine.feed_many(bars.feed(records)), engine.folded)
-            del records
+            final = not chunk
+            plan = engine.busy_spans(data, final) if skip_quiet else None
+            if plan is None:
+                used = feed(data, offset, final)
+            else:
+                # Only the stretches the prefilter names are split and read (``_quiet``), and
+                # the lines between them too while a traceback is open.
+                spans, used = plan
+                done = 0
+                for start, end in spans:
+                    if engine.has_open_traceback:
+                        start = done
+                    feed(data[start:end], offset + start, True)
+                    done = end
             pending = data[used:]
             offset += used
-            if not chunk:
+            if final:
                 break
     summary.add(engine.feed_many(bars.flush()), engine.folded)
     summary.add(engine.flush(), engine.folded)

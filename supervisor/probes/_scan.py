@@ -52,6 +52,28 @@ class Prefilter:
             return True
         return self.db is not None and _hsfilter.HsScanner(self.db, data).first_hit(0) >= 0
 
+    def marks(self, text: bytes) -> list[int] | None:
+        """An offset inside each match in ``text`` (raw log bytes, valid UTF-8, ANSI codes and all),
+        unordered; None when Hyperscan stopped counting (see ``HsScanner``).  For ``_quiet``."""
+        out: list[int] = []
+        if self.db is not None:
+            scan = _hsfilter.HsScanner(self.db, text, text.count(b"\n") + 1)
+            if scan.everything:
+                return None
+            out = scan.last_bytes()
+        rx = self.rx
+        if rx is not None:
+            pos, size = 0, len(text)
+            while pos < size:
+                found = rx.Match(_UNANCHORED, text, pos, size)[0][0]
+                if found < 0:
+                    break
+                out.append(found)
+                pos = text.find(b"\n", found) + 1  # the rest of that line is read anyway
+                if not pos:
+                    break
+        return out
+
     def scanner(self, texts: list[str]) -> Scanner:
         if self._small is not None and len(texts) <= SMALL_BATCH:
             return Scanner(self._small, texts)

@@ -1,0 +1,90 @@
+"""Offline only: the lines of a chunk of log bytes that no probe can read, skipped unsplit.
+
+``supervise probe`` reads a log a chunk at a time.  On a long log most lines match no probe
+and start no traceback, yet each was split into a record, decoded, joined back into the
+prefilter's batch and walked past by the engine: on a log of such lines that was nearly all
+the time.  Here the prefilter scans the chunk's raw bytes once, and only the stretches of
+lines it names (``busy_spans``) are split into records and given to the engine:
+
+- each line holding a hit, and the line before it: a prefix alone on a line lends its
+  fields to the next (``_engine._lent_fields``);
+- each line holding an ESC (the probes read a line with its ANSI codes stripped, so the raw
+  bytes may hide a match) or a lone ``\\r`` (a bar's redraws: ``RedrawCoalescer`` sees
+  them all, and a line's run of redraws always ends with the line, at its last record);
+- the chunk's last line (the record the engine keeps as the one before the next chunk's);
+- and everything from the end of a stretch to the start of the next while a traceback is
+  open (the replay's loop sees to that: every line of a traceback is read).
+
+A line left out is one the engine would have passed over: the prefilter never misses a line
+a probe matches, nor one that may start a traceback (its markers are in the database); the
+engine neither reads nor folds such a line (a bar's run of lines goes on past a line between).
+So the events, and the report, are those of reading every record (tests/test_probes_quiet.py).
+
+A chunk is read whole, as before, when it holds text that is not UTF-8 (Hyperscan's UTF-8 mode reads valid UTF-8 only), or no
+newline near its end (a bar redrawn with ``\\r`` alone for hours): ``busy_spans`` says None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# Bytes that make a line one to read whatever the prefilter says (see above): ESC, a NUL (a run
+# of NULs ends a record: ``records._split_at_nul_runs``), and a carriage return not followed by
+# a newline.
+_MUST_READ = (b"\x1b", b"\x00", b"\r")
+# A chunk's unterminated tail longer than this: the chunk is read whole (records.split_records
+# cuts an over-long line, and holding it back for a newline could hold megabytes).
+MAX_TAIL = 64 << 10
+
+
+def busy_spans(data: bytes, final: bool, hits: Callable[[bytes], list[int] | None]) -> tuple[list[tuple[int, int]], int] | None:
+    """The stretches ``(start, end)`` of ``data`` to read, in order, each whole lines, and where
+    the lines taken now end (the rest waits for the next chunk); None: read all of ``data``.
+
+    ``hits(text)`` gives an offset inside each match the prefilter finds in ``text`` (None:
+    too many to list, read it all)."""
+    stop = len(data) if final else data.rfind(b"\n") + 1
+    if len(data) - stop > MAX_TAIL:
+        return None
+    text = data[:stop] if stop < len(data) else data
+    if not text.isascii():
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    found = hits(text)
+    if found is None:
+        return None
+    marks = found + _must_read(text)
+    if stop:
+        marks.append(stop - 1)
+    marks.sort()
+    spans: list[tuple[int, int]] = []
+    end = -1
+    for mark in marks:
+        if mark < end:
+            continue  # inside the stretch already taken
+        line = text.rfind(b"\n", 0, mark) + 1
+        start = text.rfind(b"\n", 0, line - 1) + 1 if line else 0  # the line before it too
+        end = text.find(b"\n", mark) + 1 or stop
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    return spans, stop
+
+
+def _must_read(text: bytes) -> list[int]:
+    """An offset in each line holding one of ``_MUST_READ`` (by ``bytes.find``: a regex
+    alternation scans a chunk several times slower)."""
+    out: list[int] = []
+    for byte in _MUST_READ:
+        pos = text.find(byte)
+        while pos >= 0:
+            if byte == b"\r" and text[pos + 1 : pos + 2] == b"\n":
+                pos = text.find(byte, pos + 1)  # a CRLF line's end: nothing to read for it
+                continue
+            out.append(pos)
+            pos = text.find(b"\n", pos)  # the line is taken: on to the next one
+            pos = text.find(byte, pos) if pos >= 0 else -1
+    return out

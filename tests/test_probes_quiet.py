@@ -1,0 +1,144 @@
+"""The offline replay skips the lines no probe can read without splitting them (``_quiet``),
+and that changes nothing it reports.
+
+- On every corpus log, and on random logs mixing quiet lines with events, bars redrawn with
+  ``\\r``, lines a prefix alone lends its fields to, tracebacks whose code lines no probe
+  matches, ANSI colours, NUL runs, CRLF endings, bytes that are not UTF-8 and over-long lines,
+  read in chunks of many sizes: the same report, JSON and text, as splitting every line.
+- A quiet line is never made a record (on today's main every line was).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from probe_golden import corpus_logs, packs
+from supervisor.core import records as records_module
+from supervisor.probes import ProbeEngine
+from supervisor.probes import _replay
+from supervisor.probes._quiet import MAX_TAIL, busy_spans
+from supervisor.probes._replay import replay_file
+
+
+def _report(path: Path, skip: bool) -> tuple[str, str]:
+    report = replay_file(path, skip_quiet=skip)
+    return report.to_json(), report.render_text()
+
+
+@pytest.mark.parametrize("path", corpus_logs(), ids=lambda p: p.name)
+def test_skipping_quiet_lines_changes_nothing_on_corpus_logs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _report(path, True) == _report(path, False)
+    monkeypatch.setattr(_replay, "_CHUNK", 1013)  # chunks end mid-line, mid-traceback, mid-bar
+    assert _report(path, True) == _report(path, False)
+
+
+# ---- random logs ----------------------------------------------------------------------
+
+_QUIET = ["2026-12-04 12:00:01 worker 3 wrote block 17 of 40", "    x = model(batch)", "", "   ",
+          "some words with no event in them", "{'epoch': 1}", "INFO 12-04 12:00:00 [core.py:1] nothing of note"]
+_EVENTS = ["Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.00it/s]",
+           "INFO 12-04 12:00:00 [api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000",
+           " iteration       12/     500 | consumed samples:          384 | lm loss: 1.234E+00 |",
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "step 7 loss 0.25",
+           'INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK', "Killed"]
+_PREFIXES = ["(VllmWorker rank=0 pid=79) ", "[rank1]: ", "[default0]:"]
+
+
+def _random_log(rng: random.Random) -> bytes:
+    out: list[bytes] = []
+    for _ in range(rng.randint(20, 120)):
+        pick = rng.random()
+        end = b"\r\n" if rng.random() < 0.1 else b"\n"
+        if pick < 0.45:
+            out.append(rng.choice(_QUIET).encode() + end)
+        elif pick < 0.6:
+            out.append(rng.choice(_EVENTS).encode() + end)
+        elif pick < 0.65:  # a prefix alone, lending its fields to the next line
+            out.append(rng.choice(_PREFIXES).encode().rstrip() + b"\n" + rng.choice(_EVENTS + _QUIET).encode() + end)
+        elif pick < 0.72:  # a bar redrawn with \r, then the line goes on
+            total = rng.choice([3, 40])
+            draws = [f"Map: {100 * d // total:3d}%|{'#' * (d * 10 // total):<10}| {d}/{total} [00:01<00:01]"
+                     for d in range(0, total + 1, rng.choice([1, 7]))]
+            out.append("\r".join(draws).encode() + (b"\r" if rng.random() < 0.5 else b"") + end)
+        elif pick < 0.8:  # a traceback: its code lines match nothing
+            prefix = rng.choice(["", *_PREFIXES]).encode()
+            out += [prefix + b"Traceback (most recent call last):\n", prefix + b'  File "train.py", line 3, in <module>\n',
+                    prefix + b"    main()\n", *(prefix + rng.choice(_QUIET).encode() + b"\n" for _ in range(rng.randint(0, 3))),
+                    prefix + b"RuntimeError: CUDA error: an illegal memory access was encountered\n"]
+        elif pick < 0.84:  # colours
+            out.append(b"\x1b[32mINFO\x1b[0m " + rng.choice(_EVENTS + _QUIET).encode() + end)
+        elif pick < 0.88:  # a hole of NULs (a truncated log written on)
+            out.append(b"\x00" * rng.randint(1, 40) + rng.choice(_EVENTS + _QUIET).encode() + end)
+        elif pick < 0.91:  # not UTF-8
+            out.append(b"bad \xff\xfe bytes " + rng.choice(_EVENTS + _QUIET).encode() + end)
+        elif pick < 0.93:  # long
+            out.append(b"x" * rng.randint(2000, 9000) + rng.choice(_EVENTS + _QUIET).encode() + end)
+        else:
+            out.append(rng.choice(_EVENTS).encode() + b" " + rng.choice(_QUIET).encode() + end)
+    data = b"".join(out)
+    return data if rng.random() < 0.8 else data.rstrip(b"\n")  # sometimes no newline at the end
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_skipping_quiet_lines_changes_nothing_on_random_logs(seed: int, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    path = tmp_path / "random.log"
+    path.write_bytes(_random_log(rng))
+    monkeypatch.setattr(_replay, "_CHUNK", rng.choice([97, 1000, 4096, 1 << 20]))
+    assert _report(path, True) == _report(path, False)
+
+
+# ---- what is skipped ------------------------------------------------------------------
+
+
+def test_a_quiet_line_is_never_made_a_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 20,000 lines no probe matches around two that do: only those two, the lines before them
+    # and the log's last line are split into records.
+    quiet = [f"2026-12-04 12:00:01 worker {n % 8} wrote block {n} of 20000" for n in range(20_000)]
+    quiet[5_000] = "step 7 loss 0.25"
+    quiet[15_000] = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    path = tmp_path / "quiet.log"
+    path.write_text("\n".join(quiet) + "\n", encoding="utf-8")
+    made: list[int] = []
+
+    def counting(data: bytes, base: int, final: bool = False) -> tuple[list, int]:
+        out = records_module.split_records(data, base, final)
+        made.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(_replay, "split_records", counting)
+    report = replay_file(path)
+    assert report.outcome.value == "oom"
+    assert sum(made) <= 6, made
+
+
+def _spans(text: bytes, final: bool = True) -> tuple[list[tuple[int, int]], int] | None:
+    return ProbeEngine(packs()).busy_spans(text, final)
+
+
+def test_busy_spans_take_the_lines_the_engine_must_see() -> None:
+    lines = [b"quiet one\n", b"(VllmWorker rank=0 pid=79)\n", b"step 7 loss 0.25\n", b"quiet two\n",
+             b"quiet three\n", b"\x1b[0mquiet in colour\n", b"quiet four\n", b"a 1%\ra 2%\n", b"quiet five\n",
+             b"crlf quiet\r\n", b"quiet six\n", b"\x00\x00quiet after a hole\n", b"quiet seven\n", b"last\n"]
+    text = b"".join(lines)
+    starts = [sum(len(x) for x in lines[:k]) for k in range(len(lines) + 1)]
+    plan = _spans(text)
+    assert plan is not None
+    spans, stop = plan
+    assert stop == len(text)
+    taken = {k for k in range(len(lines)) for a, b in spans if a <= starts[k] and starts[k + 1] <= b}
+    # the hit (2) with the prefix line before it (1); colour (5), a lone \r (7) and a NUL (11)
+    # with theirs; the last line (13) with its; never the CRLF line alone (9) nor the others.
+    assert taken == {1, 2, 4, 5, 6, 7, 10, 11, 12, 13}
+    assert all(text[b - 1:b] == b"\n" for _, b in spans) and all(a == 0 or text[a - 1:a] == b"\n" for a, _ in spans)
+
+
+def test_busy_spans_read_a_chunk_whole_when_they_cannot_say() -> None:
+    assert _spans(b"step 1 loss 0.5\nbad \xff byte\n") is None  # not UTF-8: Hyperscan cannot read it
+    assert _spans(b"quiet\n" + b"a 1%\r" * (MAX_TAIL // 4), final=False) is None  # a bar with no newline for long
+    plan = _spans(b"quiet\nstep 1 loss", final=False)  # a short tail waits for its newline
+    assert plan is not None and plan[1] == len(b"quiet\n")
