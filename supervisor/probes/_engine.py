@@ -48,7 +48,7 @@ from supervisor.probes._fields import CONVERTERS, Converter
 from supervisor.probes._fingerprint import fingerprint
 from supervisor.probes._pack import Pack, Probe, re2_options
 from supervisor.probes._prefix import ANSI_BYTES_RE, LineSplitter
-from supervisor.probes._quiet import busy_spans
+from supervisor.probes._quiet import Spans, busy_spans
 from supervisor.probes._rootcause import FailureReader
 from supervisor.probes._scan import Prefilter, Scanner, build_prefilter
 from supervisor.probes._syntax import without_optional_tail
@@ -186,7 +186,7 @@ class ProbeEngine:
         """A traceback is being captured: its event comes with a later line or ``flush``."""
         return self._tracker.active
 
-    def busy_spans(self, data: bytes, final: bool) -> tuple[list[tuple[int, int]], int] | None:
+    def busy_spans(self, data: bytes, final: bool) -> Spans | None:
         """Offline: which stretches of a chunk of raw log bytes to split and feed, and where the
         lines taken end (``_quiet``); None: feed the whole chunk (no prefilter, or it must read
         every line)."""

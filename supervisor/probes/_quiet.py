@@ -20,8 +20,9 @@ a probe matches, nor one that may start a traceback (its markers are in the data
 engine neither reads nor folds such a line (a bar's run of lines goes on past a line between).
 So the events, and the report, are those of reading every record (tests/test_probes_quiet.py).
 
-A chunk is read whole, as before, when it holds text that is not UTF-8 (Hyperscan's UTF-8 mode reads valid UTF-8 only), or no
-newline near its end (a bar redrawn with ``\\r`` alone for hours): ``busy_spans`` says None.
+A chunk is read whole, as before, when it holds text that is not UTF-8 (Hyperscan's UTF-8
+mode reads valid UTF-8 only), or no newline near its end (a bar redrawn with ``\\r`` alone
+for hours): ``busy_spans`` says None.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ _MUST_READ = (b"\x1b", b"\x00", b"\r")
 MAX_TAIL = 64 << 10
 
 
-def busy_spans(data: bytes, final: bool, hits: Callable[[bytes], list[int] | None]) -> tuple[list[tuple[int, int]], int] | None:
+Spans = tuple[list[tuple[int, int]], int]  # the stretches to read, and where the lines taken end
+
+
+def busy_spans(data: bytes, final: bool, hits: Callable[[bytes], list[int] | None]) -> Spans | None:
     """The stretches ``(start, end)`` of ``data`` to read, in order, each whole lines, and where
     the lines taken now end (the rest waits for the next chunk); None: read all of ``data``.
 
