@@ -28,24 +28,36 @@ for hours): ``busy_spans`` says None.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-# Bytes that make a line one to read whatever the prefilter says (see above): ESC, a NUL (a run
-# of NULs ends a record: ``records._split_at_nul_runs``), and a carriage return not followed by
-# a newline.
-_MUST_READ = (b"\x1b", b"\x00", b"\r")
+# Bytes that make a line one to read whatever the prefilter says (see above): a NUL (a run of
+# NULs ends a record: ``records._split_at_nul_runs``) and a carriage return not followed by a
+# newline; and ESC, which also makes its record a candidate for the probes.
+_MUST_READ = (b"\x00", b"\r")
+_ESC = b"\x1b"
 # A chunk's unterminated tail longer than this: the chunk is read whole (records.split_records
 # cuts an over-long line, and holding it back for a newline could hold megabytes).
 MAX_TAIL = 64 << 10
+# A chunk whose first ``_SAMPLE`` bytes hold more prefilter matches than one a ``_DENSE`` lines is
+# read whole.
+_DENSE = 8
+_SAMPLE = 256 << 10
 
 
-Spans = tuple[list[tuple[int, int]], int]  # the stretches to read, and where the lines taken end
+@dataclass(frozen=True)
+class ChunkPlan:
+    """What to read of a chunk that starts at log offset ``base``."""
+
+    spans: list[tuple[int, int]]  # the stretches to split and feed, in order, whole lines (offsets in the chunk)
+    stop: int  # where the lines taken end, in the chunk: the rest waits for the next one
+    hits: list[int]  # sorted log offsets of a byte inside each prefilter match (``KnownHits``)
+    escapes: list[int]  # sorted log offsets of each ESC: a record holding one is scanned again, uncoloured
 
 
-def busy_spans(data: bytes, final: bool, hits: Callable[[bytes], list[int] | None]) -> Spans | None:
-    """The stretches ``(start, end)`` of ``data`` to read, in order, each whole lines, and where
-    the lines taken now end (the rest waits for the next chunk); None: read all of ``data``.
+def busy_spans(data: bytes, base: int, final: bool, scan: Callable[[bytes], list[int] | None]) -> ChunkPlan | None:
+    """What to read of ``data``, the chunk at log offset ``base``; None: read all of it.
 
-    ``hits(text)`` gives an offset inside each match the prefilter finds in ``text`` (None:
+    ``scan(text)`` gives an offset inside each match the prefilter finds in ``text`` (None:
     too many to list, read it all)."""
     stop = len(data) if final else data.rfind(b"\n") + 1
     if len(data) - stop > MAX_TAIL:
@@ -56,10 +68,22 @@ def busy_spans(data: bytes, final: bool, hits: Callable[[bytes], list[int] | Non
             text.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    found = hits(text)
-    if found is None:
+    # Its first lines first: where most lines would be read, the engine's own scan of the whole
+    # chunk is as quick, and scanning it here as well would cost a scan more.
+    cut = text.rfind(b"\n", 0, _SAMPLE) + 1 if len(text) > 2 * _SAMPLE else len(text)
+    found = scan(text[:cut])
+    if found is None or len(found) * _DENSE > text.count(b"\n", 0, cut):
         return None
-    marks = found + _must_read(text)
+    if cut < len(text):
+        rest = scan(text[cut:])
+        if rest is None:
+            return None
+        found += [cut + hit for hit in rest]
+    found.sort()
+    escapes = _every(text, _ESC)
+    hits = [base + hit for hit in found]
+    escaped = [base + at for at in escapes]
+    marks = found + escapes + _must_read(text)
     if stop:
         marks.append(stop - 1)
     marks.sort()
@@ -75,7 +99,16 @@ def busy_spans(data: bytes, final: bool, hits: Callable[[bytes], list[int] | Non
             spans[-1] = (spans[-1][0], end)
         else:
             spans.append((start, end))
-    return spans, stop
+    return ChunkPlan(spans, stop, hits, escaped)
+
+
+def _every(text: bytes, byte: bytes) -> list[int]:
+    out: list[int] = []
+    pos = text.find(byte)
+    while pos >= 0:
+        out.append(pos)
+        pos = text.find(byte, pos + 1)
+    return out
 
 
 def _must_read(text: bytes) -> list[int]:

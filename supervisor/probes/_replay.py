@@ -58,6 +58,7 @@ from supervisor.probes._phasefold import (
     starts_new_attempt,
     survived,
 )
+from supervisor.probes._quiet import ChunkPlan
 from supervisor.probes._rootcause import echoes_only, root_cause
 from supervisor.probes._spool import EventSpool
 
@@ -206,9 +207,9 @@ def replay_file(
     summary = _Summary(spool)
     bars = RedrawCoalescer()
 
-    def feed(data: bytes, offset: int, final: bool) -> int:
+    def feed(data: bytes, offset: int, final: bool, plan: ChunkPlan | None = None) -> int:
         records, used = split_records(data, offset, final)
-        summary.add(engine.feed_many(bars.feed(records)), engine.folded)
+        summary.add(engine.feed_many(bars.feed(records), plan), engine.folded)
         return used
 
     offset = 0
@@ -218,19 +219,20 @@ def replay_file(
             chunk = handle.read(_CHUNK)
             data = pending + chunk
             final = not chunk
-            plan = engine.busy_spans(data, final) if skip_quiet else None
+            plan = engine.busy_spans(data, offset, final) if skip_quiet else None
             if plan is None:
                 used = feed(data, offset, final)
             else:
                 # Only the stretches the prefilter names are split and read (``_quiet``), and
-                # the lines between them too while a traceback is open.
-                spans, used = plan
+                # the lines between them too while a traceback is open; the chunk's scan says
+                # which of their records to read.
                 done = 0
-                for start, end in spans:
+                for start, end in plan.spans:
                     if engine.has_open_traceback:
                         start = done
-                    feed(data[start:end], offset + start, True)
+                    feed(data[start:end], offset + start, True, plan)
                     done = end
+                used = plan.stop
             pending = data[used:]
             offset += used
             if final:

@@ -9,11 +9,13 @@ the rest are skipped unread.  ``build_prefilter`` says which engine reads (``eng
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
 
 import re2
 
+from supervisor.core.events import Record
 from supervisor.probes import _hsfilter
 from supervisor.probes._literals import required_literals
 from supervisor.probes._pack import re2_options
@@ -69,9 +71,7 @@ class Prefilter:
                 if found < 0:
                     break
                 out.append(found)
-                pos = text.find(b"\n", found) + 1  # the rest of that line is read anyway
-                if not pos:
-                    break
+                pos = found + 1  # (every record hit counts: a line may hold several, split by \r)
         return out
 
     def scanner(self, texts: list[str]) -> Scanner:
@@ -112,6 +112,45 @@ class Scanner:
             self._idx += skipped
             self._pos = buf.rindex(b"\n", pos, hit) + 1
         return self._idx
+
+
+class KnownHits:
+    """A batch's candidates from the prefilter's hits found beforehand in the log's raw bytes
+    (``_quiet``): ``hits``, sorted, are offsets in the log of a byte inside each match.  A record
+    is a candidate when one lies within its bytes (a record's text is its bytes, so none is
+    missed), or when it holds an ESC (at ``escapes``) and its text without colours is a hit:
+    colour codes may hide a match from a scan of the raw bytes."""
+
+    ok = True
+
+    def __init__(self, prefilter: Prefilter, records: Sequence[Record], hits: Sequence[int],
+                 escapes: Sequence[int]) -> None:
+        self._prefilter = prefilter
+        self._records = records
+        self._hits = hits
+        self._escapes = escapes
+        self._ends = [record.end for record in records]
+
+    def next_candidate(self, start: int) -> int | None:
+        hit = self._next(self._hits, start)
+        while True:
+            coloured = self._next(self._escapes, start)
+            if coloured is None or (hit is not None and hit <= coloured):
+                return hit
+            data = ANSI_BYTES_RE.sub(b"", self._records[coloured].text.encode("utf-8", "replace"))
+            if self._prefilter.hit(data):
+                return coloured
+            start = coloured + 1
+
+    def _next(self, offsets: Sequence[int], start: int) -> int | None:
+        """The first record from ``start`` whose bytes hold one of ``offsets``."""
+        if start >= len(self._records):
+            return None
+        k = bisect_left(offsets, self._records[start].offset)
+        if k == len(offsets):
+            return None
+        found = bisect_right(self._ends, offsets[k], start)
+        return found if found < len(self._records) else None
 
 
 def build_prefilter(patterns: Sequence[str], tracebacks: bool) -> tuple[Prefilter | None, bool, str]:
