@@ -20,6 +20,9 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
 - the live path's cost per line that no probe matches: ``feed_many`` of batches of 20 such lines
   (tests/perf/_writer.py's worker lines), what the daemon's follower hands the engine;
 - peak RSS of ``supervise probe --json`` on a log of ``--redraws`` tqdm redraws (the memory target);
+- ``supervise probe --json`` on a log where most lines match no probe (``--quiet-mb``, one line in
+  ``--quiet-every`` a shard bar's), beside grep and the Hyperscan ceiling on it: what a long job's log
+  mostly is, and where the offline reader skips lines unsplit (``probes/_quiet.py``);
 - the offline replay on a log of bar runs (``--bars-mb``: tqdm bars piped to a file, one
   ``\n``-ended line a draw, and Megatron ``iteration N/ M`` lines), with the fold of a bar's run
   (``_barfold``) and without it (every line through the engine and the summary), in-process.
@@ -249,6 +252,31 @@ def bars_log(path: Path, megabytes: float, seed: int = 7) -> int:
     return path.stat().st_size
 
 
+def quiet_log(path: Path, megabytes: float, every: int) -> int:
+    """A long job's log where most lines match no probe: worker lines (the live bench's, and two
+    more kinds), a shard bar's line every ``every`` lines, then a crash."""
+    with path.open("w", encoding="utf-8") as f:
+        n = 0
+        while f.tell() < megabytes * 1e6:
+            block = []
+            for i in range(n, n + 10_000):
+                if i % every == every - 1:
+                    block.append(f"Loading safetensors checkpoint shards:  {i % 100:2d}% Completed | {i % 64}/64 "
+                                 f"[00:{i % 60:02d}<00:10,  1.00it/s]\n")
+                elif i % 3 == 0:
+                    block.append(f"{1733000000 + i / 1000:.6f} worker 3: processed batch {i} of 10000000 (4096 tokens)\n")
+                elif i % 3 == 1:
+                    block.append(f"[2026-12-04 12:{i // 60 % 60:02d}:{i % 60:02d}] shard {i % 64:05d}: wrote {i * 7 % 9973} "
+                                 f"hidden-state rows, {i * 13 % 100003} tokens so far\n")
+                else:
+                    block.append(f"  sample {i}: prompt_len={i % 2048} response_len={i * 3 % 4096} kept\n")
+            f.write("".join(block))
+            n += 10_000
+        f.write("Traceback (most recent call last):\n  File \"extract.py\", line 1, in <module>\n"
+                "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    return path.stat().st_size
+
+
 def run_replay(path: Path, size: int, fold: bool) -> tuple[Timing, str]:
     """The offline report, in-process: ``replay_file`` (the fold on), or every line of a run
     through the engine and the summary (as before the fold)."""
@@ -286,6 +314,10 @@ def main() -> int:
     parser.add_argument("--mb", type=float, default=100.0, help="size of the generated log (default 100)")
     parser.add_argument("--redraws", type=int, default=1_000_000, help="redraws in the memory log (default 10^6)")
     parser.add_argument("--bars-mb", type=float, default=10.0, help="size of the bar-run log (default 10)")
+    parser.add_argument("--quiet-mb", type=float, default=100.0,
+                        help="size of the log where most lines match no probe (default 100)")
+    parser.add_argument("--quiet-every", type=int, default=1000,
+                        help="one line in this many of the quiet log matches a probe (default 1000)")
     parser.add_argument("--keep", type=Path, help="write the log and patterns here and keep them")
     parser.add_argument("--grep-default", action="store_true",
                         help="also grep in the default locale (UTF-8: 5-6x slower than the C locale)")
@@ -339,6 +371,30 @@ def main() -> int:
     print(f"target `supervise probe --json` <= {TARGET_RSS_MB:.0f} MB RSS on {args.redraws} redraws "
           f"({redraw_size / 1e6:.0f} MB, {measured['cpu']:.1f} CPU s): {rss:.0f} MiB -> "
           f"{'met' if rss <= TARGET_RSS_MB else 'MISSED'}")
+    quiet = workdir / "quiet.log"
+    quiet_size = quiet_log(quiet, args.quiet_mb, args.quiet_every)
+    quiet_runs: list[Timing] = []
+    for on in (True, False):
+        mode = "prefilter on" if on else "prefilter off"
+        prefilter(on)
+        quiet_runs.append(run_cli_probe(quiet, quiet_size, mode))
+    prefilter(True)
+    quiet_grep = run_grep(quiet, patterns, quiet_size, "C")
+    quiet_hs = run_hyperscan(quiet, quiet_size, per_line=False)
+    print(f"\nquiet log: {quiet_size / 1e6:.1f} MB where one line in {args.quiet_every} matches a probe\n")
+    print("| run | wall s | CPU s | MB/s (CPU) | vs grep | |")
+    print("|---|---:|---:|---:|---:|---|")
+    for t in [*quiet_runs, quiet_grep, *([quiet_hs] if quiet_hs else [])]:
+        ratio = f"{t.mb_s / quiet_grep.mb_s:.1f}x" if t.engine else "-"
+        print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
+    for t in quiet_runs:
+        met = t.mb_s >= TARGET_MB_S and t.mb_s >= TARGET_VS_GREP_C * quiet_grep.mb_s
+        print(f"target offline >= {TARGET_MB_S:.0f} MB/s and >= {TARGET_VS_GREP_C:.0f}x grep (C locale) on the quiet log, "
+              f"{t.label.rsplit(', ', 1)[1]}: {t.mb_s:.1f} MB/s, {t.mb_s / quiet_grep.mb_s:.1f}x -> {'met' if met else 'MISSED'}")
+    if quiet_hs is not None:
+        t = quiet_runs[0]
+        print(f"target offline within {TARGET_VS_CEILING:.0f}x of the Hyperscan ceiling on the quiet log, prefilter on: "
+              f"{quiet_hs.mb_s / t.mb_s:.1f}x slower -> {'met' if quiet_hs.mb_s <= TARGET_VS_CEILING * t.mb_s else 'MISSED'}")
     bars = workdir / "bars.log"
     bars_size = bars_log(bars, args.bars_mb)
     (folded, folded_json), (plain, plain_json) = run_replay(bars, bars_size, True), run_replay(bars, bars_size, False)
@@ -352,7 +408,7 @@ def main() -> int:
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
     print(f"\nfold: {plain.cpu / folded.cpu:.2f}x less CPU on the bar log")
     if args.keep is None:
-        for path in (log, patterns, redraws, bars):
+        for path in (log, patterns, redraws, bars, quiet):
             path.unlink(missing_ok=True)
         workdir.rmdir()
     return 0
