@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from supervisor.core.events import Record
-from supervisor.core.records import MAX_RECORD_BYTES, RecordBuffer, split_records
+from supervisor.core.records import MAX_RECORD_BYTES, RecordBuffer, _split_general, split_records
 
 
 def texts(records: list[Record]) -> list[str]:
@@ -187,6 +189,40 @@ def test_long_lines_do_not_depend_on_chunking() -> None:
     assert chunked == whole
     assert [r.cut for r in whole] == [True, True, True, False]
     assert "".join(texts(whole)) == "€" * MAX_RECORD_BYTES
+
+
+def test_a_bar_redrawn_for_hours_is_split_as_the_careful_splitter_splits_it() -> None:
+    # tqdm writing to a file: a \r before every redraw, a newline only at the end: one "line" of
+    # megabytes made of short records.  The bulk path must give what the record-by-record one does
+    # (which today's main used for it), whatever the chunking; a piece over the limit is still cut.
+    rng = random.Random(11)
+    draws = [f"Training: {i * 100 // 60_000:3d}%|###  | {i}/60000 [01:02<03:04, 5.00it/s]".encode()
+             for i in range(60_000)]
+    data = b"".join(b"\r" + d for d in draws) + b"\n" + b"done\n"
+    assert len(data) > MAX_RECORD_BYTES
+    whole, used = split_records(data, 7, final=True)
+    assert whole == _split_general(data, 7, True)[0] and used == len(data)
+    assert sum(r.redraw for r in whole) == 60_000 and not any(r.cut for r in whole)
+    assert split_in_chunks(data, [rng.randint(1 << 16, 1 << 21) for _ in range(8)], base=7) == whole
+    over = b"\r" + b"w" * (MAX_RECORD_BYTES + 3) + b"\rshort\n"
+    assert split_records(over, 0)[0] == _split_general(over, 0, False)[0]
+    assert [r.cut for r in split_records(over, 0)[0]] == [False, True, False, False]
+
+
+def test_a_bar_redrawn_for_hours_is_not_read_record_by_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Today's main took the slow, record-by-record splitter for any newline-free stretch over
+    # MAX_RECORD_BYTES, though every record in it was short.
+    from supervisor.core import records as records_module
+
+    def refuse(*_args: object) -> None:
+        raise AssertionError("a line of short redraws went to the record-by-record splitter")
+
+    monkeypatch.setattr(records_module, "_split_general", refuse)
+    data = b"".join(b"\rStep %d/90000" % i for i in range(90_000))
+    records, used = split_records(data, 0)
+    # an empty record before the first \r, then every redraw but the last, which waits for its end
+    assert len(records) == 90_000 and records[0].text == "" and records[-1].text == "Step 89998/90000"
+    assert used == len(data) - len(b"Step 89999/90000")
 
 
 def test_empty_input() -> None:
