@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 import pytest
 
@@ -19,6 +20,7 @@ from probe_golden import corpus_logs, event_json, packs
 from supervisor.probes import ProbeEngine
 from supervisor.probes._barfold import RedrawCoalescer
 from supervisor.probes._replay import build_report, replay_file
+from supervisor.core.events import Record
 from supervisor.core.records import RecordBuffer, split_records
 
 
@@ -121,3 +123,39 @@ def test_fold_and_prefilter_change_nothing_on_corpus_logs(path: Path) -> None:
     assert _folded_report(path) == _unfolded_report(path)
     data = path.read_bytes()
     assert _events(data, prefilter=True, chunk=4096) == _events(data, prefilter=False, chunk=4096)
+
+
+def _coalesced_reference(records: list[Record]) -> list[Record]:
+    """The coalescer's rule spelled out: of a run of redraws alike up to their first digit, the
+    first and the last."""
+    out: list[Record] = []
+    key: str | None = None
+    held: Record | None = None
+    for record in records:
+        this = re.match(r"[^\d]*", record.text).group() if record.redraw else None  # type: ignore[union-attr]
+        if this is not None and this == key:
+            held = record
+            continue
+        if held is not None:
+            out.append(held)
+            held = None
+        key = this
+        out.append(record)
+    return out + ([held] if held is not None else [])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_redraw_coalescer_keeps_a_runs_first_and_last(seed: int) -> None:
+    # Texts from a small alphabet, Unicode digits among them ('٣' is one to \d, '²' is not):
+    # runs that share a key, keys that are prefixes of each other, empty texts, digits first.
+    rng = random.Random(seed)
+    alphabet = ["a", "b", " ", "%", "1", "7", "٣", "²", "|"]
+    records, pos = [], 0
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        records.append(Record(text, pos, pos + len(text) + 1, rng.random() < 0.8))
+        pos += len(text) + 1
+    coalescer = RedrawCoalescer()
+    cut = rng.randint(0, len(records))
+    got = coalescer.feed(records[:cut]) + coalescer.feed(records[cut:]) + coalescer.flush()
+    assert got == _coalesced_reference(records)

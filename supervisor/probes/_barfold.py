@@ -119,6 +119,13 @@ class RedrawCoalescer:
     def feed(self, records: Iterable[Record]) -> list[Record]:
         out: list[Record] = []
         for record in records:
+            if record.redraw and (run := self._key) is not None:
+                # The run's key again (the text before its first digit) without a regex a redraw:
+                # an hour of tqdm is tens of thousands of them.
+                text = record.text
+                if text.startswith(run) and (len(text) == len(run) or text[len(run)].isdecimal()):
+                    self._held = record
+                    continue
             key = _bar_key(record.text) if record.redraw else None
             if key is not None and key == self._key:
                 self._held = record
