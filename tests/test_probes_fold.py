@@ -18,7 +18,7 @@ import pytest
 
 from probe_golden import corpus_logs, event_json, packs
 from supervisor.probes import ProbeEngine
-from supervisor.probes._barfold import RedrawCoalescer
+from supervisor.probes._barfold import RedrawCoalescer, middle_redraws
 from supervisor.probes._replay import build_report, replay_file
 from supervisor.core.events import Record
 from supervisor.core.records import RecordBuffer, split_records
@@ -159,3 +159,56 @@ def test_redraw_coalescer_keeps_a_runs_first_and_last(seed: int) -> None:
     cut = rng.randint(0, len(records))
     got = coalescer.feed(records[:cut]) + coalescer.feed(records[cut:]) + coalescer.flush()
     assert got == _coalesced_reference(records)
+
+
+def _coalesced_by_replay(data: bytes) -> list[Record]:
+    """What the offline replay hands the engine: the middle redraws skipped unsplit
+    (``middle_redraws``), the rest split and coalesced."""
+    coalescer = RedrawCoalescer()
+    out: list[Record] = []
+    start = 0
+    for skip_from, skip_to in middle_redraws(data):
+        out += coalescer.feed(split_records(data[start:skip_from], start, True)[0])
+        start = skip_to
+    return out + coalescer.feed(split_records(data[start:], start, True)[0]) + coalescer.flush()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_middle_redraws_skipped_unsplit_are_those_the_coalescer_drops(seed: int) -> None:
+    # Redraw-heavy bytes: keys that share prefixes, digits first, no digit at all, CRLF and LF
+    # endings, NUL holes, bytes over 0x7f and colour codes inside the pieces.
+    rng = random.Random(seed)
+    keys = [b"Map: ", b"Map:  ", b"Training: ", b"", b"\x1b[1mMap: ", b"M\xc3\xa9p: "]
+    pieces = []
+    for _ in range(rng.randint(200, 3000)):
+        key = rng.choice(keys)
+        body = key + (str(rng.randint(0, 999)).encode() if rng.random() < 0.95 else b"") + b"/999 [00:01]"
+        end = rng.choices([b"\r", b"\n", b"\r\n", b"\x00\x00\r"], weights=[90, 4, 4, 2])[0]
+        pieces.append(body + end)
+    data = b"".join(pieces)
+    plain = RedrawCoalescer()
+    assert _coalesced_by_replay(data) == plain.feed(split_records(data, 0, True)[0]) + plain.flush()
+
+
+def test_a_run_of_redraws_is_not_split_into_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # tqdm written to a file: 50,000 redraws of one bar, then a crash.  The replay splits only the
+    # run's first and last redraws (today's main made a record of each, for the coalescer to drop).
+    from supervisor.probes import _replay
+
+    path = tmp_path / "bar.log"
+    path.write_bytes(b"".join(b"\rTraining:  %d%%|#####     | %d/50000 [01:02<03:04, 5.00it/s]" % (i // 500, i)
+                              for i in range(1, 50_001))
+                     + b"\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+                       b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    made: list[int] = []
+    real = _replay.split_records
+
+    def counting(data: bytes, base: int, final: bool = False) -> tuple[list[Record], int]:
+        out = real(data, base, final)
+        made.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(_replay, "split_records", counting)
+    report = replay_file(path)
+    assert report.outcome.value == "oom" and report.progress[0].done == 50_000
+    assert sum(made) < 100, made

@@ -46,7 +46,7 @@ from supervisor.core.events import (
 )
 from supervisor.core.progress import Progress, count
 from supervisor.core.records import split_records
-from supervisor.probes._barfold import RedrawCoalescer
+from supervisor.probes._barfold import RedrawCoalescer, middle_redraws
 from supervisor.probes._engine import ProbeEngine
 from supervisor.probes._identity import Bar, BarBook, BarRun, bar_of
 from supervisor.probes._loading import load_packs, search_dirs
@@ -208,9 +208,14 @@ def replay_file(
     bars = RedrawCoalescer()
 
     def feed(data: bytes, offset: int, final: bool, plan: ChunkPlan | None = None) -> int:
-        records, used = split_records(data, offset, final)
+        start = 0
+        for skip_from, skip_to in middle_redraws(data):  # what the coalescer would drop, unsplit
+            records, _ = split_records(data[start:skip_from], offset + start, True)
+            summary.add(engine.feed_many(bars.feed(records), plan), engine.folded)
+            start = skip_to
+        records, used = split_records(data[start:] if start else data, offset + start, final)
         summary.add(engine.feed_many(bars.feed(records), plan), engine.folded)
-        return used
+        return start + used
 
     offset = 0
     pending = b""
