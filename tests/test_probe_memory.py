@@ -60,3 +60,17 @@ def test_probe_listing_many_events_peaks_under_200_mb(tmp_path: Path) -> None:
     assert len(report["events"]) == 100_000 and report["events_omitted"] == 50_000
     assert report["events"][-1]["line"].endswith("'epoch': 99999}")
     assert measured["maxrss_kib"] < LIMIT_MB * 1024, f"peak RSS {measured['maxrss_kib'] // 1024} MB"
+
+
+def test_probe_on_a_bar_redrawn_blank_millions_of_times_peaks_under_200_mb(tmp_path: Path) -> None:
+    """A stream of carriage returns alone (a bar cleared and redrawn blank, 4 MB): every \\r was an
+    empty record, four million in one chunk's list, 690 MB at peak on b37886f.  The redraws between
+    a run's first and last are no longer split."""
+    log = tmp_path / "blank.log"
+    log.write_bytes(b"\r" * 4_000_000 + b"\nKilled\n")
+    result = subprocess.run([sys.executable, "-c", _MEASURE, "probe", "--json", str(log)], capture_output=True,
+                            text=True, timeout=600, cwd=REPO, check=True)
+    measured = json.loads(result.stdout)
+    report = json.loads(measured["out"])
+    assert report["outcome"] == "crashed", measured["err"]
+    assert measured["maxrss_kib"] < LIMIT_MB * 1024, f"peak RSS {measured['maxrss_kib'] // 1024} MB"

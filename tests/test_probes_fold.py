@@ -175,17 +175,22 @@ def _coalesced_by_replay(data: bytes) -> list[Record]:
 
 @pytest.mark.parametrize("seed", range(16))
 def test_middle_redraws_skipped_unsplit_are_those_the_coalescer_drops(seed: int) -> None:
-    # Redraw-heavy bytes: keys that share prefixes, digits first, no digit at all, CRLF and LF
-    # endings, NUL holes, bytes over 0x7f and colour codes inside the pieces.
+    # Redraw-heavy bytes in runs of one key, long and short: keys that share prefixes, digits first,
+    # no digit at all, blank redraws, CRLF and LF endings, NUL holes, bytes over 0x7f and colour
+    # codes inside the pieces; long enough that the sample at a chunk's start decides too.
     rng = random.Random(seed)
     keys = [b"Map: ", b"Map:  ", b"Training: ", b"", b"\x1b[1mMap: ", b"M\xc3\xa9p: "]
     pieces = []
-    for _ in range(rng.randint(200, 3000)):
+    while sum(map(len, pieces)) < 300_000:
         key = rng.choice(keys)
-        body = key + (str(rng.randint(0, 999)).encode() if rng.random() < 0.95 else b"") + b"/999 [00:01]"
-        end = rng.choices([b"\r", b"\n", b"\r\n", b"\x00\x00\r"], weights=[90, 4, 4, 2])[0]
-        pieces.append(body + end)
+        for _ in range(rng.choice([1, 2, 5, 40, 400])):
+            pick = rng.random()
+            body = (b"" if pick < 0.01 else key + b"/999" if pick < 0.015 else key + b"x" if pick < 0.02
+                    else key + b"%d/999 [00:01]" % rng.randint(0, 999))
+            end = rng.choices([b"\r", b"\n", b"\r\n", b"\x00\x00\r"], weights=[300, 2, 2, 1])[0]
+            pieces.append(body + end)
     data = b"".join(pieces)
+    assert middle_redraws(data), "the bytes hold runs worth skipping"
     plain = RedrawCoalescer()
     assert _coalesced_by_replay(data) == plain.feed(split_records(data, 0, True)[0]) + plain.flush()
 

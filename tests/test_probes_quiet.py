@@ -164,7 +164,7 @@ def test_busy_spans_take_the_lines_the_engine_must_see() -> None:
     lines = [b"quiet one\n", b"(VllmWorker rank=0 pid=79)\n", b"step 7 loss 0.25\n", b"quiet two\n",
              b"quiet three\n", b"\x1b[0mquiet in colour\n", b"quiet four\n", b"a 1%\ra 2%\n", b"quiet five\n",
              b"crlf quiet\r\n", b"quiet six\n", b"\x00\x00quiet after a hole\n", b"quiet seven\n",
-             *(b"more quiet %d\n" % n for n in range(60)), b"last\n"]
+             *(b"more quiet %d\n" % n for n in range(200)), b"last\n"]
     text = b"".join(lines)
     starts = [sum(len(x) for x in lines[:k]) for k in range(len(lines) + 1)]
     plan = _spans(text)
@@ -176,7 +176,7 @@ def test_busy_spans_take_the_lines_the_engine_must_see() -> None:
     # line with its; never the CRLF line alone nor the others.
     assert taken == {b"(VllmWorker rank=0 pid=79)\n", b"step 7 loss 0.25\n", b"quiet three\n",
                      b"\x1b[0mquiet in colour\n", b"quiet four\n", b"a 1%\ra 2%\n", b"quiet six\n",
-                     b"\x00\x00quiet after a hole\n", b"more quiet 59\n", b"last\n"}
+                     b"\x00\x00quiet after a hole\n", b"more quiet 199\n", b"last\n"}
     assert all(text[b - 1:b] == b"\n" for _, b in spans) and all(a == 0 or text[a - 1:a] == b"\n" for a, _ in spans)
 
 
@@ -185,5 +185,6 @@ def test_busy_spans_read_a_chunk_whole_when_they_cannot_say() -> None:
     assert _spans(quiet + b"step 1 loss 0.5\nbad \xff byte\n") is None  # not UTF-8: Hyperscan cannot read it
     assert _spans(quiet + b"a 1%\r" * (MAX_TAIL // 4), final=False) is None  # a bar with no newline for long
     assert _spans(b"".join(b"step %d loss 0.5\n" % n for n in range(100))) is None  # most lines read anyway
+    assert _spans(b"".join(b"Map %d\r%d\n" % (n, n) for n in range(100))) is None  # ... being redraws
     plan = _spans(quiet + b"step 1 loss", final=False)  # a short tail waits for its newline
     assert plan is not None and plan[1] == len(quiet)

@@ -140,14 +140,22 @@ class RedrawCoalescer:
         return [] if held is None else [held]
 
 
-# A run of three or more redraws alike up to their first digit, in raw bytes: each an ASCII piece
+# A run of redraws alike up to their first digit, in raw bytes: each an ASCII piece
 # (no NUL, newline or byte over 0x7f, not over-long: what ``records.split_records`` makes one plain
-# record of, whose text is its bytes) ended by a lone \r, all after the first starting with the
-# first's text before its first digit (group 1, the key), then a digit; the first starts a record.
-_PIECE_END = rb"[^\r\n\x00\x80-\xff]{0,4000}\r(?=[^\n])"
-_REDRAW_RUN = re.compile(rb"(?:(?<=[\r\n])|^)([^0-9\r\n\x00\x80-\xff]{0,4000})[0-9]" + _PIECE_END
-                         + rb"(?:\1[0-9]" + _PIECE_END + rb")+")
+# record of, whose text is its bytes) ended by a lone \r; the first starts a record; each starts
+# with the first's text before its first digit (group 1, the key), then a digit or its end (a piece
+# with no digit is its own key: ``\r`` alone, redrawn blank, is a run of empty texts).
+_REST = rb"(?:[0-9][^\r\n\x00\x80-\xff]{0,4000})?\r(?=[^\n])"
+# (At least 8 more: a shorter run is not worth a Python step.  Possessive: nothing follows the run
+# in the pattern, so it never gives a piece back, and the regex engine keeps no backtracking state a
+# piece, which for a run of three million cost 650 MiB.)
+_REDRAW_RUN = re.compile(rb"(?:(?<=[\r\n])|^)([^0-9\r\n\x00\x80-\xff]{0,4000})" + _REST
+                         + rb"(?:\1" + _REST + rb"){8,}+")
 _RUNS_WORTH_LOOKING = 256  # bytes a lone \r at least: fewer, and looking costs more than it saves
+# A stretch of middle redraws shorter than this is split with the rest: each stretch skipped costs a
+# split and a feed more, which short runs (``\r1\r2\r3``) do not repay.
+_MIN_SKIP = 2048
+_SAMPLE = 64 << 10  # where a chunk is looked at first
 
 
 def middle_redraws(data: bytes) -> list[tuple[int, int]]:
@@ -159,11 +167,17 @@ def middle_redraws(data: bytes) -> list[tuple[int, int]]:
     lone = data.count(b"\r") - data.count(b"\r\n")
     if lone * _RUNS_WORTH_LOOKING < len(data):
         return []
+    if len(data) > 2 * _SAMPLE and not _runs(data, _SAMPLE):
+        return []  # \r everywhere, but no long run where it starts: not a bar redrawn for long
+    return _runs(data, len(data))
+
+
+def _runs(data: bytes, stop: int) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
-    for run in _REDRAW_RUN.finditer(data):
+    for run in _REDRAW_RUN.finditer(data, 0, stop):
         first_end = data.index(b"\r", run.end(1)) + 1
         last_start = data.rindex(b"\r", run.start(), run.end() - 1) + 1
-        if last_start > first_end:
+        if last_start - first_end >= _MIN_SKIP:
             out.append((first_end, last_start))
     return out
 

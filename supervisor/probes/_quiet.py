@@ -84,6 +84,8 @@ def busy_spans(data: bytes, base: int, final: bool, scan: Callable[[bytes], list
     hits = [base + hit for hit in found]
     escaped = [base + at for at in escapes]
     marks = found + escapes + _must_read(text)
+    if len(marks) * _DENSE > text.count(b"\n"):
+        return None  # most lines must be read anyway (redraws, colours): read it whole
     if stop:
         marks.append(stop - 1)
     marks.sort()
