@@ -21,8 +21,10 @@ engine neither reads nor folds such a line (a bar's run of lines goes on past a 
 So the events, and the report, are those of reading every record (tests/test_probes_quiet.py).
 
 A chunk is read whole, as before, when it holds text that is not UTF-8 (Hyperscan's UTF-8
-mode reads valid UTF-8 only), or no newline near its end (a bar redrawn with ``\\r`` alone
-for hours): ``busy_spans`` says None.
+mode reads valid UTF-8 only), no newline near its end (a bar redrawn with ``\\r`` alone for
+hours), or when most of its lines would be read anyway (matches in its first 256 KiB, or
+redraws and colours, in more than one line in eight: there the engine's own scan is as quick,
+and picking stretches costs a Python step a line): ``busy_spans`` says None.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ _ESC = b"\x1b"
 # A chunk's unterminated tail longer than this: the chunk is read whole (records.split_records
 # cuts an over-long line, and holding it back for a newline could hold megabytes).
 MAX_TAIL = 64 << 10
-# A chunk whose first ``_SAMPLE`` bytes hold more prefilter matches than one a ``_DENSE`` lines is
-# read whole.
+# A chunk whose first ``_SAMPLE`` bytes hold more prefilter matches than one in ``_DENSE`` lines is
+# read whole (so is one where more lines than that must be read).
 _DENSE = 8
 _SAMPLE = 256 << 10
 

@@ -20,10 +20,10 @@ chunks) and fed through a ``ProbeEngine``.  From the events:
 Memory stays bounded whatever the log (a day of tqdm redraws is millions of records): the
 file is streamed, a run of redraws of one bar is read as its first and its last redraw (those
 between are not even split into records: ``_barfold.middle_redraws``), lines no probe can read
-are skipped unsplit (``_quiet``), a run of progress events of one probe is listed as its first and last, the summary is kept
-as it goes (never from a list of every event), and at most ``_MAX_EVENTS`` events are listed
-(``events_omitted`` then says how many more there were).  ``supervise probe`` keeps even
-those listed events on disk until it prints them (``_spool``).
+are skipped unsplit (``_quiet``), a run of progress events of one probe is listed as its first
+and last, the summary is kept as it goes (never from a list of every event), and at most
+``_MAX_EVENTS`` events are listed (``events_omitted`` then says how many more there were).
+``supervise probe`` keeps even those listed events on disk until it prints them (``_spool``).
 """
 
 from __future__ import annotations
