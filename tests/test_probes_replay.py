@@ -130,3 +130,23 @@ def test_listed_events_are_what_model_construct_makes() -> None:
             checked += 1
         engine = ProbeEngine(load_packs())
     assert checked > 1000
+
+
+def test_probe_output_cut_short_by_its_reader_is_not_a_log_it_cannot_read(tmp_path: Path) -> None:
+    # `supervise probe --json LOG | head`: the pipe closes while the report is printed.  Today's
+    # main said "cannot read LOG: Broken pipe" and exited 66, as if the log were missing.
+    import subprocess
+    import sys
+
+    log = tmp_path / "server.log"
+    log.write_text("".join(f'INFO:     127.0.0.1:{5000 + i % 999} - "POST /v1/completions HTTP/1.1" 200 OK\n'
+                           for i in range(30_000)), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(log)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(64).startswith(b"{")
+    proc.stdout.close()  # the reader goes away with most of the report unread
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "cannot read" not in err and "Traceback" not in err, err

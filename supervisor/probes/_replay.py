@@ -453,6 +453,8 @@ def probe_command(path: str, packs: list[str], pack_paths: list[str], as_json: b
     except SuperviseError as exc:
         print(f"supervise probe: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        raise  # the reader of our output went away (`| head`): not the log's fault; the CLI ends quietly
     except OSError as exc:
         print(f"supervise probe: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return _EX_NOINPUT
