@@ -13,6 +13,7 @@ can resume at any record's end.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from supervisor.core.events import Record
 
@@ -295,7 +296,7 @@ def _split_at_nul_runs(data: bytes, base_offset: int, final: bool) -> tuple[list
     records: list[Record] = []
     seg_start = 0  # where the bytes after the last run begin, in ``data``
     open_at: int | None = None  # where the last run began (log offset): the next record starts there
-    for run in _NUL_RUN.finditer(data):
+    for run in _nul_runs(data):
         if run.start() > seg_start:  # the bytes before this run end there, whatever they are
             pieces, _ = split_records(data[seg_start:run.start()], base_offset + seg_start, final=True)
             _open_at(pieces, open_at)
@@ -315,6 +316,17 @@ def _split_at_nul_runs(data: bytes, base_offset: int, final: bool) -> tuple[list
         records.append(_record("", open_at, base_offset + len(data)))
         return records, len(data)
     return records, open_at - base_offset  # the data ends in a run: held, as a partial line
+
+
+def _nul_runs(data: bytes) -> Iterator[re.Match[bytes]]:
+    """``_NUL_RUN.finditer(data)``, each run found by ``bytes.find`` first: the regex engine looks
+    for a run's start a byte at a time, 40 ms a 4 MiB chunk that holds a few (the corpus)."""
+    pos = data.find(b"\x00")
+    while pos >= 0:
+        run = _NUL_RUN.match(data, pos)
+        assert run is not None
+        yield run
+        pos = data.find(b"\x00", run.end())
 
 
 def _open_at(pieces: list[Record], prefix_at: int | None) -> None:
