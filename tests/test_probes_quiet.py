@@ -188,3 +188,23 @@ def test_busy_spans_read_a_chunk_whole_when_they_cannot_say() -> None:
     assert _spans(b"".join(b"Map %d\r%d\n" % (n, n) for n in range(100))) is None  # ... being redraws
     plan = _spans(quiet + b"step 1 loss", final=False)  # a short tail waits for its newline
     assert plan is not None and plan[1] == len(quiet)
+
+
+def test_a_users_pack_with_patterns_hyperscan_refuses_reads_the_same(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # (?U) is RE2 syntax Hyperscan refuses, and a case-insensitive non-ASCII pattern is not given to
+    # it: both are found by RE2's literal scan of the raw chunk, beside Hyperscan's, among quiet lines.
+    pack = tmp_path / "odd.toml"
+    pack.write_text("name = 'odd'\n" + "".join(
+        f"[[probes]]\nid = 'p{i}'\nkind = 'info'\nregex = '{rx}'\n"
+        for i, rx in enumerate([r"(?U)widget (?P<n>\d+) broke", r"(?i)straße (?P<m>\d+)", r"^gadget (?P<k>\d+)$"])))
+    quiet = "".join(f"2026-12-04 12:00:01 worker {n % 8} wrote block {n}\n" for n in range(300))
+    log = tmp_path / "odd.log"
+    log.write_text(quiet + "x widget 12 broke\n" + quiet + "STRASSE 1\nSTRAßE 4\n" + quiet + "gadget 8\n" + quiet,
+                   encoding="utf-8")
+    plans = _count_plans(monkeypatch)
+    skipped = replay_file(log, [], [pack], skip_quiet=True)
+    assert plans, "read by stretches"
+    assert skipped.to_json() == replay_file(log, [], [pack], skip_quiet=False).to_json()
+    assert [(e.probe, e.fields) for e in skipped.events] == [("odd.p0", {"n": "12"}), ("odd.p1", {"m": "4"}),
+                                                              ("odd.p2", {"k": "8"})]
