@@ -104,7 +104,7 @@ def test_skipping_quiet_lines_changes_nothing_on_random_logs(seed: int, tmp_path
 def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The chunk plans the replay makes from now on (not None: read by stretches)."""
     made: list[object] = []
-    real = ProbeEngine.busy_spans
+    real = ProbeEngine.plan_chunk
 
     def counting(self: ProbeEngine, data: bytes, base: int, final: bool) -> object:
         plan = real(self, data, base, final)
@@ -112,7 +112,7 @@ def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[object]:
             made.append(plan)
         return plan
 
-    monkeypatch.setattr(ProbeEngine, "busy_spans", counting)
+    monkeypatch.setattr(ProbeEngine, "plan_chunk", counting)
     return made
 
 
@@ -156,11 +156,11 @@ def test_a_line_between_quiet_ones_keeps_its_lent_prefix_and_its_colours(tmp_pat
 
 
 def _spans(text: bytes, final: bool = True) -> tuple[list[tuple[int, int]], int] | None:
-    plan = ProbeEngine(packs()).busy_spans(text, 0, final)
+    plan = ProbeEngine(packs()).plan_chunk(text, 0, final)
     return None if plan is None else (plan.spans, plan.stop)
 
 
-def test_busy_spans_take_the_lines_the_engine_must_see() -> None:
+def test_a_chunks_plan_takes_the_lines_the_engine_must_see() -> None:
     lines = [b"quiet one\n", b"(VllmWorker rank=0 pid=79)\n", b"step 7 loss 0.25\n", b"quiet two\n",
              b"quiet three\n", b"\x1b[0mquiet in colour\n", b"quiet four\n", b"a 1%\ra 2%\n", b"quiet five\n",
              b"crlf quiet\r\n", b"quiet six\n", b"\x00\x00quiet after a hole\n", b"quiet seven\n",
@@ -180,7 +180,7 @@ def test_busy_spans_take_the_lines_the_engine_must_see() -> None:
     assert all(text[b - 1:b] == b"\n" for _, b in spans) and all(a == 0 or text[a - 1:a] == b"\n" for a, _ in spans)
 
 
-def test_busy_spans_read_a_chunk_whole_when_they_cannot_say() -> None:
+def test_a_chunk_is_read_whole_where_a_plan_cannot_say() -> None:
     quiet = b"".join(b"quiet %d\n" % n for n in range(100))
     assert _spans(quiet + b"step 1 loss 0.5\nbad \xff byte\n") is None  # not UTF-8: Hyperscan cannot read it
     assert _spans(quiet + b"a 1%\r" * (MAX_TAIL // 4), final=False) is None  # a bar with no newline for long

@@ -48,7 +48,7 @@ from supervisor.probes._fields import CONVERTERS, Converter
 from supervisor.probes._fingerprint import fingerprint
 from supervisor.probes._pack import Pack, Probe, re2_options
 from supervisor.probes._prefix import ANSI_BYTES_RE, LineSplitter
-from supervisor.probes._quiet import ChunkPlan, busy_spans
+from supervisor.probes._quiet import ChunkPlan, plan_chunk
 from supervisor.probes._rootcause import FailureReader
 from supervisor.probes._scan import KnownHits, Prefilter, Scanner, build_prefilter
 from supervisor.probes._syntax import without_optional_tail
@@ -186,14 +186,14 @@ class ProbeEngine:
         """A traceback is being captured: its event comes with a later line or ``flush``."""
         return self._tracker.active
 
-    def busy_spans(self, data: bytes, base: int, final: bool) -> ChunkPlan | None:
+    def plan_chunk(self, data: bytes, base: int, final: bool) -> ChunkPlan | None:
         """Offline: which stretches of a chunk of raw log bytes (at log offset ``base``) to split
         and feed (``_quiet``); None: feed the whole chunk (no prefilter, or it must read every
         line)."""
         prefilter = self._prefilter
         if prefilter is None or self._always:
             return None
-        return busy_spans(data, base, final, prefilter.marks)
+        return plan_chunk(data, base, final, prefilter.marks)
 
     def feed(self, record: Record) -> list[ProbeEvent]:
         """Feed one record; returns the events that are complete (see ``feed_many``)."""
@@ -213,7 +213,7 @@ class ProbeEngine:
 
     def feed_many(self, records: Sequence[Record], plan: ChunkPlan | None = None) -> list[ProbeEvent]:
         """Feed records in log order; returns the events that are complete.  ``plan``: that of
-        the chunk these records are from (``busy_spans``), whose scan says which to read."""
+        the chunk these records are from (``plan_chunk``), whose scan says which to read."""
         out: list[ProbeEvent] = []
         n = len(records)
         if n == 0 or (self._prefilter is None and not self._always):

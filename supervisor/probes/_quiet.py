@@ -4,7 +4,7 @@
 and start no traceback, yet each was split into a record, decoded, joined back into the
 prefilter's batch and walked past by the engine: on a log of such lines that was nearly all
 the time.  Here the prefilter scans the chunk's raw bytes once, and only the stretches of
-lines it names (``busy_spans``) are split into records and given to the engine:
+lines it names (``plan_chunk``) are split into records and given to the engine:
 
 - each line holding a hit, and the line before it: a prefix alone on a line lends its
   fields to the next (``_engine._lent_fields``);
@@ -24,7 +24,7 @@ A chunk is read whole, as before, when it holds text that is not UTF-8 (Hypersca
 mode reads valid UTF-8 only), no newline near its end (a bar redrawn with ``\\r`` alone for
 hours), or when most of its lines would be read anyway (matches in its first 256 KiB, or
 redraws and colours, in more than one line in eight: there the engine's own scan is as quick,
-and picking stretches costs a Python step a line): ``busy_spans`` says None.
+and picking stretches costs a Python step a line): ``plan_chunk`` says None.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _SAMPLE = 256 << 10
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """What to read of a chunk that starts at log offset ``base``."""
+    """What to read of a chunk of the log (``plan_chunk``)."""
 
     spans: list[tuple[int, int]]  # the stretches to split and feed, in order, whole lines (offsets in the chunk)
     stop: int  # where the lines taken end, in the chunk: the rest waits for the next one
@@ -56,7 +56,7 @@ class ChunkPlan:
     escapes: list[int]  # sorted log offsets of each ESC: a record holding one is scanned again, uncoloured
 
 
-def busy_spans(data: bytes, base: int, final: bool, scan: Callable[[bytes], list[int] | None]) -> ChunkPlan | None:
+def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes], list[int] | None]) -> ChunkPlan | None:
     """What to read of ``data``, the chunk at log offset ``base``; None: read all of it.
 
     ``scan(text)`` gives an offset inside each match the prefilter finds in ``text`` (None:

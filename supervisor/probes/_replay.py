@@ -225,7 +225,7 @@ def replay_file(
             chunk = handle.read(_CHUNK)
             data = pending + chunk
             final = not chunk
-            plan = engine.busy_spans(data, offset, final) if skip_quiet else None
+            plan = engine.plan_chunk(data, offset, final) if skip_quiet else None
             if plan is None:
                 used = feed(data, offset, final)
             else:
