@@ -95,8 +95,8 @@ class RunFold:
 
     def same_key(self, text: str) -> bool:
         key = self.key
-        return (self.index >= 0 and len(self.counts) < _MAX_FOLDED and text.startswith(key) and len(text) > len(key)
-                and text[len(key)].isdecimal())  # (\d is what isdecimal says: Unicode's Nd)
+        return (self.index >= 0 and len(self.counts) < _MAX_FOLDED and len(text) > len(key)
+                and _continues_key(text, key))
 
     def keeps_bar(self, fields: dict[str, Any]) -> bool:
         """Whether a line of the run's probe with these fields continues the run."""
@@ -119,19 +119,11 @@ class RedrawCoalescer:
     def feed(self, records: Iterable[Record]) -> list[Record]:
         out: list[Record] = []
         for record in records:
-            if record.redraw and (run := self._key) is not None:
-                # The run's key again (the text before its first digit) without a regex a redraw:
-                # an hour of tqdm is tens of thousands of them.
-                text = record.text
-                if text.startswith(run) and (len(text) == len(run) or text[len(run)].isdecimal()):
-                    self._held = record
-                    continue
-            key = _bar_key(record.text) if record.redraw else None
-            if key is not None and key == self._key:
-                self._held = record
+            if record.redraw and self._key is not None and _continues_key(record.text, self._key):
+                self._held = record  # checked without a regex: an hour of tqdm is tens of thousands
                 continue
             out += self.flush()
-            self._key = key
+            self._key = _bar_key(record.text) if record.redraw else None
             out.append(record)
         return out
 
@@ -180,6 +172,12 @@ def _runs(data: bytes, stop: int) -> list[tuple[int, int]]:
         if last_start - first_end >= _MIN_SKIP:
             out.append((first_end, last_start))
     return out
+
+
+def _continues_key(text: str, key: str) -> bool:
+    """Whether ``text``'s own key (the text before its first digit) is ``key``: it starts with the
+    key, and a digit or nothing follows (``\\d`` is what ``isdecimal`` says: Unicode's Nd)."""
+    return text.startswith(key) and (len(text) == len(key) or text[len(key)].isdecimal())
 
 
 def _bar_key(text: str) -> str:
