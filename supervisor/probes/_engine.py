@@ -221,7 +221,7 @@ class ProbeEngine:
             return out
         scanner: Scanner | KnownHits | None = None
         if plan is not None and self._prefilter is not None and not self._always:
-            scanner = KnownHits(self._prefilter, records, plan.hits, plan.escapes)
+            scanner = KnownHits(self._prefilter, records, plan.hits, plan.escapes, plan.base)
         elif self._prefilter is not None and not self._always:
             scanner = self._prefilter.scanner([r.text for r in records])
             if not scanner.ok:

@@ -51,6 +51,7 @@ class ChunkPlan:
     """What to read of a chunk of the log (``plan_chunk``)."""
 
     spans: list[tuple[int, int]]  # the stretches to split and feed, in order, whole lines (offsets in the chunk)
+    base: int  # the chunk's log offset: records before it (a redraw held over from the chunk before) were not scanned
     stop: int  # where the lines taken end, in the chunk: the rest waits for the next one
     hits: list[int]  # sorted log offsets of a byte inside each prefilter match (``KnownHits``)
     escapes: list[int]  # sorted log offsets of each ESC: a record holding one is scanned again, uncoloured
@@ -103,7 +104,7 @@ def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes], list
             spans[-1] = (spans[-1][0], end)
         else:
             spans.append((start, end))
-    return ChunkPlan(spans, stop, hits, escaped)
+    return ChunkPlan(spans, base, stop, hits, escaped)
 
 
 def _every(text: bytes, byte: bytes) -> list[int]:

@@ -116,22 +116,29 @@ class Scanner:
 
 class KnownHits:
     """A batch's candidates from the prefilter's hits found beforehand in the log's raw bytes
-    (``_quiet``): ``hits``, sorted, are offsets in the log of a byte inside each match.  A record
-    is a candidate when one lies within its bytes (a record's text is its bytes, so none is
-    missed), or when it holds an ESC (at ``escapes``) and its text without colours is a hit:
-    colour codes may hide a match from a scan of the raw bytes."""
+    (``_quiet``): ``hits``, sorted, are offsets in the log of a byte inside each match, found in
+    the bytes from log offset ``scanned_from`` on.  A record is a candidate when one lies within its
+    bytes (a record's text is its bytes, so none is missed), or when it holds an ESC (at
+    ``escapes``) and its text without colours is a hit: colour codes may hide a match from a scan
+    of the raw bytes.  A record before ``scanned_from`` (the last redraw of a bar, held back by
+    the coalescer until a later chunk ends its run) is scanned here, on its own."""
 
     ok = True
 
     def __init__(self, prefilter: Prefilter, records: Sequence[Record], hits: Sequence[int],
-                 escapes: Sequence[int]) -> None:
+                 escapes: Sequence[int], scanned_from: int) -> None:
         self._prefilter = prefilter
         self._records = records
         self._hits = hits
         self._escapes = escapes
         self._ends = [record.end for record in records]
+        self._unscanned = bisect_left([record.offset for record in records], scanned_from)
 
     def next_candidate(self, start: int) -> int | None:
+        while start < self._unscanned:
+            if self._prefilter.hit(ANSI_BYTES_RE.sub(b"", self._records[start].text.encode("utf-8", "replace"))):
+                return start
+            start += 1
         hit = self._next(self._hits, start)
         while True:
             coloured = self._next(self._escapes, start)

@@ -1,0 +1,188 @@
+"""Differential fuzzing of offline reading: every shortcut of ``supervise probe`` against the plainest reader.
+
+    .venv/bin/python tests/perf/fuzz_reading.py [--seconds 60] [--workers N] [--seed S] [--keep DIR]
+
+The plainest reader (``reference``) reads the whole file as one chunk, splits every record, coalesces
+``\\r`` redraws as the report does, and feeds the engine record by record with the prefilter off and no
+fold of a bar's run.  Each case is a random log built from the corpus's own lines (tests/data/corpus),
+mutated the ways real logs are (tqdm redraws by the thousand, prefixes alone on a line, tracebacks, ANSI
+colours inside a match, NUL holes, CRLF, bytes that are not UTF-8, records over the 1 MiB limit, a last
+line with no newline), then read by ``replay_file`` as ``supervise probe`` reads it, in random chunk sizes,
+with the prefilter on and off, with quiet lines skipped and not: the report (JSON and text) must be the
+reference's, byte for byte.  A case that differs is written to ``--keep`` (default: a temporary
+directory) with its seed, and the run exits 1.  Not a test of the suite: a campaign run for minutes,
+across cores; the suite's own random cases are tests/test_probes_quiet.py and tests/test_probes_fold.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from supervisor.core.records import split_records  # noqa: E402
+from supervisor.probes import ProbeEngine, _replay, load_packs  # noqa: E402
+from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
+
+CORPUS = ROOT / "tests" / "data" / "corpus"
+_PREFIXES = [b"(VllmWorker rank=0 pid=79) ", b"[rank1]: ", b"[default0]:", b"(EngineCore_DP0 pid=494) ",
+             b"2026-12-04T10:00:00.123Z ", b"[1,0]<stdout>:"]
+
+
+def corpus_lines() -> list[bytes]:
+    lines: set[bytes] = set()
+    for path in sorted(CORPUS.rglob("*.log")):
+        lines.update(line for line in path.read_bytes().split(b"\n") if len(line) < 4000)
+    return sorted(lines)
+
+
+def _bar(rng: random.Random) -> bytes:
+    """One tqdm bar redrawn with ``\\r`` (thousands of times, sometimes), as tqdm writes to a file."""
+    total = rng.choice([3, 13, 64, 500, 5000])
+    step = rng.choice([1, 1, 3, 17])
+    desc = rng.choice([b"Loading safetensors checkpoint shards", b"Map", b"Processed prompts", b"",
+                       b"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"])
+    draws = []
+    for done in range(0, total + 1, step):
+        pct = 100 * done // total
+        bar = ("\u2588" * (pct // 10)).ljust(10).encode() if rng.random() < 0.5 else (b"#" * (pct // 10)).ljust(10)
+        draws.append(desc + (b": " if desc else b"") + f"{pct:3d}%|".encode() + bar
+                     + f"| {done}/{total} [00:01<00:02,  3.{done % 10}it/s]".encode())
+    if rng.random() < 0.2:
+        draws.insert(rng.randrange(len(draws)), b"")  # a blank redraw
+    end = rng.choice([b"\n", b"\r\n", b"\r", b"\r\n"])
+    return b"\r".join(draws) + end
+
+
+def random_log(rng: random.Random, lines: list[bytes]) -> bytes:
+    out: list[bytes] = []
+    quiet = rng.choice([0.0, 0.5, 0.9, 0.99])
+    filler = [b"2026-12-04 12:00:01 worker 3 wrote block 17 of 40", b"    x = model(batch)", b"",
+              b"some words with no event in them"]
+    for _ in range(rng.randint(20, 1500)):
+        roll = rng.random()
+        end = b"\r\n" if rng.random() < 0.05 else b"\n"
+        if roll < quiet:
+            out.append(rng.choice(filler) + end)
+        elif roll < quiet + (1 - quiet) * 0.55:
+            out.append(rng.choice(lines) + end)
+        elif roll < quiet + (1 - quiet) * 0.65:
+            out.append(_bar(rng))
+        elif roll < quiet + (1 - quiet) * 0.72:  # a prefix alone lends its fields to the next line
+            out.append(rng.choice(_PREFIXES).rstrip() + b"\n" + rng.choice(lines) + end)
+        elif roll < quiet + (1 - quiet) * 0.8:  # a prefixed run of corpus lines (a worker's traceback, say)
+            prefix = rng.choice(_PREFIXES)
+            start = rng.randrange(len(lines))
+            out += [prefix + line + end for line in lines[start:start + rng.randint(2, 12)]]
+        elif roll < quiet + (1 - quiet) * 0.85:  # colours, around a line or inside a match
+            line = rng.choice(lines)
+            cut = rng.randint(0, len(line))
+            out.append(line[:cut] + rng.choice([b"\x1b[1m", b"\x1b[0m", b"\x1b[32m", b"\x1b[2K"]) + line[cut:] + end)
+        elif roll < quiet + (1 - quiet) * 0.88:  # a hole of NULs
+            out.append(b"\x00" * rng.choice([1, 7, 300, 70_000]) + rng.choice(lines) + end)
+        elif roll < quiet + (1 - quiet) * 0.91:  # not UTF-8, or cut inside a character
+            line = rng.choice(lines) + "\u2588\u00e9".encode()
+            out.append(line[: rng.randint(0, len(line))] + rng.choice([b"\xff", b"\xc3", b"\xe2\x96", b""]) + end)
+        elif roll < quiet + (1 - quiet) * 0.93:  # long, now and then over the 1 MiB record limit
+            size = rng.choice([3000, 70_000, (1 << 20) + rng.randint(-5, 5)])
+            out.append(rng.choice([b"x", b"\r", b"ab\r"]) * (size // 2) + rng.choice(lines) + end)
+        elif roll < quiet + (1 - quiet) * 0.96:  # two lines glued (a redraw the next line was written after)
+            out.append(rng.choice(lines) + rng.choice(lines) + end)
+        else:
+            out.append(rng.choice(lines)[: rng.randint(0, 60)] + b"\r" + rng.choice(lines) + end)
+    data = b"".join(out)
+    return data if rng.random() < 0.8 else data.rstrip(b"\n")
+
+
+def reference(path: Path) -> tuple[str, str]:
+    """The plainest reading: one chunk, every record, the prefilter off, no fold."""
+    os.environ["SUPERVISE_PREFILTER"] = "off"
+    try:
+        engine = ProbeEngine(load_packs(), fold_runs=False)
+    finally:
+        os.environ.pop("SUPERVISE_PREFILTER", None)
+    summary = _replay._Summary()
+    bars = RedrawCoalescer()
+    records, _ = split_records(path.read_bytes(), 0, True)
+    for record in bars.feed(records):
+        summary.add(engine.feed(record))
+    for record in bars.flush():
+        summary.add(engine.feed(record))
+    summary.add(engine.flush())
+    report = summary.report()
+    return report.to_json(), report.render_text()
+
+
+def shortcut(path: Path, rng: random.Random) -> tuple[tuple[str, str], str]:
+    chunk = rng.choice([97, 1013, 4096, 65_536, 1 << 20, 4 << 20])
+    prefilter = rng.random() < 0.7
+    skip = rng.random() < 0.8
+    _replay._CHUNK = chunk
+    if not prefilter:
+        os.environ["SUPERVISE_PREFILTER"] = "off"
+    try:
+        report = _replay.replay_file(path, skip_quiet=skip)
+    finally:
+        os.environ.pop("SUPERVISE_PREFILTER", None)
+        _replay._CHUNK = 4 << 20
+    how = f"chunk {chunk}, prefilter {'on' if prefilter else 'off'}, quiet lines {'skipped' if skip else 'split'}"
+    return (report.to_json(), report.render_text()), how
+
+
+def campaign(args: tuple[int, float, str]) -> tuple[int, list[str]]:
+    seed, seconds, keep = args
+    lines = corpus_lines()
+    deadline = time.monotonic() + seconds
+    cases, failures = 0, []
+    work = Path(tempfile.mkdtemp(prefix=f"fuzz-reading-{seed}-"))
+    while time.monotonic() < deadline:
+        case_seed = seed * 1_000_003 + cases
+        rng = random.Random(case_seed)
+        path = work / "case.log"
+        path.write_bytes(random_log(rng, lines))
+        want = reference(path)
+        for _ in range(2):
+            got, how = shortcut(path, rng)
+            if got != want:
+                kept = Path(keep) / f"case-{case_seed}.log"
+                kept.write_bytes(path.read_bytes())
+                failures.append(f"case {case_seed} ({how}) differs from the reference: {kept}")
+                break
+        cases += 1
+    path.unlink(missing_ok=True)
+    work.rmdir()
+    return cases, failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long each worker runs (default 60)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
+    parser.add_argument("--seed", type=int, default=1, help="the first worker's seed (default 1)")
+    parser.add_argument("--keep", type=Path, help="where cases that differ are written (default: a temporary dir)")
+    args = parser.parse_args()
+    keep = args.keep or Path(tempfile.mkdtemp(prefix="fuzz-reading-cases-"))
+    keep.mkdir(parents=True, exist_ok=True)
+    jobs = [(args.seed + i, args.seconds, str(keep)) for i in range(args.workers)]
+    started = time.monotonic()
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        results = pool.map(campaign, jobs)
+    cases = sum(n for n, _ in results)
+    failures = [line for _, found in results for line in found]
+    print(f"{cases} random logs, each read by the reference and two shortcuts, {args.workers} workers, "
+          f"{time.monotonic() - started:.0f} s: {len(failures)} differ")
+    for line in failures:
+        print(line)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
