@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -128,7 +129,11 @@ def check_redraw_read_while_it_waits(client: Client, job: str, seen_within_s: fl
     wait_until(lambda: job_state(client, job) == "failed", timeout=20)
     attempt = client.attempts(job).attempts[0]
     assert attempt.verdict == "stalled"
-    assert (attempt.reason or "").startswith("checkpoint_shard 4/8, no progress for 2.0s")
+    # Blamed on shard 4 after the 2 s floor.  The time said is the time seen when the daemon woke:
+    # "2.0s" on time, more on a loaded machine that wakes it late (this asked for "2.0s" exactly,
+    # and failed once under the suite run three files at a time beside other work).
+    found = re.match(r"checkpoint_shard 4/8, no progress for (\d+\.\d)s", attempt.reason or "")
+    assert found and 2.0 <= float(found.group(1)) < 10, attempt.reason
     done = [e.data["done"] for e in client.events(job).events if e.kind == "progress"]
     assert done == [1, 2, 3, 4]  # each step once: the tail's event and its record's are one
 
