@@ -10,7 +10,12 @@ colours inside a match, NUL holes, CRLF, bytes that are not UTF-8, records over 
 line with no newline), then read by ``replay_file`` as ``supervise probe`` reads it, in random chunk sizes,
 with the prefilter on and off, with quiet lines skipped and not: the report (JSON and text) must be the
 reference's, byte for byte.  A case that differs is written to ``--keep`` (default: a temporary
-directory) with its seed, and the run exits 1.  Not a test of the suite: a campaign run for minutes,
+directory) with its seed, and the run exits 1.
+
+The live reading is compared too, event by event: the log cut into random-sized writes, completed
+into records by a follower's ``RecordBuffer``, each read's batch fed to the engine (``feed_many``), the
+prefilter on or off, against the reference engine's events record by record (no coalescing: the daemon
+reads every redraw).  Not a test of the suite: a campaign run for minutes,
 across cores; the suite's own random cases are tests/test_probes_quiet.py and tests/test_probes_fold.py.
 """
 
@@ -28,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from supervisor.core.records import split_records  # noqa: E402
+from supervisor.core.events import ProbeEvent  # noqa: E402
+from supervisor.core.records import RecordBuffer, split_records  # noqa: E402
 from supervisor.probes import ProbeEngine, _replay, load_packs  # noqa: E402
 from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
 
@@ -121,6 +127,47 @@ def reference(path: Path) -> tuple[str, str]:
     return report.to_json(), report.render_text()
 
 
+def _event_key(event: ProbeEvent) -> tuple[object, ...]:
+    failure = event.failure
+    return (event.offset, event.probe, event.kind.value, event.phase, repr(sorted(event.fields.items())),
+            None if failure is None else (failure.kind, failure.line, failure.fingerprint))
+
+
+def reference_events(path: Path) -> list[tuple[object, ...]]:
+    """Every event of the plainest reading, record by record, the prefilter off."""
+    os.environ["SUPERVISE_PREFILTER"] = "off"
+    try:
+        engine = ProbeEngine(load_packs())
+    finally:
+        os.environ.pop("SUPERVISE_PREFILTER", None)
+    records, _ = split_records(path.read_bytes(), 0, True)
+    events = [event for record in records for event in engine.feed(record)] + engine.flush()
+    return [_event_key(event) for event in events]
+
+
+def live_events(path: Path, rng: random.Random) -> tuple[list[tuple[object, ...]], str]:
+    """The daemon's reading: the log as a writer's random-sized writes, records as a follower's
+    ``RecordBuffer`` completes them, each read's batch fed to the engine, the prefilter as chosen."""
+    prefilter = rng.random() < 0.7
+    if not prefilter:
+        os.environ["SUPERVISE_PREFILTER"] = "off"
+    try:
+        engine = ProbeEngine(load_packs())
+    finally:
+        os.environ.pop("SUPERVISE_PREFILTER", None)
+    data = path.read_bytes()
+    buffer = RecordBuffer(0)
+    events: list[ProbeEvent] = []
+    pos = 0
+    largest = rng.choice([64, 4096, 65_536, 1 << 20])
+    while pos < len(data):
+        size = rng.randint(1, largest)
+        events += engine.feed_many(buffer.feed(data[pos:pos + size]))
+        pos += size
+    events += engine.feed_many(buffer.flush()) + engine.flush()
+    return [_event_key(event) for event in events], f"live, writes up to {largest} B, prefilter {'on' if prefilter else 'off'}"
+
+
 def shortcut(path: Path, rng: random.Random) -> tuple[tuple[str, str], str]:
     chunk = rng.choice([97, 1013, 4096, 65_536, 1 << 20, 4 << 20])
     prefilter = rng.random() < 0.7
@@ -137,8 +184,8 @@ def shortcut(path: Path, rng: random.Random) -> tuple[tuple[str, str], str]:
     return (report.to_json(), report.render_text()), how
 
 
-def campaign(args: tuple[int, float, str]) -> tuple[int, list[str]]:
-    seed, seconds, keep = args
+def campaign(args: tuple[int, float, str, bool]) -> tuple[int, list[str]]:
+    seed, seconds, keep, live = args
     lines = corpus_lines()
     deadline = time.monotonic() + seconds
     cases, failures = 0, []
@@ -149,9 +196,12 @@ def campaign(args: tuple[int, float, str]) -> tuple[int, list[str]]:
         path = work / "case.log"
         path.write_bytes(random_log(rng, lines))
         want = reference(path)
-        for _ in range(2):
-            got, how = shortcut(path, rng)
-            if got != want:
+        tries: list[tuple[object, str]] = [shortcut(path, rng), shortcut(path, rng)]
+        if live:
+            tries.append(live_events(path, rng))
+        for got, how in tries:
+            same = got == (reference_events(path) if how.startswith("live") else want)
+            if not same:
                 kept = Path(keep) / f"case-{case_seed}.log"
                 kept.write_bytes(path.read_bytes())
                 failures.append(f"case {case_seed} ({how}) differs from the reference: {kept}")
@@ -167,17 +217,19 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long each worker runs (default 60)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
     parser.add_argument("--seed", type=int, default=1, help="the first worker's seed (default 1)")
+    parser.add_argument("--offline-only", action="store_true", help="skip the live reading's comparison")
     parser.add_argument("--keep", type=Path, help="where cases that differ are written (default: a temporary dir)")
     args = parser.parse_args()
     keep = args.keep or Path(tempfile.mkdtemp(prefix="fuzz-reading-cases-"))
     keep.mkdir(parents=True, exist_ok=True)
-    jobs = [(args.seed + i, args.seconds, str(keep)) for i in range(args.workers)]
+    jobs = [(args.seed + i, args.seconds, str(keep), not args.offline_only) for i in range(args.workers)]
     started = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(campaign, jobs)
     cases = sum(n for n, _ in results)
     failures = [line for _, found in results for line in found]
-    print(f"{cases} random logs, each read by the reference and two shortcuts, {args.workers} workers, "
+    print(f"{cases} random logs, each read by the reference, two offline shortcuts"
+          f"{'' if args.offline_only else ' and the live reading'}, {args.workers} workers, "
           f"{time.monotonic() - started:.0f} s: {len(failures)} differ")
     for line in failures:
         print(line)
