@@ -132,7 +132,10 @@ class KnownHits:
         self._hits = hits
         self._escapes = escapes
         self._ends = [record.end for record in records]
-        self._unscanned = bisect_left([record.offset for record in records], scanned_from)
+        unscanned = 0  # (held records come first, and seldom: a loop, not a list of every offset)
+        while unscanned < len(records) and records[unscanned].offset < scanned_from:
+            unscanned += 1
+        self._unscanned = unscanned
 
     def next_candidate(self, start: int) -> int | None:
         while start < self._unscanned:
