@@ -13,8 +13,8 @@ reference's, byte for byte.  A case that differs is written to ``--keep`` (defau
 directory) with its seed, and the run exits 1.
 
 The live reading is compared too, event by event: the log cut into random-sized writes, completed
-into records by a follower's ``RecordBuffer``, each read's batch fed to the engine (``feed_many``), the
-prefilter on or off, against the reference engine's events record by record (no coalescing: the daemon
+into records by a follower's ``RecordBuffer``, each read's batch given to an attempt's ``Matcher`` (the
+engine in its worker thread, batches cut at 16 KiB), the prefilter on or off, against the reference engine's events record by record (no coalescing: the daemon
 reads every redraw).  Not a test of the suite: a campaign run for minutes,
 across cores; the suite's own random cases are tests/test_probes_quiet.py and tests/test_probes_fold.py.
 """
@@ -22,6 +22,7 @@ across cores; the suite's own random cases are tests/test_probes_quiet.py and te
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing
 import os
 import random
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from supervisor.core.events import ProbeEvent  # noqa: E402
 from supervisor.core.records import RecordBuffer, split_records  # noqa: E402
+from supervisor.jobs.matching import Matcher  # noqa: E402
 from supervisor.probes import ProbeEngine, _replay, load_packs  # noqa: E402
 from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
 
@@ -147,24 +149,44 @@ def reference_events(path: Path) -> list[tuple[object, ...]]:
 
 def live_events(path: Path, rng: random.Random) -> tuple[list[tuple[object, ...]], str]:
     """The daemon's reading: the log as a writer's random-sized writes, records as a follower's
-    ``RecordBuffer`` completes them, each read's batch fed to the engine, the prefilter as chosen."""
+    ``RecordBuffer`` completes them, each read's batch given to an attempt's ``Matcher`` (the engine in
+    its worker thread, batches cut at 16 KiB, time budgets), the prefilter as chosen."""
     prefilter = rng.random() < 0.7
+    largest = rng.choice([64, 4096, 65_536, 1 << 20])
+    data = path.read_bytes()
+    sizes = []
+    pos = 0
+    while pos < len(data):
+        sizes.append(rng.randint(1, largest))
+        pos += sizes[-1]
+
+    async def follow() -> list[ProbeEvent]:
+        matcher = Matcher(load_packs(), 0, "fuzz")
+        buffer = RecordBuffer(0)
+        events: list[ProbeEvent] = []
+        disabled = []
+        try:
+            pos = 0
+            for size in sizes:
+                matched = await matcher.feed(buffer.feed(data[pos:pos + size]))
+                events += matched.events
+                disabled += matched.disabled
+                pos += size
+            for matched in (await matcher.feed(buffer.flush()), await matcher.flush()):
+                events += matched.events
+                disabled += matched.disabled
+        finally:
+            matcher.close()
+        if disabled:
+            raise AssertionError(f"packs disabled: {disabled}")
+        return events
+
     if not prefilter:
         os.environ["SUPERVISE_PREFILTER"] = "off"
     try:
-        engine = ProbeEngine(load_packs())
+        events = asyncio.run(follow())
     finally:
         os.environ.pop("SUPERVISE_PREFILTER", None)
-    data = path.read_bytes()
-    buffer = RecordBuffer(0)
-    events: list[ProbeEvent] = []
-    pos = 0
-    largest = rng.choice([64, 4096, 65_536, 1 << 20])
-    while pos < len(data):
-        size = rng.randint(1, largest)
-        events += engine.feed_many(buffer.feed(data[pos:pos + size]))
-        pos += size
-    events += engine.feed_many(buffer.flush()) + engine.flush()
     return [_event_key(event) for event in events], f"live, writes up to {largest} B, prefilter {'on' if prefilter else 'off'}"
 
 
