@@ -1,4 +1,5 @@
-"""Differential fuzzing of offline reading: every shortcut of ``supervise probe`` against the plainest reader.
+"""Differential fuzzing of reading: every shortcut of ``supervise probe``, and the daemon's live reading,
+against the plainest reader.
 
     .venv/bin/python tests/perf/fuzz_reading.py [--seconds 60] [--workers N] [--seed S] [--keep DIR]
 
@@ -9,16 +10,17 @@ mutated the ways real logs are (tqdm redraws by the thousand, prefixes alone on 
 colours inside a match, NUL holes, CRLF, bytes that are not UTF-8, records over the 1 MiB limit, a last
 line with no newline), then read by ``replay_file`` as ``supervise probe`` reads it, in random chunk sizes,
 with the prefilter on and off, with quiet lines skipped and not: the report (JSON and text) must be the
-reference's, byte for byte.  A case that differs is written to ``--keep`` (default: a temporary
-directory) with its seed, and the run exits 1.
+reference's, byte for byte.
 
-The live reading is compared too, event by event: the log cut into random-sized writes, completed
-into records by a follower's ``RecordBuffer``, each read's batch given to an attempt's ``Matcher`` (the
-engine in its worker thread, batches cut at 16 KiB), the prefilter on or off, against the reference engine's events record by record (no coalescing: the daemon
-reads every redraw).  Not a test of the suite: a campaign run for minutes,
-across cores; the suite's own random cases are tests/test_probes_quiet.py and tests/test_probes_fold.py.
+The live reading is compared too, event by event: the log cut into random-sized writes, completed into
+records by a follower's ``RecordBuffer``, each read's batch given to an attempt's ``Matcher`` (the engine
+in its worker thread, batches cut at 16 KiB), the prefilter on or off, against the reference engine's
+events record by record (no coalescing: the daemon reads every redraw).
+
+A case that differs, or that raises, is written to ``--keep`` (default: a temporary directory) under its
+seed, and the run exits 1.  Not a test of the suite: a campaign run for minutes, across cores; the suite's
+own random cases are tests/test_probes_quiet.py and tests/test_probes_fold.py.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -217,17 +219,19 @@ def campaign(args: tuple[int, float, str, bool]) -> tuple[int, list[str]]:
         rng = random.Random(case_seed)
         path = work / "case.log"
         path.write_bytes(random_log(rng, lines))
-        want = reference(path)
-        tries: list[tuple[object, str]] = [shortcut(path, rng), shortcut(path, rng)]
-        if live:
-            tries.append(live_events(path, rng))
-        for got, how in tries:
-            same = got == (reference_events(path) if how.startswith("live") else want)
-            if not same:
-                kept = Path(keep) / f"case-{case_seed}.log"
-                kept.write_bytes(path.read_bytes())
-                failures.append(f"case {case_seed} ({how}) differs from the reference: {kept}")
-                break
+        try:
+            want = reference(path)
+            tries: list[tuple[object, str]] = [shortcut(path, rng), shortcut(path, rng)]
+            if live:
+                tries.append(live_events(path, rng))
+            found = next((f"({how}) differs from the reference" for got, how in tries
+                          if got != (reference_events(path) if how.startswith("live") else want)), None)
+        except Exception as exc:  # noqa: BLE001 - a reader that raises is a finding too
+            found = f"raised {exc!r}"
+        if found is not None:
+            kept = Path(keep) / f"case-{case_seed}.log"
+            kept.write_bytes(path.read_bytes())
+            failures.append(f"case {case_seed} {found}: {kept}")
         cases += 1
     path.unlink(missing_ok=True)
     work.rmdir()
