@@ -139,7 +139,7 @@ class KnownHits:
 
     def next_candidate(self, start: int) -> int | None:
         while start < self._unscanned:
-            if self._prefilter.hit(ANSI_BYTES_RE.sub(b"", self._records[start].text.encode("utf-8", "replace"))):
+            if self._scanned_alone(start):
                 return start
             start += 1
         hit = self._next(self._hits, start)
@@ -147,10 +147,13 @@ class KnownHits:
             coloured = self._next(self._escapes, start)
             if coloured is None or (hit is not None and hit <= coloured):
                 return hit
-            data = ANSI_BYTES_RE.sub(b"", self._records[coloured].text.encode("utf-8", "replace"))
-            if self._prefilter.hit(data):
+            if self._scanned_alone(coloured):
                 return coloured
             start = coloured + 1
+
+    def _scanned_alone(self, index: int) -> bool:
+        """Whether the prefilter hits record ``index``'s text, scanned on its own without colours."""
+        return self._prefilter.hit(ANSI_BYTES_RE.sub(b"", self._records[index].text.encode("utf-8", "replace")))
 
     def _next(self, offsets: Sequence[int], start: int) -> int | None:
         """The first record from ``start`` whose bytes hold one of ``offsets``."""
