@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from supervisor.core.events import ProbeEvent
 from supervisor.probes import ProbeEngine, load_packs
+from supervisor.probes import _replay
 from supervisor.probes._replay import ReplayReport, build_report
 from supervisor.core.records import split_records
 
@@ -24,3 +27,16 @@ def events_of(text: str | bytes | list[str], packs: list | None = None) -> list[
 def report_of(lines: list[str]) -> ReplayReport:
     """The offline report of ``lines``, as `supervise probe` would give it."""
     return build_report(events_of(lines))
+
+
+def count_replay_splits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many records each ``split_records`` call of the offline replay makes from now on."""
+    made: list[int] = []
+
+    def counting(data: bytes, base: int, final: bool = False) -> tuple[list, int]:
+        out = split_records(data, base, final)
+        made.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(_replay, "split_records", counting)
+    return made

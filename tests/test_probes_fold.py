@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from probe_golden import corpus_logs, event_json, packs
+from probe_helpers import count_replay_splits
 from supervisor.probes import ProbeEngine
 from supervisor.probes._barfold import RedrawCoalescer, middle_redraws
 from supervisor.probes._replay import build_report, replay_file
@@ -198,22 +199,12 @@ def test_middle_redraws_skipped_unsplit_are_those_the_coalescer_drops(seed: int)
 def test_a_run_of_redraws_is_not_split_into_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # tqdm written to a file: 50,000 redraws of one bar, then a crash.  The replay splits only the
     # run's first and last redraws (today's main made a record of each, for the coalescer to drop).
-    from supervisor.probes import _replay
-
     path = tmp_path / "bar.log"
     path.write_bytes(b"".join(b"\rTraining:  %d%%|#####     | %d/50000 [01:02<03:04, 5.00it/s]" % (i // 500, i)
                               for i in range(1, 50_001))
                      + b"\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
                        b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
-    made: list[int] = []
-    real = _replay.split_records
-
-    def counting(data: bytes, base: int, final: bool = False) -> tuple[list[Record], int]:
-        out = real(data, base, final)
-        made.append(len(out[0]))
-        return out
-
-    monkeypatch.setattr(_replay, "split_records", counting)
+    made = count_replay_splits(monkeypatch)
     report = replay_file(path)
     assert report.outcome.value == "oom" and report.progress[0].done == 50_000
     assert sum(made) < 100, made

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from probe_golden import corpus_logs, packs
+from probe_helpers import count_replay_splits
 
-from supervisor.core import records as records_module
 from supervisor.probes import ProbeEngine, _replay
 from supervisor.probes._quiet import MAX_TAIL
 from supervisor.probes._replay import replay_file
@@ -129,14 +129,7 @@ def test_a_quiet_line_is_never_made_a_record(tmp_path: Path, monkeypatch: pytest
     quiet[15_000] = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     path = tmp_path / "quiet.log"
     path.write_text("\n".join(quiet) + "\n", encoding="utf-8")
-    made: list[int] = []
-
-    def counting(data: bytes, base: int, final: bool = False) -> tuple[list, int]:
-        out = records_module.split_records(data, base, final)
-        made.append(len(out[0]))
-        return out
-
-    monkeypatch.setattr(_replay, "split_records", counting)
+    made = count_replay_splits(monkeypatch)
     report = replay_file(path)
     assert report.outcome.value == "oom"
     assert sum(made) <= 6, made
