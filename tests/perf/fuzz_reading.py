@@ -31,6 +31,8 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,13 +114,21 @@ def random_log(rng: random.Random, lines: list[bytes]) -> bytes:
     return data if rng.random() < 0.8 else data.rstrip(b"\n")
 
 
-def reference(path: Path) -> tuple[str, str]:
-    """The plainest reading: one chunk, every record, the prefilter off, no fold."""
-    os.environ["SUPERVISE_PREFILTER"] = "off"
+@contextmanager
+def _prefilter(*, on: bool) -> Iterator[None]:
+    """The engines built inside use the prefilter or not (``SUPERVISE_PREFILTER=off``, read as each is built)."""
+    if not on:
+        os.environ["SUPERVISE_PREFILTER"] = "off"
     try:
-        engine = ProbeEngine(load_packs(), fold_runs=False)
+        yield
     finally:
         os.environ.pop("SUPERVISE_PREFILTER", None)
+
+
+def reference(path: Path) -> tuple[str, str]:
+    """The plainest reading: one chunk, every record, the prefilter off, no fold."""
+    with _prefilter(on=False):
+        engine = ProbeEngine(load_packs(), fold_runs=False)
     summary = _replay._Summary()
     bars = RedrawCoalescer()
     records, _ = split_records(path.read_bytes(), 0, True)
@@ -139,11 +149,8 @@ def _event_key(event: ProbeEvent) -> tuple[object, ...]:
 
 def reference_events(path: Path) -> list[tuple[object, ...]]:
     """Every event of the plainest reading, record by record, the prefilter off."""
-    os.environ["SUPERVISE_PREFILTER"] = "off"
-    try:
+    with _prefilter(on=False):
         engine = ProbeEngine(load_packs())
-    finally:
-        os.environ.pop("SUPERVISE_PREFILTER", None)
     records, _ = split_records(path.read_bytes(), 0, True)
     events = [event for record in records for event in engine.feed(record)] + engine.flush()
     return [_event_key(event) for event in events]
@@ -183,12 +190,8 @@ def live_events(path: Path, rng: random.Random) -> tuple[list[tuple[object, ...]
             raise AssertionError(f"packs disabled: {disabled}")
         return events
 
-    if not prefilter:
-        os.environ["SUPERVISE_PREFILTER"] = "off"
-    try:
+    with _prefilter(on=prefilter):
         events = asyncio.run(follow())
-    finally:
-        os.environ.pop("SUPERVISE_PREFILTER", None)
     return [_event_key(event) for event in events], f"live, writes up to {largest} B, prefilter {'on' if prefilter else 'off'}"
 
 
@@ -196,14 +199,12 @@ def shortcut(path: Path, rng: random.Random) -> tuple[tuple[str, str], str]:
     chunk = rng.choice([97, 1013, 4096, 65_536, 1 << 20, 4 << 20])
     prefilter = rng.random() < 0.7
     skip = rng.random() < 0.8
-    _replay._CHUNK = chunk
-    if not prefilter:
-        os.environ["SUPERVISE_PREFILTER"] = "off"
+    default, _replay._CHUNK = _replay._CHUNK, chunk
     try:
-        report = _replay.replay_file(path, skip_quiet=skip)
+        with _prefilter(on=prefilter):
+            report = _replay.replay_file(path, skip_quiet=skip)
     finally:
-        os.environ.pop("SUPERVISE_PREFILTER", None)
-        _replay._CHUNK = 4 << 20
+        _replay._CHUNK = default
     how = f"chunk {chunk}, prefilter {'on' if prefilter else 'off'}, quiet lines {'skipped' if skip else 'split'}"
     return (report.to_json(), report.render_text()), how
 
