@@ -24,6 +24,13 @@ def main() -> None:
             "(python3 -m venv ~/.venvs/supervise && ~/.venvs/supervise/bin/pip install <repo>) and run "
             "jobs with the interpreter named by `python = ...` in the job spec."
         )
+    # Shell completion runs `supervise jobs --names` on every Tab: answered from the standard library alone,
+    # before the CLI and its dependencies are imported.
+    from supervisor.shell_names import is_names_request
+    from supervisor.shell_names import main as names_main
+
+    if is_names_request(sys.argv[1:]):
+        sys.exit(names_main(sys.argv[1:]))
     from supervisor.cli import main as cli_main
 
     sys.exit(cli_main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +20,58 @@ from supervisor.cli.client import Client
 from supervisor.core.config import Paths
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Every process a test starts inherits these two: which test session (one per xdist worker) and which test it
+# was started in, so a daemon still alive when the session ends is found, named by the test that started it, and
+# stopped (see `_no_daemon_outlives_the_session`).
+_SESSION_TAG = "SUPERVISE_TEST_SESSION"
+_TEST_TAG = "SUPERVISE_TEST_NODE"
+_DAEMON_MODULE = "supervisor.daemon.process"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[_SESSION_TAG] = f"{os.getpid()}-{time.time_ns()}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any fixture of the test is set up, module-scoped ones included: a daemon a fixture starts names the
+    # first test that needed it.
+    os.environ[_TEST_TAG] = item.nodeid
+
+
+def daemons_of_this_session() -> dict[int, str]:
+    """The daemons this test session started that are still alive: pid -> the test that started it."""
+    import psutil
+
+    found: dict[int, str] = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if _DAEMON_MODULE not in (proc.info["cmdline"] or []):
+                continue
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get(_SESSION_TAG) == os.environ[_SESSION_TAG]:
+            found[proc.pid] = env.get(_TEST_TAG, "(before the first test)")
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_daemon_outlives_the_session() -> Iterator[None]:
+    """A test session that ends with a daemon it started still running fails, naming the test that started it:
+    a daemon left in a deleted temporary folder runs on, holding ports and reaping nothing, on every machine that
+    runs the suite.  It is stopped here either way."""
+    yield
+    deadline = time.monotonic() + 10.0  # a daemon told to stop at a test's teardown may still be winding down
+    while (left := daemons_of_this_session()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        pytest.fail("daemons left running after the session: " + "; ".join(
+            f"pid {pid} started in {test}" for pid, test in sorted(left.items())), pytrace=False)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.02) -> object:

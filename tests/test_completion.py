@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DaemonProcess, wait_until
+from conftest import DaemonProcess, daemons_of_this_session, wait_until
 from e2e_jobs import job_state, supervise
 from supervisor.cli import _parser
 from supervisor.cli.completion import script
@@ -58,6 +58,42 @@ def test_without_a_daemon_job_names_are_nothing_and_nothing_breaks(daemon_env: d
     bad = supervise(env, "completion", "powershell", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
         "supervise completion: error: argument shell: invalid choice: 'powershell'")
+
+
+def test_a_tab_with_no_daemon_starts_none(daemon_env: dict[str, str], home: Path) -> None:
+    """Completion runs `supervise jobs --names` on every Tab: with no daemon, through the console script and
+    through the full CLI alike, it must answer nothing and start nothing (it used to spawn a daemon in whatever
+    state directory the environment named, which then ran on after the folder was deleted)."""
+    state = home / "tab-state"
+    env = _env({**daemon_env, "SUPERVISE_HOME": str(state)})
+    for argv in (["supervise", "jobs", "--names"], ["supervise", "jobs", "--specs", "--names"],
+                 [sys.executable, "-m", "supervisor.cli", "jobs", "--names"]):
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stderr == "", (argv, out.stderr)
+        assert "extract" not in out.stdout.split() or "--specs" in argv
+    assert not state.exists(), sorted(p.name for p in state.iterdir())
+    assert not [pid for pid, test in daemons_of_this_session().items() if "tab_with_no_daemon" in test]
+
+
+def test_spec_file_names_a_shell_would_expand_never_reach_the_completion(
+        known_job: dict[str, str], home: Path) -> None:
+    """A spec file named `$(touch${IFS}PWNED).toml` in a job directory: `compgen -W` expands the words it is given,
+    so printing the stem as it is ran the command on Tab.  Only valid job names are printed."""
+    specs = home / "hostile-specs"
+    specs.mkdir()
+    (specs / "$(touch${IFS}PWNED).toml").write_text('name = "x"\ncommand = ["true"]\n')
+    (specs / "`touch${IFS}PWNED2`.toml").write_text('name = "y"\ncommand = ["true"]\n')
+    (specs / "fine-job.toml").write_text('name = "fine-job"\ncommand = ["true"]\n')
+    env = {**known_job, "SUPERVISE_JOBS_PATH": str(specs)}
+    for cwd in (home, specs):
+        out = subprocess.run(
+            ["bash", "-c", 'eval "$(supervise completion bash)"; COMP_WORDS=(supervise start ""); COMP_CWORD=2; '
+             '_supervise; printf "%s\\n" "${COMPREPLY[@]}"'],
+            env=env, cwd=cwd, capture_output=True, text=True, timeout=60, check=True)
+        assert "fine-job" in out.stdout.split()
+        assert not list(cwd.glob("PWNED*")), out.stdout
+    names = supervise(env, "jobs", "--names", "--specs").stdout.split()
+    assert "fine-job" in names and not [n for n in names if "$" in n or "`" in n]
 
 
 def test_every_verb_and_flag_of_the_parser_is_in_each_script() -> None:

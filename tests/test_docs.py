@@ -84,8 +84,8 @@ def test_the_readme_is_a_front_page() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 200
     # The two commands, exactly: the main job, and the test suite as CI runs it.
-    assert ("python3 -m venv .venv && .venv/bin/pip install -e . -r jobs/requirements.txt && "
-            ".venv/bin/supervise start extract --follow") in readme
+    assert ("python3 -m venv .venv && .venv/bin/pip install --require-hashes -r requirements/run.lock && "
+            ".venv/bin/pip install --no-deps -e . && .venv/bin/supervise start extract --follow") in readme
     assert "bash .ci/run" in readme
     synopsis = readme[readme.index("## Using it"):]
     synopsis = synopsis[:synopsis.index("```\n", synopsis.index("```sh") + 5)]

@@ -142,21 +142,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def _names(known: bool, specs: bool) -> int:
-    """Names for shell completion, one a line: the daemon's jobs (none when it does not answer),
-    and with ``specs`` the job specs `start` finds by name."""
-    from supervisor.core.errors import SuperviseError
-    from supervisor.spec.model import spec_search_path
+    """Names for shell completion (the console script answers this without the CLI: supervisor/shell_names.py)."""
+    from supervisor.shell_names import print_names
 
-    names: set[str] = set()
-    if known:
-        try:
-            names |= {job.name for job in _client().status().jobs}
-        except SuperviseError:
-            pass  # no daemon: nothing to complete from it
-    if specs:
-        for directory in spec_search_path():
-            if directory.is_dir():
-                names |= {path.stem for path in directory.glob("*.toml")}
-    for name in sorted(names):
-        print(name)
-    return 0
+    return print_names(known, specs)

@@ -23,53 +23,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from supervisor.core.errors import ConfigError
+from supervisor.core.paths import Paths as Paths
+from supervisor.core.paths import default_paths as default_paths
 
-
-@dataclass(frozen=True)
-class Paths:
-    state_dir: Path
-
-    @property
-    def db(self) -> Path:
-        return self.state_dir / "supervise.db"
-
-    @property
-    def socket(self) -> Path:
-        return self.state_dir / "daemon.sock"
-
-    @property
-    def daemon_log(self) -> Path:
-        return self.state_dir / "daemon.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.state_dir / "daemon.pid"
-
-    @property
-    def logs(self) -> Path:
-        return self.state_dir / "logs"
-
-    @property
-    def arrivals(self) -> Path:
-        """When each attempt's log lines arrived (arrivals.py), for `logs --timestamps`."""
-        return self.state_dir / "arrivals"
-
-
-def default_paths() -> Paths:
-    explicit = os.environ.get("SUPERVISE_HOME")
-    if explicit:
-        state = Path(explicit)
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-        state = Path(xdg) / "supervise"
-    state = state.expanduser().absolute()
-    if len(str(state / "daemon.sock")) > 100:
-        raise ConfigError(
-            f"state directory {state} is too long for a Unix socket path (limit ~100 bytes): set SUPERVISE_HOME to a shorter path"
-        )
-    return Paths(state)
-
-
+# Paths live in their own module (no pydantic), so shell completion can find the socket without loading
+# settings; they are re-exported here, where most of the package has always imported them.
 # -- daemon settings: one typed model, read from a TOML file and the environment ------------
 
 _ENV_PREFIX = "SUPERVISE_"

@@ -274,6 +274,12 @@ class JobsResponse(BaseModel):
     jobs: list[JobStatus]
 
 
+class JobNamesResponse(BaseModel):
+    """The known jobs' names only: what shell completion asks for on every Tab (supervisor/shell_names.py)."""
+
+    names: list[str]
+
+
 class GpusResponse(BaseModel):
     available: bool
     note: str

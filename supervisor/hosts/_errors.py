@@ -19,9 +19,8 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import asyncssh
-
 from supervisor.core.errors import ConnectionLost, HostError, SuperviseError
+from supervisor.hosts._asyncssh import asyncssh
 
 # asyncio's message when every address of a name failed: "Multiple exceptions: [Errno 111] ..., [Errno 111] ..."
 _ERRNO = re.compile(r"\[Errno (\d+)\]")

@@ -10,7 +10,6 @@ import contextlib
 from urllib.parse import urlsplit
 
 from supervisor.core.errors import ConnectionLost
-from supervisor.hosts.ssh.target import parse_target
 
 _PROBE_TIMEOUT_S = 3.0
 
@@ -23,6 +22,10 @@ async def refuse_if_nothing_listens(host: str) -> None:
         host = "ssh" + host[len(scheme):]  # the login node's address
     elif scheme != "ssh":
         return
+    # Imported here: the SSH client (asyncssh, a third of a second) is loaded only by a daemon whose specs name
+    # an SSH host, never by one with only local jobs.
+    from supervisor.hosts.ssh.target import parse_target
+
     target = parse_target(host)
     if target.port is None:
         return

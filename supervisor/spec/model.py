@@ -27,8 +27,8 @@ from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.host_url import LOCAL_HOST, is_local
 from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
-from supervisor.resources import jobs_dir
 from supervisor.spec.placement import Placement, check_placement, place
+from supervisor.spec.search import JOB_NAME, spec_search_path
 from supervisor.spec.tables import (
     AlertSpec,
     GpuSpec,
@@ -40,8 +40,7 @@ from supervisor.spec.tables import (
     _Strict,
 )
 
-# A job name becomes a directory name (its logs): fullmatch, so a trailing newline is refused too.
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_NAME_RE = JOB_NAME
 _PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
 _BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards")
 
@@ -363,18 +362,6 @@ def _did_you_mean(name: str, known: list[str]) -> str:
 
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
-
-
-def spec_search_path() -> list[Path]:
-    """Where `supervise start NAME` looks for NAME.toml: $SUPERVISE_JOBS_PATH, ./jobs, the built-in jobs."""
-    dirs = [Path(p) for p in os.environ.get("SUPERVISE_JOBS_PATH", "").split(os.pathsep) if p]
-    dirs.append(Path.cwd() / "jobs")
-    dirs.append(jobs_dir())
-    unique: list[Path] = []
-    for d in dirs:
-        if d not in unique:
-            unique.append(d)
-    return unique
 
 
 def find_spec(name_or_path: str) -> JobSpec:

@@ -36,7 +36,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
-from supervisor.spec.model import JobSpec, _describe_validation, load_spec, spec_search_path
+from supervisor.spec.model import JobSpec, _describe_validation, load_spec
+from supervisor.spec.search import spec_search_path
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # no '.': `{steps.S.params.P}` splits on it
 _STEP_REF = re.compile(r"\{steps\.([^{}]*)\}")

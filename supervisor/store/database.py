@@ -213,6 +213,9 @@ class Store:
     def jobs(self) -> list[JobRow]:
         return [_job_row(r) for r in self._read("SELECT * FROM jobs ORDER BY name")]
 
+    def job_names(self) -> list[str]:
+        return [str(r["name"]) for r in self._read("SELECT name FROM jobs ORDER BY name")]
+
     def delete_job(self, name: str) -> None:
         """Forget a job: its row, its attempts, its events and its bar paces, in one transaction."""
         self.job(name)

@@ -93,6 +93,9 @@ class Api:
         rows = self.service.store.jobs()
         return _json(protocol.JobsResponse(jobs=[job_status(r, self.service.store, self.service.jobs.snapshot(r.name)) for r in rows]))
 
+    async def job_names(self, request: web.Request) -> web.StreamResponse:
+        return _json(protocol.JobNamesResponse(names=self.service.store.job_names()))
+
     async def attempts(self, request: web.Request) -> web.StreamResponse:
         name = _path_name(request)
         self.service.store.job(name)

@@ -11,6 +11,7 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("GET", "/v1/ping", "ping", None, protocol.PingResponse),
     ("POST", "/v1/jobs", "start_job", protocol.StartRequest, protocol.StartResponse),
     ("GET", "/v1/jobs", "jobs", None, protocol.JobsResponse),
+    ("GET", "/v1/job-names", "job_names", None, protocol.JobNamesResponse),
     ("POST", "/v1/jobs/{name}/stop", "stop_job", protocol.StopRequest, protocol.StopResponse),
     ("GET", "/v1/status", "status", None, protocol.StatusResponse),
     ("GET", "/v1/jobs/{name}/attempts", "attempts", None, protocol.AttemptsResponse),

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import secrets
 
-import asyncssh
+from supervisor.hosts._asyncssh import asyncssh
 
 _SHELL = "/bin/sh -s"
 

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import asyncssh
 import structlog
 import tenacity
 
 from supervisor.core.backoff import Backoff
 from supervisor.core.errors import ConnectionLost, HostError, HostRefused
 from supervisor.hosts import _remote
+from supervisor.hosts._asyncssh import asyncssh
 from supervisor.hosts._errors import ssh_errors
 from supervisor.hosts.base import ELSEWHERE
 from supervisor.hosts.ssh.agent import _SHELL, _Agent

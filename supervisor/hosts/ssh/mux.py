@@ -17,12 +17,12 @@ import contextlib
 import itertools
 from dataclasses import dataclass
 
-import asyncssh
 import structlog
 
 from supervisor.core.errors import HostError, SuperviseError
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import _remote
+from supervisor.hosts._asyncssh import asyncssh
 from supervisor.hosts.ssh.agent import _close_process
 from supervisor.hosts.ssh.connection import _CHANNEL, _DROPS, SshConnection
 from supervisor.hosts.ssh.mux_agent import (

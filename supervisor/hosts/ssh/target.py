@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import asyncssh
 import structlog
 
 from supervisor.core.errors import HostError
+from supervisor.hosts._asyncssh import asyncssh
 
 log = structlog.get_logger("supervise.ssh")
 
