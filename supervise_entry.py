@@ -31,6 +31,9 @@ def main() -> None:
 
     if is_names_request(sys.argv[1:]):
         sys.exit(names_main(sys.argv[1:]))
+    # httpcore imports trio at import time when it is installed: a quarter of a verb's CPU for an async backend the
+    # synchronous client never uses (see supervisor/cli/__main__.py).
+    sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
     from supervisor.cli import main as cli_main
 
     sys.exit(cli_main())

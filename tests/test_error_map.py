@@ -216,6 +216,7 @@ VERBS = [
 ]
 
 
+@pytest.mark.timeout(360)  # 45 CLI processes, one after another: under a minute alone, three on 2 shared vCPUs
 def test_every_verb_exits_with_the_readme_code(daemon: DaemonProcess, daemon_env: dict[str, str], make_job,
                                                home: Path) -> None:
     client = daemon.client()
