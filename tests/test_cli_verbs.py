@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -228,3 +229,16 @@ def test_status_shows_the_program_s_pid_beside_its_wrapper_s(daemon: DaemonProce
     assert psutil.Process(program).ppid() == wrapper and "napper.py" in " ".join(psutil.Process(program).cmdline())
     assert f"pid {program} (wrapper {wrapper})" in supervise(daemon_env, "status", "napper").stdout
     client.stop("napper", 1.0)
+
+
+def test_an_attempt_number_below_one_is_a_usage_error(daemon: DaemonProcess, daemon_env: dict[str, str],
+                                                      make_job: Callable[..., Path]) -> None:
+    daemon.client().start(str(make_job("one", "print('done')\n")), {})
+    wait_until(lambda: job_state(daemon.client(), "one") == "done")
+    for verb in ("logs", "events"):
+        for bad in ("-1", "0", "x", "99999999999"):
+            out = supervise(daemon_env, verb, "one", "--attempt", bad, check=False)
+            last = out.stderr.strip().splitlines()[-1]
+            assert out.returncode == 2 and out.stdout == "" and last.startswith(f"supervise {verb}: error: argument "
+                                                                                "--attempt: "), (verb, bad, out.stderr)
+        assert supervise(daemon_env, verb, "one", "--attempt", "1").returncode == 0
