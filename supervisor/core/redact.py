@@ -87,3 +87,18 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# A command line's secrets: the value of a flag or a variable whose name says it is one
+# (`--hf-token=hf_…`, `--api-key KEY`, `WANDB_API_KEY=…`).
+# The name's last word decides (`--keyframes`, `--monkey` are no secrets).
+_SECRET_FLAG = re.compile(r"(?i)(?<![\w-])(-{0,2}(?:[a-z0-9]+[-_.])*(?:token|key|apikey|secret|password|passwd|pwd|auth"
+                          r"|credentials?)s?)(=|\s+)(?!-)(\S+)")
+COMMAND_CHARS = 300  # what is kept of a command line: a launcher's argv can be pages long
+
+
+def redact_command(command: str, limit: int = COMMAND_CHARS) -> str:
+    """A process's command line as it may be stored and shown: secret-looking flags' values
+    masked, URLs redacted, and cut to ``limit`` characters."""
+    masked = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", redact_text(command))
+    return masked if len(masked) <= limit else masked[:limit] + "…"
