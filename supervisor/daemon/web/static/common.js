@@ -335,7 +335,7 @@ function connect(query, onEvent, onStatus, onSummary) {
       // A refusal (404, 421; 401: a stale token) ends a stream before it opens, without saying
       // why (an EventSource cannot read the answer): ask once, through api(), and show the line.
       if (!opened && !(await streamAnswers(path))) return;
-      await sleep(opened ? RETRY_MS : 0);
+      await sleep(RETRY_MS);  // never a tight loop, whatever fails
       open();
     });
     source.addEventListener("job-event", (m) => {
