@@ -166,26 +166,30 @@ def test_a_url_apprise_cannot_parse_is_logged_redacted(caplog: pytest.LogCapture
     with structlog.testing.capture_logs() as logs:
         alerter = Alerter(["nosuchservice://admin:hunter2@example.com/x"])
         assert asyncio.run(alerter.send(alert())) is False
-    assert alerter.urls == ["nosuchservice://admin:***@example.com/x"]
+    assert alerter.urls == ["nosuchservice://example.com/***"]
     assert "hunter2" not in repr(logs) + caplog.text
 
 
 @pytest.mark.parametrize(
     ("url", "redacted"),
     [
-        ("json://user:s3cret@127.0.0.1:8080/path?token=abc&x=1", "json://user:***@127.0.0.1:8080/path?token=***&x=1"),
-        ("mailto://me:hunter2@gmail.com?to=ops@example.com", "mailto://me:***@gmail.com?to=ops@example.com"),
-        ("https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXXXXXXXXXX",
-         "https://hooks.slack.com/services/***/***/***"),
-        ("https://discord.com/api/webhooks/1234567890/abcdefTOKEN123456789",
-         "https://discord.com/api/webhooks/***/***"),
-        ("https://api.telegram.org/bot123456:ABCdef/sendMessage", "https://api.telegram.org/***/***"),
+        ("json://user:s3cret@127.0.0.1:8080/path?token=abc&x=1", "json://127.0.0.1/***"),
+        ("mailto://me:hunter2@gmail.com?to=ops@example.com", "mailto://gmail.com/***"),
+        ("https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXXXXXXXXXX", "https://hooks.slack.com/***"),
+        ("https://discord.com/api/webhooks/1234567890/abcdefTOKEN123456789", "https://discord.com/***"),
+        ("https://api.telegram.org/bot123456:ABCdef/sendMessage", "https://api.telegram.org/***"),
         ("tgram://123456789:AAHbcdefghijklmnop/12345", "tgram://***"),
         ("discord://1234567890/abcdefTOKEN", "discord://***"),
         ("slack://TokenA/TokenB/TokenC/#ops", "slack://***"),
         ("gotify://push.example.com/AbCdEf1234567890xyz", "gotify://push.example.com/***"),
-        ("https://example.com/hook?api_key=k&sig=s&name=ops", "https://example.com/hook?api_key=***&sig=***&name=ops"),
-        ("json://127.0.0.1:9000/alerts", "json://127.0.0.1:9000/alerts"),
+        ("https://example.com/hook?api_key=k&sig=s&name=ops", "https://example.com/***"),
+        ("json://127.0.0.1:9000/alerts", "json://127.0.0.1/***"),
+        ("json://localhost", "json://localhost"),
+        ("json://[::1]:9000/x", "json://[::1]/***"),
+        ("pbul://o.gn5kj6nfhv736I7jC3cj3QLRiyhgl98b", "pbul://***"),  # a key that looks like a dotted name
+        ("prowl://notahost", "prowl://***"),
+        ("failure,gpu_fault=ntfy://ntfy.sh/topic", "failure,gpu_fault=ntfy://***"),
+        ("not a url", "***"),
     ],
 )
 def test_redact_url(url: str, redacted: str) -> None:
@@ -194,7 +198,7 @@ def test_redact_url(url: str, redacted: str) -> None:
 
 def test_redact_text_masks_every_url() -> None:
     text = "Unparseable URL json://a:pw@host/d and tgram://bot:tok/chat"
-    assert redact_text(text) == "Unparseable URL json://a:***@host/d and tgram://***"
+    assert redact_text(text) == "Unparseable URL json://*** and tgram://***"
 
 
 def test_body_without_evidence_or_gpu() -> None:

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -228,3 +229,49 @@ def test_status_shows_the_program_s_pid_beside_its_wrapper_s(daemon: DaemonProce
     assert psutil.Process(program).ppid() == wrapper and "napper.py" in " ".join(psutil.Process(program).cmdline())
     assert f"pid {program} (wrapper {wrapper})" in supervise(daemon_env, "status", "napper").stdout
     client.stop("napper", 1.0)
+
+
+def test_an_attempt_number_below_one_is_a_usage_error(daemon: DaemonProcess, daemon_env: dict[str, str],
+                                                      make_job: Callable[..., Path]) -> None:
+    daemon.client().start(str(make_job("one", "print('done')\n")), {})
+    wait_until(lambda: job_state(daemon.client(), "one") == "done")
+    for verb in ("logs", "events"):
+        for bad in ("-1", "0", "x", "99999999999"):
+            out = supervise(daemon_env, verb, "one", "--attempt", bad, check=False)
+            last = out.stderr.strip().splitlines()[-1]
+            assert out.returncode == 2 and out.stdout == "" and last.startswith(f"supervise {verb}: error: argument "
+                                                                                "--attempt: "), (verb, bad, out.stderr)
+        assert supervise(daemon_env, verb, "one", "--attempt", "1").returncode == 0
+
+
+def test_a_long_store_migration_is_said_in_the_daemon_log_and_by_the_waiting_cli(home: Path,
+                                                                                 daemon_env: dict[str, str]) -> None:
+    """An old store (schema 9) holding 300,000 progress rows: the daemon started by the first CLI
+    call migrates it before it listens.  The CLI says why it waits; the daemon's log says each step."""
+    import json as _json
+    import sqlite3
+
+    from supervisor.store.database import SCHEMA_VERSION, Store
+
+    paths = Paths(home)
+    Store(paths.db).close()
+    db = sqlite3.connect(paths.db)
+    rows = ((f"job{n % 50}", 1, 1_000.0 + n, "progress", "tqdm.bar", f"{n}",
+             _json.dumps({"done": n, "total": 300_000, "desc": f"bar{n % 7}"}), n) for n in range(300_000))
+    db.executemany("INSERT INTO events(job, attempt, ts, kind, probe, message, data_json, log_offset) "
+                   "VALUES(?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    db.commit()
+    db.close()
+    try:
+        out = supervise(daemon_env, "status", check=False)
+        assert out.returncode == 0, out.stderr
+        said = [line for line in out.stderr.splitlines() if "migrating its store" in line]
+        assert len(said) == 1 and f"from schema {SCHEMA_VERSION - 1} to {SCHEMA_VERSION} (300,000 events)" in said[0], \
+            out.stderr
+        logged = paths.daemon_log.read_text()
+        assert '"migrating the store"' in logged and '"events": 300000' in logged, logged[-2000:]
+        assert '"store migration step done"' in logged and '"store migrated"' in logged, logged[-2000:]
+        assert not (home / "supervise.db.migrating").exists()
+    finally:
+        _stop_daemon(daemon_env)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,55 @@ def test_malformed_config_stops_the_cli_before_the_daemon_starts(home: Path, dae
     assert result.stderr.strip() == (f"supervise: config {home / 'config.toml'}: key 'gpu_interval_s': "
                                       "Input should be greater than 0 (got -2)")
     assert not (home / "daemon.sock").exists()
+
+
+# Secrets planted in alert URLs of many apprise services, each where that service keeps it: a
+# key as the "host", a token in the path, a password, a query value, a topic, a route's URL.
+PLANTED = {
+    "prowl://plantedsecret01": "prowl://***",
+    "gotify://127.0.0.1:9/plantedsecret02": "gotify://127.0.0.1/***",
+    "json://127.0.0.1:9/path/plantedsecret03": "json://127.0.0.1/***",
+    "mailto://ops:plantedsecret04@127.0.0.1:9?to=a@example.com": "mailto://127.0.0.1/***",
+    "tgram://123456:plantedsecret05/789": "tgram://***",
+    "pover://plantedsecret06@plantedsecret07": "pover://***",
+    "ntfy://127.0.0.1:9/plantedsecret08": "ntfy://***",
+    "xml://user:plantedsecret09@127.0.0.1:9/x": "xml://127.0.0.1/***",
+    "form://127.0.0.1:9/hook?token=plantedsecret10": "form://127.0.0.1/***",
+    "discord://1234/plantedsecret11": "discord://***",
+    "slack://plantedsecret12/Bxxxx/Cxxxx": "slack://***",
+    "pbul://o.plantedsecret13": "pbul://***",
+    "json://localhost:9/hook#plantedsecret14": "json://localhost/***",
+    "failure=gotify://127.0.0.1:9/plantedsecret15": "failure=gotify://127.0.0.1/***",
+    "matrix://user:plantedsecret16@127.0.0.1:9/#room": "matrix://127.0.0.1/***",
+    "mqtt://user:plantedsecret17@127.0.0.1:9/topic": "mqtt://127.0.0.1/***",
+    "rocket://user:plantedsecret18@127.0.0.1:9/#channel": "rocket://127.0.0.1/***",
+}
+
+
+def test_alert_url_secrets_show_nowhere_only_scheme_tags_and_host(home: Path, daemon_env: dict[str, str],
+                                                                   make_job) -> None:  # noqa: ANN001 - fixture
+    from conftest import DaemonProcess, wait_until
+
+    (home / "config.toml").write_text(f"alert_urls = {json.dumps(list(PLANTED))}\n")
+    secrets = [f"plantedsecret{n:02d}" for n in range(1, 19)]
+    offline = _cli(daemon_env, "config", "show").stdout  # no daemon: the CLI reads the file itself
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        client = daemon.client()
+        shown = {s.name: s.value for s in client.config().settings}["alert_urls"]
+        online = _cli(daemon_env, "config", "show").stdout + _cli(daemon_env, "config", "show", "--json").stdout
+        raw = client._http.get("/v1/config").text
+        client.start(str(make_job("crash", "raise SystemExit(3)\n", extra="[restart]\nmax_attempts = 1\n")), {})
+        # The daemon's log (what it writes to daemon.log; here the test's file of its output).
+        wait_until(lambda: "alert delivery" in daemon.log_text(), timeout=60)
+        time.sleep(3)  # deliveries to unreachable services fail and say so
+        logged = daemon.log_text()
+    finally:
+        daemon.close()
+    leaks = {where: [secret for secret in secrets if secret in text]
+             for where, text in (("config show (no daemon)", offline), ("config show", online), ("/v1/config", raw),
+                                 ("daemon.log", logged))}
+    assert all(not leaked for leaked in leaks.values()), {where: f"{len(leaked)} of {len(secrets)}: {leaked}"
+                                                          for where, leaked in leaks.items()}
+    assert shown == list(PLANTED.values())  # the scheme, a route's tags, and the host where it is one

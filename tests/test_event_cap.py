@@ -63,3 +63,38 @@ def test_an_attempt_past_its_cap_keeps_its_bars_end_and_its_failure(home: Path, 
         assert any(e.kind == "failure" and "weight_scale" in e.message for e in events), events[-5:]
     finally:
         daemon.close()
+
+
+# tqdm over files: a one-step bar per file, 20,000 of them, then the job ends.
+ONE_STEP_BARS = """\
+import sys
+for n in range(20_000):
+    sys.stderr.write("files:   0%|          | 0/1 [00:00<?, ?it/s]\\r")
+    sys.stderr.write(f"files: 100%|##########| 1/1 [00:00<00:00, {n}.0it/s]\\n")
+sys.stderr.flush()
+"""
+
+
+def test_distinct_bars_past_the_cap_store_a_bounded_number_of_rows(home: Path, daemon_env, make_job,
+                                                                  monkeypatch) -> None:
+    (home / "config.toml").write_text("events_per_attempt = 1000\n")
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        client = daemon.client()
+        client.start(str(make_job("files", ONE_STEP_BARS)), {})
+        wait_until(lambda: job_state(client, "files") == "done", timeout=120)
+        progress = []
+        after = None
+        while True:  # every stored row, 10,000 a call
+            page = client.events("files", attempt=1, kinds=["progress"], after=after).events
+            if not page:
+                break
+            progress += page
+            after = page[-1].id
+        # The cap (1,000 log events), and past it the newest bars' stand-ins (64): not one row per bar.
+        assert len(progress) <= 1000 + 64, len(progress)
+        assert progress[-1].data["done"] == 1  # the last bar's end is kept
+    finally:
+        daemon.close()

@@ -6,11 +6,15 @@ dmesg with a cursor (only lines after the last one seen)."""
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
+from test_observe_e2e import FakeGpuDaemon
 from supervisor.gpu.nvml import NvmlSampler, new_faults
 from supervisor.gpu.health import FaultKind
 from supervisor.gpu.kernel_xids import KMSG, KernelXid, KmsgReader, XidCursor, parse_xid, pci_key, to_events
@@ -123,3 +127,75 @@ def test_where_nvml_reports_xids_the_kernel_log_is_not_read_twice_over(tmp_path:
     with fake_kmsg.open("a") as log:  # ... and writes it to the kernel log
         log.write(_kmsg_record(9, "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."))
     assert [(f.gpu, f.xid) for f in new_faults(before, sampler.sample())] == [(0, 79)]  # once
+
+
+def test_a_flood_of_one_xid_is_one_folded_event_per_sample(tmp_path: Path) -> None:
+    nvml = FakeNvml()
+    nvml.events_supported = False
+    nvml.add_device()
+    nvml.add_device()
+    fake_kmsg = tmp_path / "kmsg"  # a plain file in /dev/kmsg's format (named a fake, as above)
+    fake_kmsg.write_text("")
+    sampler = NvmlSampler(nvml=nvml, kernel_log=KmsgReader(str(fake_kmsg)))
+    before = sampler.sample()
+    flood = "NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception"
+    with fake_kmsg.open("a") as log:
+        log.writelines(_kmsg_record(seq, flood) for seq in range(100_000))
+        log.write(_kmsg_record(100_001, "NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, x"))
+    after = sampler.sample()
+    assert [(x.gpu, x.code, x.repeats) for x in after.xids] == [(0, 13, 100_000), (1, 79, 1)]
+    faults = new_faults(before, after)
+    assert [f.detail for f in faults] == ["Xid 13: graphics engine exception (often an illegal memory access in "
+                                          "the job's kernel) (100,000 times since the last sample)",
+                                          "Xid 79: GPU has fallen off the bus (hardware or power fault: the node needs "
+                                          "attention)"]
+    many = "".join(_kmsg_record(200_000 + code, f"NVRM: Xid (PCI:0000:18:00): {code}, x") for code in range(1, 100))
+    with fake_kmsg.open("a") as log:
+        log.write(many)
+    assert len(sampler.sample().xids) == 32  # distinct codes are capped per sample, as NVML's events are
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_xid_flood_in_the_kernel_log_is_a_few_events_and_the_daemon_answers_throughout(
+        home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A real daemon (NVML faked: tests/fakes/gpu_daemon.py, its event set refused as in a
+    container) reads Xids from a kernel log file; a job holds GPU 0; the driver floods the log."""
+    fake_kmsg = tmp_path / "kmsg"
+    fake_kmsg.write_text("")
+    holders = home / "holders"
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = FakeGpuDaemon(home, {**daemon_env, "SUPERVISE_FAKE_GPU_HOLDERS": str(holders),
+                                  "SUPERVISE_GPU_INTERVAL_S": "0.2", "SUPERVISE_FAKE_GPU_XID_EVENTS": "0",
+                                  "SUPERVISE_KERNEL_LOG": str(fake_kmsg)})
+    daemon.start()
+    try:
+        job = tmp_path / "holder.py"
+        job.write_text("import os, time\n"
+                       f"open('{holders}/' + str(os.getpid()), 'w').write('0 1000\\n')\n"
+                       "print('working', flush=True)\ntime.sleep(120)\n")
+        spec = tmp_path / "flood.toml"
+        spec.write_text(f'name = "flood"\ncommand = ["{sys.executable}", "{job}"]\nstop_grace_s = 1\n')
+        client = daemon.client()
+        client.start(str(spec), {})
+        wait_until(lambda: any(p.name.isdigit() for p in holders.iterdir()))
+        time.sleep(1.0)  # listed on GPU 0 by the next samples
+        flood = "NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics Exception"
+        with fake_kmsg.open("a") as log:
+            log.writelines(_kmsg_record(seq, flood) for seq in range(100_000))
+        slowest = 0.0
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            began = time.monotonic()
+            client.ping()
+            slowest = max(slowest, time.monotonic() - began)
+            time.sleep(0.1)
+        faults = [e for e in client.events("flood", kinds=["gpu_fault"]).events]
+        assert 1 <= len(faults) <= 3, (len(faults), faults[:3])
+        told = sum(int(e.message.split("(")[-1].split(" times")[0].replace(",", "")) if "times since" in e.message
+                   else 1 for e in faults)
+        assert told == 100_000, [e.message for e in faults]
+        assert slowest < 1.0, slowest
+        client.stop("flood", grace_s=1.0)
+    finally:
+        daemon.close()

@@ -144,6 +144,7 @@ WRITTEN: list[tuple[Any, dict[str, Any]]] = [
      {"holders": [{"pid": 1, "gpu": 0, "used_mib": 10, "command": "sleep"}]}),
     (GpuFaultData(0, "xid", None, "d"), {"gpu": 0, "kind": "xid", "xid": None, "detail": "d"}),
     (StacksData("no py-spy", ()), {"note": "no py-spy", "processes": []}),
+    (StacksData("", (), left_out=138), {"note": "", "processes": [], "left_out": 138}),
     (StateData(JobState.DONE, ""), {"state": "done", "reason": ""}),
     (ProbeFields({"done": 1, "x": "y"}), {"done": 1, "x": "y"}),
     (UntypedData({"a": 1}), {"a": 1}),

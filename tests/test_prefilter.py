@@ -367,3 +367,89 @@ def test_the_kept_databases_are_bounded_and_the_one_in_use_stays(tmp_path: Path,
     assert "hs-in-use.db" in names
     assert f"hs-edit-{3 * _hscache.KEEP - 1}.db" in names
     assert not list(folder.glob(".hs-*.tmp"))
+
+
+def _load_in_a_child(cache_home: Path, name: str) -> str:
+    """``_hscache.load`` in a child process with its memory bounded and a deadline: what it does
+    with a FIFO or /dev/zero at the name, without hanging or filling this one."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+              "from supervisor.probes import _hscache, _hsfilter\n"
+              "try:\n"
+              "    print('none' if _hscache.load(_hsfilter.hyperscan, sys.argv[1]) is None else 'loaded')\n"
+              "except MemoryError:\n"
+              "    print('MemoryError')\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, name], capture_output=True, text=True, timeout=20,
+                              env={**os.environ, "XDG_CACHE_HOME": str(cache_home)}, check=False)
+    except subprocess.TimeoutExpired:
+        return "hung"
+    return done.stdout.strip() or done.stderr.strip()[-300:]
+
+
+@needs_hyperscan
+def test_what_lies_at_a_kept_database_name_is_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A valid database of other patterns at the pack set's name, a FIFO, a link to /dev/zero:
+    each costs a compile, never a wrong reading, a hang or the memory."""
+    import os
+    import shutil
+    import time
+
+    from supervisor.probes import _hscache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "supervise"
+    data = b"\n".join(_corpus_lines()[:3000]) + b"\n"
+    expected = _events(data, False, monkeypatch)
+    assert any(e.kind.value == "failure" for e in expected)
+    _hsfilter.build.cache_clear()
+    reader = _engine(PACKS, True, monkeypatch).reader
+    [kept] = folder.glob("hs-*.db")
+    name = kept.stem[3:]
+    other = _hsfilter.hyperscan.Database()
+    other.compile(expressions=[b"nothing the probes look for"], ids=[0], flags=[0])
+    _hscache.store(_hsfilter.hyperscan, "other", other, 0.1)
+    shutil.copyfile(folder / "hs-other.db", kept)  # a database the cache wrote, of other patterns
+    assert _hscache.load(_hsfilter.hyperscan, name) is None
+    _hsfilter.build.cache_clear()
+    assert _events(data, True, monkeypatch) == expected
+    for plant in ("fifo", "zero"):
+        kept.unlink()
+        os.mkfifo(kept) if plant == "fifo" else kept.symlink_to("/dev/zero")
+        began = time.monotonic()
+        assert _load_in_a_child(tmp_path / "cache", name) == "none", plant
+        assert time.monotonic() - began < 15, plant
+    kept.unlink()
+    _hsfilter.build.cache_clear()
+    assert _engine(PACKS, True, monkeypatch).reader == reader  # compiled and kept again
+    assert _hscache.load(_hsfilter.hyperscan, name) is not None
+    _hsfilter.build.cache_clear()
+
+
+@needs_hyperscan
+def test_a_linked_cache_folder_loses_none_of_its_other_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from supervisor.probes import _hscache
+
+    elsewhere = tmp_path / "shared"
+    elsewhere.mkdir()
+    foreign = {"hs-notes.db": b"someone's notes", f"hs-{'a' * 40}.db": b"SQLite format 3\x00",
+               "hs-1.db": b"", "hs-x.db.db": b"x" * 100, "hs-data.db": b"\x00" * 4096}
+    for file_name, content in foreign.items():
+        (elsewhere / file_name).write_bytes(content)
+        os.utime(elsewhere / file_name, (10.0**9, 10.0**9))  # older than anything the cache writes
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "supervise").symlink_to(elsewhere)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    db = _hsfilter.hyperscan.Database()
+    db.compile(expressions=[b"Traceback"], ids=[0], flags=[0])
+    for n in range(2 * _hscache.KEEP):
+        _hscache.store(_hsfilter.hyperscan, f"edit-{n}", db, 0.1)
+    for file_name, content in foreign.items():
+        assert (elsewhere / file_name).read_bytes() == content, file_name
+    assert len([p for p in elsewhere.glob("hs-edit-*.db")]) == _hscache.KEEP

@@ -116,3 +116,25 @@ def test_the_store_replaces_a_bars_latest_row_in_the_same_write(tmp_path) -> Non
                                                                        ("progress", 6)]
     assert store.attempt("j", 1).log_offset == 6
     store.close()
+
+
+def test_a_hundred_thousand_one_step_bars_hold_a_bounded_state_and_past_the_cap_bounded_rows() -> None:
+    """tqdm over files: each file its own one-step bar.  The sieve holds the bars it may still
+    continue, not every bar it saw; past the cap, the stand-ins of the newest bars only."""
+    sieve = ProgressMilestones()
+    row = 0
+    stored: set[int] = set()
+    for n in range(100_000):
+        sieve.latest_only = n >= 5_000  # the attempt's event cap reached at the 5,000th bar
+        for done in (0, 1):
+            sieve.keep(_bar(done, 1, offset=2 * n + done, desc="files"), float(n))
+        latest, replaced = sieve.to_save()
+        for event in latest:
+            row += 1
+            event.id = row
+            stored.add(row)
+        stored -= set(replaced)
+        sieve.saved()
+        assert sieve.bars_held <= 200, (n, sieve.bars_held)
+    assert len(stored) <= 64  # past the cap: the newest bars' stand-ins, each in place of the oldest's
+    assert max(stored) == row  # the last bar's end is among them

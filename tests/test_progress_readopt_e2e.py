@@ -75,3 +75,42 @@ def test_a_stalled_bars_latest_count_is_stored_though_the_log_went_quiet(
     assert attempt is not None and attempt.state == "running"  # judged on the count it stalled at
     assert attempt.progress is not None and attempt.progress.done == 57
     client.stop("stalling", None)
+
+
+# An outer bar over files, each file an inner bar of 100 steps, written while no daemon reads
+# them: the outer bar's latest line (no milestone: its whole percent stays 0) comes before the
+# inner bar's milestones that follow it in the log.
+NESTED_BARS_JOB = """\
+import os, sys, time
+gate = sys.argv[1]
+print("waiting for the gate", flush=True)
+while not os.path.exists(gate):
+    time.sleep(0.01)
+for f in range(1, 21):
+    print(f"files: {f * 100 // 10000}%|   | {f}/10000 [00:00<00:01, 5.0it/s]", flush=True)
+    for s in range(0, 101):
+        print(f"steps: {s}%|###| {s}/100 [00:00<00:01, 5.0it/s]", flush=True)
+print("all good", flush=True)
+"""
+
+
+def test_events_after_a_restarts_catch_up_are_listed_in_log_order(daemon: DaemonProcess, make_job,
+                                                                  home: Path) -> None:
+    gate = home / "gate"
+    spec = make_job("two", NESTED_BARS_JOB, params=f', "{gate}"', probes='["tqdm"]')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: client.status("two").jobs[0].last_output_age_s is not None, timeout=30)
+    log = Path(client.status("two").jobs[0].attempt.log_path)
+    daemon.kill(signal.SIGKILL)
+    gate.touch()  # the whole of both bars is written while no daemon reads: the catch-up reads it
+    wait_until(lambda: "all good" in log.read_text(), timeout=30)
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "two") == "done", timeout=60)
+    progress = client.events("two", kinds=["progress"]).events
+    offsets = [e.offset for e in progress]
+    inversions = sum(1 for a, b in zip(offsets, offsets[1:]) if a is not None and b is not None and b < a)
+    assert inversions == 0, (inversions, len(offsets))
+    for bar, last in (("files", 20), ("steps", 100)):  # each bar's rows end at its last count
+        assert [int(e.data["done"]) for e in progress if e.data.get("desc") == bar][-1] == last

@@ -6,6 +6,7 @@ dumps a running job on demand.  Without py-spy: one line, and the kill goes on."
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -154,3 +155,31 @@ def test_a_stopped_process_is_read_as_it_stands(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+MANY_CHILDREN = """\
+import subprocess, sys, time
+# A launcher's children: each repeats its secret flag (as torchrun's workers repeat the script's argv).
+children = [subprocess.Popen(["/bin/sh", "-c", "sleep 600; :", "sh", sys.argv[1]]) for _ in range(70)]
+print("launched", len(children), flush=True)
+def waiting_for_workers():
+    time.sleep(600)
+waiting_for_workers()
+"""
+
+
+def test_a_dump_says_how_many_processes_it_left_out_and_shows_no_secret_flag(
+        daemon: DaemonProcess, make_job: Callable[..., Path], daemon_env: dict[str, str]) -> None:
+    secret = "hf_plantedSecret0123456789"
+    spec = make_job("many", MANY_CHILDREN, params=f', "--hf-token={secret}"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: "launched" in supervise(daemon_env, "logs", "many", check=False).stdout, timeout=30)
+    out = supervise(daemon_env, "stack", "many", check=False)
+    first = out.stdout.splitlines()[0]
+    # The wrapper's shell, the job, 70 shells (and their sleeps, as they come): 64 dumped, and said so.
+    counted = re.search(r": 64 of (\d+) processes dumped \(at most 64 are\), 1 with a Python stack$", first)
+    assert counted is not None and int(counted.group(1)) >= 72, first
+    assert out.returncode == 0 and "waiting_for_workers" in out.stdout, out.stdout[-2000:]
+    assert secret not in out.stdout and "--hf-token=***" in out.stdout, out.stdout[:3000]
+    client.stop("many", grace_s=1.0)

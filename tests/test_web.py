@@ -461,10 +461,11 @@ def test_a_page_whose_port_was_taken_while_the_daemon_was_down_is_said_by_status
         assert len(said) == 1 and f"127.0.0.1:{port} is taken by another process" in said[0], doctor.stdout
         assert doctor.returncode == served_doctor.returncode  # optional: exit codes unchanged
     assert web.daemon.client().ping() is not None
-    # Served again on a free port: the note goes, and the tab's token is the same.
+    # Served again on a free port: the note goes, and the token is a new one (whatever took the
+    # port may have been handed the old one).
     moved = _free_port()
     answer = web.daemon.client().web(protocol.WebRequest(port=moved))
-    assert answer.url == f"http://127.0.0.1:{moved}/#token={web.token}"
+    assert answer.url.startswith(f"http://127.0.0.1:{moved}/#token=") and web.token not in answer.url
     assert web.daemon.client().status().web_note == ""
 
 
@@ -522,3 +523,81 @@ def test_the_hosts_the_page_answers_to() -> None:
     assert "127.0.0.2:8787" in allowed_hosts(WebConfig(bind="127.0.0.2", port=8787, token=token))  # type: ignore[operator]
     assert "localhost" in allowed_hosts(WebConfig(bind="127.0.0.1", port=80, token=token))  # type: ignore[operator]
     assert allowed_hosts(WebConfig(bind="0.0.0.0", port=8787, token=token)) is None  # --allow-remote: any name
+
+
+class _Impostor(http.server.BaseHTTPRequestHandler):
+    """A program that took the page's port while the daemon was down: it answers everything
+    (the handshake with a made-up proof, the stream with a quick reconnect) and records it all."""
+
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        _Impostor.seen.append(f"GET {self.path}\n{self.headers}")
+        if self.path.startswith("/api/hello"):
+            body, kind = json.dumps({"instance": "ab" * 16, "proof": "00" * 32}).encode(), "application/json"
+        elif self.path.startswith("/api/stream"):
+            body, kind = b"retry: 200\n\n", "text/event-stream"
+        else:
+            body, kind = b"{}", "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_took_the_port_gets_no_token_and_the_page_moved_gets_a_new_one(
+        web: Web, browser: WebDriver, make_job: Callable[..., Path], daemon_env: dict[str, str]) -> None:
+    """The daemon goes down under an open tab and another program takes its port: the tab sends
+    it nothing of the token (no bearer, no ?token=), says why, and stops.  The daemon, started
+    while the port is taken, replaces the token; `supervise web --port N` serves a new one too,
+    and the old token works nowhere."""
+    spec = make_job("sleeper", SLEEPER)
+    client = web.daemon.client()
+    client.start(str(spec), {})
+    _open(browser, web, "/job/sleeper")
+    wait_until(lambda: _text(browser, "#conn") == "live" and browser.find_elements(By.CSS_SELECTOR, "#card .card"))
+    port = int(web.base.rsplit(":", 1)[1])
+    _Impostor.seen.clear()
+    web.daemon.kill(signal.SIGKILL)
+    http.server.ThreadingHTTPServer.allow_reuse_address = True
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Impostor)
+    thread = threading.Thread(target=impostor.serve_forever, daemon=True)
+    thread.start()
+    try:
+        time.sleep(10)  # what a reconnecting stream or a periodic fetch would send meanwhile
+        seen = "\n".join(_Impostor.seen)
+        leaks = sum(web.token in request or "token=" in request or "authorization" in request.lower()
+                    for request in _Impostor.seen)
+        assert leaks == 0, f"{leaks} of {len(_Impostor.seen)} requests carried a token: {seen[:2000]}"
+        assert _Impostor.seen and all(request.startswith("GET /api/hello?nonce=") for request in _Impostor.seen), seen
+        assert "did not prove" in _text(browser, "body")
+        assert "open the URL that `supervise web` printed" in _text(browser, "body")
+        asked = len(_Impostor.seen)
+        time.sleep(3)
+        assert len(_Impostor.seen) == asked  # the tab stopped: no polling of a server that failed the proof
+        web.daemon.start()  # the port is still taken: the page is not served, and its token is replaced
+        assert f"127.0.0.1:{port} is taken" in web.daemon.client().status().web_note
+        rotated = json.loads((web.daemon.paths.state_dir / "web.json").read_text())["token"]
+        assert rotated != web.token
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
+    moved = Web(web.daemon, _free_port())  # the page moves: a new token again
+    assert moved.token not in (web.token, rotated)
+    for stale in (web.token, rotated):
+        assert moved.get("/api/jobs/sleeper/log", token=stale).status_code == 401  # the old tokens work nowhere
+    assert moved.get("/api/jobs/sleeper/log", token=moved.token).status_code == 200
+    hello = moved.get("/api/hello?nonce=" + "0" * 32)  # no token: the handshake proves the server, not the tab
+    assert hello.status_code == 200 and set(hello.json()) == {"instance", "proof"}
+    assert moved.get("/api/hello?nonce=short").status_code == 400
+    _open(browser, moved)  # a tab on the printed URL proves the real daemon and runs
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '.card[data-job="sleeper"]'))
+    assert _text(browser, "#conn") == "live"
+    web.daemon.client().stop("sleeper", None)

@@ -21,7 +21,15 @@ import sys
 from collections.abc import Callable
 
 from supervisor import __version__
-from supervisor.cli._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
+from supervisor.cli._args import (
+    add_field_flags,
+    add_since,
+    attempt_number,
+    every_seconds,
+    grace_seconds,
+    grep_pattern,
+    line_count,
+)
 from supervisor.cli.completion import SHELLS
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import EventKind
@@ -150,7 +158,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
     p = add("logs", _verb("logs", "cmd_logs"), "print an attempt's log (tqdm redraws shown as one updating line)")
     p.add_argument("job")
-    p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("--attempt", type=attempt_number, default=None)
     p.add_argument("-f", "--follow", action="store_true")
     p.add_argument("-n", "--lines", type=line_count, default=None, metavar="N", help="only the last N lines")
     add_since(p, "lines written since then (log lines are timed by the events the probes stored)")
@@ -162,7 +170,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
     p = add("events", _verb("logs", "cmd_events"), "events of a job (phases, progress, failures, verdicts, actions)")
     p.add_argument("job")
-    p.add_argument("--attempt", type=int, default=None)
+    p.add_argument("--attempt", type=attempt_number, default=None)
     p.add_argument("-f", "--follow", action="store_true")
     p.add_argument("--kind", dest="kinds", action="append", default=[], choices=[k.value for k in EventKind],
                    metavar="K", help="only events of this kind (repeatable): " + ", ".join(k.value for k in EventKind))

@@ -55,6 +55,7 @@ every_seconds = bounded(float, 0.1, 86400.0, "a number of seconds", " seconds")
 # `--grace`: as the daemon accepts it (protocol.MAX_GRACE_S).
 grace_seconds = bounded(float, 0.0, MAX_GRACE_S, "a number of seconds", " seconds (a day)")
 line_count = bounded(int, 1, 1_000_000_000, "a whole number")  # `-n`: lines or events
+attempt_number = bounded(int, 1, 2**31 - 1, "an attempt number (1 is the first)")  # `--attempt`: as `attempts` lists them
 
 
 def grep_pattern(text: str) -> Any:

@@ -22,6 +22,7 @@ from supervisor.core import protocol
 from supervisor.core.config import Paths, load_settings
 from supervisor.core.errors import DaemonError, DaemonNotRunning, RequestRejected, error_of
 from supervisor.core.overrides import FieldOverrides
+from supervisor.store import migration_notice
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -57,11 +58,21 @@ class Client:
             return self.ping()
         spawn_daemon(self.paths)
         deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        said = False
+        while True:
             if self.accepting():
                 return self.ping()
+            migrating = migration_notice.current(self.paths.db)
+            if migrating is not None:
+                # Busy, not stuck: waited for as long as it lives, and said once.
+                if not said:
+                    print(f"supervise: {migrating.describe()}; waiting for it (see {self.paths.daemon_log})",
+                          file=sys.stderr, flush=True)
+                    said = True
+                deadline = time.monotonic() + _START_TIMEOUT_S
+            elif time.monotonic() >= deadline:
+                raise DaemonError(f"the daemon did not start within {_START_TIMEOUT_S:.0f}s; see {self.paths.daemon_log}")
             time.sleep(0.05)
-        raise DaemonError(f"the daemon did not start within {_START_TIMEOUT_S:.0f}s; see {self.paths.daemon_log}")
 
     # -- requests ----------------------------------------------------------------------
 

@@ -397,6 +397,7 @@ class StacksData:
 
     note: str
     processes: tuple[ProcessStackData, ...]
+    left_out: int = 0  # the attempt's processes not dumped (past the cap on how many are)
 
     @classmethod
     def of(cls, event: Carries) -> StacksData:
@@ -406,10 +407,14 @@ class StacksData:
     def from_json(cls, data: Mapping[str, Any]) -> StacksData:
         processes = _list(data.get("processes")) or []
         return cls(_text(data.get("note")) or "",
-                   tuple(ProcessStackData.from_json(p) for p in processes if isinstance(p, Mapping)))
+                   tuple(ProcessStackData.from_json(p) for p in processes if isinstance(p, Mapping)),
+                   _int(data.get("left_out")) or 0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"note": self.note, "processes": [p.to_json() for p in self.processes]}
+        shown: dict[str, Any] = {"note": self.note, "processes": [p.to_json() for p in self.processes]}
+        if self.left_out:  # said only where processes were left out: a whole dump's payload is as it was
+            shown["left_out"] = self.left_out
+        return shown
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ Reading never raises: a board that supports none of it reports nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -62,6 +62,19 @@ class DeviceHealth:
 class XidEvent:
     gpu: int
     code: int
+    repeats: int = 1  # how many times this code was reported on this GPU since the last sample
+
+
+def fold_xids(xids: Iterable[XidEvent]) -> tuple[XidEvent, ...]:
+    """One event per GPU and code, counting its repeats, and at most _MAX_XIDS_PER_SAMPLE of them:
+    a driver that floods its log (100,000 lines) is one fault to tell, not 100,000 to store,
+    alert and match with every job's processes on the daemon's loop."""
+    folded: dict[tuple[int, int], int] = {}
+    for xid in xids:
+        key = (xid.gpu, xid.code)
+        if key in folded or len(folded) < _MAX_XIDS_PER_SAMPLE:
+            folded[key] = folded.get(key, 0) + xid.repeats
+    return tuple(XidEvent(gpu, code, repeats) for (gpu, code), repeats in folded.items())
 
 
 @dataclass(frozen=True)
@@ -80,8 +93,9 @@ class GpuFault:
         return f"GPU {self.gpu}: {self.detail}"
 
 
-def xid_detail(code: int) -> str:
-    return f"Xid {code}: {XID_MEANINGS.get(code, 'see NVIDIA Xid catalogue')}"
+def xid_detail(code: int, repeats: int = 1) -> str:
+    times = f" ({repeats:,} times since the last sample)" if repeats > 1 else ""
+    return f"Xid {code}: {XID_MEANINGS.get(code, 'see NVIDIA Xid catalogue')}{times}"
 
 
 def read_health(nvml: Any, handle: Any) -> DeviceHealth:

@@ -26,7 +26,9 @@ _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]{4,8}):([0-9a-fA-F]{1,2}):([0-9a
 _KERNEL_TIME = re.compile(r"^\s*\[\s*(\d+(?:\.\d+)?)\]")
 KMSG = "/dev/kmsg"
 _RECORD_MAX = 8192  # /dev/kmsg hands one record per read and refuses a buffer smaller than it
-_MAX_RECORDS_PER_READ = 4096  # a log flooding faster than we read must not hold the sampler
+# A log flooding faster than we read must not hold the sampler (a thread of its own: never the
+# loop); a whole ring buffer (a few MB of records) is read in one sample, and its Xids folded.
+_MAX_RECORDS_PER_READ = 65536
 
 
 @dataclass(frozen=True)

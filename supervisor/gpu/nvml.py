@@ -24,6 +24,7 @@ from supervisor.gpu.health import (
     GpuFault,
     XidEvent,
     XidEvents,
+    fold_xids,
     read_health,
     xid_detail,
 )
@@ -90,7 +91,7 @@ class NvmlSampler:
             nvml = self._module()
             self._init(nvml)
             devices, processes = self._read(nvml)
-            xids = self._xids.drain(nvml) + self._kernel_xids(devices)
+            xids = fold_xids(self._xids.drain(nvml) + self._kernel_xids(devices))
         except Exception as exc:  # noqa: BLE001 - a sampler that raises would stop the daemon's GPU view
             if _is_uninitialised(exc):
                 self._initialised = False  # someone shut NVML down; initialise again next time
@@ -346,7 +347,7 @@ def new_faults(previous: GpuSample | None, current: GpuSample) -> list[GpuFault]
     errors, pages pending or a failed remap newly set, a hardware slowdown newly begun."""
     if not current.available:
         return []
-    found = [GpuFault(x.gpu, FaultKind.XID, xid_detail(x.code), x.code) for x in current.xids]
+    found = [GpuFault(x.gpu, FaultKind.XID, xid_detail(x.code, x.repeats), x.code) for x in current.xids]
     before = {d.index: d.health for d in previous.devices} if previous is not None and previous.available else {}
     for device in current.devices:
         now, then = device.health, before.get(device.index)

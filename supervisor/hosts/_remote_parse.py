@@ -8,7 +8,7 @@ import csv
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from supervisor.gpu.health import DeviceHealth, XidEvent
+from supervisor.gpu.health import DeviceHealth, XidEvent, fold_xids
 from supervisor.gpu.kernel_xids import XidCursor, parse_xid, to_events
 from supervisor.gpu.nvml import GpuDevice, GpuProcess, GpuSample
 from supervisor.hosts import _remote
@@ -131,7 +131,7 @@ def gpu_sample(ts: float, rc: int | None, lines: list[str], err: str, where: str
     rows = sections.get("xids")
     if xids is not None and rows is not None and _remote.XID_UNREADABLE not in rows:
         kernel = [x for row in rows if (x := parse_xid(row)) is not None]
-        found = to_events(xids.new(kernel), {d.index: d.pci_bus_id for d in devices})
+        found = fold_xids(to_events(xids.new(kernel), {d.index: d.pci_bus_id for d in devices}))
     return GpuSample(ts, True, "", tuple(devices), tuple(processes), found)
 
 

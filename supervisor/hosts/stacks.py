@@ -8,6 +8,10 @@ missing, or refused by ptrace, is said in one line and the kill goes on.
 
 py-spy is found as ``SUPERVISE_PYSPY`` names it, else on the PATH, else beside the daemon's own
 interpreter (a venv's ``bin``: ``pip install supervise`` brings it).
+
+At most ``MAX_PROCESSES`` are dumped, and the dump says how many the attempt had.  A process's
+command line (its name here, py-spy's "Process N: ..." header) is stored and shown with its
+secret-looking flags masked and cut short: a launcher's children repeat its `--hf-token=...`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.core.payloads import ProcessStackData, StacksData
+from supervisor.core.redact import redact_command
 from supervisor.core.tasks import cancel_and_wait
 
 _WRAPPER_SCRIPT_START = 's=$1; shift;'  # the launch wrapper's inner shell (hosts/base.py's WRAPPER_SH)
@@ -53,22 +58,35 @@ class ProcessStack:
 class StackDump:
     processes: tuple[ProcessStack, ...]
     note: str = ""  # one line when no stack could be taken at all: py-spy missing, ptrace refused
+    found: int = 0  # the attempt's processes, dumped or not (0: as many as were dumped)
 
     @property
     def python(self) -> tuple[ProcessStack, ...]:
         return tuple(p for p in self.processes if p.stack)
+
+    @property
+    def left_out(self) -> int:
+        """Processes of the attempt not dumped (past ``MAX_PROCESSES``)."""
+        return max(0, self.found - len(self.processes))
 
     def summary(self, frames: int = 3) -> str:
         """One line: each Python process's innermost frames (py-spy prints the innermost first)."""
         if not self.python:
             return self.note or "no Python process to dump"
         parts = [f"pid {p.pid} ({p.name[:40]}): " + " < ".join(first_frames(p.stack or "", frames)) for p in self.python]
-        return "; ".join(parts)
+        return "; ".join(parts) + (f" ({self.counted()})" if self.left_out else "")
+
+    def counted(self) -> str:
+        """How many processes were dumped of how many, and why not all."""
+        of = len(self.processes) + self.left_out
+        cap = f" (at most {MAX_PROCESSES} are)" if self.left_out else ""
+        return f"{len(self.processes)} of {of} processes dumped{cap}, {len(self.python)} with a Python stack"
 
 
 def stacks_data(dump: StackDump) -> StacksData:
     """A dump as an event's payload: what `events`, the page and `stack` show."""
-    return StacksData(dump.note, tuple(ProcessStackData(p.pid, p.name, p.stack, p.error) for p in dump.processes))
+    return StacksData(dump.note, tuple(ProcessStackData(p.pid, p.name, p.stack, p.error) for p in dump.processes),
+                      dump.left_out)
 
 
 def first_frames(stack: str, n: int = 3) -> list[str]:
@@ -100,20 +118,22 @@ def find_pyspy() -> str | None:
 
 async def dump(pids: Iterable[int], timeout_s: float = PER_PROCESS_S) -> StackDump:
     """Every process's stack, all at once, each within ``timeout_s``."""
-    wanted = sorted(set(pids))[:MAX_PROCESSES]
+    everyone = sorted(set(pids))
+    wanted = everyone[:MAX_PROCESSES]
     if not wanted:
         return StackDump((), "no process of the attempt is alive")
     pyspy = find_pyspy()
     if pyspy is None:
         return StackDump(tuple(ProcessStack(pid, _name(pid), None, "py-spy not found") for pid in wanted),
-                         "no stacks: py-spy not found (`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)")
+                         "no stacks: py-spy not found (`pip install py-spy` beside supervise, or set SUPERVISE_PYSPY)",
+                         len(everyone))
     found = await asyncio.gather(*(_one(pyspy, pid, timeout_s) for pid in wanted))
     note = ""
     refused = [p.pid for p in found if p.error and p.error.startswith(_REFUSED)]
     if refused and not any(p.stack for p in found):
         note = (f"no stacks: py-spy could not attach to pid {', '.join(map(str, refused[:8]))}: "
                 f"permission denied (ptrace); {NO_PTRACE_HINT}")
-    return StackDump(tuple(found), note)
+    return StackDump(tuple(found), note, len(everyone))
 
 
 async def _one(pyspy: str, pid: int, timeout_s: float) -> ProcessStack:
@@ -145,9 +165,10 @@ async def _run(pyspy: str, pid: int, name: str, timeout_s: float, flags: list[st
 
 def parse_one(pid: int, name: str, returncode: int | None, out: str, err: str) -> ProcessStack:
     """One ``py-spy dump`` run as a ``ProcessStack`` (also what the SSH host's box printed)."""
+    name = redact_command(name, 120)
     if returncode == 0 and out.strip():
         text = out if len(out) <= MAX_STACK_CHARS else out[:MAX_STACK_CHARS] + "\n… (cut)"
-        return ProcessStack(pid, name, text)
+        return ProcessStack(pid, name, _header_redacted(text))
     said = " ".join((err or out).split())
     said = said[max(0, said.find("Error:")):][:300]  # py-spy prints the process header first
     lower = said.lower()
@@ -160,9 +181,18 @@ def parse_one(pid: int, name: str, returncode: int | None, out: str, err: str) -
     return ProcessStack(pid, name, None, said or f"py-spy exited {returncode}")
 
 
-def parse_remote(out: str, note_where: str) -> StackDump:
+def _header_redacted(stack: str) -> str:
+    """py-spy's dump begins "Process N: <its command line>": that line as ``redact_command`` has it."""
+    first, newline, rest = stack.partition("\n")
+    if not first.startswith("Process "):
+        return stack
+    return redact_command(first) + newline + rest
+
+
+def parse_remote(out: str, note_where: str, found_count: int = 0) -> StackDump:
     """What the SSH host's ``_remote.STACKS`` printed: "=== PID RC NAME" headers, each followed by
-    its py-spy output."""
+    its py-spy output.  ``found_count``: the attempt's processes (the box was asked for the first
+    ``MAX_PROCESSES``)."""
     if out.strip() == "nopyspy":
         return StackDump((), f"no stacks: py-spy not found on {note_where} (`pip install --user py-spy` there)")
     found: list[ProcessStack] = []
@@ -188,7 +218,7 @@ def parse_remote(out: str, note_where: str) -> StackDump:
     if refused and not any(p.stack for p in found):
         note = (f"no stacks: py-spy could not attach to pid {', '.join(map(str, refused[:8]))} on {note_where}: "
                 "permission denied (ptrace); run the job as the login's user")
-    return StackDump(tuple(found[:MAX_PROCESSES]), note)
+    return StackDump(tuple(found[:MAX_PROCESSES]), note, max(found_count, len(found)))
 
 
 def _name(pid: int) -> str:
@@ -199,4 +229,4 @@ def _name(pid: int) -> str:
     if len(cmd) > 5 and cmd[1] == "-c" and cmd[2].startswith(_WRAPPER_SCRIPT_START):
         return "the launch wrapper (sh)"
     # One line: a `python -c` program's code has newlines of its own.
-    return " ".join(" ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4])).split())[:120]
+    return redact_command(" ".join(" ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4])).split()), 120)

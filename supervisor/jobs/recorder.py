@@ -29,10 +29,15 @@ class Recorder:
                attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = ()) -> list[Event]:
         """Store ``events`` and ``unpublished`` (a bar's latest line, which stands for its end
         until the next write replaces it: not sent to each follower) with the attempt's new log
-        offset and fields, then publish ``events``."""
-        stored = self.store.record_events([*events, *unpublished], offset=offset, attempt_fields=attempt_fields,
-                                          replaced=replaced)
-        self.bus.publish([e for e in stored[:len(events)] if e.id is not None])
+        offset and fields, then publish ``events``.
+
+        Stored in log order, both together: a bar's latest line may come before another bar's
+        milestones in the log (an outer bar over files, an inner bar per file), and `events`
+        lists rows in the order stored."""
+        published = {id(event) for event in events}
+        stored = self.store.record_events(_in_log_order([*events, *unpublished]), offset=offset,
+                                          attempt_fields=attempt_fields, replaced=replaced)
+        self.bus.publish([e for e in stored if id(e) in published and e.id is not None])
         return stored
 
     def job_state(self, job: str, state: JobState, reason: str = "") -> None:
@@ -43,3 +48,11 @@ class Recorder:
                       data=StateData(state, reason).to_json())
         self.store.record_events([event], job_state=(state, reason))
         self.bus.publish([event] if event.id is not None else [])
+
+
+def _in_log_order(events: list[Event]) -> list[Event]:
+    """Events read from a log, by where they were read (a stable sort: lines of one record keep
+    their order); a batch holding any event without a place in the log is left as it came."""
+    if any(event.offset is None for event in events):
+        return events
+    return sorted(events, key=lambda event: (event.generation, event.offset or 0))

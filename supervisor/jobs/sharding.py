@@ -204,7 +204,8 @@ class ShardedJob:
         dumps = [d for s in self.shards if s.runner.running and (d := await s.runner.stacks_now()) is not None]
         if not dumps:
             return None
-        return StackDump(tuple(p for d in dumps for p in d.processes), "; ".join(d.note for d in dumps if d.note))
+        return StackDump(tuple(p for d in dumps for p in d.processes), "; ".join(d.note for d in dumps if d.note),
+                         sum(len(d.processes) + d.left_out for d in dumps))
 
     @property
     def gpu_wait(self) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -17,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.errors import NotFound, StoreBusy, StoreError
@@ -32,9 +35,12 @@ from supervisor.core.events import (
 )
 from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
+from supervisor.store import migration_notice
+from supervisor.store.migration_notice import MigrationNotice
 from supervisor.store.schema import MIGRATIONS as _MIGRATIONS
 
 SCHEMA_VERSION = len(_MIGRATIONS)
+log = structlog.get_logger("supervise.store")
 
 # Attempts with their place in their run (1 for a run's first attempt), counted, never stored;
 # a sharded job's shards each count their own (`IS`: NULL, an unsharded attempt, matches NULL).
@@ -181,12 +187,34 @@ class Store:
             raise StoreError(
                 f"{self.path} has schema version {version}, newer than this supervise ({SCHEMA_VERSION}): upgrade supervise"
             )
-        for target in range(version, SCHEMA_VERSION):
-            with self._tx() as db:
-                for statement in _MIGRATIONS[target].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute(f"PRAGMA user_version={target + 1}")
+        if version == SCHEMA_VERSION:
+            return
+        # A new store is made in milliseconds; an old one may take minutes: said in the log, step by
+        # step, and to a client waiting for the daemon to listen (migration_notice).
+        existing = version > 0
+        if existing:
+            events = self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            notice = MigrationNotice(os.getpid(), version, SCHEMA_VERSION, events, time.time())
+            log.info("migrating the store", path=str(self.path), schema_from=version, schema_to=SCHEMA_VERSION,
+                     events=events)
+            migration_notice.announce(self.path, notice)
+        began = time.monotonic()
+        try:
+            for target in range(version, SCHEMA_VERSION):
+                step = time.monotonic()
+                with self._tx() as db:
+                    for statement in _MIGRATIONS[target].split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                    db.execute(f"PRAGMA user_version={target + 1}")
+                if existing:
+                    log.info("store migration step done", schema=target + 1, of=SCHEMA_VERSION,
+                             seconds=round(time.monotonic() - step, 2))
+        finally:
+            if existing:
+                migration_notice.withdraw(self.path)
+        if existing:
+            log.info("store migrated", schema=SCHEMA_VERSION, seconds=round(time.monotonic() - began, 2))
 
     # -- jobs -------------------------------------------------------------------------
 

@@ -14,11 +14,17 @@ stall bounds need each step); the store keeps, per attempt and per bar, only:
 
 Bars are told apart as the watchdog and the replay tell them (probes' ``BarBook``: the probe,
 the bar's description and the process drawing it).  Pure: the caller passes the time in.
+
+Bounded however many bars a log draws (100,000 one-step bars: tqdm over files): a bar is held
+only while the book may still continue it, or until its latest line is stored; and past the
+attempt's event cap, where a new bar's only row is the one standing for its end, the stand-ins
+of at most ``PAST_CAP_BARS`` such bars are kept: a newer one's replaces the oldest's.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from supervisor.core.events import Event, EventKind
@@ -27,6 +33,7 @@ from supervisor.core.progress import Progress
 from supervisor.probes import BarBook
 
 INTERVAL_S = 30.0  # a bar without a total: at most one stored line per this long
+PAST_CAP_BARS = 64  # bars first drawn past the event cap whose stand-in rows are kept
 
 
 @dataclass
@@ -57,6 +64,7 @@ class ProgressMilestones:
         self._replaced: list[int] = []  # rows of lines a later line of their bar replaces
         # Past the attempt's event cap (event_cap.py): a known bar's lines are no milestones, its latest is kept in place.
         self.latest_only = False
+        self._past_cap: deque[int] = deque()  # bars first drawn past the cap, oldest first
 
     def keep(self, event: Event, now: float) -> bool:
         """Whether ``event`` is a milestone; anything but a progress line with a count always is."""
@@ -73,8 +81,12 @@ class ProgressMilestones:
         percent = progress.percent
         if new or kept is None:
             self._bars[run.id] = _Kept(done, percent, now, done)
+            self._forget_finished()
             if self.latest_only:  # past the cap, a new bar too is its latest line, in place
                 self._bars[run.id].latest = event
+                self._past_cap.append(run.id)
+                if len(self._past_cap) > PAST_CAP_BARS:
+                    self._drop(self._past_cap.popleft())
                 return False
             return True
         if done == kept.seen:
@@ -126,6 +138,25 @@ class ProgressMilestones:
                 if stand_in:
                     kept = _Kept(before_done, before_percent, before.ts, done, row=last.id)
             self._bars[bar] = kept
+        self._forget_finished()
+
+    @property
+    def bars_held(self) -> int:
+        """How many bars this sieve holds state for (bounded: module docstring)."""
+        return len(self._bars)
+
+    def _drop(self, bar: int) -> None:
+        """A bar drawn past the cap gives way to a newer one: its stand-in row goes too."""
+        kept = self._bars.pop(bar, None)
+        if kept is not None and kept.row is not None:
+            self._replaced.append(kept.row)
+
+    def _forget_finished(self) -> None:
+        """Bars the book can no longer continue, their latest line stored: nothing left to do
+        for them (those drawn past the cap are held until ``_drop``, their row with them)."""
+        open_bars = {run.id for run in self._book.recent} | set(self._past_cap)
+        for bar in [bar for bar, kept in self._bars.items() if bar not in open_bars and kept.latest is None]:
+            del self._bars[bar]
 
     def sieve(self, events: list[Event], now: float) -> list[Event]:
         """The milestones among ``events``, in their order."""
@@ -147,6 +178,7 @@ class ProgressMilestones:
             if kept.latest is not None:
                 kept.row, kept.latest = kept.latest.id, None
         self._replaced.clear()
+        self._forget_finished()
 
 
 def _counts(progress: Progress) -> tuple[float, float | None] | None:

@@ -7,6 +7,8 @@ frees its memory a moment after it dies, as the driver does.  A third column `GP
 keeps the process listed, memory held, for STUCK_S seconds after it died: a process stuck in
 the driver's teardown, as nvidia-smi shows one.  The holders directory is
 `$SUPERVISE_FAKE_GPU_HOLDERS`; the number of devices `$SUPERVISE_FAKE_GPUS` (default 2).
+`SUPERVISE_FAKE_GPU_XID_EVENTS=0` refuses NVML's event set, as a container does: Xids are then
+read from the kernel log (`SUPERVISE_KERNEL_LOG`).
 
     python tests/fakes/gpu_daemon.py      # with SUPERVISE_HOME and the two variables set
 """
@@ -84,6 +86,7 @@ async def main() -> None:
     holders = Path(os.environ["SUPERVISE_FAKE_GPU_HOLDERS"])
     holders.mkdir(parents=True, exist_ok=True)
     nvml = FileNvml(holders, int(os.environ.get("SUPERVISE_FAKE_GPUS", "2")))
+    nvml.events_supported = os.environ.get("SUPERVISE_FAKE_GPU_XID_EVENTS", "1") != "0"
     daemon = Daemon(paths, loaded.settings, nvml=nvml, loaded=loaded)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

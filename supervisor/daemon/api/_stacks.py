@@ -20,7 +20,5 @@ async def job_stacks(service: Service, name: str) -> protocol.StacksResponse:
         return protocol.StacksResponse(job=name, attempt=None, message=f"{name} is not running: no stacks to dump")
     latest = service.store.latest_attempt(name)
     processes = [protocol.ProcessStackInfo(pid=p.pid, name=p.name, stack=p.stack, error=p.error) for p in dump.processes]
-    dumped = len(dump.python)
-    message = dump.note if not dumped and dump.note else (
-        f"{name}: {dumped} Python process(es) of {len(processes)} dumped")
+    message = dump.note if not dump.python and dump.note else f"{name}: {dump.counted()}"
     return protocol.StacksResponse(job=name, attempt=latest.n if latest else None, processes=processes, message=message)

@@ -2,10 +2,12 @@
 
 The URL `supervise web` prints carries the token in its fragment (`/#token=...`), which a
 browser never sends anywhere: the page's script keeps it in `sessionStorage` (readable by this
-origin only: scheme, host and port) and sends it as `Authorization: Bearer` with every request;
-an event stream, which cannot set headers, gives it as `?token=`.  No cookie: cookies ignore
+origin only: scheme, host and port).  It sends nothing of it before the server has proved it is
+the daemon (`_handshake`), then a credential derived from it as `Authorization: Bearer`; an
+event stream, which cannot set headers, gives that as `?token=`.  No cookie: cookies ignore
 ports, so any other server on the same host would receive one.  The page itself (its HTML,
-script and style: no data) is served without the token, so that a fragment URL can load it.
+script and style: no data) and the handshake are served without a token, so that a fragment
+URL can load it and prove the server.
 
 Every request's `Host` must name the address the page is served on (DNS rebinding: another
 site's name resolved to 127.0.0.1 must not reach it).  A POST (an action) needs the token in
@@ -14,7 +16,6 @@ the header, and an `Origin`, when sent, of this server's own.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -23,6 +24,7 @@ from aiohttp.typedefs import Middleware
 
 from supervisor.core.errors import SuperviseError, http_status
 from supervisor.daemon.web._config import WebConfig, is_loopback
+from supervisor.daemon.web._handshake import Handshake
 
 log = structlog.get_logger("supervise.web")
 
@@ -30,10 +32,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 _PUBLIC_PREFIXES = ("/static/", "/job/")  # the page's HTML, script and style: no data in them
+HELLO_PATH = "/api/hello"  # the handshake: a nonce in, a proof out, nothing else
 
 
 def _public(request: web.Request) -> bool:
-    return request.method in ("GET", "HEAD") and (request.path == "/" or request.path.startswith(_PUBLIC_PREFIXES))
+    return request.method in ("GET", "HEAD") and (request.path in ("/", HELLO_PATH)
+                                                  or request.path.startswith(_PUBLIC_PREFIXES))
 
 
 def allowed_hosts(config: WebConfig) -> frozenset[str] | None:
@@ -57,11 +61,7 @@ def _bearer(request: web.Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" else None
 
 
-def _matches(given: str | None, token: str) -> bool:
-    return given is not None and secrets.compare_digest(given.encode(), token.encode())
-
-
-def middleware(config: WebConfig) -> Middleware:
+def middleware(config: WebConfig, handshake: Handshake) -> Middleware:
     hosts = allowed_hosts(config)
 
     @web.middleware
@@ -75,8 +75,8 @@ def middleware(config: WebConfig) -> Middleware:
             given = (in_header, request.query.get("token"))  # ?token=: an event stream cannot send a header
         else:
             given = (in_header,)
-        if not _public(request) and not any(_matches(g, config.token) for g in given):
-            if request.method not in ("GET", "HEAD") and _matches(request.query.get("token"), config.token):
+        if not _public(request) and not any(handshake.accepts(g) for g in given):
+            if request.method not in ("GET", "HEAD") and handshake.accepts(request.query.get("token")):
                 return refuse(403, "an action needs the token in an Authorization: Bearer header")
             return refuse(401, "no valid token: open the URL that `supervise web` printed (it ends in #token=...)")
         if request.method not in ("GET", "HEAD"):

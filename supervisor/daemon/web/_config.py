@@ -2,7 +2,8 @@
 
 The file outlives the daemon on purpose: a restarted daemon serves the page again at the same
 address with the same token, so an open browser tab reconnects by itself and resumes its
-event stream from the last event id it saw.  `supervise web --off` deletes it.
+event stream from the last event id it saw.  A page that moves (`supervise web --port N`), or
+whose port another program took meanwhile, gets a new token.  `supervise web --off` deletes it.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from supervisor.daemon.api import REQUEST_TIMEOUT, Api
 from supervisor.daemon.api import Service as WebService
 from supervisor.daemon.web import _auth, _config
 from supervisor.daemon.web._config import WebConfig
+from supervisor.daemon.web._handshake import Handshake
 from supervisor.daemon.web._status import LogTail, log_tail, page_status
 from supervisor.daemon.web._stream import EventStream
 
@@ -51,10 +52,18 @@ def _int(request: web.Request, key: str, default: int | None, low: int, high: in
 
 
 class Pages:
-    def __init__(self, service: WebService, config: WebConfig) -> None:
+    def __init__(self, service: WebService, config: WebConfig, handshake: Handshake) -> None:
         self.service = service
         self.config = config
+        self.handshake = handshake
         self.api = Api(service)
+
+    async def hello(self, request: web.Request) -> web.StreamResponse:
+        nonce = request.query.get("nonce", "")
+        if not Handshake.valid_nonce(nonce):
+            raise RequestRejected("nonce must be 32 to 128 lowercase hex digits", 400)
+        return web.Response(text=self.handshake.hello(nonce).model_dump_json(), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
 
     def _job(self, request: web.Request) -> str:
         name = request.match_info["name"]
@@ -110,13 +119,15 @@ class Pages:
 
 
 def build_web_app(service: WebService, config: WebConfig) -> web.Application:
-    pages = Pages(service, config)
-    app = web.Application(middlewares=[_auth.middleware(config)])
+    handshake = Handshake(config.token)  # a new instance each start: old session credentials die with it
+    pages = Pages(service, config, handshake)
+    app = web.Application(middlewares=[_auth.middleware(config, handshake)])
     app[REQUEST_TIMEOUT] = service.settings.request_timeout_s  # the control API's handlers read it
     streams.track(app)  # a stop ends the live feeds at once
     app.router.add_get("/", pages.page)
     app.router.add_get("/job/{name}", pages.page)
     app.router.add_get("/static/{asset}", pages.asset)
+    app.router.add_get(_auth.HELLO_PATH, pages.hello)
     app.router.add_get("/api/stream", pages.stream)
     app.router.add_get("/api/jobs/{name}/log", pages.log)
     app.router.add_get("/api/jobs/{name}/gpu", pages.gpu)
@@ -144,7 +155,12 @@ class WebUi:
         self.problem: str | None = None
 
     async def resume(self) -> None:
-        """At daemon start: serve again what the last `supervise web` asked for, same token."""
+        """At daemon start: serve again what the last `supervise web` asked for, same token.
+
+        If the address cannot be had (its port taken while the daemon was down), the token is
+        replaced: whatever holds the port may have been handed the old one by an open tab of an
+        older page, and it must not work wherever the page is served next."""
+        config: WebConfig | None = None
         try:
             config = _config.load(self.service.paths)
             if config is not None:
@@ -152,6 +168,8 @@ class WebUi:
         except ConfigError as exc:
             self.problem = f"the web page is not served: {exc}"
             log.error("web page not served", error=str(exc))
+            if config is not None:
+                _config.save(self.service.paths, config.model_copy(update={"token": _config.new_token()}))
 
     async def configure(self, request: protocol.WebRequest) -> protocol.WebResponse:
         if request.off:
@@ -161,7 +179,10 @@ class WebUi:
             return protocol.WebResponse(url="", message="the web page is off")
         _config.check_bind(request.bind, request.allow_remote)
         saved = self.config or _config.load(self.service.paths)
-        token = saved.token if saved is not None else _config.new_token()  # open tabs keep working
+        # The same address keeps its token (open tabs keep working); a page that moves gets a new
+        # one: its old port is anyone's now, and so is anything a tab gave whoever takes it.
+        same_address = saved is not None and (saved.bind, saved.port) == (request.bind, request.port)
+        token = saved.token if saved is not None and same_address else _config.new_token()
         config = WebConfig(bind=request.bind, port=request.port, read_only=request.read_only, token=token)
         if config != self.config:
             if self.config is not None and (self.config.bind, self.config.port) == (config.bind, config.port):

@@ -168,9 +168,10 @@ class SshHost(SshConnection):
         pids = await self.attempt_pids(handle)
         if not pids:
             return StackDump((), "no process of the attempt is alive")
-        _, out, _ = await self._exec(_remote.STACKS, self.pyspy, str(max(1, round(timeout_s))), *map(str, sorted(pids)),
+        wanted = sorted(pids)[:stacks.MAX_PROCESSES]
+        _, out, _ = await self._exec(_remote.STACKS, self.pyspy, str(max(1, round(timeout_s))), *map(str, wanted),
                                      timeout=timeout_s + 30, lane=None)
-        return stacks.parse_remote(out.decode(errors="replace"), self.target.display)
+        return stacks.parse_remote(out.decode(errors="replace"), self.target.display, len(pids))
 
     async def kill_tree(self, handle: ProcessHandle, grace_s: float) -> KillReport:
         grace_cs = str(max(0, round(grace_s * 100)))

@@ -2,8 +2,8 @@
 "use strict";
 
 // The token: in the fragment of the URL `supervise web` printed (never sent to any server), then
-// in this tab's sessionStorage (this origin's only: scheme, host and port), sent as a header.
-// No cookie: cookies go to every port of the host.
+// in this tab's sessionStorage (this origin's only: scheme, host and port).  It is never sent
+// itself: see `prove` below.  No cookie: cookies go to every port of the host.
 const TOKEN = (() => {
   const found = /(?:^#|&)token=([^&]+)/.exec(location.hash);
   if (found) {
@@ -25,12 +25,123 @@ if (!TOKEN) {
     refused("no valid token: open the URL that `supervise web` printed (it ends in #token=...)"));
 }
 
+// SHA-256 (FIPS 180-4) and HMAC (RFC 2104), written out: crypto.subtle exists only in a secure
+// context, and a page served with --allow-remote over plain http is not one.
+const K256 = new Uint32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2]);
+
+function sha256(bytes) {
+  const rotr = (x, n) => (x >>> n) | (x << (32 - n));
+  const h = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+  const padded = new Uint8Array((bytes.length + 72) & ~63);
+  padded.set(bytes);
+  padded[bytes.length] = 0x80;
+  const view = new DataView(padded.buffer);
+  view.setUint32(padded.length - 4, bytes.length * 8);  // the messages here are short: the high word is 0
+  const w = new Uint32Array(64);
+  for (let block = 0; block < padded.length; block += 64) {
+    for (let i = 0; i < 16; i++) w[i] = view.getUint32(block + 4 * i);
+    for (let i = 16; i < 64; i++) {
+      const s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >>> 3);
+      const s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >>> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    let [a, b, c, d, e, f, g, k] = h;
+    for (let i = 0; i < 64; i++) {
+      const t1 = (k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i]) | 0;
+      const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) | 0;
+      k = g; g = f; f = e; e = (d + t1) | 0; d = c; c = b; b = a; a = (t1 + t2) | 0;
+    }
+    [a, b, c, d, e, f, g, k].forEach((x, i) => { h[i] += x; });  // a Uint32Array wraps modulo 2^32
+  }
+  const out = new Uint8Array(32);
+  h.forEach((x, i) => new DataView(out.buffer).setUint32(4 * i, x));
+  return out;
+}
+
+function hex(bytes) { return [...bytes].map((b) => b.toString(16).padStart(2, "0")).join(""); }
+
+function hmacHex(key, message) {
+  let k = new TextEncoder().encode(key);
+  if (k.length > 64) k = sha256(k);
+  const pad = (byte) => { const p = new Uint8Array(64).fill(byte); k.forEach((x, i) => { p[i] ^= x; }); return p; };
+  const join = (x, y) => { const z = new Uint8Array(x.length + y.length); z.set(x); z.set(y, x.length); return z; };
+  return hex(sha256(join(pad(0x5c), sha256(join(pad(0x36), new TextEncoder().encode(message))))));
+}
+
+// Whatever answers on this address is not necessarily the daemon: with the daemon down, any
+// program may take its port.  So the tab sends nothing but a random nonce until the server
+// proves it knows the token (an HMAC of that nonce), then sends not the token but a credential
+// made for that one server start.  A server that answers without the proof gets nothing more,
+// ever: the tab stops.  No answer at all (the daemon restarting) is asked again: a nonce gives
+// nothing away.
+const RETRY_MS = 1000;
+const trust = { bearer: null, pending: null, refused: false };
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+function conn(text, down) {
+  const box = document.getElementById("conn");
+  if (box) { box.textContent = text; box.className = down ? "conn down" : "conn"; }
+}
+
+function distrust(line) {
+  trust.refused = true;
+  trust.bearer = null;
+  refused(line);
+}
+
+async function prove() {  // the bearer to send, or null: send nothing
+  if (trust.refused || !TOKEN) return null;
+  if (trust.bearer) return trust.bearer;
+  trust.pending ||= handshake().finally(() => { trust.pending = null; });
+  return trust.pending;
+}
+
+async function handshake() {
+  const nonce = hex(crypto.getRandomValues(new Uint8Array(16)));
+  for (;;) {
+    let answer;
+    try {
+      answer = await fetch("/api/hello?nonce=" + nonce, { cache: "no-store", credentials: "omit" });
+    } catch (e) {  // nobody listens: the daemon is down or restarting
+      conn("reconnecting…", true);
+      await sleep(RETRY_MS);
+      continue;
+    }
+    let hello = null;
+    try { hello = answer.ok ? await answer.json() : null; } catch (e) { hello = null; }
+    const instance = hello && typeof hello.instance === "string" ? hello.instance : null;
+    if (instance !== null && hello.proof === hmacHex(TOKEN, `hello:${nonce}:${instance}`)) {
+      trust.bearer = hmacHex(TOKEN, "session:" + instance);
+      return trust.bearer;
+    }
+    distrust("no valid token: the server at this address did not prove it knows this tab's token (another program on " +
+             "its port, or a token `supervise web` replaced), and nothing was sent to it: open the URL that " +
+             "`supervise web` printed (it ends in #token=...)");
+    return null;
+  }
+}
+
 async function api(path, init) {
-  if (!TOKEN) return new Response("", { status: 401 });
+  const bearer = await prove();
+  if (!bearer) return new Response("", { status: 401 });
   const options = Object.assign({}, init || {});
-  options.headers = Object.assign({}, options.headers || {}, { Authorization: "Bearer " + TOKEN });
-  const r = await fetch(path, options);
-  if (r.status === 401) refused(await r.text());
+  options.headers = Object.assign({}, options.headers || {}, { Authorization: "Bearer " + bearer });
+  let r;
+  try {
+    r = await fetch(path, options);
+  } catch (e) {
+    trust.bearer = null;  // the server went: whoever answers next proves itself first
+    throw e;
+  }
+  if (r.status === 401) distrust(await r.text());
   return r;
 }
 
@@ -200,38 +311,55 @@ async function act(job, verb, button) {
   }
 }
 
-// The live feed.  The browser's EventSource reconnects by itself after a drop (a daemon
-// restart) and sends the last event id it saw; the daemon replays from there.
-function connect(query, onEvent, onStatus) {
-  const conn = document.getElementById("conn");
-  if (!TOKEN) return new EventTarget();  // nothing of the page runs without it
-  // An event stream cannot send a header: the token goes in its own URL, to this origin only.
-  const url = "/api/stream" + (query ? query + "&" : "?") + "token=" + encodeURIComponent(TOKEN);
-  const source = new EventSource(url);
-  source.addEventListener("open", () => { conn.textContent = "live"; conn.className = "conn"; });
-  source.addEventListener("error", () => {
-    conn.textContent = "reconnecting…"; conn.className = "conn down";
-    // A refusal (401: a stale token; 404, 421) closes an EventSource for good without saying
-    // why (it cannot read the answer): ask once more, and show the server's line.
-    if (source.readyState === EventSource.CLOSED) whyClosed(url, conn);
-  });
-  source.addEventListener("job-event", (m) => onEvent(JSON.parse(m.data)));
-  source.addEventListener("status", (m) => {
-    live.status = JSON.parse(m.data);
-    live.receivedAt = performance.now();
-    onStatus(live.status);
-  });
-  return source;
+// The live feed.  The browser's EventSource would reconnect by itself after a drop, sending
+// its credential to whatever answers then: it is closed at the first error instead, and a new
+// one opened once the server has proved itself again, resuming after the last event id seen.
+function connect(query, onEvent, onStatus, onSummary) {
+  if (!TOKEN) return;  // nothing of the page runs without it
+  let after = null;
+  const open = async () => {
+    const bearer = await prove();
+    if (!bearer) return;
+    const params = new URLSearchParams(query);
+    if (after !== null) params.set("after", after);
+    const path = "/api/stream?" + params;
+    // An event stream cannot send a header: the credential goes in its own URL, to this origin only.
+    params.set("token", bearer);
+    const source = new EventSource("/api/stream?" + params);
+    let opened = false;
+    source.addEventListener("open", () => { opened = true; conn("live", false); });
+    source.addEventListener("error", async () => {
+      source.close();
+      trust.bearer = null;
+      conn("reconnecting…", true);
+      // A refusal (404, 421; 401: a stale token) ends a stream before it opens, without saying
+      // why (an EventSource cannot read the answer): ask once, through api(), and show the line.
+      if (!opened && !(await streamAnswers(path))) return;
+      await sleep(RETRY_MS);  // never a tight loop, whatever fails
+      open();
+    });
+    source.addEventListener("job-event", (m) => {
+      if (m.lastEventId) after = m.lastEventId;
+      onEvent(JSON.parse(m.data));
+    });
+    source.addEventListener("status", (m) => {
+      live.status = JSON.parse(m.data);
+      live.receivedAt = performance.now();
+      onStatus(live.status);
+    });
+    if (onSummary) source.addEventListener("summary", (m) => onSummary(JSON.parse(m.data)));
+  };
+  open();
 }
 
-async function whyClosed(url, conn) {
+async function streamAnswers(path) {  // false: refused, and the line is shown
   const abort = new AbortController();
   try {
-    const r = await api(url, { signal: abort.signal });  // api() shows a 401's line itself
+    const r = await api(path, { signal: abort.signal });  // api() shows a 401's line itself
     if (r.status !== 401 && !r.ok) refused(await r.text());
-    else if (r.ok) conn.textContent = "disconnected: reload the page";
+    return r.ok;
   } catch (e) {
-    conn.textContent = "disconnected: " + e;
+    return true;  // no answer: the server went; prove the next one and try again
   } finally {
     abort.abort();  // a stream that answered: its headers were enough
   }

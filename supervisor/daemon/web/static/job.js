@@ -174,7 +174,6 @@ function onSummary(s) {  // the daemon sends the latest events and milestones, a
   box.hidden = false;
 }
 
-connect(`?job=${encodeURIComponent(JOB)}&after=0`, onEvent, onStatus)
-  .addEventListener("summary", (m) => onSummary(JSON.parse(m.data)));
+connect(`?job=${encodeURIComponent(JOB)}&after=0`, onEvent, onStatus, onSummary);
 setInterval(renderJob, 1000);  // countdowns and ages, from the last status: no request
 loadLog(); loadGpu();
