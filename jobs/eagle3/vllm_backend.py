@@ -21,8 +21,8 @@ Failure handling:
 * ``max_consecutive_failures`` failed attempts in a row abort the run (:class:`TooManyFailures`):
   an engine that fails every request should not chew through the whole set;
 * a missing file when the staging disk has no room left is a full disk (:class:`DiskFull`);
-* the staging directory is emptied at start: files and ``.lock`` files left by a killed run are
-  stale (request ids restart at every launch, so they could be mistaken for new output);
+* the staging directory is this launch's own (``eagle3.staging``): what killed launches left is
+  removed by the next launch, and a live shard's staged files are never touched;
 * the DeepSeek family cannot give id L (the final layer) on vLLM releases before
   :data:`FINAL_LAYER_MIN_VLLM`: 0.23.0 crashes on the first batch, after the full start-up,
   with ``The expanded size of the tensor (4) must match the existing size (3)``. That request is
@@ -175,19 +175,6 @@ def llm_kwargs(model_dir: str, layer_ids: Sequence[int], staging_dir: str, *, ma
             "kv_connector_extra_config": {"shared_storage_path": staging_dir},
         },
     )
-
-
-def clear_staging(staging: Path) -> int:
-    """Empty the staging directory (stale outputs and .lock files of earlier launches)."""
-    staging.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for p in staging.iterdir():
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        n += 1
-    return n
 
 
 class VllmBackend:
