@@ -141,7 +141,7 @@ def test_the_transcribed_loader_refuses_what_vllm_refuses(trained):
     cfg = json.loads((out / "config.json").read_text())
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
-    with pytest.raises(KeyError, match="fc.bias"):
+    with pytest.raises(KeyError, match=r"fc\.bias"):
         vllm.load(cfg, {**shapes, "fc.bias": (cfg["hidden_size"],)})
     with pytest.raises(vllm.UnknownWeight):
         vllm.load(cfg, {**shapes, "lm_head.bias": (cfg["draft_vocab_size"],)})
