@@ -23,7 +23,8 @@ Lines for the supervisor's probes (each flushed):
 ``extract progress: {done}/{total} samples, {tok_s:.1f} tok/s`` after each batch,
 ``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end. A full disk gives
 ``extract error: disk full writing {path}: free space and relaunch; finished samples are kept``
-and exit code 75; samples that failed for good (vLLM backend) give
+and exit code 75; NaN or Inf in a captured batch gives ``extract error: non-finite hidden states in
+sample {i} at layer {k}: ...`` and exit code 65 (eagle3.finite); samples that failed for good (vLLM backend) give
 ``extract incomplete: ...`` and exit code 3. Other errors raise (a Python traceback).
 """
 
@@ -41,13 +42,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, draft_export, formats, shards, staging
+from . import _io, draft_export, finite, formats, shards, staging
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
 EXIT_INCOMPLETE = 3
 EXIT_DISK_FULL = 75  # EX_TEMPFAIL: relaunching after freeing space continues the run
 EXIT_CONFIG = 78  # EX_CONFIG: a layout that cannot be written as asked (one line says why)
+EXIT_NONFINITE = 65  # EX_DATAERR: the model computed NaN or Inf; a relaunch would compute it again
 FORMAT = "eagle3-hidden-states/1"
 OUT_ROOT = Path(__file__).resolve().parents[2] / "out"  # the repository's out/ (git-ignored)
 
@@ -520,6 +522,9 @@ def main(argv: Sequence[str] | None = None, *, vllm_api: Any = None) -> int:
     except formats.FormatError as e:
         say(f"extract error: {e}")
         return EXIT_CONFIG
+    except finite.NonFinite as e:
+        say(f"extract error: {e}")
+        return EXIT_NONFINITE
     except OSError as e:
         if isinstance(e, _io.DiskFull) or e.errno in (errno.ENOSPC, errno.EDQUOT):
             path = getattr(e, "path", None) or e.filename or args.out
