@@ -130,3 +130,24 @@ def test_a_sweep_takes_only_what_no_live_process_owns(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == [live.path.name]
     live.release(remove=True)
     assert list(root.iterdir()) == []
+
+
+@pytest.mark.timeout(600)
+def test_random_sigkills_of_shards_and_relaunches_keep_every_sample_once_and_identical(tmp_path):
+    """The stateful random run of tests/perf/bench_shard_kills.py, small: three shards at once, each launch
+    SIGKILLed at a random moment (start-up, staging, placing) and relaunched until all end; then gather."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_shard_kills", REPO / "tests" / "perf" / "bench_shard_kills.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_shard_kills", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    model, prompts = bench.target(tmp_path, 36)
+    lone = tmp_path / "lone"
+    r = subprocess.run([sys.executable, str(RUNNER), *bench.args_of(model, prompts, lone)], cwd=REPO,
+                       env=bench.env(None, 0), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    o = bench.run(7, model, prompts, 36, 3, bench.files(lone), tmp_path, None, step_s=0.1, kill_p=1.0,
+                  max_kill_s=4.0, max_kills=4)
+    assert o.problems == [] and o.identical, o
+    assert o.kills >= 1 and o.self_deaths == 0 and o.failed_requests == 0, o

@@ -3,7 +3,7 @@ its own, with the fake engine of fake_vllm.py in place of vLLM (which cannot run
 
 Shards and relaunches are separate processes in production; tests that run them at once, or kill one, need
 each in its own process too. ``FAKE_VLLM_GATE=PATH`` makes each ``generate`` hold its staged batch until PATH
-exists (see ``FakeLLM.gate``).
+exists (see ``FakeLLM.gate``); ``FAKE_VLLM_STEP_S=S`` gives each request S seconds of compute.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "jobs")]
+# FAKE_VLLM_JOBS: another jobs/ tree to run (a benchmark's baseline), this checkout's by default.
+sys.path[:0] = [str(HERE.parent), os.environ.get("FAKE_VLLM_JOBS") or str(HERE.parents[1] / "jobs")]
 
 from eagle3 import extract  # noqa: E402
 
@@ -21,5 +22,5 @@ from fakes.fake_vllm import make_api  # noqa: E402
 
 if __name__ == "__main__":
     gate = os.environ.get("FAKE_VLLM_GATE")
-    api = make_api(gate=Path(gate) if gate else None)
+    api = make_api(gate=Path(gate) if gate else None, step_s=float(os.environ.get("FAKE_VLLM_STEP_S") or 0))
     sys.exit(extract.main(["--backend", "vllm", *sys.argv[1:]], vllm_api=api))

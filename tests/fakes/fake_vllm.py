@@ -105,6 +105,7 @@ class FakeLLM:
     hidden_fn: Callable[[list[int], list[int]], torch.Tensor] | None = None
     calls: list[list[list[int]]] = field(default_factory=list)
     gate: Path | None = None
+    step_s: float = 0.0  # each request's compute time: its file appears, then the next request runs
     _next_id: int = 0
 
     def __post_init__(self) -> None:
@@ -175,6 +176,8 @@ class FakeLLM:
                     head = 8 + int.from_bytes(data[:8], "little")
                     path.write_bytes(data[:head] + bytes(len(data) - head))
                 self._write_locked(path, data, delay=0.3 if fault in ("late", "prealloc") else 0.0)
+            if self.step_s:
+                time.sleep(self.step_s)
             outs.append(FakeRequestOutput(req_id, ids, [FakeCompletionOutput(0, "", [0], finish)],
                                           True, params))
         self._hold()
@@ -216,7 +219,7 @@ class FakeLLM:
 
 def make_api(version: str = "0.23.0", faults: Callable[[int, list[int]], str | None] | None = None,
              hidden_fn: Callable[[list[int], list[int]], torch.Tensor] | None = None,
-             gate: Path | None = None) -> SimpleNamespace:
+             gate: Path | None = None, step_s: float = 0.0) -> SimpleNamespace:
     """A stand-in for the ``vllm`` module: ``LLM``, ``SamplingParams``, ``TokensPrompt``, ``__version__``.
 
     Every ``LLM`` it makes is appended to ``api.llms``.
@@ -225,7 +228,7 @@ def make_api(version: str = "0.23.0", faults: Callable[[int, list[int]], str | N
                           __version__=version, llms=[])
 
     def LLM(model: str, **kwargs: Any) -> FakeLLM:  # noqa: N802 - the real one is a class
-        llm = FakeLLM(model, kwargs, faults=faults, hidden_fn=hidden_fn, gate=gate)
+        llm = FakeLLM(model, kwargs, faults=faults, hidden_fn=hidden_fn, gate=gate, step_s=step_s)
         api.llms.append(llm)
         return llm
 
