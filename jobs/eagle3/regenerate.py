@@ -245,7 +245,10 @@ def regenerate(args: argparse.Namespace) -> int:
     finally:
         journal.close()
     seconds = time.monotonic() - t0
-    entries, missing = answers.collected(out, args.num_shards, su.fingerprint)
+    try:
+        entries, missing = answers.collected(out, args.num_shards, su.fingerprint)
+    except answers.JournalError as e:  # another shard's journal, of other settings
+        raise RegenerateError(str(e)) from None
     if not missing and len(entries) >= total and all(i in entries for i in range(total)):
         answers.assemble(out, entries, total)
     elif args.num_shards > 1:
