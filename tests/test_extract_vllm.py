@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -74,9 +75,12 @@ def test_requests_follow_the_example_and_files_move_into_place(tmp_path, model_d
     assert kw["speculative_config"] == {
         "method": "extract_hidden_states", "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}}}
+    staged = Path(kw["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"])
     assert kw["kv_transfer_config"] == {
         "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(out / ".staging")}}
+        "kv_connector_extra_config": {"shared_storage_path": str(staged)}}
+    # This launch's own directory on the output's disk (eagle3.staging), removed when the run ends.
+    assert staged.parent == out / ".staging" and re.fullmatch(r"shard-0-of-1\.\d+-[0-9a-f]{8}", staged.name)
     assert kw["max_model_len"] == max(man["seq_lens"]) + 1
     # Token-id prompts in sample order, in batches of 4.
     assert [len(c) for c in llm.calls] == [4, 4, 2]
@@ -90,7 +94,7 @@ def test_requests_follow_the_example_and_files_move_into_place(tmp_path, model_d
         assert f["hidden_states"].dtype == torch.bfloat16
         assert torch.equal(f["hidden_states"], llm.hidden_fn(ids, [1, 2, 4]))
         assert reader.load(i).loss_mask.tolist() == mask
-    assert list((out / ".staging").iterdir()) == []  # moved files and their .lock files are gone
+    assert list((out / ".staging").iterdir()) == []  # moved files, their .lock files and the launch's directory
 
 
 def test_vllm_output_checked_against_the_hf_reference(tmp_path, model_dir, capsys):
@@ -109,13 +113,17 @@ def test_vllm_output_checked_against_the_hf_reference(tmp_path, model_dir, capsy
 
 def test_stale_staging_files_of_a_killed_run_are_removed_first(tmp_path, model_dir, capsys):
     staging = tmp_path / ".staging"
-    staging.mkdir(parents=True)
-    (staging / "0.safetensors").write_bytes(b"stale output of a killed launch")
+    killed = staging / "shard-0-of-1.4242-0badf00d"  # a killed launch's directory: its .owner lock is free
+    killed.mkdir(parents=True)
+    (killed / ".owner").touch()
+    (killed / "0-1234abcd.safetensors").write_bytes(b"stale output of a killed launch")
+    (staging / "0.safetensors").write_bytes(b"an older release's flat staging")
     (staging / "0.safetensors.lock").touch()
     (staging / "7.safetensors.lock").touch()
     api = make_api()
-    rc, _ = run(capsys, api, "--model", model_dir, "--out", tmp_path, "--max-samples", 3)
+    rc, lines = run(capsys, api, "--model", model_dir, "--out", tmp_path, "--max-samples", 3)
     assert rc == 0
+    assert "extract resume: removed 4 staged entries of ended launches" in lines
     f = load_file(str(tmp_path / "hs_0.safetensors"))
     assert torch.equal(f["hidden_states"], api.llms[0].hidden_fn(f["token_ids"].tolist(), [1, 2, 4]))
     assert list(staging.iterdir()) == []

@@ -4,6 +4,7 @@ written as token_ids + an assistant-only loss mask, and eagle3.extract takes the
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -93,3 +94,122 @@ def test_the_shipped_pipeline_extracts_what_regenerate_wrote():
     assert steps["extract"][steps["extract"].index("--prompts") + 1] == regen_out
     extract_out = steps["extract"][steps["extract"].index("--out") + 1]
     assert steps["train"][steps["train"].index("--data") + 1] == extract_out
+
+
+def _regen(args: list[str], **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eagle3.regenerate", *args], cwd=REPO, env=cli_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _finish(p: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out
+    return out
+
+
+N_KILL = 8
+SAMPLED = ["--temperature", "0.9", "--top-p", "0.95", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(model, tmp_path_factory):
+    """What one launch writes: uninterrupted(mode) -> bytes, made once per mode (greedy, sampled)."""
+    from extract_helpers import PROMPTS
+
+    base = tmp_path_factory.mktemp("regen-ref")
+    got: dict[str, bytes] = {}
+
+    def make(mode: str) -> bytes:
+        if mode not in got:
+            out = base / f"{mode}.jsonl"
+            _finish(_regen(["--model", str(model), "--prompts", str(PROMPTS), "--out", str(out), "--max-samples",
+                            str(N_KILL), "--max-new-tokens", "12", *(SAMPLED if mode == "sampled" else [])]))
+            got[mode] = out.read_bytes()
+        return got[mode]
+    return make
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_sigkill_mid_run_then_relaunch_gives_the_uninterrupted_file(model, tmp_path, uninterrupted, mode):
+    import os
+    import signal
+    import time
+
+    from extract_helpers import PROMPTS
+
+    out = tmp_path / "regen.jsonl"
+    args = ["--model", str(model), "--prompts", str(PROMPTS), "--out", str(out), "--max-samples", str(N_KILL),
+            "--max-new-tokens", "12", *([*SAMPLED, "--fsync-every", "2"] if mode == "sampled" else [])]
+    p = _regen(args, EAGLE3_FAULT_BATCH_DELAY_S="0.3")
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    try:
+        for line in p.stdout:
+            seen.append(line.rstrip("\n"))
+            if line.startswith("regenerate progress: 3/8 answers"):
+                os.killpg(p.pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, seen
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        p.stdout.close()
+    assert p.returncode == -signal.SIGKILL, seen  # killed mid-run, on its progress line
+    assert not out.exists()  # nothing assembled yet; the answers so far are in the journal
+    relaunch = _finish(_regen(args))
+    m = re.search(r"^regenerate resume: (\d+)/8 answers already done$", relaunch, re.M)
+    assert m and 3 <= int(m.group(1)) < 8, relaunch  # what was appended before the kill is kept
+    assert "regenerate progress: 8/8 answers" in relaunch
+    assert out.read_bytes() == uninterrupted(mode)
+    if mode == "sampled":
+        assert uninterrupted("sampled") != uninterrupted("greedy")  # the sampling settings reach the model
+    # Done: a further relaunch generates nothing and writes the same file.
+    again = _finish(_regen(args))
+    assert "regenerate resume: 8/8 answers already done" in again and "phase: model_init" not in again
+    assert out.read_bytes() == uninterrupted(mode)
+
+
+@pytest.mark.timeout(600)
+def test_shards_each_answer_their_prompts_and_the_last_assembles_the_file(model, tmp_path, uninterrupted):
+    from extract_helpers import PROMPTS
+
+    out = tmp_path / "regen.jsonl"
+    base = ["--model", str(model), "--prompts", str(PROMPTS), "--out", str(out), "--max-samples", str(N_KILL),
+            "--max-new-tokens", "12", "--num-shards", "2"]
+    first = _finish(_regen([*base, "--shard", "1"]))
+    assert "regenerate: 4 answers" in first and f"shard 1 of 2 done; {out} is written once every shard is" in first
+    assert not out.exists()
+    r = subprocess.run([sys.executable, "-m", "eagle3.regenerate", "gather", "--out", str(out), "--num-shards", "2"],
+                       cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78 and r.stdout.startswith("regenerate gather refused: shard(s) 0 of 2"), r.stdout
+    _finish(_regen([*base, "--shard", "0"]))
+    assert out.read_bytes() == uninterrupted("greedy")
+    out.unlink()
+    r = subprocess.run([sys.executable, "-m", "eagle3.regenerate", "gather", "--out", str(out), "--num-shards", "2"],
+                       cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and out.read_bytes() == uninterrupted("greedy"), r.stdout
+
+
+def test_a_relaunch_with_other_sampling_settings_is_refused(model, tmp_path, capsys):
+    from extract_helpers import PROMPTS
+
+    args = ["--model", str(model), "--prompts", str(PROMPTS), "--out", str(tmp_path / "o.jsonl"), "--max-samples",
+            "2", "--max-new-tokens", "4"]
+    assert regenerate.main(args) == 0
+    capsys.readouterr()
+    assert regenerate.main([*args, "--temperature", "0.5"]) == 78
+    text = capsys.readouterr().out
+    assert text.count("\n") == 1 and "holds answers made with other settings (differs in: sampling)" in text
+
+
+def test_the_supervisor_follows_the_progress_line_as_a_bar():
+    from probe_helpers import events_of
+
+    evs = events_of(["regenerate phase: generating", "regenerate progress: 3/8 answers, 12.5 tok/s",
+                     "regenerate: 8 answers, 96 tokens generated, 9.0 tok/s, 0 ended by the model"])
+    [bar] = [e for e in evs if e.probe == "regenerate.answers"]
+    assert bar.kind.value == "progress" and (bar.fields["done"], bar.fields["total"]) == (3, 8)
+    assert bar.fields["unit"] == "answers"
+    assert [e.phase.value for e in evs if e.probe == "regenerate.done"] == ["done"]

@@ -23,7 +23,8 @@ Lines for the supervisor's probes (each flushed):
 ``extract progress: {done}/{total} samples, {tok_s:.1f} tok/s`` after each batch,
 ``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end. A full disk gives
 ``extract error: disk full writing {path}: free space and relaunch; finished samples are kept``
-and exit code 75; samples that failed for good (vLLM backend) give
+and exit code 75; NaN or Inf in a captured batch gives ``extract error: non-finite hidden states in
+sample {i} at layer {k}: ...`` and exit code 65 (eagle3.finite); samples that failed for good (vLLM backend) give
 ``extract incomplete: ...`` and exit code 3. Other errors raise (a Python traceback).
 """
 
@@ -41,13 +42,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, draft_export, formats, shards
+from . import _io, draft_export, finite, formats, shards, staging
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
 EXIT_INCOMPLETE = 3
 EXIT_DISK_FULL = 75  # EX_TEMPFAIL: relaunching after freeing space continues the run
 EXIT_CONFIG = 78  # EX_CONFIG: a layout that cannot be written as asked (one line says why)
+EXIT_NONFINITE = 65  # EX_DATAERR: the model computed NaN or Inf; a relaunch would compute it again
 FORMAT = "eagle3-hidden-states/1"
 OUT_ROOT = Path(__file__).resolve().parents[2] / "out"  # the repository's out/ (git-ignored)
 
@@ -235,6 +237,10 @@ def _lock_out(out: Path, name: str = ".extract.lock") -> int:
     return fd
 
 
+def _lock_name(args: argparse.Namespace) -> str:
+    return shards.partial(".extract", args.shard, args.num_shards, ".lock") if args.num_shards > 1 else ".extract.lock"
+
+
 def model_digest(model_dir: str) -> str:
     """sha256 of the model's config.json (and of the tiny model's build marker, which names its seed)."""
     h = hashlib.sha256((Path(model_dir) / "config.json").read_bytes())
@@ -339,8 +345,7 @@ def run(args: argparse.Namespace, t_start: float, vllm_api: Any = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # Shards share --out: each holds its own lock (their files never overlap).
-    lock_fd = _lock_out(out, shards.partial(".extract", args.shard, args.num_shards, ".lock")
-                        if args.num_shards > 1 else ".extract.lock")
+    lock_fd = _lock_out(out, _lock_name(args))
     try:
         return _run_locked(args, out, t_start, vllm_api)
     finally:
@@ -442,24 +447,10 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
             hf = backend = HFBackend(model_dir, device=args.device, dtype=args.dtype,
                                      trust_remote_code=args.trust_remote_code, pad_token_id=int(pad))
             backend.load()
+            say("extract phase: extracting")
+            failed = backend.run(job, todo)
         else:
-            from .vllm_backend import VllmBackend
-
-            backend = VllmBackend(
-                model_dir, out / ".staging", api=vllm_api,
-                max_model_len=max(s.seq_len for s in samples) + 1,
-                gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                tensor_parallel_size=args.tensor_parallel_size, trust_remote_code=args.trust_remote_code,
-                file_timeout_s=args.file_timeout, max_consecutive_failures=args.max_consecutive_failures,
-                log=say)
-            from .vllm_backend import clear_staging
-
-            clear_staging(out / ".staging")
-            backend.load(layer_ids)
-        say("extract phase: extracting")
-        failed = backend.run(job, todo)
-        if args.backend == "vllm":
-            backend.close()
+            failed = _run_vllm(args, out, model_dir, job, todo, vllm_api)
 
     verify = None
     if args.verify:
@@ -481,6 +472,38 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
     return 0
 
 
+def _run_vllm(args: argparse.Namespace, out: Path, model_dir: str, job: Job, todo: list[int],
+              vllm_api: Any) -> list[int]:
+    """The vLLM backend over ``todo``, staging into this launch's own directory (eagle3.staging)."""
+    from .vllm_backend import VllmBackend
+
+    root = out / ".staging"
+    others = [p for p in out.glob(".extract*.lock") if p.name != _lock_name(args)]
+    removed = staging.sweep(root, others)
+    if removed:
+        say(f"extract resume: removed {removed} staged entr{'y' if removed == 1 else 'ies'} of ended launches")
+    stage = staging.Staging.claim(root, args.shard, args.num_shards)
+    finished = False
+    try:
+        backend = VllmBackend(
+            model_dir, stage.path, api=vllm_api,
+            max_model_len=max(s.seq_len for s in job.samples) + 1,
+            gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+            tensor_parallel_size=args.tensor_parallel_size, trust_remote_code=args.trust_remote_code,
+            file_timeout_s=args.file_timeout, max_consecutive_failures=args.max_consecutive_failures,
+            log=say)
+        backend.load(job.layer_ids)
+        say("extract phase: extracting")
+        failed = backend.run(job, todo)
+        backend.close()
+        finished = True
+        return failed
+    finally:
+        # After a clean end the engine is down and every file was taken; after an error the engine may still
+        # be writing until this process exits, so the directory is left for the next launch's sweep.
+        stage.release(remove=finished)
+
+
 def _short(ids: Sequence[int], n: int = 10) -> str:
     s = ", ".join(map(str, ids[:n]))
     return s + (f", ... ({len(ids) - n} more)" if len(ids) > n else "")
@@ -499,6 +522,9 @@ def main(argv: Sequence[str] | None = None, *, vllm_api: Any = None) -> int:
     except formats.FormatError as e:
         say(f"extract error: {e}")
         return EXIT_CONFIG
+    except finite.NonFinite as e:
+        say(f"extract error: {e}")
+        return EXIT_NONFINITE
     except OSError as e:
         if isinstance(e, _io.DiskFull) or e.errno in (errno.ENOSPC, errno.EDQUOT):
             path = getattr(e, "path", None) or e.filename or args.out

@@ -138,8 +138,8 @@ class HFBackend:
         if self.model is None:
             self.model = load_model(self.model_dir, self.device, self.dtype, self.trust_remote_code)
 
-    def compute(self, token_lists: Sequence[Sequence[int]], layer_ids: Sequence[int], num_layers: int):
-        """Hidden states of a batch: a list of bf16 CPU tensors [T_i, n_layers, H]."""
+    def forward(self, token_lists: Sequence[Sequence[int]], layer_ids: Sequence[int], num_layers: int):
+        """Hidden states of a batch as one bf16 tensor [B, T, n_layers, H] on the device (padded to T)."""
         import torch
 
         self.load()
@@ -150,12 +150,21 @@ class HFBackend:
             ids[b, : len(t)] = torch.tensor(t, dtype=torch.int64)
         with HiddenStateCapture(layers, layer_ids) as cap:
             hs = cap.run(base, ids.to(self.device))
-        hs = hs.to(torch.bfloat16).cpu()
+        return hs.to(torch.bfloat16)
+
+    @staticmethod
+    def split(hs: Any, token_lists: Sequence[Sequence[int]]):
+        """A batch from :meth:`forward` as a list of CPU tensors [T_i, n_layers, H]."""
+        hs = hs.cpu()
         return [hs[b, : len(t)].contiguous() for b, t in enumerate(token_lists)]
+
+    def compute(self, token_lists: Sequence[Sequence[int]], layer_ids: Sequence[int], num_layers: int):
+        """Hidden states of a batch: a list of bf16 CPU tensors [T_i, n_layers, H]."""
+        return self.split(self.forward(token_lists, layer_ids, num_layers), token_lists)
 
     def run(self, job: Any, todo: Sequence[int]) -> list[int]:
         """Extract every sample of ``todo``; returns the failed indices (always empty: errors raise)."""
-        from . import _io
+        from . import _io, finite
 
         self.load()
         todo_set = set(todo)
@@ -164,7 +173,11 @@ class HFBackend:
         for chunk in chunks_to_run(len(part), job.batch_size, todo_at):
             samples = [job.samples[part[k]] for k in chunk]
             t0 = time.monotonic()
-            outs = self.compute([s.token_ids for s in samples], job.layer_ids, job.num_layers)
+            tokens = [s.token_ids for s in samples]
+            hs = self.forward(tokens, job.layer_ids, job.num_layers)
+            # On the device, before anything of the batch is written (eagle3.finite).
+            finite.check_batch(hs, [s.seq_len for s in samples], [s.index for s in samples], job.layer_ids)
+            outs = self.split(hs, tokens)
             written = 0
             for s, hs in zip(samples, outs, strict=True):
                 if s.index in todo_set and not job.is_done(s.index):

@@ -11,8 +11,15 @@ and ``src/speculators/models/eagle3/config.py``, followed here) saves an ``Eagle
   ``speculators_config`` (algorithm, one greedy proposal method with ``speculative_tokens``, the verifier);
   vLLM reads the speculative settings from that block.
 - tensors: the decoder layer as ``layers.0.*`` (ours: ``midlayer.*``); ``fc``, ``norm``, ``lm_head``,
-  ``d2t``, ``t2d`` by the same names. speculators' ``fc`` has a bias and ours has none: a zero
-  ``fc.bias`` is written, which computes the same function.
+  ``d2t``, ``t2d`` by the same names. ``fc`` has no bias, in speculators (0.9.0: ``nn.Linear(...,
+  bias=False)``) as in vLLM (``llama_eagle3.py``: ``ReplicatedLinear(..., bias=False)``), and none is
+  written: vLLM's loader raises ``KeyError: 'fc.bias'`` on one, speculators reports it unexpected.
+
+The verifier (``speculators_config.verifier.name_or_path``) is what speculators' ``from_pretrained``
+reads the embeddings and ``lm_head`` from: an empty one makes it fail (FileNotFoundError). By default it
+is the draft's own target, recorded by ``eagle3.train`` in ``train_info.json`` (``target_model``: the
+extraction's ``--model``, or train's ``--target-model``); ``--verifier`` overrides it (e.g. a hub name for
+the serving host, where the local path means nothing).
 
 Not written: ``embed_tokens.weight``. This draft never trains the embeddings (it reads the target's, as
 speculators does with ``embed_requires_grad: false``); vLLM shares the target's embeddings with a draft
@@ -88,19 +95,31 @@ def config(vllm_cfg: dict[str, Any], verifier: str, tokens: int) -> dict[str, An
 
 
 def tensors(ours: dict[str, Any]) -> dict[str, Any]:
-    """Our ``model.safetensors`` tensors under speculators' names, with the zero ``fc.bias``."""
-    import torch
-
+    """Our ``model.safetensors`` tensors under speculators' names (the same set: no ``fc.bias``)."""
     out = {rename(k): v for k, v in ours.items()}
     if "fc.weight" not in out:
         raise CheckpointError("model.safetensors has no fc.weight: not an eagle3.train draft")
-    if "fc.bias" not in out:
-        w = out["fc.weight"]
-        out["fc.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
+    if "fc.bias" in out:
+        raise CheckpointError("model.safetensors has an fc.bias, which neither speculators' nor vLLM's EAGLE-3 "
+                              "draft has: not an eagle3.train draft")
     return {k: out[k].contiguous() for k in sorted(out)}
 
 
-def write(src: Path, dst: Path, verifier: str, tokens: int) -> int:
+def recorded_verifier(src: Path) -> str:
+    """The target the draft was trained for, as ``eagle3.train`` recorded it (train_info.json)."""
+    try:
+        info = json.loads((src / "train_info.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    target = info.get("target_model") if isinstance(info, dict) else None
+    if not target:
+        raise CheckpointError(f"{src} has no train_info.json naming the target model: pass --verifier "
+                              "(speculators loads the embeddings and lm_head from it)")
+    return str(target)
+
+
+def write(src: Path, dst: Path, verifier: str, tokens: int) -> tuple[int, str]:
+    """Write the checkpoint; (tensors written, the verifier recorded)."""
     from safetensors.torch import load_file
 
     try:
@@ -111,14 +130,14 @@ def write(src: Path, dst: Path, verifier: str, tokens: int) -> int:
                               "pass an eagle3.train --out directory") from None
     if dst.resolve() == src.resolve():
         raise CheckpointError("DST is the draft's own directory: write into a new one")
-    out_cfg = config(cfg, verifier, tokens)
+    out_cfg = config(cfg, verifier or recorded_verifier(src), tokens)
     out = tensors(ours)
     dst.mkdir(parents=True, exist_ok=True)
     _io.atomic_save_safetensors(out, dst / "model.safetensors")
     if (src / "train_info.json").is_file():
         _io.place_file(src / "train_info.json", dst / "train_info.json", move=False)
     _io.atomic_write_json(out_cfg, dst / "config.json")
-    return len(out)
+    return len(out), str(out_cfg["speculators_config"]["verifier"]["name_or_path"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,15 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description="Write a trained draft as a speculators EAGLE-3 checkpoint.")
     ap.add_argument("draft", help="an eagle3.train --out directory (config.json, model.safetensors)")
     ap.add_argument("dst", help="the directory to write")
-    ap.add_argument("--verifier", default="", help="the target's name or path (speculators_config.verifier)")
+    ap.add_argument("--verifier", default="", help="the target's name or path (speculators_config.verifier; "
+                                                   "default: the target recorded in train_info.json)")
     ap.add_argument("--tokens", type=int, default=3, help="speculative tokens of the proposal method (3)")
     args = ap.parse_args(argv)
     try:
-        n = write(Path(args.draft), Path(args.dst), args.verifier, args.tokens)
+        n, verifier = write(Path(args.draft), Path(args.dst), args.verifier, args.tokens)
     except CheckpointError as e:
         print(f"speculators checkpoint error: {e}", flush=True)
         return EXIT_CONFIG
-    print(f"speculators checkpoint: {n} tensors into {args.dst} (verifier {args.verifier or '-'}, "
+    print(f"speculators checkpoint: {n} tensors into {args.dst} (verifier {verifier}, "
           f"{args.tokens} speculative tokens)", flush=True)
     return 0
 

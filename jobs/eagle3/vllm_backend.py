@@ -7,7 +7,8 @@ input of decoder layer k, id L the last layer's output before the final norm) an
 ``ExampleHiddenStatesConnector`` writes one safetensors file per request (``hidden_states`` bf16
 ``[T, n_layers, H]``, ``token_ids`` int64 ``[T]``) into a staging directory on the output disk,
 named in the request output's ``kv_transfer_params["hidden_states_path"]``. Each such file is
-checked against the sample from its header and token ids (the hidden states are not read), then,
+checked against the sample from its header and token ids, and its hidden states for NaN/Inf
+(``eagle3.finite``: one read, through the page cache its write just filled), then,
 when it already is what the output layout reads (bf16 hidden states, int64 token ids, nothing else;
 the loss masks are in ``prepared.safetensors`` or the speculators dataset), fsynced and renamed
 into place as ``hs_{i}.safetensors``: written once, by vLLM. Otherwise (another dtype, SpecForge's
@@ -21,8 +22,8 @@ Failure handling:
 * ``max_consecutive_failures`` failed attempts in a row abort the run (:class:`TooManyFailures`):
   an engine that fails every request should not chew through the whole set;
 * a missing file when the staging disk has no room left is a full disk (:class:`DiskFull`);
-* the staging directory is emptied at start: files and ``.lock`` files left by a killed run are
-  stale (request ids restart at every launch, so they could be mistaken for new output);
+* the staging directory is this launch's own (``eagle3.staging``): what killed launches left is
+  removed by the next launch, and a live shard's staged files are never touched;
 * the DeepSeek family cannot give id L (the final layer) on vLLM releases before
   :data:`FINAL_LAYER_MIN_VLLM`: 0.23.0 crashes on the first batch, after the full start-up,
   with ``The expanded size of the tensor (4) must match the existing size (3)``. That request is
@@ -49,7 +50,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from . import _io
+from . import _io, finite
 
 MIN_VLLM = "0.18.0"
 # 0.23.0 was seen failing on id L for DeepSeek-V2; later upstream code captures id L after the
@@ -177,19 +178,6 @@ def llm_kwargs(model_dir: str, layer_ids: Sequence[int], staging_dir: str, *, ma
     )
 
 
-def clear_staging(staging: Path) -> int:
-    """Empty the staging directory (stale outputs and .lock files of earlier launches)."""
-    staging.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for p in staging.iterdir():
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        n += 1
-    return n
-
-
 class VllmBackend:
     name = "vllm"
 
@@ -312,10 +300,16 @@ class VllmBackend:
             self._discard(path_s)
             return f"{path.name} has hidden_states of shape {tuple(shape or ())}, expected {tuple(want)}"
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            ids = f.get_tensor("token_ids")
-        if ids.tolist() != sample.token_ids:
-            self._discard(path_s)
-            return f"{path.name} holds other token ids than the sample"
+            if f.get_tensor("token_ids").tolist() != sample.token_ids:
+                self._discard(path_s)
+                return f"{path.name} holds other token ids than the sample"
+            # vLLM wrote the file from the device: this is the first point the job sees the values, and the
+            # last before the file becomes a sample (read back through the page cache its write just filled).
+            try:
+                finite.check_sample(f.get_tensor("hidden_states"), i, job.layer_ids)
+            except finite.NonFinite:
+                self._discard(path_s)
+                raise
         if job.place_sample(i, path, header) is None:  # not in the output's layout: rewrite it
             job.write_sample(i, load_file(str(path))["hidden_states"].to(torch.bfloat16))
         self._discard(path_s)

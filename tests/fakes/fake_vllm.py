@@ -5,8 +5,13 @@ the ``ExampleHiddenStatesConnector`` (see shared/gpu/vllm_extract_example.py): f
 prompt it writes ``{shared_storage_path}/{request_id}.safetensors`` holding ``hidden_states``
 bf16 ``[T, n_layers, H]`` and ``token_ids`` int64 ``[T]``, under an exclusive flock on the
 companion ``.lock`` file (left behind, as the connector leaves it), and returns request outputs
-whose ``kv_transfer_params["hidden_states_path"]`` names that file. Request ids count up from 0
-for each ``FakeLLM``, as vLLM's do for each ``LLM``.
+whose ``kv_transfer_params["hidden_states_path"]`` names that file. As in vLLM 0.23, the request id
+a caller sees counts up from 0 for each ``LLM``, while the engine's own id (the one the connector names
+the file after) carries a random suffix (``{n}-{8 hex}``: ``InputProcessor.assign_request_id``), so two
+processes staging into one directory never write the same name. ``generate`` returns once the batch's
+last file is written (the connector writes each request's file as it finishes, the call returns after
+the last); with ``gate`` set, it then waits until that path exists, as a batch whose last request is
+still computing keeps the caller waiting while the earlier files lie staged.
 
 Faults are injected per request with ``faults(request_number, token_ids) -> str | None``:
 
@@ -35,8 +40,10 @@ import errno
 import fcntl
 import json
 import os
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +104,8 @@ class FakeLLM:
     faults: Callable[[int, list[int]], str | None] | None = None
     hidden_fn: Callable[[list[int], list[int]], torch.Tensor] | None = None
     calls: list[list[list[int]]] = field(default_factory=list)
+    gate: Path | None = None
+    step_s: float = 0.0  # each request's compute time: its file appears, then the next request runs
     _next_id: int = 0
 
     def __post_init__(self) -> None:
@@ -144,7 +153,7 @@ class FakeLLM:
             req_id = str(self._next_id)
             self._next_id += 1
             fault = self.faults(self._next_id - 1, ids) if self.faults else None
-            path = self.storage / f"{req_id}.safetensors"
+            path = self.storage / f"{req_id}-{uuid.uuid4().hex[:8]}.safetensors"  # the engine's own id
             params: dict[str, Any] | None = {"hidden_states_path": str(path)}
             finish = "length"
             if fault == "abort":
@@ -167,9 +176,20 @@ class FakeLLM:
                     head = 8 + int.from_bytes(data[:8], "little")
                     path.write_bytes(data[:head] + bytes(len(data) - head))
                 self._write_locked(path, data, delay=0.3 if fault in ("late", "prealloc") else 0.0)
+            if self.step_s:
+                time.sleep(self.step_s)
             outs.append(FakeRequestOutput(req_id, ids, [FakeCompletionOutput(0, "", [0], finish)],
                                           True, params))
+        self._hold()
         return outs
+
+    def _hold(self) -> None:
+        """With a gate: the batch's files are staged, and the call returns only once the gate opens."""
+        if self.gate is None or self.gate.exists():
+            return
+        print(f"fake vllm: batch staged, holding for {self.gate}", file=sys.stderr, flush=True)
+        while not self.gate.exists():
+            time.sleep(0.02)
 
     def _write_locked(self, path: Path, data: bytes, delay: float) -> None:
         self.storage.mkdir(parents=True, exist_ok=True)
@@ -198,7 +218,8 @@ class FakeLLM:
 
 
 def make_api(version: str = "0.23.0", faults: Callable[[int, list[int]], str | None] | None = None,
-             hidden_fn: Callable[[list[int], list[int]], torch.Tensor] | None = None) -> SimpleNamespace:
+             hidden_fn: Callable[[list[int], list[int]], torch.Tensor] | None = None,
+             gate: Path | None = None, step_s: float = 0.0) -> SimpleNamespace:
     """A stand-in for the ``vllm`` module: ``LLM``, ``SamplingParams``, ``TokensPrompt``, ``__version__``.
 
     Every ``LLM`` it makes is appended to ``api.llms``.
@@ -207,7 +228,7 @@ def make_api(version: str = "0.23.0", faults: Callable[[int, list[int]], str | N
                           __version__=version, llms=[])
 
     def LLM(model: str, **kwargs: Any) -> FakeLLM:  # noqa: N802 - the real one is a class
-        llm = FakeLLM(model, kwargs, faults=faults, hidden_fn=hidden_fn)
+        llm = FakeLLM(model, kwargs, faults=faults, hidden_fn=hidden_fn, gate=gate, step_s=step_s)
         api.llms.append(llm)
         return llm
 

@@ -1,0 +1,190 @@
+"""Random SIGKILLs of the shards of a vLLM-backend extraction, and their relaunches: is every sample there
+once, byte for byte what one uninterrupted launch writes?
+
+    PYTHONPATH=jobs python tests/perf/bench_shard_kills.py [--seeds 0-4] [--samples 96] [--shards 3]
+                                                           [--baseline-jobs DIR]
+
+Each shard is a process of its own (tests/fakes/extract_on_fake_vllm.py: the job on the fake of vLLM 0.23's
+engine, engine-side request ids unique per process, each request ``--step-s`` seconds, its file staged until
+the batch returns). All shards start at once; a launch is SIGKILLed (its process group), with probability
+``--kill-p``, at a random moment 0.2..``--max-kill-s`` s after it started (start-up, staging, placing
+files, writing manifests alike), and relaunched 0..0.5 s after it died, as a supervisor would; a launch
+that dies by itself (not killed) is relaunched too and counted. When every shard has exited 0, ``gather``
+runs, and the output is compared with one uninterrupted unsharded launch: every ``hs_{i}`` byte for byte,
+the gathered manifest, token counts and prepared data too. Counted from the launches' logs: requests that
+failed (a staged file gone), launches that died by themselves.
+
+``--baseline-jobs DIR`` runs the same schedule with another jobs/ tree (e.g. ``git archive 486a804 jobs``).
+Prints one markdown row per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUNNER = REPO / "tests" / "fakes" / "extract_on_fake_vllm.py"
+BATCH = 4
+
+
+def target(where: Path, n: int) -> tuple[Path, Path]:
+    """A config-only target (the fake engine reads no weights) and n token-id prompts of 20..80 tokens."""
+    d = where / "target"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
+        "hidden_size": 128, "vocab_size": 1000, "max_position_embeddings": 512}))
+    prompts = where / "tokens.jsonl"
+    rng = random.Random(1234)
+    prompts.write_text("".join(json.dumps({"token_ids": [rng.randrange(3, 990) for _ in range(rng.randrange(20, 80))]})
+                               + "\n" for _ in range(n)))
+    return d, prompts
+
+
+def env(jobs: Path | None, step_s: float) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE3_FAULT_", "FAKE_VLLM_"))}
+    e.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+              "FAKE_VLLM_STEP_S": str(step_s)})
+    if jobs is not None:
+        e["FAKE_VLLM_JOBS"] = str(jobs)
+    return e
+
+
+def args_of(model: Path, prompts: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "--prompts", str(prompts), "--out", str(out), "--batch-size", str(BATCH),
+            "--file-timeout", "1", *extra]
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+@dataclass
+class Outcome:
+    seed: int
+    launches: int = 0
+    kills: int = 0
+    self_deaths: int = 0
+    failed_requests: int = 0
+    seconds: float = 0.0
+    identical: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+def run(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: dict[str, bytes], base: Path,
+        jobs: Path | None, step_s: float, kill_p: float, max_kill_s: float, max_kills: int) -> Outcome:
+    rng = random.Random(seed)
+    out = base / f"out-{seed}"
+    logs = base / f"logs-{seed}"
+    logs.mkdir(parents=True)
+    res = Outcome(seed)
+    running: dict[int, tuple[subprocess.Popen[bytes], float | None]] = {}
+    waiting: dict[int, float] = {k: 0.0 for k in range(shards)}  # shard -> when to (re)launch
+    done: set[int] = set()
+    scheduled = 0  # kills drawn (a launch may end before its kill comes)
+    t0 = time.monotonic()
+    deadline = t0 + 900
+    while len(done) < shards:
+        now = time.monotonic()
+        if now > deadline:
+            res.problems.append("did not finish in 900 s")
+            break
+        for k, at in list(waiting.items()):
+            if now >= at:
+                del waiting[k]
+                log = (logs / f"shard{k}-{res.launches}.log").open("wb")
+                p = subprocess.Popen([sys.executable, str(RUNNER), *args_of(model, prompts, out, "--shard", str(k),
+                                                                          "--num-shards", str(shards))],
+                                     cwd=REPO, env=env(jobs, step_s), stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+                log.close()
+                res.launches += 1
+                kill_at = None
+                if scheduled < max_kills and rng.random() < kill_p:
+                    kill_at, scheduled = now + rng.uniform(0.2, max_kill_s), scheduled + 1
+                running[k] = (p, kill_at)
+        for k, (p, kill_at) in list(running.items()):
+            rc = p.poll()
+            if rc is None and kill_at is not None and now >= kill_at:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                res.kills += 1
+                del running[k]
+                waiting[k] = now + rng.uniform(0.0, 0.5)
+            elif rc is not None:
+                del running[k]
+                if rc == 0:
+                    done.add(k)
+                else:
+                    res.self_deaths += 1
+                    waiting[k] = now + rng.uniform(0.0, 0.5)
+        time.sleep(0.02)
+    for p, _ in running.values():
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    res.seconds = time.monotonic() - t0
+    for log in logs.iterdir():
+        res.failed_requests += sum(" failed: " in x for x in log.read_text(errors="replace").splitlines())
+    g = subprocess.run([sys.executable, "-m", "eagle3.extract", "gather", "--out", str(out)], cwd=REPO,
+                       env={**env(None, 0), "PYTHONPATH": str(jobs or REPO / "jobs")}, capture_output=True, text=True)
+    if g.returncode != 0:
+        res.problems.append(f"gather: {g.stdout.strip()[-200:]}")
+    got = {k: v for k, v in files(out).items() if ".shard-" not in k}
+    hs = {k for k in got if k.startswith("hs_")}
+    if len(hs) != n:
+        res.problems.append(f"{len(hs)} of {n} samples")
+    res.identical = got == reference
+    if not res.identical:
+        res.problems.append(f"{sum(got.get(k) != v for k, v in reference.items())} files differ from the lone run")
+    left = [p for p in (out / ".staging").rglob("*") if p.is_file()] if (out / ".staging").exists() else []
+    if left:
+        res.problems.append(f"{len(left)} staged files left")
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0-4", help="A-B or a comma list")
+    ap.add_argument("--samples", type=int, default=96)
+    ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--step-s", type=float, default=0.05, help="each request's compute time in the fake engine")
+    ap.add_argument("--kill-p", type=float, default=0.7, help="chance that a launch is killed")
+    ap.add_argument("--max-kill-s", type=float, default=6.0)
+    ap.add_argument("--max-kills", type=int, default=8, help="kills per run at most (then it runs to its end)")
+    ap.add_argument("--baseline-jobs", type=Path, help="a jobs/ tree to run instead of this checkout's")
+    a = ap.parse_args()
+    seeds = (list(range(int(a.seeds.split("-")[0]), int(a.seeds.split("-")[1]) + 1)) if "-" in a.seeds
+             else [int(x) for x in a.seeds.split(",")])
+    base = Path(tempfile.mkdtemp(prefix="bench-shard-kills-"))
+    model, prompts = target(base, a.samples)
+    lone = base / "lone"
+    r = subprocess.run([sys.executable, str(RUNNER), *args_of(model, prompts, lone)], cwd=REPO, env=env(None, 0),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reference = files(lone)
+    print(f"jobs: {a.baseline_jobs or 'this checkout'}; {a.samples} samples, {a.shards} shards, batch {BATCH}, "
+          f"step {a.step_s} s a request, kill chance {a.kill_p} at 0.2..{a.max_kill_s} s, at most {a.max_kills}")
+    print("| seed | launches | SIGKILLs | died by themselves | failed requests | seconds | every sample, identical |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    bad = 0
+    for seed in seeds:
+        o = run(seed, model, prompts, a.samples, a.shards, reference, base, a.baseline_jobs, a.step_s, a.kill_p,
+                a.max_kill_s, a.max_kills)
+        bad += bool(o.problems)
+        print(f"| {seed} | {o.launches} | {o.kills} | {o.self_deaths} | {o.failed_requests} | {o.seconds:.1f} | "
+              f"{'yes' if not o.problems else '; '.join(o.problems)} |", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
