@@ -68,6 +68,7 @@ from supervisor.hosts.base import (
     ExitStatus,
     KillReport,
     LaunchRequest,
+    LogStat,
     ProcessHandle,
     log_paths,
 )
@@ -159,6 +160,10 @@ class SshHost(SshConnection):
 
     async def exit_status(self, handle: ProcessHandle) -> ExitStatus | None:
         return await self._read_status(handle, forever=False)
+
+    async def log_stat(self, path: str) -> LogStat | None:
+        _, out, _ = await self._exec(_remote.LOG_STAT, path)
+        return _remote_parse.parse_log_stat(out, time.time())
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         _, out, _ = await self._exec(_remote.ATTEMPT_PIDS, *self._attempt_args(handle))

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from dataclasses import dataclass
 
 import asyncssh
 import structlog
 
-from supervisor.core.errors import HostError, SuperviseError
+from supervisor.core.errors import ConnectionLost, HostError, SuperviseError
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import _remote
 from supervisor.hosts.ssh.agent import _close_process
@@ -48,6 +49,10 @@ from supervisor.hosts.ssh.mux_agent import (
 
 log = structlog.get_logger("supervise.ssh")
 _AGENT_ERRORS: tuple[type[BaseException], ...] = (*_DROPS, ProtocolError)
+# How long the agent's channel may take to come back (the connection remade) before the attempts
+# followed and watched there are told the box cannot be reached: a dropped connection that is
+# remade at once (sshd restarted, a NAT's hiccup) is no outage.
+REACH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,8 @@ class SshMux:
         while self._wanted() and not self._closed:
             proc = None
             try:
-                proc = await self._host.stream(MUX_SH, self._python, agent_source())
+                proc = await self._host.stream(MUX_SH, self._python, agent_source(),
+                                               reach_by=time.monotonic() + REACH_S)
                 await self._hello(proc)
                 self.channels += 1
                 failures = 0
@@ -184,6 +190,13 @@ class SshMux:
                     if not future.done():
                         future.set_result(None)
                 await self._serve(proc)
+            except ConnectionLost as exc:
+                # The box does not answer: what is followed or watched there cannot be, for now.
+                # Their users are told (an attempt reads `unreachable` and is not judged until it
+                # can be read again); a launch waiting for the agent keeps waiting.
+                log.warning("the host cannot be reached", host=self._host.name, error=str(exc))
+                self._out_of_reach(exc)
+                continue
             except SuperviseError as exc:
                 log.warning("the remote agent cannot run", host=self._host.name, error=str(exc))
                 self._fail_all(exc)
@@ -241,6 +254,18 @@ class SshMux:
             return
         for queue in self._subs.values():
             queue.put_nowait(Dropped("the remote agent's channel dropped"))
+
+    def _out_of_reach(self, exc: ConnectionLost) -> None:
+        """Tell every follow and exit watch that the box cannot be reached; each is forgotten (its
+        user asks again once the box answers)."""
+        for group in self._watches.values():
+            for future in group:
+                if not future.done():
+                    future.set_exception(exc)
+        for queue in self._subs.values():
+            queue.put_nowait(Dropped(str(exc), exc))
+        self._watches.clear()
+        self._subs.clear()
 
     def _fail_all(self, exc: SuperviseError) -> None:
         """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
