@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
