@@ -88,10 +88,11 @@ class AttemptWatch:
         self._judge_at_once = catch_up is not None
         # Ended while nobody watched: judged by its exit (awaited), never by the clock.
         self._exited_unwatched = catch_up is not None and catch_up.exited
-        # Records the reader has taken (matched, judged, stored): how far reading has moved, step by
-        # step (the follower's offset moves once per read of up to a MiB).
-        self._taken = 0
-        self._taken_at_look = 0  # ... when the catch-up last looked
+        # The end of the last record the reader has taken (matched, judged, stored): how far reading
+        # has got, step by step (the follower's offset moves once per read of up to a MiB, before
+        # the records of that read are taken).
+        self._read_to = row.log_offset
+        self._read_to_at_look = row.log_offset  # ... when the catch-up last looked
 
     async def run(self) -> Judgement:
         live = self.live
@@ -120,8 +121,8 @@ class AttemptWatch:
                 if self._catch_up_until is not None:
                     if self._ctx.clock() < self._catch_up_until:
                         continue  # not judged on its stored past while its backlog is unread
-                    if self._taken != self._taken_at_look:  # still reading it (slowly, under load): wait on
-                        self._taken_at_look = self._taken
+                    if self._read_to != self._read_to_at_look:  # still reading it (slowly, under load): wait on
+                        self._read_to_at_look = self._read_to
                         self._catch_up_until = self._ctx.clock() + CATCH_UP_STILL_S
                         continue
                     self._catch_up_until = None
@@ -217,7 +218,7 @@ class AttemptWatch:
                 live.row.log_generation = step[-1].generation  # a batch never spans a restart of the log
                 matched = self._matched(await engine.feed(step))
                 unsaved.extend(self._observe(matched, records=len(step), last=step[-1]))
-                self._taken += len(step)
+                self._read_to = step[-1].end
                 self._caught_up(quiet=False)
                 await self._store_read()
 
@@ -369,7 +370,7 @@ class AttemptWatch:
         # being read, however long, is read to its end (see _drain).
         read_to_end = True
         try:
-            if not await drain(reader, lambda: self._taken):
+            if not await drain(reader, lambda: self._read_to):
                 read_to_end = False
                 await cancel_and_wait(reader)
             elif not reader.cancelled():
@@ -386,7 +387,8 @@ class AttemptWatch:
             flushed = self._matched(await asyncio.wait_for(self._engine.flush(), timeout=10))
         except Exception:  # noqa: BLE001 - a matcher stuck on a costly chunk must not hold up the verdict
             flushed = []
-        events, offset = self._observe(flushed), follower.offset
+        # Where reading got to: the follower's offset is past records a reader given up on never took.
+        events, offset = self._observe(flushed), follower.offset if read_to_end else self._read_to
         self._journal.writes.submit(lambda: self._save(events, offset, force=True))
         live.exit_status = status
         n = live.row.n
