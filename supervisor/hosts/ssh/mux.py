@@ -3,7 +3,9 @@
 ``SshMux`` keeps the agent's channel up while anyone uses it: it starts the agent, reads its
 events and hands each to its subscriber (a follower's queue, an exit waiter's future).  When
 the channel or the connection drops, every follower is told (``Dropped``: it asks again from
-the end of its last record) and every exit watch is sent again on the next channel.  Once the
+the end of its last record) and every exit watch is sent again on the next channel; when the
+connection cannot be remade within ``REACH_S``, every follower and exit watch is told the box
+cannot be reached (``ConnectionLost``), and their attempts wait for it unjudged.  Once the
 agent has said hello its channel stays up until the host closes or the channel drops: a job's
 launch checks it first (``ready``) and its follow comes a moment later.  Where the agent cannot
 start (no python3 on the box, ``SUPERVISE_SSH_PYTHON`` not runnable or too old), every use fails
