@@ -67,7 +67,7 @@ def test_time_the_reader_had_no_turn_is_not_counted_as_a_reader_that_stopped() -
 
         async def reader() -> None:
             await asyncio.sleep(0.1)
-            time.sleep(4.0)  # the whole loop holds still: no reader, no look, gets a turn
+            time.sleep(4.0)  # noqa: ASYNC251 - on purpose: the whole loop holds still, no reader and no look gets a turn
             for _ in range(3):
                 await asyncio.sleep(0.2)
                 offset[0] += 100
