@@ -251,12 +251,13 @@ class AttemptWatch:
         return time.time()
 
     def _caught_up(self, *, quiet: bool) -> None:
-        """A re-adopted attempt's backlog is read once the follower has passed its end, or the log
-        has gone quiet (its unterminated tail is read then): judge it now."""
+        """A re-adopted attempt's backlog is read once the reader has taken its last record (not
+        once the follower has read past it: the records of that read are then still to be taken),
+        or the log has gone quiet (its unterminated tail is read then): judge it now."""
         live = self.live
         if self._catch_up_until is None:
             return
-        if quiet or self._backlog is None or self._follower.offset >= self._backlog.end_offset:
+        if quiet or self._backlog is None or self._read_to >= self._backlog.end_offset:
             self._catch_up_until = None
             live.wake.set()
 
