@@ -78,7 +78,10 @@ class SshMux:
         self._subs: dict[int, asyncio.Queue[FollowEvent]] = {}
         self._watches: dict[str, set[asyncio.Future[None]]] = {}
         self._stats: list[asyncio.Future[Stats]] = []
+        # Uses waiting for the agent to be up: a launch's (``ready``), which waits through an outage,
+        # and a follow's (``subscribe``), which is told when the box cannot be reached.
         self._ready: list[asyncio.Future[None]] = []
+        self._subscribing: list[asyncio.Future[None]] = []
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -95,18 +98,21 @@ class SshMux:
     async def ready(self) -> None:
         """Once the agent runs on the box (started if need be); a ``HostError`` saying what to
         do when it cannot start there."""
+        await self._until_up(self._ready)
+
+    async def _until_up(self, waiters: list[asyncio.Future[None]]) -> None:
         if self._up.is_set():
             return
         if self._closed:
             raise HostError(f"the SSH host {self._host.target.display} was closed")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ready.append(future)
+        waiters.append(future)
         self._ensure_running()
         try:
             await future
         finally:
-            if future in self._ready:
-                self._ready.remove(future)
+            if future in waiters:
+                waiters.remove(future)
 
     async def subscribe(self, path: str, offset: int, *, drain: bool) -> tuple[int, asyncio.Queue[FollowEvent]]:
         """Follow (or drain once) ``path`` from ``offset``; events arrive on the queue."""
@@ -114,7 +120,7 @@ class SshMux:
         queue: asyncio.Queue[FollowEvent] = asyncio.Queue()
         self._subs[sub_id] = queue
         try:
-            await self.ready()
+            await self._until_up(self._subscribing)
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
@@ -155,7 +161,7 @@ class SshMux:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
-        for waiting in self._ready:  # a launch waiting for the agent is told, not left waiting forever
+        for waiting in self._ready + self._subscribing:  # a launch waiting for the agent is told, not left waiting forever
             if not waiting.done():
                 waiting.set_exception(HostError(f"the SSH host {self._host.target.display} was closed"))
 
@@ -172,7 +178,7 @@ class SshMux:
             self._task = asyncio.create_task(self._run(), name=f"ssh-mux:{self._host.name}")
 
     def _wanted(self) -> bool:
-        return bool(self._subs or self._watches or self._stats or self._ready)
+        return bool(self._subs or self._watches or self._stats or self._ready or self._subscribing)
 
     async def _run(self) -> None:
         failures = 0
@@ -188,7 +194,7 @@ class SshMux:
                 for key in self._watches:
                     self._send(Watch(key))
                 self._up.set()
-                for future in self._ready:
+                for future in self._ready + self._subscribing:
                     if not future.done():
                         future.set_result(None)
                 await self._serve(proc)
@@ -266,8 +272,12 @@ class SshMux:
                     future.set_exception(exc)
         for queue in self._subs.values():
             queue.put_nowait(Dropped(str(exc), exc))
+        for waiting in self._subscribing:
+            if not waiting.done():
+                waiting.set_exception(exc)
         self._watches.clear()
         self._subs.clear()
+        self._subscribing.clear()
 
     def _fail_all(self, exc: SuperviseError) -> None:
         """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
@@ -281,10 +291,11 @@ class SshMux:
         for asked in self._stats:
             if not asked.done():
                 asked.set_exception(exc)
-        for waiting in self._ready:
+        for waiting in self._ready + self._subscribing:
             if not waiting.done():
                 waiting.set_exception(exc)
         self._watches.clear()
         self._subs.clear()
         self._stats.clear()
         self._ready.clear()
+        self._subscribing.clear()
