@@ -313,7 +313,12 @@ def test_a_remote_job_is_unreachable_not_stalled_while_its_host_is_away(
     try:
         sshd_server.go_away()
         away_at = time.time()
-        wait_until(lambda: job_state(client, "away") == "unreachable", timeout=20)
+        try:
+            wait_until(lambda: job_state(client, "away") == "unreachable", timeout=20)
+        except AssertionError:
+            job = client.status("away").jobs[0]
+            raise AssertionError(f"not unreachable 20 s into the outage: {job.state} ({job.reason}); "
+                                 f"verdicts {_verdicts(client, 'away')}") from None
         wait_until(lambda: time.time() - away_at > 12.0)  # four stall bounds
         assert job_state(client, "away") == "unreachable" and _verdicts(client, "away") == []
         assert psutil.pid_exists(job_pid)  # it runs on there, untouched
