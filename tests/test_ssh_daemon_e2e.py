@@ -360,3 +360,26 @@ def test_a_remote_job_that_ended_while_its_host_key_was_wrong_is_judged_by_its_e
     assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0  # not run again
     assert _stored_log_offset(home, "rekeyed") == log.stat().st_size  # read to its end
     assert progress_done(client, "rekeyed") == 80
+
+
+def test_logs_follow_of_a_remote_job_goes_on_through_an_outage_of_its_host(
+        daemon: DaemonProcess, ssh_job, sshd_server: SshServer, daemon_env) -> None:
+    # The attempt is not judged while its box is away; a person following its log is not cut off.
+    spec = ssh_job("shown", PROGRESS_JOB, params=', "150", "0.1"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "shown") >= 5, timeout=30)
+    logs = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "logs", "shown", "-f"], env=daemon_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            sshd_server.go_away()
+            time.sleep(8.0)  # longer than it takes to find the box cannot be reached
+        finally:
+            sshd_server.come_back()
+        out, err = logs.communicate(timeout=120)
+    finally:
+        logs.kill()
+    assert logs.returncode == 0, err
+    steps = [line for line in out.splitlines() if "/150 [" in line]
+    assert len(steps) == 150 and "all good" in out, out[-2000:]
