@@ -88,6 +88,11 @@ class SshServer:
             f"  UserKnownHostsFile {self.known_hosts}\n"
         )
         self._log = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+        self._listen()
+        return self
+
+    def _listen(self) -> None:
+        config = self.root / "sshd_config"
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=self._log, stderr=self._log,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
@@ -95,7 +100,6 @@ class SshServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"sshd did not start on port {self.port}: {self.log_text()[-2000:]}")
             time.sleep(0.02)
-        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -151,6 +155,22 @@ class SshServer:
                 if child.name() == "sshd" or child.cmdline()[:1] and child.cmdline()[0].startswith("sshd"):
                     found.append(child)
         return found
+
+    def go_away(self) -> None:
+        """The box drops off the network, as its clients see it: every connection is cut and a new
+        one is refused, until ``come_back``."""
+        procs = self.connection_processes()  # found while the listener, their parent, still runs
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(timeout=5)
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=5)
+
+    def come_back(self) -> None:
+        """The box answers again, on the same port with the same keys."""
+        self._listen()
 
     def drop_connections(self) -> int:
         """SIGKILL every per-connection sshd: each client sees its connection die at once."""

@@ -4,6 +4,7 @@ reader that stops moving is given up on (and then the attempt is judged as far a
 from __future__ import annotations
 
 import asyncio
+import time
 
 from supervisor.jobs.runner._drain import drain
 
@@ -55,3 +56,25 @@ def test_a_reader_already_done_returns_at_once() -> None:
         return await drain(task, lambda: 0, stall_s=60)
 
     assert asyncio.run(run())
+
+
+def test_time_the_reader_had_no_turn_is_not_counted_as_a_reader_that_stopped() -> None:
+    """The loop is held for longer than the bound (a daemon with no CPU, stopped, or behind fifty
+    other readers) while the reader waits its turn: a late look counts once, not as the time it
+    missed, and the reader, moving again, is waited for to its end."""
+    async def run() -> tuple[bool, int]:
+        offset = [0]
+
+        async def reader() -> None:
+            await asyncio.sleep(0.1)
+            time.sleep(4.0)  # noqa: ASYNC251 - on purpose: the whole loop holds still, no reader and no look gets a turn
+            for _ in range(3):
+                await asyncio.sleep(0.2)
+                offset[0] += 100
+
+        task = asyncio.create_task(reader())
+        ended = await drain(task, lambda: offset[0], 3.0)
+        return ended, offset[0]
+
+    ended, offset = asyncio.run(run())
+    assert ended and offset == 300

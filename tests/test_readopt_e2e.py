@@ -266,3 +266,21 @@ def _status_path(home: Path, job: str) -> str:
         return latest.status_path
     finally:
         store.close()
+
+
+def test_a_backlog_of_many_steps_is_read_whole_before_the_attempt_is_judged(daemon: DaemonProcess, make_job) -> None:
+    # About 90 steps a second; the daemon is down 8 s: some 700 lines, more than one step of the
+    # reader (256 records), all in one read of the log.  Judged after the first step, the bar's
+    # latest step read would be 5 s old, past its 3 s stall bound.
+    spec = make_job("fast", PROGRESS_JOB, params=', "2000", "0.01"',
+                    extra="[health]\nstall_floor_s = 3\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: len(_progress(client, "fast")) >= 20)
+    killed_at = time.time()
+    daemon.kill(signal.SIGKILL)
+    wait_until(lambda: time.time() - killed_at > 8.0)
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "fast") in ("done", "failed"), timeout=60)
+    assert [e.message for e in client.events("fast", kinds=["verdict"]).events] == ["done: exited 0"]

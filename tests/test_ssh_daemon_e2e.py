@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -258,3 +259,127 @@ def test_start_on_a_box_without_python3_exits_69_in_one_line_and_the_daemon_answ
             assert any(line.startswith("MISSING  python3     no python3 on") for line in doctor.stdout.splitlines()), doctor.stdout
         finally:
             daemon.close()
+
+
+# ---- no verdict on a remote attempt nobody could watch --------------------------------------
+# A bar at 10 steps a second with a stall bound of 3 s: healthy throughout, so any `stalled`
+# verdict is one taken on a clock that ran while its lines could not be read.
+STEADY_HEALTH = "[health]\nstall_floor_s = 3\n[restart]\nmax_attempts = 2\n"
+
+
+def _verdicts(client, job: str) -> list[str]:
+    return [e.message for e in client.events(job, kinds=["verdict"]).events]
+
+
+def _stored_log_offset(home: Path, job: str) -> int:
+    """How far the daemon has read the attempt's log, as it stored it."""
+    import sqlite3
+
+    with sqlite3.connect(home / "supervise.db") as db:
+        return int(db.execute("SELECT log_offset FROM attempts WHERE job=? ORDER BY n DESC", (job,)).fetchone()[0])
+
+
+def test_a_remote_job_that_moved_while_the_daemon_was_down_is_read_before_it_is_judged(
+        daemon: DaemonProcess, ssh_job) -> None:
+    spec = ssh_job("moving", PROGRESS_JOB, params=', "120", "0.1"', extra=STEADY_HEALTH)
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "moving") >= 10, timeout=30)
+    job_pid = client.status("moving").jobs[0].attempt.pid
+    killed_at = time.time()
+    daemon.kill(signal.SIGKILL)
+    wait_until(lambda: time.time() - killed_at > 6.0)  # twice its stall bound, while it moves on
+    daemon.start()
+    up_at = time.time()
+    client = daemon.client()
+    wait_until(lambda: job_state(client, "moving") in ("done", "failed"), timeout=60)
+    assert _verdicts(client, "moving") == ["done: exited 0"]
+    attempts = client.attempts("moving").attempts
+    assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0
+    # The steps written while no daemon watched are stored with when they were written (by their
+    # place in the remote log), not with when they were read.
+    steps = {int(e.data["done"]): e.ts for e in client.events("moving", kinds=["progress"]).events}
+    unwatched = [done for done, ts in steps.items() if killed_at < ts < up_at]
+    assert len(unwatched) >= 20, sorted(steps.items())
+
+
+def test_a_remote_job_is_unreachable_not_stalled_while_its_host_is_away(
+        daemon: DaemonProcess, ssh_job, sshd_server: SshServer) -> None:
+    spec = ssh_job("away", PROGRESS_JOB, params=', "200", "0.1"', extra=STEADY_HEALTH)
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "away") >= 10, timeout=30)
+    job_pid = client.status("away").jobs[0].attempt.pid
+    try:
+        sshd_server.go_away()
+        away_at = time.time()
+        try:
+            wait_until(lambda: job_state(client, "away") == "unreachable", timeout=20)
+        except AssertionError:
+            job = client.status("away").jobs[0]
+            raise AssertionError(f"not unreachable 20 s into the outage: {job.state} ({job.reason}); "
+                                 f"verdicts {_verdicts(client, 'away')}") from None
+        wait_until(lambda: time.time() - away_at > 12.0)  # four stall bounds
+        assert job_state(client, "away") == "unreachable" and _verdicts(client, "away") == []
+        assert psutil.pid_exists(job_pid)  # it runs on there, untouched
+    finally:
+        sshd_server.come_back()
+    wait_until(lambda: job_state(client, "away") in ("done", "failed"), timeout=90)
+    assert _verdicts(client, "away") == ["done: exited 0"]
+    attempts = client.attempts("away").attempts
+    assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0
+    assert progress_done(client, "away") == 200
+
+
+def test_a_remote_job_that_ended_while_its_host_key_was_wrong_is_judged_by_its_exit_with_its_log_read(
+        daemon: DaemonProcess, ssh_job, sshd_server: SshServer, home: Path, tmp_path: Path) -> None:
+    spec = ssh_job("rekeyed", PROGRESS_JOB, params=', "80", "0.1"', extra=STEADY_HEALTH)
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "rekeyed") >= 10, timeout=30)
+    attempt = client.status("rekeyed").jobs[0].attempt
+    job_pid, log = attempt.pid, Path(attempt.log_path)
+    good = sshd_server.known_hosts.read_text()
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, capture_output=True)
+    kind, key = other.with_suffix(".pub").read_text().split()[:2]
+    try:
+        sshd_server.known_hosts.write_text(f"{good.partition(' ')[0]} {kind} {key}\n")
+        assert sshd_server.drop_connections() >= 1
+        wait_until(lambda: job_state(client, "rekeyed") == "unreachable", timeout=60)
+        # It finishes (exit 0) while the box cannot be reached, and its last line is older than its
+        # stall bound by the time the key is put right.
+        wait_until(lambda: not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE,
+                   timeout=30)
+        wait_until(lambda: time.time() - log.stat().st_mtime > 5.0)
+    finally:
+        sshd_server.known_hosts.write_text(good)
+    wait_until(lambda: job_state(client, "rekeyed") in ("done", "failed"), timeout=90)
+    assert _verdicts(client, "rekeyed") == ["done: exited 0"]
+    attempts = client.attempts("rekeyed").attempts
+    assert len(attempts) == 1 and attempts[0].pid == job_pid and attempts[0].exit_code == 0  # not run again
+    assert _stored_log_offset(home, "rekeyed") == log.stat().st_size  # read to its end
+    assert progress_done(client, "rekeyed") == 80
+
+
+def test_logs_follow_of_a_remote_job_goes_on_through_an_outage_of_its_host(
+        daemon: DaemonProcess, ssh_job, sshd_server: SshServer, daemon_env) -> None:
+    # The attempt is not judged while its box is away; a person following its log is not cut off.
+    spec = ssh_job("shown", PROGRESS_JOB, params=', "150", "0.1"')
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: progress_done(client, "shown") >= 5, timeout=30)
+    logs = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "logs", "shown", "-f"], env=daemon_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            sshd_server.go_away()
+            time.sleep(8.0)  # longer than it takes to find the box cannot be reached
+        finally:
+            sshd_server.come_back()
+        out, err = logs.communicate(timeout=120)
+    finally:
+        logs.kill()
+    assert logs.returncode == 0, err
+    steps = [line for line in out.splitlines() if "/150 [" in line]
+    assert len(steps) == 150 and "all good" in out, out[-2000:]

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import structlog.testing
 from e2e_jobs import STOPPED_JOB
-from supervisor.core.errors import HostError, LaunchError
+from supervisor.core.errors import ConnectionLost, HostError, LaunchError
 from supervisor.core.events import Record
 from supervisor.hosts.local.follow import LogFollower
 from supervisor.hosts.base import LaunchRequest, ProcessHandle
@@ -159,6 +159,66 @@ def test_exit_status_read_later_carries_when_the_command_ended(ssh_env, tmp_path
     status, written, read_at = run(go)
     assert status is not None and status.returncode == 3
     assert status.ended_at is not None and abs(status.ended_at - written) < 1.5, (status.ended_at, written, read_at)
+
+
+def test_a_logs_size_and_last_change_are_read_on_the_box(ssh_env, tmp_path: Path, url: str) -> None:
+    # What a re-adopted remote attempt must read, and how to date it: the log's size, and its last
+    # change by its age on the box's clock (here the same machine's: it must match the file's mtime).
+    log = tmp_path / "attempt-1.log"
+    log.write_bytes(b"x" * 12_345)
+    changed = time.time() - 7.5
+    os.utime(log, (changed, changed))
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[Any, Any]:
+        try:
+            return await host.log_stat(str(log)), await host.log_stat(str(tmp_path / "absent.log"))
+        finally:
+            await host.close()
+
+    found, absent = run(go)
+    assert found is not None and found.size == 12_345 and abs(found.modified_at - changed) < 0.5, (found, changed)
+    assert absent is None
+
+
+def test_a_box_that_goes_away_ends_the_exit_watch_and_the_follow_with_connection_lost(
+        ssh_env, tmp_path: Path, cleanup_tags, url: str, sshd_server: SshServer) -> None:
+    # The box stops answering (connections cut, new ones refused): what waits on it is told within
+    # a few seconds, so that its attempt reads `unreachable` and is not judged meanwhile.
+    cleanup_tags.append("s.away.abc")
+    host = SshHost(url, env=ssh_env)
+
+    async def go() -> tuple[BaseException | None, BaseException | None, float]:
+        try:
+            handle = await host.launch(request(tmp_path, "import time\nwhile True: time.sleep(0.1)", "s.away.abc"))
+            follower = host.follow(handle.log_path, 0)
+
+            async def follow() -> None:
+                async for _ in follower.records():
+                    pass
+
+            exit_wait = asyncio.ensure_future(host.wait_exit(handle))
+            following = asyncio.ensure_future(follow())
+            await asyncio.sleep(0.5)
+            sshd_server.go_away()
+            away = time.monotonic()
+            try:
+                done, _ = await asyncio.wait({exit_wait, following}, timeout=30, return_when=asyncio.ALL_COMPLETED)
+                told_in = time.monotonic() - away
+            finally:
+                sshd_server.come_back()
+            errors = [t.exception() if t in done else None for t in (exit_wait, following)]
+            for task in (exit_wait, following):
+                task.cancel()
+            await follower.aclose()
+            await host.kill_tree(handle, 0.5)
+            return errors[0], errors[1], told_in
+        finally:
+            await host.close()
+
+    exit_error, follow_error, told_in = run(go)
+    assert isinstance(exit_error, ConnectionLost) and isinstance(follow_error, ConnectionLost), (exit_error, follow_error)
+    assert told_in < 15, told_in
 
 
 def test_short_operations_share_one_resident_shell_that_is_replaced_if_it_dies(ssh_env, url: str) -> None:

@@ -193,6 +193,16 @@ if [ -e "$1" ]; then
 else echo absent; fi
 """
 
+# $1 the log.  "log SIZE MTIME NOW" (times in seconds, with a fraction where stat and date give
+# one): the log's age is read on the box's own clock, so a box whose clock is off dates it right.
+LOG_STAT = r"""
+if [ -f "$1" ]; then
+  s=$(stat -c %s -- "$1") || exit 0
+  m=$(stat -c %.9Y -- "$1" 2>/dev/null) || m=$(stat -c %Y -- "$1")
+  echo "log $s $m $(date +%s.%N)"
+else echo absent; fi
+"""
+
 ATTEMPT_PIDS = PROC_FUNCS + r"""
 _members "$1" "$2" "$3" "$4"
 """

@@ -12,7 +12,7 @@ from supervisor.gpu.health import DeviceHealth, XidEvent, fold_xids
 from supervisor.gpu.kernel_xids import XidCursor, parse_xid, to_events
 from supervisor.gpu.nvml import GpuDevice, GpuProcess, GpuSample
 from supervisor.hosts import _remote
-from supervisor.hosts.base import ExitStatus, KillReport
+from supervisor.hosts.base import ExitStatus, KillReport, LogStat
 
 
 @dataclass(frozen=True)
@@ -189,3 +189,24 @@ def parse_exit_status(out: bytes, now: float) -> ExitStatus | None:
     age = next((line.split()[1] for line in lines[2:] if line.startswith("age ") and len(line.split()) == 2), None)
     ended_at = now - max(0, int(age)) if age is not None and age.lstrip("-").isdigit() else None
     return ExitStatus.from_wrapper_code(int(code), ended_at=ended_at)
+
+
+def parse_log_stat(out: bytes, now: float) -> LogStat | None:
+    """LOG_STAT's answer: None when the log is absent (or the answer unreadable); its last change
+    dated on this machine's clock (``now`` minus its age on the box's)."""
+    words = out.decode(errors="replace").split()
+    if len(words) != 4 or words[0] != "log" or not words[1].isdigit():
+        return None
+    try:
+        modified, there = _seconds(words[2]), _seconds(words[3])
+    except ValueError:
+        return None
+    return LogStat(int(words[1]), now - max(0.0, there - modified))
+
+
+def _seconds(text: str) -> float:
+    """A time stat or date printed: with a fraction, or whole seconds and a fraction they could not give."""
+    try:
+        return float(text)
+    except ValueError:
+        return float(text.partition(".")[0])

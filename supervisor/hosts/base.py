@@ -261,6 +261,35 @@ class UsageReader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class LogStat:
+    """An attempt's log as it stands: its size, and when it last changed (wall time, this machine's
+    clock, whatever the host's clock says)."""
+
+    size: int
+    modified_at: float
+
+
+@runtime_checkable
+class LogStatReader(Protocol):
+    """A host that can say how far an attempt's log has been written, and when: what a re-adopted
+    attempt must read (and how to date it) before it is judged."""
+
+    async def log_stat(self, path: str) -> LogStat | None:
+        """The log's size and last change; None when there is no such file."""
+        ...
+
+
+@runtime_checkable
+class Link(Protocol):
+    """A host reached over a link that can go down (SSH): while it is down, nothing of its attempts
+    can be read, so nothing of them may be judged."""
+
+    def connected(self) -> bool:
+        """Whether the link is up now."""
+        ...
+
+
 @runtime_checkable
 class StackDumper(Protocol):
     """A host that can dump the Python stacks of an attempt's processes (py-spy) before a kill."""

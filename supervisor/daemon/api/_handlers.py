@@ -36,6 +36,7 @@ from supervisor.daemon.api._specs import check_hosts, start_notes, stored_spec, 
 from supervisor.daemon.api._stacks import job_stacks
 from supervisor.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.hosts.base import Follower
+from supervisor.hosts.refollow import FollowThroughOutages
 from supervisor.jobs.views import attempt_info, event_info, gpu_devices, job_status
 from supervisor.probes import load_packs
 from supervisor.spec.command_check import check_local_command
@@ -159,7 +160,8 @@ class Api:
         follow = request.query.get("follow") == "1"
         stamp = await arrivals.stamper(self.service.paths.arrivals, row) if request.query.get("timestamps") == "1" else None
         response = await _ndjson(request)
-        follower = self.service.hosts.get(row.host).host.follow(row.log_path, offset)
+        # Shown, not judged: a box that cannot be reached for a while pauses the stream, not ends it.
+        follower = FollowThroughOutages(self.service.hosts.get(row.host).host, row.log_path, offset)
         ender = asyncio.create_task(self._finish_when_ended(request, row, follower, follow))
         try:
             async for batch in follower.records():

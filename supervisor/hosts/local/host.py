@@ -34,6 +34,7 @@ from supervisor.hosts.base import (
     ExitStatus,
     KillReport,
     LaunchRequest,
+    LogStat,
     ProcessHandle,
     log_paths,
     shown_command,
@@ -186,6 +187,13 @@ class LocalHost:
             log.warning("exit status unreadable", path=handle.status_path, error=str(exc))
             return None
         return ExitStatus.from_wrapper_code(int(text), ended_at=written) if text.lstrip("-").isdigit() else None
+
+    async def log_stat(self, path: str) -> LogStat | None:
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return LogStat(info.st_size, info.st_mtime)
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         return {p.pid for p in _attempt_processes(handle, self.containment.cgroup_of(handle.tag))}

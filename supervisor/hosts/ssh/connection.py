@@ -283,13 +283,15 @@ class SshConnection:
             log.warning("sshd refused a new session, waiting for one to free up", host=self.name)
         await asyncio.sleep(wait)
 
-    async def stream(self, body: str, *args: str) -> asyncssh.SSHClientProcess[bytes]:
-        """Start a long-lived script; its stdin stays open (closing the channel stops it)."""
+    async def stream(self, body: str, *args: str, reach_by: float | None = None) -> asyncssh.SSHClientProcess[bytes]:
+        """Start a long-lived script; its stdin stays open (closing the channel stops it).
+        ``reach_by``: a monotonic time past which a connection that cannot be made raises
+        ``ConnectionLost`` (None: it is tried for as long as it takes)."""
         data = _remote.script(body, *args)
         refusals = 0
         deadline = self._deadline()
         while True:
-            conn = await self.connection(None)
+            conn = await self.connection(reach_by)
             try:
                 proc = await conn.create_process(_SHELL, encoding=None)
                 proc.stdin.write(data)

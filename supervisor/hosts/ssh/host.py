@@ -21,8 +21,9 @@ Connection
     A wrong user or key is a clear ``HostError``.  When the connection drops, the next use
     reconnects, with waits from tenacity (exponential, capped at 10 s, jittered): one-shot
     operations keep trying for ``SUPERVISE_SSH_RETRY_S`` (default 60 s) and then raise
-    ``ConnectionLost``; following a log and waiting for an exit keep trying for as long as
-    they are wanted.  Keepalives (every 10 s, 3 missed) notice a silently dead link.
+    ``ConnectionLost``; following a log and waiting for an exit raise it once the connection
+    cannot be remade within ``mux.REACH_S`` (5 s): the attempt is then unreachable, not
+    judged, until the host answers.  Keepalives (every 10 s, 3 missed) notice a silently dead link.
 
 Environment (read when the SshHost is made; the daemon's environment):
     SUPERVISE_SSH_CONFIG         ssh client config file(s), ``:``-separated, instead of ~/.ssh/config
@@ -68,6 +69,7 @@ from supervisor.hosts.base import (
     ExitStatus,
     KillReport,
     LaunchRequest,
+    LogStat,
     ProcessHandle,
     log_paths,
 )
@@ -159,6 +161,10 @@ class SshHost(SshConnection):
 
     async def exit_status(self, handle: ProcessHandle) -> ExitStatus | None:
         return await self._read_status(handle, forever=False)
+
+    async def log_stat(self, path: str) -> LogStat | None:
+        _, out, _ = await self._exec(_remote.LOG_STAT, path)
+        return _remote_parse.parse_log_stat(out, time.time())
 
     async def attempt_pids(self, handle: ProcessHandle) -> set[int]:
         _, out, _ = await self._exec(_remote.ATTEMPT_PIDS, *self._attempt_args(handle))

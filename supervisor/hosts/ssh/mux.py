@@ -3,7 +3,9 @@
 ``SshMux`` keeps the agent's channel up while anyone uses it: it starts the agent, reads its
 events and hands each to its subscriber (a follower's queue, an exit waiter's future).  When
 the channel or the connection drops, every follower is told (``Dropped``: it asks again from
-the end of its last record) and every exit watch is sent again on the next channel.  Once the
+the end of its last record) and every exit watch is sent again on the next channel; when the
+connection cannot be remade within ``REACH_S``, every follower and exit watch is told the box
+cannot be reached (``ConnectionLost``), and their attempts wait for it unjudged.  Once the
 agent has said hello its channel stays up until the host closes or the channel drops: a job's
 launch checks it first (``ready``) and its follow comes a moment later.  Where the agent cannot
 start (no python3 on the box, ``SUPERVISE_SSH_PYTHON`` not runnable or too old), every use fails
@@ -15,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from dataclasses import dataclass
 
 import structlog
 
-from supervisor.core.errors import HostError, SuperviseError
+from supervisor.core.errors import ConnectionLost, HostError, SuperviseError
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import _remote
 from supervisor.hosts._asyncssh import asyncssh
@@ -48,6 +51,10 @@ from supervisor.hosts.ssh.mux_agent import (
 
 log = structlog.get_logger("supervise.ssh")
 _AGENT_ERRORS: tuple[type[BaseException], ...] = (*_DROPS, ProtocolError)
+# How long the agent's channel may take to come back (the connection remade) before the attempts
+# followed and watched there are told the box cannot be reached: a dropped connection that is
+# remade at once (sshd restarted, a NAT's hiccup) is no outage.
+REACH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,10 @@ class SshMux:
         self._subs: dict[int, asyncio.Queue[FollowEvent]] = {}
         self._watches: dict[str, set[asyncio.Future[None]]] = {}
         self._stats: list[asyncio.Future[Stats]] = []
+        # Uses waiting for the agent to be up: a launch's (``ready``), which waits through an outage,
+        # and a follow's (``subscribe``), which is told when the box cannot be reached.
         self._ready: list[asyncio.Future[None]] = []
+        self._subscribing: list[asyncio.Future[None]] = []
         self._proc: asyncssh.SSHClientProcess[bytes] | None = None
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -88,18 +98,21 @@ class SshMux:
     async def ready(self) -> None:
         """Once the agent runs on the box (started if need be); a ``HostError`` saying what to
         do when it cannot start there."""
+        await self._until_up(self._ready)
+
+    async def _until_up(self, waiters: list[asyncio.Future[None]]) -> None:
         if self._up.is_set():
             return
         if self._closed:
             raise HostError(f"the SSH host {self._host.target.display} was closed")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ready.append(future)
+        waiters.append(future)
         self._ensure_running()
         try:
             await future
         finally:
-            if future in self._ready:
-                self._ready.remove(future)
+            if future in waiters:
+                waiters.remove(future)
 
     async def subscribe(self, path: str, offset: int, *, drain: bool) -> tuple[int, asyncio.Queue[FollowEvent]]:
         """Follow (or drain once) ``path`` from ``offset``; events arrive on the queue."""
@@ -107,7 +120,7 @@ class SshMux:
         queue: asyncio.Queue[FollowEvent] = asyncio.Queue()
         self._subs[sub_id] = queue
         try:
-            await self.ready()
+            await self._until_up(self._subscribing)
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
@@ -148,7 +161,7 @@ class SshMux:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
-        for waiting in self._ready:  # a launch waiting for the agent is told, not left waiting forever
+        for waiting in self._ready + self._subscribing:  # a launch waiting for the agent is told, not left waiting forever
             if not waiting.done():
                 waiting.set_exception(HostError(f"the SSH host {self._host.target.display} was closed"))
 
@@ -165,14 +178,15 @@ class SshMux:
             self._task = asyncio.create_task(self._run(), name=f"ssh-mux:{self._host.name}")
 
     def _wanted(self) -> bool:
-        return bool(self._subs or self._watches or self._stats or self._ready)
+        return bool(self._subs or self._watches or self._stats or self._ready or self._subscribing)
 
     async def _run(self) -> None:
         failures = 0
         while self._wanted() and not self._closed:
             proc = None
             try:
-                proc = await self._host.stream(MUX_SH, self._python, agent_source())
+                proc = await self._host.stream(MUX_SH, self._python, agent_source(),
+                                               reach_by=time.monotonic() + REACH_S)
                 await self._hello(proc)
                 self.channels += 1
                 failures = 0
@@ -180,10 +194,17 @@ class SshMux:
                 for key in self._watches:
                     self._send(Watch(key))
                 self._up.set()
-                for future in self._ready:
+                for future in self._ready + self._subscribing:
                     if not future.done():
                         future.set_result(None)
                 await self._serve(proc)
+            except ConnectionLost as exc:
+                # The box does not answer: what is followed or watched there cannot be, for now.
+                # Their users are told (an attempt reads `unreachable` and is not judged until it
+                # can be read again); a launch waiting for the agent keeps waiting.
+                log.warning("the host cannot be reached", host=self._host.name, error=str(exc))
+                self._out_of_reach(exc)
+                continue
             except SuperviseError as exc:
                 log.warning("the remote agent cannot run", host=self._host.name, error=str(exc))
                 self._fail_all(exc)
@@ -242,6 +263,22 @@ class SshMux:
         for queue in self._subs.values():
             queue.put_nowait(Dropped("the remote agent's channel dropped"))
 
+    def _out_of_reach(self, exc: ConnectionLost) -> None:
+        """Tell every follow and exit watch that the box cannot be reached; each is forgotten (its
+        user asks again once the box answers)."""
+        for group in self._watches.values():
+            for future in group:
+                if not future.done():
+                    future.set_exception(exc)
+        for queue in self._subs.values():
+            queue.put_nowait(Dropped(str(exc), exc))
+        for waiting in self._subscribing:
+            if not waiting.done():
+                waiting.set_exception(exc)
+        self._watches.clear()
+        self._subs.clear()
+        self._subscribing.clear()
+
     def _fail_all(self, exc: SuperviseError) -> None:
         """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
         only uses that come later ask the box again."""
@@ -254,10 +291,11 @@ class SshMux:
         for asked in self._stats:
             if not asked.done():
                 asked.set_exception(exc)
-        for waiting in self._ready:
+        for waiting in self._ready + self._subscribing:
             if not waiting.done():
                 waiting.set_exception(exc)
         self._watches.clear()
         self._subs.clear()
         self._stats.clear()
         self._ready.clear()
+        self._subscribing.clear()

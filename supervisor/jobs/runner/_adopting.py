@@ -4,21 +4,22 @@ The watchdog is rebuilt from the stored events *at their own times*: the attempt
 phase and progress step, as they were stored.  Replayed at the restart's time instead, every
 interval would read zero (a rate of 0.00 s/it, then one far too fast) and every deadline
 (stall, silence, phase) would start again from the restart.  The log written while no daemon
-watched is dated by its place in the log (``_backlog``).  A ``daemon_restarted`` event says how
-long the attempt went unwatched.  ``readopt`` makes the attempt's ``Live`` from its stored row;
-the runner watches it as it would one it launched (``AttemptWatch``).
+watched is dated by its place in the log (``_backlog``), a remote log's too (its host says its
+size and age).  A ``daemon_restarted`` event says how long the attempt went unwatched.
+``Readoption.live`` makes the attempt's ``Live`` from its stored row, ``catch_up`` asks its host
+what was written meanwhile; the runner watches it as it would one it launched (``AttemptWatch``),
+judging it only once that is read.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
-from supervisor.hosts.base import ProcessHandle
+from supervisor.hosts.base import LogStat, LogStatReader, ProcessHandle
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import Backlog, CatchUp, backlog_of
+from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp, backlog_of
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._pacing import Paces
@@ -38,9 +39,7 @@ _FREQUENT_REPLAYED = 4096
 _PAGE = 10_000
 # The kinds read from the log: what the event cap counts (event_cap.py).
 _LOG_KINDS = (EventKind.PHASE, EventKind.PROGRESS, EventKind.FAILURE, EventKind.METRIC, EventKind.INFO)
-# The longest a re-adopted attempt waits for its backlog to be read before it is judged: reading
-# takes well under a second even for megabytes; this bounds a log that cannot be read to its end.
-_CATCH_UP_MAX_S = 5.0
+Anchor = tuple[int, float]  # (offset, wall time) of a record known read
 
 
 class Readoption:
@@ -54,10 +53,10 @@ class Readoption:
         self._paces = paces
 
     def live(self, row: AttemptRow, unreachable_since: float | None,
-             gpu_baseline: dict[int, int]) -> tuple[Live, CatchUp]:
+             gpu_baseline: dict[int, int]) -> tuple[Live, Anchor]:
         """The attempt of ``row`` watched again: after a daemon restart, or (``unreachable_since``:
-        since when) once its host answers again; and what its watch catches up on.
-        ``gpu_baseline``: the GPU memory in use now."""
+        since when) once its host answers again; and the latest record of its log known read
+        (``catch_up`` reads the log from there).  ``gpu_baseline``: the GPU memory in use now."""
         ctx, clock = self._ctx, self._ctx.clock
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
@@ -76,16 +75,26 @@ class Readoption:
             live.last_output = probe_events[-1].ts
         # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
         live.stored_progress.resume([e for e in probe_events if e.kind is EventKind.PROGRESS])
-        log_stat = self._log_stat(row)
-        backlog = None if log_stat is None else _backlog(row, probe_events, *log_stat)
-        if backlog is None:
-            self._last_output_read(live, log_stat)
-        catch_up = CatchUp(backlog, None if backlog is None else clock() + _CATCH_UP_MAX_S)
         if unreachable_since is not None:
             self._say_reachable(live, unreachable_since)
         else:
             self._say_restarted(live, ctx.store.events(self._job, attempt=row.n, limit=1, latest=True))
-        return live, catch_up
+        return live, _anchor(row, probe_events)
+
+    async def catch_up(self, live: Live, anchor: Anchor) -> CatchUp:
+        """What the watch of ``live`` must read before it judges: the log written while nobody
+        watched (a remote one too: its size and age are asked of its host), and whether its
+        command has ended meanwhile.  Asked of the host, so a host that cannot be reached raises
+        here (``ConnectionLost``, ``HostRefused``): the attempt waits for it, unjudged."""
+        host, row = self._ctx.host, live.row
+        exited = await host.exit_status(live.handle) is not None  # asked first: written after the log's last line
+        log_stat = await host.log_stat(row.log_path) if isinstance(host, LogStatReader) else None
+        backlog = None if log_stat is None else backlog_of(row.log_generation, row.log_offset, anchor, log_stat.size,
+                                                           log_stat.modified_at, time.time())
+        if backlog is None:
+            self._last_output_read(live, log_stat)
+        until = None if backlog is None else self._ctx.clock() + CATCH_UP_STILL_S
+        return CatchUp(backlog, until, exited=exited)
 
     def _replayed(self, n: int) -> list[Event]:
         """The stored events of attempt ``n`` the watchdog is fed again, in the order they came."""
@@ -101,22 +110,12 @@ class Readoption:
                   for e in store.events(job, attempt=n, kinds=kinds, limit=_FREQUENT_REPLAYED, latest=True)]
         return sorted(rare + recent, key=lambda e: e.id or 0)
 
-    def _log_stat(self, row: AttemptRow) -> tuple[int, float] | None:
-        """The attempt's log's size and last change, when it can be looked at without a round
-        trip (a local log); None for a remote one (its backlog is dated when it is read)."""
-        if not self._ctx.host.capabilities.files_here:
-            return None
-        try:
-            info = os.stat(row.log_path)
-        except OSError:
-            return None
-        return info.st_size, info.st_mtime
-
-    def _last_output_read(self, live: Live, log_stat: tuple[int, float] | None) -> None:
+    def _last_output_read(self, live: Live, log_stat: LogStat | None) -> None:
         """The old daemon read the log to its end, lines no probe matched included: its last line
-        was written at the log's last change.  A remote log's is not known: the silence clock
-        starts again from now, rather than from an older event that would make it look silent."""
-        wall = time.time() if log_stat is None else min(log_stat[1], time.time())
+        was written at the log's last change.  Where that is not known (a host that cannot say),
+        the silence clock starts again from now, rather than from an older event that would make
+        it look silent."""
+        wall = time.time() if log_stat is None else min(log_stat.modified_at, time.time())
         if live.last_output is None or wall > live.last_output:
             live.watchdog.output_seen(clock_at(self._ctx.clock, wall), heartbeats_only=True)  # it shows no activity
             live.last_output = wall
@@ -150,8 +149,8 @@ def _what(live: Live) -> str:
     return f"pid {live.row.pid}" if live.row.scheduler_id is None else f"scheduler job {live.row.scheduler_id}"
 
 
-def _backlog(row: AttemptRow, probe_events: list[Event], size: int, mtime: float) -> Backlog | None:
-    """What the log gained while no daemon watched."""
+def _anchor(row: AttemptRow, probe_events: list[Event]) -> Anchor:
+    """The (offset, wall time) of the latest record of the log known read: the last stored event
+    of its generation, else the start of the log at the attempt's start."""
     known = [e for e in probe_events if e.generation == row.log_generation and e.offset is not None]
-    anchor = (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)
-    return backlog_of(row.log_generation, row.log_offset, anchor, size, mtime, time.time())
+    return (known[-1].offset or 0, known[-1].ts) if known else (0, row.started)

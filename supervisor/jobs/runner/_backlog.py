@@ -13,6 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How long a re-adopted attempt's reading of its backlog may go without moving before it is judged
+# anyway: reading takes well under a second even for megabytes, and is waited for as long as it
+# moves (under load, slowly); this bounds a log that cannot be read to its end.
+CATCH_UP_STILL_S = 5.0
+
 
 @dataclass(frozen=True)
 class Backlog:
@@ -39,11 +44,14 @@ class Backlog:
 @dataclass(frozen=True)
 class CatchUp:
     """What the watch of a re-adopted attempt starts from.  Its deadlines may have passed while no
-    daemon watched: it is judged at once, but only once its ``backlog`` is read (or at ``until``,
-    a clock time: a log that cannot be read to its end)."""
+    daemon watched: it is judged at once, but only once its ``backlog`` is read (or once reading
+    it has not moved since ``until``, a clock time: a log that cannot be read to its end).
+    ``exited``: its command had ended by then (its exit status written): it is judged by that
+    exit, once its log is read, never by a clock that ran while nobody could watch it."""
 
     backlog: Backlog | None
     until: float | None
+    exited: bool = False
 
 
 def backlog_of(generation: int, resume_offset: int, anchor: tuple[int, float], size: int, mtime: float,

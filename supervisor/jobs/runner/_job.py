@@ -25,7 +25,7 @@ from supervisor.hosts import stacks
 from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.policy import Policy, RestartPolicy
-from supervisor.jobs.runner._adopting import Readoption
+from supervisor.jobs.runner._adopting import Anchor, Readoption
 from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CatchUp
@@ -175,8 +175,9 @@ class JobRunner:
             run_attempts += 1
             catch_up = None  # a re-adopted attempt's: what its watch catches up on
             if resume is not None:
-                live, catch_up = self._adopt(resume)
+                live, anchor = self._adopt(resume)
                 resume = None
+                catch_up = await self._readoption.catch_up(live, anchor)
             else:
                 if not await self.gpu_gate.clear():
                     return
@@ -301,11 +302,11 @@ class JobRunner:
         finally:
             self.next_relaunch_at = None
 
-    def _adopt(self, row: AttemptRow) -> tuple[Live, CatchUp]:
-        live, catch_up = self._readoption.live(row, self.unreachable_since, gpu_baseline(self.ctx))
-        self._current = live
+    def _adopt(self, row: AttemptRow) -> tuple[Live, Anchor]:
+        live, anchor = self._readoption.live(row, self.unreachable_since, gpu_baseline(self.ctx))
+        self._current = live  # from here on, a host that cannot be reached leaves it waiting, unjudged
         self.unreachable_since = None  # the host answers again, if that was the wait
-        return live, catch_up
+        return live, anchor
 
     async def _watch(self, live: Live, catch_up: CatchUp | None) -> Judgement:
         # A batch scheduler's queue: no output to judge yet.

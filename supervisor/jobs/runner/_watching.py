@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -20,15 +21,16 @@ from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Reco
 from supervisor.core.payloads import ActionData, AlertData, ExitedData, ProbeFields, SlowStep, jsonable
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
-from supervisor.hosts.base import ExitStatus, Follower
+from supervisor.hosts.base import ExitStatus, Follower, Link
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CatchUp
+from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext
-from supervisor.jobs.runner._drain import drain
+from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._queued import scheduler_judgement
+from supervisor.jobs.runner._unreachable import UNREACHABLE
 from supervisor.notify import notices
 from supervisor.probes import Pack
 from supervisor.spec.model import JobSpec
@@ -55,6 +57,7 @@ _UNSAVED_RETRY_S = 1.0
 # Records matched, judged and stored per step of the reader: a step holds the loop for about
 # 50 us a record (the watchdog, milestones, notices), so ~10 ms at most.
 _RECORDS_PER_STEP = 256
+_LINK_LOOK_S = 0.25  # while the host's link is down, how often the watch looks whether it is back
 
 
 class AttemptWatch:
@@ -83,6 +86,13 @@ class AttemptWatch:
         self._backlog = catch_up.backlog if catch_up is not None else None
         self._catch_up_until = catch_up.until if catch_up is not None else None
         self._judge_at_once = catch_up is not None
+        # Ended while nobody watched: judged by its exit (awaited), never by the clock.
+        self._exited_unwatched = catch_up is not None and catch_up.exited
+        # The end of the last record the reader has taken (matched, judged, stored): how far reading
+        # has got, step by step (the follower's offset moves once per read of up to a MiB, before
+        # the records of that read are taken).
+        self._read_to = row.log_offset
+        self._read_to_at_look = row.log_offset  # ... when the catch-up last looked
 
     async def run(self) -> Judgement:
         live = self.live
@@ -100,16 +110,24 @@ class AttemptWatch:
                 if exit_task in done:
                     return await self._finish(reader, exit_task.result())
                 if reader in done:
+                    error = reader.exception()
+                    if isinstance(error, UNREACHABLE):
+                        raise error  # the host cannot be reached: the attempt waits for it, unjudged
                     # The log cannot be read (removed, unreadable disk): keep watching the process.
                     reader_reported = True
                     self._catch_up_until = None
-                    error = reader.exception()
                     self._journal.action(live.row.n, f"log following stopped ({error}); still watching the process",
                                          ActionData())
                 if self._catch_up_until is not None:
                     if self._ctx.clock() < self._catch_up_until:
                         continue  # not judged on its stored past while its backlog is unread
+                    if self._read_to != self._read_to_at_look:  # still reading it (slowly, under load): wait on
+                        self._read_to_at_look = self._read_to
+                        self._catch_up_until = self._ctx.clock() + CATCH_UP_STILL_S
+                        continue
                     self._catch_up_until = None
+                if self._exited_unwatched or not self._watchable():
+                    continue  # no verdict on what cannot be read now, nor by the clock on what has ended
                 judgement = live.watchdog.check()
                 self._report_slow()
                 # Stalled, silent, or hung after a failure: judged while alive, killed next
@@ -132,10 +150,20 @@ class AttemptWatch:
                                  ActionData(slow=SlowStep.from_json(slow.judgement.evidence)))
             self._alerts.send_soon(live, notices.slow(self._alerts.about(live), slow.judgement, slow.where))
 
+    def _watchable(self) -> bool:
+        """Whether the attempt's output can be read now: not while its host's link is down (the
+        stall and silence clocks would run on lines nobody can read)."""
+        host = self._ctx.host
+        return not isinstance(host, Link) or host.connected()
+
     def _time_to_next_check(self) -> float | None:
         live = self.live
         if self._catch_up_until is not None:  # the reader wakes the loop once the backlog is read
             return max(0.0, self._catch_up_until - self._ctx.clock())
+        if self._exited_unwatched:
+            return None  # its exit is awaited
+        if not self._watchable():
+            return _LINK_LOOK_S  # looked at again until the link is back (or the host is found unreachable)
         if self._judge_at_once:  # re-adopted: a deadline that passed while no daemon watched is due now
             self._judge_at_once = False
             return 0.0
@@ -190,6 +218,7 @@ class AttemptWatch:
                 live.row.log_generation = step[-1].generation  # a batch never spans a restart of the log
                 matched = self._matched(await engine.feed(step))
                 unsaved.extend(self._observe(matched, records=len(step), last=step[-1]))
+                self._read_to = step[-1].end
                 self._caught_up(quiet=False)
                 await self._store_read()
 
@@ -222,12 +251,13 @@ class AttemptWatch:
         return time.time()
 
     def _caught_up(self, *, quiet: bool) -> None:
-        """A re-adopted attempt's backlog is read once the follower has passed its end, or the log
-        has gone quiet (its unterminated tail is read then): judge it now."""
+        """A re-adopted attempt's backlog is read once the reader has taken its last record (not
+        once the follower has read past it: the records of that read are then still to be taken),
+        or the log has gone quiet (its unterminated tail is read then): judge it now."""
         live = self.live
         if self._catch_up_until is None:
             return
-        if quiet or self._backlog is None or self._follower.offset >= self._backlog.end_offset:
+        if quiet or self._backlog is None or self._read_to >= self._backlog.end_offset:
             self._catch_up_until = None
             live.wake.set()
 
@@ -339,11 +369,15 @@ class AttemptWatch:
         follower.finish()
         # A log that cannot be read to its end must not stop the attempt from being judged; one still
         # being read, however long, is read to its end (see _drain).
+        read_to_end = True
         try:
-            if not await drain(reader, lambda: follower.offset):
+            if not await drain(reader, lambda: self._read_to):
+                read_to_end = False
                 await cancel_and_wait(reader)
             elif not reader.cancelled():
-                reader.exception()  # taken: a reader that failed said so when it did
+                error = reader.exception()  # taken: a reader that failed said so when it did
+                if isinstance(error, UNREACHABLE):
+                    raise error  # read once the host answers (the attempt is re-adopted), then judged
         except asyncio.CancelledError:
             # The reader was cancelled: judge anyway.  This task being cancelled (the daemon
             # detaching at shutdown) must go through, or the runner would relaunch regardless.
@@ -354,7 +388,8 @@ class AttemptWatch:
             flushed = self._matched(await asyncio.wait_for(self._engine.flush(), timeout=10))
         except Exception:  # noqa: BLE001 - a matcher stuck on a costly chunk must not hold up the verdict
             flushed = []
-        events, offset = self._observe(flushed), follower.offset
+        # Where reading got to: the follower's offset is past records a reader given up on never took.
+        events, offset = self._observe(flushed), follower.offset if read_to_end else self._read_to
         self._journal.writes.submit(lambda: self._save(events, offset, force=True))
         live.exit_status = status
         n = live.row.n
@@ -363,6 +398,10 @@ class AttemptWatch:
                              ExitedData(status.returncode, status.signal))
         judgement = scheduler_judgement(status) or live.watchdog.exited(
             status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status))
+        if not read_to_end:  # judged on part of its log: the verdict says so
+            judgement = replace(judgement, reason=f"{judgement.reason}; its log was not read to its end (read to "
+                                                  f"byte {offset:,}, then reading stopped moving for {DRAIN_STALL_S:.0f}s)",
+                                evidence={**judgement.evidence, "log_read_to": offset})
         if not self._stopped.is_set():  # a user's stop is not a verdict on the job
             self._alerts.record_verdict(live, judgement)
         return judgement
