@@ -27,6 +27,7 @@ from supervisor.watchdog._idle import GpuUse
 from supervisor.watchdog._pace import PaceHistory, bar_key
 from supervisor.watchdog._progress import ProgressState, Track
 from supervisor.watchdog._serving import EngineLoad
+from supervisor.watchdog._tail import LogTail
 
 _PROBE_KINDS = frozenset(k.value for k in ProbeKind)
 # A program that logs the same error in a loop must not grow the watchdog without bound.
@@ -75,6 +76,7 @@ class Facts:
     loss: LossTrack = field(default_factory=LossTrack)  # a training loss, wherever a line carries one
     gpu: GpuUse = field(default_factory=GpuUse)  # the attempt's GPUs' utilisation, as samples showed it
     moved_at: float = field(init=False)  # the latest progress step or new phase (the start before any)
+    tail: LogTail = field(default_factory=LogTail)  # the log's last lines: the evidence when no probe knew the cause
 
     def __post_init__(self) -> None:
         self.last_output_at = self.last_active_at = self.phase_entered_at = self.moved_at = self.started_at
