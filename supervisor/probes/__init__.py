@@ -23,6 +23,7 @@ from supervisor.probes._phasefold import (
            entered_phase,
            entering_recovers,
            goes_on_serving,
+           implied_phase,
            starts_new_attempt,
            survived,
 )
@@ -43,6 +44,7 @@ __all__ = [
            "entering_recovers",
            "fingerprint",
            "goes_on_serving",
+           "implied_phase",
            "load_packs",
            "probe_command",
            "process_of",

@@ -18,6 +18,7 @@ from supervisor.probes import (
     entered_phase,
     entering_recovers,
     goes_on_serving,
+    implied_phase,
     root_cause,
     starts_new_attempt,
     survived,
@@ -130,9 +131,9 @@ class Facts:
         else:
             self.last_active_at = at
         # Any event that implies a phase enters it, as the offline replay reads it (``entered_phase``).
-        implied = event.phase or payload.phase
+        kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
+        implied = implied_phase(kind, event.phase or payload.phase, self.phase)
         if implied is not None:
-            kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
             self._enter_phase(implied, at, recovers=entering_recovers(kind, fields))
         if not self.advanced_since_failure and goes_on_serving(fields):
             self._advanced()  # a request answered after the failure: it was one call's, the server goes on
