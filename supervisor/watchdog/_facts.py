@@ -132,9 +132,11 @@ class Facts:
             self.last_active_at = at
         # Any event that implies a phase enters it, as the offline replay reads it (``entered_phase``).
         kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
-        implied = implied_phase(kind, event.phase or payload.phase, self.phase)
+        own = event.phase or payload.phase
+        implied = implied_phase(kind, own, self.phase)
         if implied is not None:
-            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields))
+            # A failure's fallback phase (start-up) says nothing of bars drawn before it: they go on being watched.
+            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields), retire=own is not None)
         if not self.advanced_since_failure and goes_on_serving(fields):
             self._advanced()  # a request answered after the failure: it was one call's, the server goes on
         if event.kind in (EventKind.METRIC, EventKind.PROGRESS) and fields:
@@ -156,7 +158,7 @@ class Facts:
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
-    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True) -> None:
+    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, retire: bool = True) -> None:
         # Forward only, and no `done` straight after a failure: the rule the replay shares.
         phase = entered_phase(self.phase, implied, recovered=self.advanced_since_failure)
         if phase is None:
@@ -169,7 +171,7 @@ class Facts:
         # Bars of earlier phases are over even if they never printed their last step
         # (tqdm with leave=False, or a bar that stops at 99%); watching them would flag
         # a healthy run forever.
-        for track in self.tracks.values():
+        for track in self.tracks.values() if retire else ():
             track.retired = True
 
     def _failure(self, failure: Failure, at: float) -> None:
