@@ -61,7 +61,8 @@ def outcome_ok(label: dict[str, Any], report: ReplayReport) -> bool:
 
 def phase_ok(label: dict[str, Any], report: ReplayReport) -> bool:
     phase = label.get("last_phase_reached", label.get("last_phase"))
-    accepted = {None if p == "unknown" else p for p in [phase, *label.get("last_phase_accept", [])]}
+    unknown = {None if p == "none" else p for p in POLICY["policy"]["unknown_phase"]}
+    accepted = {q for p in [phase, *label.get("last_phase_accept", [])] for q in (unknown if p == "unknown" else {p})}
     expected = _expected(label, "last_phase", None)
     if expected is not None:
         accepted = {None if expected == "none" else expected}  # "none": the replay reads no phase
@@ -88,7 +89,7 @@ def line_ok(label: dict[str, Any], report: ReplayReport) -> bool:
         return failure is None
     if failure is None:
         return False
-    ours, theirs = failure.line.strip(), label["error_line"].strip()
+    ours, theirs = failure.line.strip(), _expected(label, "error_line", label["error_line"]).strip()
     return ours in theirs or theirs in ours
 
 

@@ -84,6 +84,9 @@ def status_block(job: protocol.JobStatus) -> str:
             lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}{eta}")
         if a.failure is not None:
             lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
+        elif a.reason and a.verdict is not None and a.verdict not in (Verdict.DONE, Verdict.HEALTHY):
+            # No probe named a failure: the verdict's reason is the evidence (it quotes the log's last line).
+            lines.append(f"  reason {a.reason}")
         if used := _fmt.usage(a.usage):
             lines.append(f"  used {used}")
         if job.last_output_age_s is not None:

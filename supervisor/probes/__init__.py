@@ -10,6 +10,7 @@
   ``echoes_only(failures)``: whether they only echo an earlier one (consequences alone).
 - ``BarBook``, ``process_of``: which bar a progress line draws, which process wrote a line.
 - ``entered_phase(current, implied, recovered=...)``: the phase rule the watchdog and the replay share.
+- ``ANSI_RE``: the terminal escape codes a line's text is read without.
 """
 
 from supervisor.probes._engine import ProbeEngine
@@ -22,13 +23,16 @@ from supervisor.probes._phasefold import (
            entered_phase,
            entering_recovers,
            goes_on_serving,
+           implied_phase,
            starts_new_attempt,
            survived,
 )
+from supervisor.probes._prefix import ANSI_RE
 from supervisor.probes._replay import ReplayReport, probe_command, replay_file
 from supervisor.probes._rootcause import echoes_only, root_cause
 
 __all__ = [
+           "ANSI_RE",
            "BarBook",
            "BarRun",
            "Pack",
@@ -40,6 +44,7 @@ __all__ = [
            "entering_recovers",
            "fingerprint",
            "goes_on_serving",
+           "implied_phase",
            "load_packs",
            "probe_command",
            "process_of",

@@ -7,6 +7,7 @@ mean for the phase, so that `status` and `supervise probe` name the same one:
   ``GPU KV cache size`` is as much a sign of ``kv_cache_profile`` as a phase line;
 - phases only move forward (every TP rank prints the same phase lines at slightly different
   times; a late rank must not rewind the job);
+- a failure before any phase is a failure at ``startup`` (``implied_phase``);
 - ``done`` reached after a failure with no advance since (no progress step, no other phase) is
   no recovery: vLLM logs ``[shutdown] MPClient: complete`` after a dead worker, then exits 0;
 - a server that answers a request after a failure (``serving`` lines with a status under 500)
@@ -32,6 +33,15 @@ def entered_phase(current: Phase | None, implied: Phase | None, *, recovered: bo
     if implied is Phase.DONE and not recovered:
         return None
     return implied
+
+
+def implied_phase(kind: ProbeKind, phase: Phase | None, current: Phase | None) -> Phase | None:
+    """The phase an event implies: its own, or for a failure logged before any line named a phase,
+    ``startup``: a program that fails before its first step, progress line or phase line failed
+    starting up, whatever it is (a one-line refusal, a traceback through its own code)."""
+    if phase is None and current is None and kind is ProbeKind.FAILURE:
+        return Phase.STARTUP
+    return phase
 
 
 def survived(failure_survivable: bool, phase: Phase | None) -> bool:

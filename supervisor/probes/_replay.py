@@ -56,6 +56,7 @@ from supervisor.probes._phasefold import (
     entered_phase,
     entering_recovers,
     goes_on_serving,
+    implied_phase,
     starts_new_attempt,
     survived,
 )
@@ -300,7 +301,8 @@ class _Summary:
 
     def _add(self, event: ProbeEvent) -> None:
         self.counts[event.kind.value] = self.counts.get(event.kind.value, 0) + 1
-        entered = entered_phase(self.last_phase, event.phase, recovered=self._recovered)
+        implied = implied_phase(event.kind, event.phase, self.last_phase)
+        entered = entered_phase(self.last_phase, implied, recovered=self._recovered)
         if entered is not None:
             self.last_phase = entered
             self._recovered = self._recovered or entering_recovers(event.kind, event.fields)

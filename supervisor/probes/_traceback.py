@@ -240,9 +240,11 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
     """The exception of a chain that says most about the root cause.
 
     An infrastructure kind (CUDA OOM, NCCL, timeout, SIGKILL) anywhere in the chain wins,
-    the earliest first; otherwise the last exception, unless it only points elsewhere, was
-    raised ``from`` the one before it (``raise X from Y`` translates its direct cause: vLLM's
-    "Failed to load the tokenizer" over transformers' ValueError), merely wraps an earlier one
+    the earliest first, but never a re-raise that only names it (``Caught OutOfMemoryError in
+    replica 0 on device 0.``) over the exception it carries (the CUDA OOM message itself);
+    otherwise the last exception, the one the program raised in the end (``raise X from Y``
+    says what failed in the program's own words: ``cannot resume: checkpoint ... is missing``
+    over ``FileNotFoundError``), unless it only points elsewhere, merely wraps an earlier one
     (its message quotes that one's line: huggingface_hub's
     ``StrictDataclassClassValidationError`` around the config's ``ValueError``), or was
     raised by a with-block's ``__exit__`` while the earlier one unwound through it
@@ -252,12 +254,13 @@ def choose_segment(segments: list[Segment], classify: Classify) -> tuple[Segment
     if not ended:
         return None
     kinds = [classify(s.text()) for s in ended]
-    for seg, kind in zip(ended, kinds, strict=True):
-        if kind in _INFRA_KINDS:
-            return seg, kind
+    infra = [(seg, kind) for seg, kind in zip(ended, kinds, strict=True) if kind in _INFRA_KINDS]
+    if infra:
+        carried = [(seg, kind) for seg, kind in infra if not _REWRAPPED.match(seg.exc_line or "")]
+        return (carried or infra)[0]
     for index in reversed(range(len(ended))):
         seg = ended[index]
-        if _UNINFORMATIVE.search(seg.exc_line or "") or (index > 0 and (seg.in_cleanup() or seg.caused)):
+        if _UNINFORMATIVE.search(seg.exc_line or "") or (index > 0 and seg.in_cleanup()):
             continue
         message = "\n".join(seg.continuation)
         quoted = next((i for i in range(index) if (line := ended[i].exc_line) and line in message), None)

@@ -55,7 +55,11 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
         return Judgement(Verdict.CRASHED, f"{how}: {failure.line}", evidence)
     if killed_by_us:
         return Judgement(Verdict.CRASHED, f"stopped by the supervisor ({how})", evidence)
-    return Judgement(Verdict.CRASHED, f"{how}, no error line recognised in the log", evidence)
+    tail = facts.tail.lines
+    # The cause may still be in the log in words no probe knows (a one-line refusal, a program's own
+    # message): its last line is the best pointer there is.
+    ends = f"; the log ends: {tail[-1]}" if tail else "; the log is empty"
+    return Judgement(Verdict.CRASHED, f"{how}, no error line recognised in the log{ends}", evidence)
 
 
 def _exit_evidence(facts: Facts, returncode: int | None, signal: int | None) -> dict[str, Any]:
@@ -71,6 +75,8 @@ def _exit_evidence(facts: Facts, returncode: int | None, signal: int | None) -> 
     failure = facts.oom or facts.primary_failure
     if failure is not None:
         evidence.update(failure_evidence(failure, facts.failure_count))
+    elif facts.tail.lines:
+        evidence["last_lines"] = facts.tail.lines  # no failure probe matched: what the log said last
     return evidence
 
 

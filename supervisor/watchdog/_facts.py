@@ -18,6 +18,7 @@ from supervisor.probes import (
     entered_phase,
     entering_recovers,
     goes_on_serving,
+    implied_phase,
     root_cause,
     starts_new_attempt,
     survived,
@@ -27,6 +28,7 @@ from supervisor.watchdog._idle import GpuUse
 from supervisor.watchdog._pace import PaceHistory, bar_key
 from supervisor.watchdog._progress import ProgressState, Track
 from supervisor.watchdog._serving import EngineLoad
+from supervisor.watchdog._tail import LogTail
 
 _PROBE_KINDS = frozenset(k.value for k in ProbeKind)
 # A program that logs the same error in a loop must not grow the watchdog without bound.
@@ -75,6 +77,7 @@ class Facts:
     loss: LossTrack = field(default_factory=LossTrack)  # a training loss, wherever a line carries one
     gpu: GpuUse = field(default_factory=GpuUse)  # the attempt's GPUs' utilisation, as samples showed it
     moved_at: float = field(init=False)  # the latest progress step or new phase (the start before any)
+    tail: LogTail = field(default_factory=LogTail)  # the log's last lines: the evidence when no probe knew the cause
 
     def __post_init__(self) -> None:
         self.last_output_at = self.last_active_at = self.phase_entered_at = self.moved_at = self.started_at
@@ -128,10 +131,12 @@ class Facts:
         else:
             self.last_active_at = at
         # Any event that implies a phase enters it, as the offline replay reads it (``entered_phase``).
-        implied = event.phase or payload.phase
+        kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
+        own = event.phase or payload.phase
+        implied = implied_phase(kind, own, self.phase)
         if implied is not None:
-            kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
-            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields))
+            # A failure's fallback phase (start-up) says nothing of bars drawn before it: they go on being watched.
+            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields), retire=own is not None)
         if not self.advanced_since_failure and goes_on_serving(fields):
             self._advanced()  # a request answered after the failure: it was one call's, the server goes on
         if event.kind in (EventKind.METRIC, EventKind.PROGRESS) and fields:
@@ -153,7 +158,7 @@ class Facts:
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
-    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True) -> None:
+    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, retire: bool = True) -> None:
         # Forward only, and no `done` straight after a failure: the rule the replay shares.
         phase = entered_phase(self.phase, implied, recovered=self.advanced_since_failure)
         if phase is None:
@@ -166,7 +171,7 @@ class Facts:
         # Bars of earlier phases are over even if they never printed their last step
         # (tqdm with leave=False, or a bar that stops at 99%); watching them would flag
         # a healthy run forever.
-        for track in self.tracks.values():
+        for track in self.tracks.values() if retire else ():
             track.retired = True
 
     def _failure(self, failure: Failure, at: float) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from supervisor.core.events import Event, Failure, Phase, Verdict
+from supervisor.core.events import Event, Failure, Phase, Record, Verdict
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, Judgement
 from supervisor.watchdog._exit import judge_exit
@@ -102,6 +102,10 @@ class Watchdog:
         "still waiting" lines, which show it alive but not doing anything."""
         self._made = None
         self._facts.output_seen(self._now(now), heartbeats_only=heartbeats_only)
+
+    def records_seen(self, records: Iterable[Record]) -> None:
+        """The records themselves: their last lines are the evidence of a failure no probe knew."""
+        self._facts.tail.seen(records)
 
     def gpus_sampled(self, devices: tuple[int, ...], busy: bool, now: float | None = None) -> None:
         """A GPU sample showed the attempt's processes on ``devices`` (none: not on a GPU), and

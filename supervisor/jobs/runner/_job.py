@@ -52,6 +52,9 @@ from supervisor.watchdog import Judgement
 log = structlog.get_logger("supervise.runner")
 
 LAUNCH_PACK = "launch"  # probes/launch.toml
+# probes/general.toml: lines any program prints (its counters, its closing sentence, a one-line refusal,
+# the shell's reports); every log is read with it, whatever packs the spec names.
+GENERAL_PACK = "general"
 
 
 class JobRunner:
@@ -72,7 +75,7 @@ class JobRunner:
         self.task: asyncio.Task[None] | None = None
         self.error: SuperviseError | None = None  # what ended the loop, if an error did (`start` reports it)
         # The wrapper's own lines (a command not found) are read whatever packs the spec names.
-        self._engine_packs = load_packs(None if spec.probes is None else [*spec.probes, LAUNCH_PACK], spec.probe_files)
+        self._engine_packs = load_packs(None if spec.probes is None else [*spec.probes, LAUNCH_PACK, GENERAL_PACK], spec.probe_files)
         self._writes = PendingWrites(spec.name)
         self._current: Live | None = None  # the attempt launched or adopted last, until the next
         self.unreachable_since: float | None = None  # its host stopped answering (wall time), until it answers

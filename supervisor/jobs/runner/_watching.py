@@ -217,6 +217,7 @@ class AttemptWatch:
                     self._ctx.records_seen(self._job, len(step))
                 live.row.log_generation = step[-1].generation  # a batch never spans a restart of the log
                 matched = self._matched(await engine.feed(step))
+                live.watchdog.records_seen(step)
                 unsaved.extend(self._observe(matched, records=len(step), last=step[-1]))
                 self._read_to = step[-1].end
                 self._caught_up(quiet=False)

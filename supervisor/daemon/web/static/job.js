@@ -107,8 +107,16 @@ function renderTimeline(attempts, now) {
 
 function renderFailure(attempts) {
   const failed = [...attempts].reverse().find((a) => a.failure);
+  // No probe named a failure: the verdict's reason quotes the log's last line, the evidence there is.
+  const unnamed = failed ? null : [...attempts].reverse().find((a) => a.reason && a.verdict && a.verdict !== "done"
+    && a.verdict !== "healthy");
   const section = document.getElementById("failure-section");
-  section.hidden = !failed;
+  section.hidden = !failed && !unnamed;
+  if (unnamed) {
+    document.getElementById("failure-line").textContent = `attempt #${unnamed.n}: ${unnamed.verdict}: ${unnamed.reason}`;
+    document.getElementById("traceback").textContent = "";
+    return;
+  }
   if (!failed) return;
   document.getElementById("failure-line").textContent = `attempt #${failed.n}: ${failed.failure.kind}: ${failed.failure.line}`;
   document.getElementById("traceback").textContent = failed.failure.traceback || failed.failure.line;
