@@ -129,3 +129,54 @@ def test_fish_completes_verbs_flags_and_job_names(known_job: dict[str, str]) -> 
     assert complete("supervise logs --gr") == ["--grep"]
     assert "extract-shard" in complete("supervise logs ")
     assert "zsh" in complete("supervise completion ")
+
+
+def test_the_names_route_answers_names_only_and_refuses_other_methods(known_job: dict[str, str],
+                                                                     daemon: DaemonProcess) -> None:
+    import httpx
+
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.paths.socket)), base_url="http://supervise",
+                      timeout=10) as http:
+        assert http.get("/v1/job-names?junk=%00").json() == {"names": ["extract-shard"]}
+        assert http.post("/v1/job-names", content=b"{}").status_code == 405
+        assert http.delete("/v1/job-names").status_code == 405
+        assert http.get("/v1/ping").status_code == 200
+
+
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!",
+                                    b'HTTP/1.1 200 OK\r\nContent-Length: 38\r\n\r\n{"names": ["ok", "$(touch PWNED)", 7]}',
+                                    b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n", b"garbage\r\n\r\n"])
+def test_a_socket_that_hangs_or_answers_nonsense_gives_no_names_within_the_tab_s_bound(
+        home: Path, answer: bytes | None) -> None:
+    """Whatever listens on the daemon's socket path (a wedged daemon, another program): a Tab waits at most its
+    bound and prints only valid job names."""
+    import socket
+    import threading
+    import time
+
+    from supervisor.core.paths import Paths
+    from supervisor.shell_names import daemon_job_names
+
+    paths = Paths(home)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(paths.socket))
+    server.listen()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        held.append(conn)
+        conn.recv(65536)
+        if answer is not None:
+            conn.sendall(answer)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    names = daemon_job_names(paths, timeout_s=0.5)
+    assert time.monotonic() - started < 3
+    assert names == (["ok"] if answer and b"names" in answer else [])
+    for conn in held:
+        conn.close()
+    server.close()
