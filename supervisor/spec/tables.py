@@ -45,7 +45,7 @@ class RestartSpec(_Strict):
         default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT,
                                  Verdict.HUNG]
     )
-    stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug
+    stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug (an outside kill never)
 
 
 class HealthSpec(_Strict):
