@@ -55,12 +55,30 @@ class ProgressInfo(BaseModel):
     done: float
     total: float | None = None
     rate_s_per_it: float | None = None
-    eta_s: float | None = None
+    eta_s: float | None = Field(default=None, description="seconds left, counted down from the bar's last step, while "
+                                                          "its attempt is watched; null once that much time has gone "
+                                                          "by without a step (see still_s), and for an ended attempt")
+    still_s: float | None = Field(default=None, description="seconds since the bar last moved, while its attempt is "
+                                                            "watched and the bar has an ETA to keep; null otherwise")
 
     @classmethod
     def of(cls, bar: BarProgress) -> ProgressInfo:
-        return cls(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it,
-                   eta_s=bar.eta_s)
+        """A stored attempt's bar: where it got to, and no ETA (one measured at its last step would
+        be read as now, by an attempt that may have ended or stalled since)."""
+        return cls(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it)
+
+    @classmethod
+    def watched(cls, bar: BarProgress, still_s: float | None) -> ProgressInfo:
+        """The bar of an attempt being watched, ``still_s`` after its last step: its ETA counted
+        down from then.  An ETA that has run out is no ETA: the bar has stood still past it, and
+        how long it has is what is said instead."""
+        info = cls.of(bar)
+        if bar.eta_s is None or still_s is None:
+            return info
+        left = bar.eta_s - still_s
+        if left > 0:
+            return info.model_copy(update={"eta_s": left, "still_s": still_s})
+        return info.model_copy(update={"still_s": still_s})
 
 
 class FailureInfo(BaseModel):

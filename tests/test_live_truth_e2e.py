@@ -1,0 +1,57 @@
+"""What the live views say of a running job is true now, not as of the bar's last step: a bar
+stood still past its ETA shows how long it has stood still, an ended attempt shows no ETA.  A real
+daemon, real jobs, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import PROGRESS_JOB, supervise
+
+
+def _held_at_half(daemon: DaemonProcess, daemon_env, make_job, home: Path, name: str) -> Path:
+    """A bar of 20 steps 0.1 s apart, held at 10/20 (ETA about 1 s at its last step) until ``gate`` exists."""
+    gate = home / f"{name}-gate"
+    spec = make_job(name, PROGRESS_JOB, params=f', "20", "0.1", "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status(name).jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 10)
+    return gate
+
+
+def test_a_bar_still_past_its_eta_shows_how_long_it_has_been_still_not_an_eta(daemon: DaemonProcess, daemon_env,
+                                                                               make_job, home: Path) -> None:
+    gate = _held_at_half(daemon, daemon_env, make_job, home, "held")
+    time.sleep(3)  # three times the ETA its last step gave
+    out = supervise(daemon_env, "status", "held").stdout
+    progress = next(line for line in out.splitlines() if "progress " in line)
+    assert "eta" not in progress, out
+    still = re.search(r"still (\d+(?:\.\d)?)s", progress)
+    assert still and 2.5 <= float(still.group(1)) < 30, out
+    shown = json.loads(supervise(daemon_env, "status", "held", "--json").stdout)["jobs"][0]["attempt"]["progress"]
+    assert shown["eta_s"] is None and shown["still_s"] >= 2.5, shown
+    supervise(daemon_env, "stop", "held")
+    stopped = json.loads(supervise(daemon_env, "status", "held", "--json").stdout)["jobs"][0]["attempt"]["progress"]
+    assert stopped["eta_s"] is None and stopped["still_s"] is None, stopped  # an ended attempt: neither
+    gate.touch()
+
+
+def test_a_moving_bar_counts_its_eta_down_from_its_last_step(daemon: DaemonProcess, daemon_env, make_job,
+                                                             home: Path) -> None:
+    gate = home / "slow-gate"
+    # 40 steps 0.5 s apart, held at 20/40: an ETA of about 10 s at its last step.
+    spec = make_job("slow", PROGRESS_JOB, params=f', "40", "0.5", "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("slow").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done >= 20, timeout=60)
+    time.sleep(2)  # 2 s of that ETA gone
+    shown = json.loads(supervise(daemon_env, "status", "slow", "--json").stdout)["jobs"][0]["attempt"]["progress"]
+    assert shown["done"] == 20 and shown["still_s"] >= 2, shown
+    assert shown["eta_s"] is not None and shown["eta_s"] <= 20 * shown["rate_s_per_it"] - 2 + 0.01, shown
+    gate.touch()
