@@ -62,23 +62,20 @@ class ProgressInfo(BaseModel):
                                                             "watched and the bar has an ETA to keep; null otherwise")
 
     @classmethod
-    def of(cls, bar: BarProgress) -> ProgressInfo:
-        """A stored attempt's bar: where it got to, and no ETA (one measured at its last step would
-        be read as now, by an attempt that may have ended or stalled since)."""
-        return cls(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it)
+    def of(cls, bar: BarProgress, *, ended: bool = False) -> ProgressInfo:
+        """A stored attempt's bar, its ETA as of its last step; none once the attempt has ``ended``."""
+        return cls(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it,
+                   eta_s=None if ended else bar.eta_s)
 
     @classmethod
     def watched(cls, bar: BarProgress, still_s: float | None) -> ProgressInfo:
         """The bar of an attempt being watched, ``still_s`` after its last step: its ETA counted
         down from then.  An ETA that has run out is no ETA: the bar has stood still past it, and
         how long it has is what is said instead."""
-        info = cls.of(bar)
         if bar.eta_s is None or still_s is None:
-            return info
+            return cls.of(bar)
         left = bar.eta_s - still_s
-        if left > 0:
-            return info.model_copy(update={"eta_s": left, "still_s": still_s})
-        return info.model_copy(update={"still_s": still_s})
+        return cls.of(bar).model_copy(update={"eta_s": left if left > 0 else None, "still_s": still_s})
 
 
 class FailureInfo(BaseModel):

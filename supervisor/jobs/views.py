@@ -20,7 +20,7 @@ from supervisor.store.database import AttemptRow, JobRow, Store
 
 def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
     bar = row.progress
-    progress = None if bar is None else protocol.ProgressInfo.of(bar)
+    progress = None if bar is None else protocol.ProgressInfo.of(bar, ended=not row.state.active)
     failure = protocol.FailureInfo.of(row.failure) if row.failure else None
     return protocol.AttemptInfo(
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
