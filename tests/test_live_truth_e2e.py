@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import PROGRESS_JOB, supervise
+from e2e_jobs import CR_BAR_JOB, PROGRESS_JOB, supervise
 
 
 def _held_at_half(daemon: DaemonProcess, daemon_env, make_job, home: Path, name: str) -> Path:
@@ -54,4 +54,28 @@ def test_a_moving_bar_counts_its_eta_down_from_its_last_step(daemon: DaemonProce
     shown = json.loads(supervise(daemon_env, "status", "slow", "--json").stdout)["jobs"][0]["attempt"]["progress"]
     assert shown["done"] == 20 and shown["still_s"] >= 2, shown
     assert shown["eta_s"] is not None and shown["eta_s"] <= 20 * shown["rate_s_per_it"] - 2 + 0.01, shown
+    gate.touch()
+
+
+def _log_stamps(client, job: str) -> list[tuple[str, float | None, bool]]:
+    return [(c.text, c.ts, c.partial) for c in client.follow_log(job, attempt=None, follow=False, timestamps=True)
+            if not c.end]
+
+
+def test_a_frozen_bars_last_redraw_keeps_the_time_it_arrived(daemon: DaemonProcess, daemon_env, make_job,
+                                                              home: Path) -> None:
+    gate = home / "frozen-gate"
+    spec = make_job("frozen", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("frozen").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    frozen_at = time.time()
+    time.sleep(2.5)
+    first = _log_stamps(client, "frozen")
+    time.sleep(1.5)
+    second = _log_stamps(client, "frozen")
+    assert first == second, (first, second)  # the same redraw, the same time, whenever asked
+    text, ts, _ = first[-1]
+    assert "4/8" in text and ts is not None and ts <= frozen_at + 1, (first[-1], frozen_at)
     gate.touch()
