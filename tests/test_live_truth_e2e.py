@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
-from e2e_jobs import CR_BAR_JOB, PROGRESS_JOB, supervise
+from e2e_jobs import CR_BAR_JOB, PROGRESS_JOB, REPO, supervise
 
 
 def _held_at_half(daemon: DaemonProcess, daemon_env, make_job, home: Path, name: str) -> Path:
@@ -79,3 +82,31 @@ def test_a_frozen_bars_last_redraw_keeps_the_time_it_arrived(daemon: DaemonProce
     text, ts, _ = first[-1]
     assert "4/8" in text and ts is not None and ts <= frozen_at + 1, (first[-1], frozen_at)
     gate.touch()
+
+
+def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: DaemonProcess, daemon_env, make_job,
+                                                                   home: Path) -> None:
+    gate = home / "piped-gate"
+    spec = make_job("piped", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("piped").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    # `supervise logs piped -f | cat`, as over `ssh box` without a terminal.
+    lines: list[str] = []
+    with subprocess.Popen([sys.executable, "-m", "supervisor.cli", "logs", "piped", "-f"], env=daemon_env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO) as proc:
+        out = proc.stdout
+        assert out is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(out.readline, "")), daemon=True)
+        reader.start()
+        try:
+            # Where the bar stands, while it stands there: not one redraw behind.
+            wait_until(lambda: lines and "4/8" in lines[-1], timeout=15)
+            gate.touch()
+            proc.wait(timeout=30)  # the job ends: so does the follow
+        finally:
+            proc.kill()
+            reader.join(timeout=10)
+    assert sum("4/8" in line for line in lines) == 1, lines  # printed once it settled, not again once complete
+    assert "8/8" in "".join(lines), lines
