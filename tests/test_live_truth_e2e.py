@@ -110,3 +110,32 @@ def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: Daemo
             reader.join(timeout=10)
     assert sum("4/8" in line for line in lines) == 1, lines  # printed once it settled, not again once complete
     assert "8/8" in "".join(lines), lines
+
+
+# A bar at 1.67 s/it (tqdm's own rate text) that holds at 2/8 until the gate exists.
+ODD_RATE_BAR = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(1, 9):
+    print(f"Loading checkpoint shards: {100 * i // 8}%|###| {i}/8 [00:0{i}<00:10,  1.67s/it]", flush=True)
+    time.sleep(0.1)
+    while i == 2 and not os.path.exists(gate):
+        time.sleep(0.01)
+"""
+
+
+def test_a_floor_set_in_the_spec_is_named_and_figures_are_rounded(daemon: DaemonProcess, daemon_env, make_job,
+                                                                  home: Path) -> None:
+    gate = home / "floor-gate"
+    spec = make_job("floored", ODD_RATE_BAR, params=f', "{gate}"',
+                    extra="[health]\nstall_floor_s = 600\nstall_floor_by_phase = { startup = 30 }\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: client.status("floored").jobs[0].stall_bounds)
+    out = supervise(daemon_env, "status", "floored").stdout
+    assert re.search(r"stall bound 10m00s \(stall_floor_s\) for .*, 9m5\ds left", out), out
+    [bound] = json.loads(supervise(daemon_env, "status", "floored", "--json").stdout)["jobs"][0]["stall_bounds"]
+    assert bound["bound_s"] == 600.0 and bound["source"] == "stall_floor_s", bound
+    events = supervise(daemon_env, "events", "floored", "--kind", "progress").stdout
+    assert "rate=0.5988" in events and "0.598802" not in events, events
+    gate.touch()

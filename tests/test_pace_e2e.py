@@ -56,11 +56,11 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
         return job.stall_bounds if progress is not None and progress.done == 5 and job.attempt.n == 1 else None
 
     [bound] = wait_until(frozen_bound, timeout=60)
-    assert (bound.bound_s, bound.kind, bound.source) == (FLOOR_S, "default_floor", "default floor")
+    assert (bound.bound_s, bound.kind, bound.source) == (FLOOR_S, "default_floor", "stall_floor_s")
     assert 0 < bound.in_s <= FLOOR_S and bound.history_runs is None
     assert "Loading safetensors checkpoint shards" in bound.bar
     shown = supervise({**daemon_env, "SUPERVISE_HOME": str(home)}, "status", "load").stdout
-    assert "stall bound 6s (default floor) for Loading safetensors checkpoint shards" in shown, shown
+    assert "stall bound 6s (stall_floor_s) for Loading safetensors checkpoint shards" in shown, shown
     wait_until(lambda: len(client.attempts("load").attempts) == 2 and client.status("load").jobs[0].state == "failed",
                timeout=90)
     events = client.events("load").events
@@ -73,7 +73,7 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
         return stalled(n).ts - last
 
     first, second = stalled(1), stalled(2)
-    assert first.data["bound_source"] == "default floor" and first.data["bound_s"] == FLOOR_S
+    assert first.data["bound_source"] == "stall_floor_s" and first.data["bound_s"] == FLOOR_S
     assert second.data["bound_source"].startswith("history (") and "from 1 run)" in second.data["bound_source"]
     assert "5/13" in second.message
     assert detection(2) < FLOOR_S / 2 < detection(1)

@@ -47,7 +47,7 @@ def test_without_history_the_first_shards_wait_for_the_floor() -> None:
     clock.t = 17.5
     w.observe(shard(1))
     [(_, bound, _, source)] = w.stall_bounds()
-    assert (bound, str(source), source.kind) == (120.0, "default floor", BoundKind.DEFAULT_FLOOR)
+    assert (bound, str(source), source.kind) == (120.0, "stall_floor_s", BoundKind.DEFAULT_FLOOR)
     assert w.next_check_at() == pytest.approx(17.5 + 120)
 
 
@@ -59,7 +59,7 @@ def test_history_never_tightens_the_floor_unless_asked() -> None:
     clock.t = 17.5
     w.observe(shard(1))
     [(_, bound, _, source)] = w.stall_bounds()
-    assert (bound, source.kind, str(source)) == (120.0, BoundKind.DEFAULT_FLOOR, "default floor")
+    assert (bound, source.kind, str(source)) == (120.0, BoundKind.DEFAULT_FLOOR, "stall_floor_s")
     clock.t = 17.5 + 119.9
     assert w.check().verdict is Verdict.HEALTHY
     clock.t = 17.5 + 120
@@ -214,3 +214,21 @@ def test_a_pace_from_intervals_skips_what_is_not_a_duration() -> None:
     pace = BarPace.of(KEY, [[1.0, float("nan"), -1.0, 2.0], []])
     assert pace.intervals == (1.0, 2.0) and pace.runs == 1
     assert PaceHistory({KEY: BarPace.of(KEY, [[]])}).get(KEY) is None
+
+
+def test_a_floor_reads_as_set_and_names_the_field_that_set_it() -> None:
+    # A monotonic clock reading where (t + 600) - t is 599.9999999999418: shown once as 9m59s.
+    w, clock = make(None, stall_floor_s=600)
+    clock.t = 523900.315
+    w.observe(shard(1))
+    [(_, bound, _, source)] = w.stall_bounds()
+    assert (bound, str(source)) == (600.0, "stall_floor_s")
+    w = Watchdog(HealthSpec(stall_floor_by_phase={Phase.WEIGHT_LOADING: 90}), clock=clock)
+    w.observe(shard(1))
+    [(_, bound, _, source)] = w.stall_bounds()
+    assert (bound, str(source)) == (90.0, "stall_floor_by_phase.weight_loading")
+    assert w.check(clock.t + 90).reason.endswith("(bound 90.0s = stall_floor_by_phase.weight_loading; "
+                                                 "no interval measured yet)")
+    w = Watchdog(HealthSpec(), clock=clock)  # the default: said so
+    w.observe(shard(1))
+    assert str(w.stall_bounds()[0][3]) == "default floor"

@@ -260,7 +260,7 @@ class _EventPrinter:
         payload = ProbeFields.of(event)
         progress = payload.progress
         done, total = (progress.done, progress.total) if progress is not None else (None, None)
-        extra = "".join(f" {name}={value}" for name, value in payload.figures())
+        extra = "".join(f" {name}={_fmt.figure(value)}" for name, value in payload.figures())
         line = f"{_fmt.clock(event.ts)} #{event.attempt} progress {event.probe}: {_fmt.num(done)}/{_fmt.num(total)}{extra}"
         bar = event.probe or ""
         if self.tty:

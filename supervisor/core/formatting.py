@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 
@@ -21,6 +22,16 @@ def timestamp(ts: float) -> str:
 
 def clock(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def figure(value: Any) -> str:
+    """A measured figure (a rate, a loss, tokens/s) for a person: four significant digits, whole
+    numbers from 1,000 on (never 1.6666666666666667, never 1.235e+04)."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if not math.isfinite(value) or value.is_integer():
+        return num(value) if math.isfinite(value) else str(value)
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def duration(seconds: float | None) -> str:

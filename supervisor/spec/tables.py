@@ -118,6 +118,14 @@ class HealthSpec(_Strict):
             return self.stall_floor_by_phase[phase]
         return self.stall_floor_s
 
+    def stall_floor_setting(self, phase: Phase | None) -> str:
+        """The spec's field that set ``stall_floor(phase)``; "" when it is the default.  Told by its
+        value, not by what the file named: a stored spec is read back with every field filled in."""
+        if phase is not None and phase in self.stall_floor_by_phase:
+            return f"stall_floor_by_phase.{phase.value}"
+        default = type(self).model_fields["stall_floor_s"].default
+        return "" if self.stall_floor_s == default else "stall_floor_s"
+
 
 class AlertSpec(_Strict):
     """Alerts beyond verdicts, giving up and done: phase milestones and progress ETAs."""

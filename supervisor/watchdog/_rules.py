@@ -115,7 +115,9 @@ def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
     else:
         floor = health.stall_floor(phase)
         said = "no interval measured yet" if median is None else f"{k:g} x median {median:.2f} s/it is less"
-        terms.append((floor, f"bound {floor:.1f}s = stall floor; {said}", BoundSource(BoundKind.DEFAULT_FLOOR)))
+        setting = health.stall_floor_setting(phase)
+        terms.append((floor, f"bound {floor:.1f}s = {setting or 'stall floor'}; {said}",
+                      BoundSource(BoundKind.DEFAULT_FLOOR, setting=setting)))
     if history is not None:
         base = history.bound(k)
         terms.append((base, f"bound {base:.1f}s from {history.source()}", history.source()))
