@@ -45,7 +45,7 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
     command = json.dumps([sys.executable, str(REPLAY), str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
                           "--collapse-gaps-over", "0.5", "--freeze-after", "42"])
     spec.write_text(f'name = "load"\ncommand = {command}\nprobes = {PACKS}\nstop_grace_s = 1\n'
-                    f"[health]\nstall_floor_s = {FLOOR_S}\nlearned_min_s = 0.5\n"
+                    f"[health]\nstall_floor_s = {FLOOR_S}\nlearned_min_s = 0.5\nslow_floor_s = 0.1\n"
                     "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
     client = alerting_daemon.client()
     client.start(str(spec), {})
@@ -107,7 +107,7 @@ def test_a_second_run_slower_than_the_first_is_slow_never_stalled(
     pace = home / "pace"
     pace.write_text("0.05")
     spec = make_job("paced", PACED_LOAD, params=f', "{pace}"',
-                    extra="[health]\nstall_floor_s = 20\n[restart]\nmax_attempts = 2\n")
+                    extra="[health]\nstall_floor_s = 20\nslow_floor_s = 0.5\n[restart]\nmax_attempts = 2\n")
     client = alerting_daemon.client()
     client.start(str(spec), {})
     wait_until(lambda: client.status("paced").jobs[0].state == "done", timeout=30)

@@ -77,7 +77,7 @@ def test_a_slower_run_than_its_history_is_never_stalled_while_it_moves() -> None
         clock.t = 2.5 * i
         w.observe(shard(i, 20))
     # It was reported slow (against its history), which is no verdict.
-    w2, clock2 = make(history_of([0.2] * 20), stall_floor_s=120)
+    w2, clock2 = make(history_of([0.2] * 20), stall_floor_s=120, slow_floor_s=1)
     w2.observe(shard(0, 20))
     clock2.t = 2.4
     assert [key for key, _ in w2.slow()] == [f"{DESC}@0"]
@@ -182,7 +182,7 @@ def test_a_step_well_over_its_history_is_slow_before_it_is_a_stall() -> None:
 
 def test_a_run_slower_all_along_is_not_slow_at_every_step() -> None:
     # Every step at 3 x the history's: slow is measured against this run's own median once it has one.
-    w, clock = make(history_of([1.0] * 10), stall_floor_s=120)
+    w, clock = make(history_of([1.0] * 10), stall_floor_s=120, slow_floor_s=1)
     w.observe(shard(0))
     for i in range(1, 6):
         clock.t = 3.0 * i
@@ -232,3 +232,23 @@ def test_a_floor_reads_as_set_and_names_the_field_that_set_it() -> None:
     w = Watchdog(HealthSpec(), clock=clock)  # the default: said so
     w.observe(shard(1))
     assert str(w.stall_bounds()[0][3]) == "default floor"
+
+
+def test_a_hiccup_of_a_fast_bar_is_not_slow_until_it_has_lasted_the_slow_floor() -> None:
+    # The reported case: a shard bar at 0.15 s a step, and one step of 0.5 s: slow against its history
+    # (2 x its 95th percentile is 0.3 s), yet a hiccup.  Slow only once the step has lasted 30 s.
+    w, clock = make(history_of([0.15] * 40))
+    w.observe(shard(0))
+    clock.t = 0.5
+    assert w.slow() == []
+    assert w.next_check_at() == pytest.approx(30.0)  # the slow report's deadline: the floor, not 0.3 s
+    clock.t = 30.0
+    [(key, report)] = w.slow()
+    assert key == f"{DESC}@0" and "this step has taken 30.0s, over 30.0s" in report.reason
+    # Set in the spec, the floor is the spec's.
+    w, clock = make(history_of([0.15] * 40), slow_floor_s=5)
+    w.observe(shard(0))
+    clock.t = 4.9
+    assert w.slow() == []
+    clock.t = 5.0
+    assert [key for key, _ in w.slow()] == [f"{DESC}@0"]

@@ -57,6 +57,9 @@ class HealthSpec(_Strict):
     # Earlier attempts' pace only ever loosens the floor.  Set, it lets a bar's history tighten the
     # bound below the floor, never below this (and never below stall_k x this run's own pace).
     learned_min_s: PositiveSeconds | None = None
+    # A step is reported `slow` (an alert, never a kill) only once it has lasted this long, however
+    # fast its history: one 0.5 s step of a 0.15 s/step shard bar is a hiccup, not news to page anyone for.
+    slow_floor_s: PositiveSeconds = 30.0
     # Before the first progress interval is known, a progress probe must advance within this.
     first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     silence_s: PositiveSeconds | None = None

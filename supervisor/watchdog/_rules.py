@@ -139,6 +139,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
     if median is not None and track.measured >= OWN_WINDOW:
         # A run slower all along than the last ones (another disk) is not slow at every step.
         after = max(after, SLOW_FACTOR * median)
+    after = max(after, health.slow_floor_s)  # a step of a fast bar is slow only once it has lasted a while
     stall, _, _ = _stall_bound(health, facts.phase, track, history)
     if after >= stall:
         return None
