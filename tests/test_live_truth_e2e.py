@@ -139,3 +139,28 @@ def test_a_floor_set_in_the_spec_is_named_and_figures_are_rounded(daemon: Daemon
     events = supervise(daemon_env, "events", "floored", "--kind", "progress").stdout
     assert "rate=0.5988" in events and "0.598802" not in events, events
     gate.touch()
+
+
+def test_follow_says_a_failure_once_an_attempt(daemon: DaemonProcess, daemon_env, make_job) -> None:
+    spec = make_job("hello", "print('step 0', flush=True)\nraise RuntimeError('the data file is missing')\n",
+                    extra="[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
+    out = supervise(daemon_env, "start", str(spec), "--follow", check=False).stdout
+    for n in (1, 2):
+        lines = [line for line in out.splitlines() if f" #{n} " in line]
+        said = [line for line in lines if "the data file is missing" in line]
+        assert len(said) == 1 and " failure " in said[0], out  # the failure line; the verdict and state do not repeat it
+        assert any(" verdict  crashed: exited 1" in line for line in lines), out
+    assert "#1 state    backoff\n" in out + "\n", out
+
+
+def test_a_stop_leaves_the_bars_line_as_the_job_left_it(daemon: DaemonProcess, daemon_env, make_job,
+                                                        home: Path) -> None:
+    gate = home / "stop-gate"
+    spec = make_job("stopped", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("stopped").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    supervise(daemon_env, "stop", "stopped")
+    log = Path(client.attempts("stopped").attempts[0].log_path).read_bytes()
+    assert log.endswith(b"4/8 [00:00<00:01, 5.0it/s]"), log[-200:]  # nothing of the wrapper's on the bar's line

@@ -17,6 +17,7 @@ from probe_helpers import events_of
 
 from supervisor.core.actions import ActionKind
 from supervisor.core.events import Event, EventKind, FailureKind, Verdict
+from supervisor.hosts.base import KILLED_LINE
 from supervisor.jobs.policy import RestartPolicy
 from supervisor.spec.tables import HealthSpec, RestartSpec
 from supervisor.watchdog import Watchdog
@@ -68,6 +69,7 @@ def test_outside_sigkills_are_relaunched_until_max_attempts(daemon: DaemonProces
     # The wrapper's `Killed` line was read as a failure each time, with the same fingerprint...
     assert all(a.verdict == "killed" for a in attempts), [(a.verdict, a.reason) for a in attempts]
     assert len({a.fingerprint for a in attempts}) == 1 and attempts[0].fingerprint is not None, [(a.fingerprint, a.failure) for a in attempts]
+    assert attempts[0].failure is not None and attempts[0].failure.line == KILLED_LINE
     # ...yet nothing called it a bug: the budget ended the run.
     status = supervise(daemon_env, "status", "victim", check=False).stdout
     assert "deterministic" not in status, status

@@ -19,7 +19,7 @@ from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.errors import NotFound
 from supervisor.core.events import EventKind, JobState
-from supervisor.core.payloads import ProbeFields
+from supervisor.core.payloads import ProbeFields, StateData
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -240,6 +240,10 @@ class _EventPrinter:
         self.last_progress: dict[str, Any] = {}
         self._printed: dict[str, tuple[Any, int | None, float]] = {}  # bar -> (done, percent, wall time) printed
         self._unprinted: dict[str, str] = {}  # bar -> its latest line, not printed yet (piped)
+        # What each attempt's lines have said already, so that its verdict and the job's state after
+        # it do not say the failure again (a failure once, not three times an attempt).
+        self._failure_said: dict[int, str] = {}  # attempt -> the failure line printed
+        self._judged: set[int] = set()  # attempts whose verdict was printed
 
     def show(self, event: protocol.EventInfo) -> None:
         if self.as_json:
@@ -254,6 +258,16 @@ class _EventPrinter:
             detail = event.phase  # one name per phase: the canonical one (the line itself is in `logs`)
         elif event.kind is EventKind.FAILURE:
             detail = f"{event.failure.kind if event.failure else 'failure'}: {event.message}"
+            self._failure_said.setdefault(event.attempt, event.message)
+        elif event.kind is EventKind.VERDICT:
+            said = self._failure_said.get(event.attempt)
+            if said and detail.endswith(f": {said}"):
+                detail = detail[: -len(said) - 2]  # "crashed: exited 1": the failure is the line above
+            self._judged.add(event.attempt)
+        elif event.kind is EventKind.STATE and event.attempt in self._judged:
+            state = StateData.of(event).state
+            if state is not None and state is not JobState.RUNNING:
+                detail = state.value  # its reason repeats the verdict and the action just printed
         print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
 
     def _progress(self, event: protocol.EventInfo) -> None:
