@@ -93,6 +93,11 @@ def test_accounting_lists_every_attempt_as_sacct_does(daemon: DaemonProcess, dae
     assert as_json[0]["end"] == attempt.ended and as_json[0]["duration_s"] == round(attempt.ended - attempt.started, 3)
     table = list(csv.DictReader(io.StringIO(supervise(daemon_env, "accounting", "--csv").stdout)))
     assert [(r["job"], r["state"], r["exit_code"]) for r in table] == [("burner", "done", "0")]
+    # Times as ISO-8601 with their offset, as people and spreadsheets read them; the duration in seconds.
+    start, end = (dt.datetime.fromisoformat(table[0][key]) for key in ("start", "end"))
+    assert start.utcoffset() is not None and table[0]["start"][10] == "T", table[0]
+    assert abs(start.timestamp() - attempt.started) < 1 and abs(end.timestamp() - attempt.ended) < 1, table[0]
+    assert float(table[0]["duration_s"]) == round(attempt.ended - attempt.started, 3)
     assert list(table[0]) == ["job", "attempt", "shard", "host", "start", "end", "duration_s", "state", "cpu_s",
                               "peak_memory_mib", "gpu_hours", "exit_code", "exit_signal"]
     text = supervise(daemon_env, "accounting").stdout.splitlines()

@@ -21,7 +21,15 @@ import sys
 from collections.abc import Callable
 
 from supervisor import __version__
-from supervisor.cli._args import add_field_flags, add_since, every_seconds, grace_seconds, grep_pattern, line_count
+from supervisor.cli._args import (
+    add_field_flags,
+    add_since,
+    every_seconds,
+    grace_seconds,
+    grep_pattern,
+    line_count,
+    report_out,
+)
 from supervisor.cli.completion import SHELLS
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import EventKind
@@ -175,7 +183,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
     p = add("report", _verb("views", "cmd_report"), "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")
     p.add_argument("job")
-    p.add_argument("--out", default=None, metavar="FILE.png|FILE.html",
+    p.add_argument("--out", type=report_out, default=None, metavar="FILE.png|FILE.html",
                    help="where to write it (default: JOB-report.png); .html embeds the picture and a table of attempts")
 
 

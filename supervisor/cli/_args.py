@@ -73,6 +73,14 @@ def grep_pattern(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not a valid RE2 pattern {text[:40]!r}: {problem}") from None
 
 
+def report_out(text: str) -> str:
+    """`report --out`: a .png or .html file (the two the report is written as); another name is a
+    usage error in one line, before the daemon is asked for anything."""
+    if not text.lower().endswith((".png", ".html", ".htm")):
+        raise argparse.ArgumentTypeError(f"the report is written as FILE.png or FILE.html, got {text[:80]!r}")
+    return text
+
+
 def whole_number(text: str) -> int:
     """`--shards`: a whole number (its range is the spec's, so `--shards 0` is a spec error, exit 65)."""
     try:

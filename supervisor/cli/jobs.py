@@ -134,6 +134,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(protocol.JobsResponse(jobs=response.jobs).model_dump_json(indent=2))
         return 0
+    if not response.jobs:
+        print("no jobs yet: `supervise start JOB`")  # as `status` says it: an empty answer looked like a hang
     for job in response.jobs:
         a = job.attempt
         attempt = _fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}"
@@ -149,10 +151,19 @@ def _names(known: bool, specs: bool) -> int:
 
     names: set[str] = set()
     if known:
+        from supervisor.cli.client import Client
+        from supervisor.core.config import default_paths
+
+        client = Client(default_paths())
         try:
-            names |= {job.name for job in _client().status().jobs}
+            # Asked only of a daemon that runs: a Tab press never starts one (seconds, and a
+            # process left behind in whatever SUPERVISE_HOME the shell happens to have).
+            if client.accepting():
+                names |= {job.name for job in client.status().jobs}
         except SuperviseError:
-            pass  # no daemon: nothing to complete from it
+            pass  # no daemon answers: nothing to complete from it
+        finally:
+            client.close()
     if specs:
         for directory in spec_search_path():
             if directory.is_dir():

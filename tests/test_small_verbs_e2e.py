@@ -1,0 +1,38 @@
+"""Small things the verbs say, through the real CLI and a real daemon: `jobs` with none, `report
+--out` with a name it cannot write, Tab completion that never starts a daemon."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import DaemonProcess
+from e2e_jobs import REPO, supervise
+
+
+def test_jobs_with_none_says_so(daemon: DaemonProcess, daemon_env) -> None:
+    out = supervise(daemon_env, "jobs").stdout
+    assert out == "no jobs yet: `supervise start JOB`\n", out
+
+
+def test_report_out_of_another_kind_is_a_usage_error_in_one_line(daemon: DaemonProcess, daemon_env,
+                                                                 home: Path) -> None:
+    result = supervise(daemon_env, "report", "nope", "--out", str(home / "x.jpg"), check=False)
+    assert result.returncode == 2, result
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("supervise report: error: argument --out: ") and "FILE.png or FILE.html" in last, result.stderr
+    assert not (home / "x.jpg").exists()
+    assert daemon.client().ping().pid == daemon.proc.pid
+
+
+def test_completion_of_job_names_never_starts_a_daemon(home: Path, daemon_env) -> None:
+    # No daemon runs in this home: the names come from the specs only, and none is started.
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", "jobs", "--names"], env=daemon_env,
+                            capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    started = (home / "daemon.sock").exists() or (home / "daemon.log").exists()
+    if started:  # what this test checks against: stopped, so that it is not left behind
+        subprocess.run([sys.executable, "-m", "supervisor.cli", "daemon", "stop"], env=daemon_env,
+                       capture_output=True, timeout=60, cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr
+    assert not started, "a Tab press started a daemon"
