@@ -36,3 +36,19 @@ def test_completion_of_job_names_never_starts_a_daemon(home: Path, daemon_env) -
                        capture_output=True, timeout=60, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr
     assert not started, "a Tab press started a daemon"
+
+
+def test_attempts_of_a_sharded_job_name_each_attempts_shard_and_jobs_its_shards(daemon: DaemonProcess, daemon_env,
+                                                                               home: Path) -> None:
+    specs = home / "specs"
+    specs.mkdir()
+    spec = specs / "trio.toml"
+    spec.write_text('name = "trio"\ncommand = ["{python}", "-c", "print(1)"]\nshards = 3\n')
+    supervise(daemon_env, "start", str(spec), "--follow")
+    attempts = daemon.client().attempts("trio").attempts
+    table = supervise(daemon_env, "attempts", "trio").stdout.splitlines()
+    assert table[0].split()[:2] == ["#", "shard"], table
+    rows = {int(line.split()[0]): line.split()[1] for line in table[1:] if line[:3].strip().isdigit()}
+    assert rows == {a.n: str(a.shard) for a in attempts} and len(rows) == 3, (rows, table)
+    listed = supervise(daemon_env, "jobs").stdout
+    assert "shards 3/3 done, 0 running, 0 failed" in listed and "attempt " not in listed, listed

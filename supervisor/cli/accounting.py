@@ -94,7 +94,7 @@ def _print_table(rows: list[Row]) -> None:
         mem = _fmt.size(r.peak_memory_mib * 1024 * 1024) if r.peak_memory_mib is not None else "-"
         cpu = _fmt.cpu_time(r.cpu_s) if r.cpu_s is not None else "-"
         gpu = f"{r.gpu_hours:.2f}" if r.gpu_hours is not None else "-"
-        shard = "-" if r.shard is None else ("gather" if r.shard < 0 else str(r.shard))
+        shard = _fmt.shard(r.shard)
         print(f"{r.job:<{jw}} {r.attempt:>4} {shard:>5} {host:<{hw}} {_fmt.timestamp(r.start):<19} {end:<19} "
               f"{_fmt.duration(r.duration_s):>9} {r.state:<9} {cpu:>9} {mem:>10} {gpu:>7} {exit_}")
 

@@ -114,11 +114,16 @@ def cmd_attempts(args: argparse.Namespace) -> int:
     if args.json:
         print(response.model_dump_json(indent=2))
         return 0
-    print(f"{'#':>3}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} {'fingerprint':<12} action")
+    # A sharded job's attempts are numbered across its shards: which shard each ran is a column of its own.
+    sharded = any(a.shard is not None for a in response.attempts)
+    shard_head = f"{'shard':>6}" if sharded else ""
+    print(f"{'#':>3}{shard_head}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} "
+          f"{'fingerprint':<12} action")
     for a in response.attempts:
         duration = _fmt.duration((a.ended or time.time()) - a.started)
         progress = f"{_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}" if a.progress and a.progress.total else "-"
-        print(f"{a.n:>3}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
+        shard = f"{_fmt.shard(a.shard):>6}" if sharded else ""
+        print(f"{a.n:>3}{shard}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
         if a.reason and a.verdict not in (None, Verdict.DONE):
             print(f"     {a.reason}")
@@ -138,8 +143,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print("no jobs yet: `supervise start JOB`")  # as `status` says it: an empty answer looked like a hang
     for job in response.jobs:
         a = job.attempt
-        attempt = _fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}"
-        print(f"{job.name:<20} {job.state:<10} attempt {attempt}  {job.reason}")
+        if job.shards is not None:  # its latest attempt is one shard's: the shards say more
+            sh = job.shards
+            where = f"shards {sh.done}/{sh.total} done, {sh.running} running, {sh.failed} failed"
+        else:
+            where = "attempt " + (_fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}")
+        print(f"{job.name:<20} {job.state:<10} {where}  {job.reason}")
     return 0
 
 

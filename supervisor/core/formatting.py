@@ -56,6 +56,11 @@ def attempt(run_attempt: int, max_attempts: int, n: int) -> str:
     return f"{run_attempt}/{max_attempts}" + (f" (#{n})" if run_attempt != n else "")
 
 
+def shard(index: int | None) -> str:
+    """A shard's name in a column: its index, `gather` for the gather step, `-` for none."""
+    return "-" if index is None else ("gather" if index < 0 else str(index))
+
+
 def size(n_bytes: int) -> str:
     """'812 B', '3.4 MiB'."""
     value = float(n_bytes)
