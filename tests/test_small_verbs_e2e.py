@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import DaemonProcess
@@ -52,3 +54,17 @@ def test_attempts_of_a_sharded_job_name_each_attempts_shard_and_jobs_its_shards(
     assert rows == {a.n: str(a.shard) for a in attempts} and len(rows) == 3, (rows, table)
     listed = supervise(daemon_env, "jobs").stdout
     assert "shards 3/3 done, 0 running, 0 failed" in listed and "attempt " not in listed, listed
+
+
+def test_doctor_of_a_host_that_does_not_answer_is_one_line_exit_69(daemon_env) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", "doctor", "--host", f"ssh://me@127.0.0.1:{port}"],
+                            env=daemon_env, capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    took = time.monotonic() - began
+    assert result.returncode == 69, result
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("MISSING  ssh ") and f"127.0.0.1:{port}" in lines[0], lines
+    assert took < 10, took
