@@ -115,6 +115,9 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("job")
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    p.add_argument("--reload", action="store_true",
+                   help="take the job's spec file as it is now (without it: the spec it was started with, "
+                        "and a file changed since is said)")
     add_field_flags(p)
 
     p = add("accounting", _verb("accounting", "cmd_accounting"), "one row per attempt (job, host, start, end, duration, verdict, CPU, "

@@ -83,12 +83,14 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     client = _client()
-    response = client.restart(args.job, args.grace, field_overrides(args))
+    response = client.restart(args.job, args.grace, field_overrides(args), reload=args.reload)
     if response.stopped is not None:
         _print_stopped(response.stopped)
     started = response.started
     if _cancelled(started):
         return 1
+    for note in started.notes:
+        print(f"supervise: note: {note}")
     print(f"supervise: {started.message}" + (f"; log {started.log_path}" if started.log_path else ""))
     if not args.follow:
         return 0

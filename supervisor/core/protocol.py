@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from supervisor.core.errors import ErrorKind
 from supervisor.core.events import (
@@ -348,6 +348,8 @@ class ConfigResponse(BaseModel):
 
 class RestartRequest(BaseModel):
     grace_s: GraceSeconds | None = Field(default=None, description="seconds between SIGTERM and SIGKILL (0 to a day); default from spec")
+    reload: StrictBool = Field(default=False, description="take the job's spec file as it is now (`restart --reload`); "
+                                                          "false: the spec it was started with (a file changed since is said)")
     fields: FieldOverrides = Field(default_factory=FieldOverrides, description="--host, --python, --workdir, --shards: "
                                                                                 "changed in the stored spec")
 
