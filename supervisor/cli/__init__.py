@@ -25,8 +25,10 @@ from supervisor.cli._args import (
     add_field_flags,
     add_since,
     every_seconds,
+    gpu_list,
     grace_seconds,
     grep_pattern,
+    job_name,
     line_count,
     report_out,
 )
@@ -39,7 +41,16 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = None
+    if words[:1] == ["run"] and "--" in words:
+        # `run NAME [flags] -- CMD ARGS`: the words after `--` are the command's, split off before
+        # argparse sees them (it cannot take flags after NAME and a free-form tail after them).
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1:]
+    args = parser.parse_args(words)
+    if command is not None:
+        args.argv = command
     try:
         return int(args.func(args) or 0)
     except SuperviseError as exc:
@@ -97,6 +108,19 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                    help="launch only once JOB's current run is done (cancelled if it gives up); repeatable")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
     add_field_flags(p)
+
+    p = add("run", _verb("run", "cmd_run"), "run a command as a supervised job without writing a spec: "
+                                            "supervise run NAME -- CMD ARGS...")
+    p.add_argument("name", type=job_name, help="the job's name (what status, logs and stop take)")
+    p.add_argument("--after", action="append", default=[], metavar="JOB",
+                   help="launch only once JOB's current run is done (cancelled if it gives up); repeatable")
+    p.add_argument("--gpus", type=gpu_list, default=None, metavar="LIST",
+                   help="the GPUs it uses: 0,1 or all (default: all); their memory is watched and awaited around relaunches")
+    p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    add_field_flags(p)
+    # After `--` every word is the command's, its own options too (main() splits them off).
+    p.add_argument("argv", nargs="*", metavar="-- CMD ARGS",
+                   help="the command and its arguments, after `--`, each taken literally (no shell)")
 
     p = add("stop", _verb("jobs", "cmd_stop"), "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")

@@ -13,8 +13,9 @@ from supervisor.cli.pipelines import start_pipeline
 from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.events import JobState, Verdict
+from supervisor.core.overrides import FieldOverrides
 from supervisor.jobs.dependencies import with_after
-from supervisor.spec.model import find_spec, parse_overrides
+from supervisor.spec.model import JobSpec, find_spec, parse_overrides
 from supervisor.spec.pipeline import find_pipeline
 
 
@@ -23,15 +24,22 @@ def cmd_start(args: argparse.Namespace) -> int:
     if (pipeline := find_pipeline(args.job)) is not None:
         return start_pipeline(args, pipeline, overrides, fields)
     spec = with_after(find_spec(args.job).with_overrides(overrides, fields), args.after)
+    return start_spec(spec, overrides, args.after, fields, follow=args.follow)
+
+
+def start_spec(spec: JobSpec, overrides: dict[str, str], after: list[str], fields: FieldOverrides, *,
+               follow: bool) -> int:
+    """Start ``spec`` (its file, ``overrides`` and ``fields`` applied) as `start` does; with ``follow``,
+    follow it until it ends (exit 1 unless it is done)."""
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
-    response = client.start(spec.spec_path, overrides, args.after, fields)
+    response = client.start(spec.spec_path, overrides, after, fields)
     if _cancelled(response):
         return 1
     for note in response.notes:
         print(f"supervise: note: {note}")
     print(f"supervise: {response.message}" + (f"; log {response.log_path}" if response.log_path else ""))
-    if not args.follow:
+    if not follow:
         return 0
     for path in spec.output_paths():
         print(f"supervise: {spec.name} writes its output to {path}")
