@@ -164,3 +164,29 @@ def test_a_stop_leaves_the_bars_line_as_the_job_left_it(daemon: DaemonProcess, d
     supervise(daemon_env, "stop", "stopped")
     log = Path(client.attempts("stopped").attempts[0].log_path).read_bytes()
     assert log.endswith(b"4/8 [00:00<00:01, 5.0it/s]"), log[-200:]  # nothing of the wrapper's on the bar's line
+
+
+# A loader thread's traceback, then the bar goes on to its end and the program exits 0: recovered.
+RECOVERING = """\
+import sys, time
+print("Traceback (most recent call last):", flush=True)
+print('  File "loader.py", line 3, in fetch', flush=True)
+print("ConnectionError: shard mirror timed out", flush=True)
+for i in range(1, 5):
+    print(f"Loading checkpoint shards: {25 * i}%|###| {i}/4 [00:00<00:01, 5.0it/s]", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_recovered_failure_is_called_recovered_by_status_and_probe(daemon: DaemonProcess, daemon_env, make_job,
+                                                                     home: Path) -> None:
+    spec = make_job("recovers", RECOVERING)
+    supervise(daemon_env, "start", str(spec), "--follow")
+    client = daemon.client()
+    [attempt] = client.attempts("recovers").attempts
+    assert attempt.verdict == "done", attempt.reason
+    status = supervise(daemon_env, "status", "recovers").stdout
+    assert "  recovered other: ConnectionError: shard mirror timed out" in status and "failure " not in status, status
+    report = supervise(daemon_env, "probe", attempt.log_path).stdout
+    assert "recovered: other  (fingerprint " in report and "failure: none" not in report, report
+    assert "  ConnectionError: shard mirror timed out" in report, report

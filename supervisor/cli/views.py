@@ -83,7 +83,9 @@ def status_block(job: protocol.JobStatus) -> str:
             lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}"
                          f"{_eta(p) if live else ''}")
         if a.failure is not None:
-            lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
+            # A done attempt went on from its failure: `recovered`, the word `probe` says it with.
+            word = "recovered" if a.verdict is Verdict.DONE else "failure"
+            lines.append(f"  {word} {a.failure.kind}: {a.failure.line}")
         if used := _fmt.usage(a.usage):
             lines.append(f"  used {used}")
         if job.last_output_age_s is not None:
