@@ -68,3 +68,14 @@ def test_doctor_of_a_host_that_does_not_answer_is_one_line_exit_69(daemon_env) -
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("MISSING  ssh ") and f"127.0.0.1:{port}" in lines[0], lines
     assert took < 10, took
+
+
+def test_config_show_sees_a_file_written_after_the_daemon_started(daemon: DaemonProcess, daemon_env,
+                                                                  home: Path) -> None:
+    config = home / "config.toml"
+    assert not config.exists()
+    config.write_text("gpu_interval_s = 4\n")
+    out = supervise(daemon_env, "config", "show").stdout
+    assert f"config file: {config} (present)" in out, out
+    assert "changed since the daemon started" in out, out
+    assert "gpu_interval_s" in out and "from default" in out  # the values it runs with: the start's

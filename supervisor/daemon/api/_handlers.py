@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -212,6 +213,9 @@ class Api:
     async def config(self, request: web.Request) -> web.StreamResponse:
         response = describe_settings(self.service.loaded)
         response.changed_since_start = config_changed(self.service.loaded)
+        # Whether the file is there now (the settings are the start's): one written since the start
+        # read "(absent)" beside the note that it changed.
+        response.config_file_exists = await asyncio.to_thread(Path(response.config_file).is_file)
         return _json(response)
 
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
