@@ -190,3 +190,13 @@ def test_a_recovered_failure_is_called_recovered_by_status_and_probe(daemon: Dae
     report = supervise(daemon_env, "probe", attempt.log_path).stdout
     assert "recovered: other  (fingerprint " in report and "failure: none" not in report, report
     assert "  ConnectionError: shard mirror timed out" in report, report
+
+
+def test_a_phase_a_bar_implies_is_stored_as_a_phase_event(daemon: DaemonProcess, daemon_env, make_job) -> None:
+    # No line announces weight_loading: the shard bar implies it (as `status` says); then a phase line.
+    spec = make_job("implied", PROGRESS_JOB, params=', "6", "0.02"')
+    supervise(daemon_env, "start", str(spec), "--follow")
+    phases = [(e.phase, e.data.get("implied_by")) for e in daemon.client().events("implied").events if e.kind == "phase"]
+    assert phases == [("weight_loading", "progress"), ("running", None)], phases  # each once, in order
+    out = supervise(daemon_env, "events", "implied", "--kind", "phase").stdout
+    assert "phase    weight_loading" in out, out

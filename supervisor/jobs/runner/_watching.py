@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from supervisor.core.errors import StoreError
-from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Record
+from supervisor.core.events import Event, EventKind, Phase, ProbeEvent, ProbeKind, Record
 from supervisor.core.payloads import ActionData, AlertData, ExitedData, ProbeFields, SlowStep, jsonable
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
@@ -279,14 +279,19 @@ class AttemptWatch:
             live.last_output = wall
         else:
             now = live.watchdog.last_output_at
-        events = [_from_probe(self._job, live.row.n, pe) for pe in probe_events]
-        for event in events:
+        events = []
+        for event in (_from_probe(self._job, live.row.n, pe) for pe in probe_events):
             event.generation = live.row.log_generation
             at = now
             if backlog is not None and event.offset is not None and backlog.covers(event.offset, event.generation):
                 event.ts = backlog.wall_at(event.offset)  # stored with when it was written, not read
                 at = clock_at(clock, event.ts)
+            before = live.watchdog.phase
             note(self._journal, live, event, at)
+            events.append(event)
+            entered = live.watchdog.phase
+            if entered is not None and entered is not before and event.kind is not EventKind.PHASE:
+                events.append(implied_phase(event, entered))
         self._alerts.observed(live, events)
         admitted = []
         for event in events:
@@ -411,6 +416,15 @@ def _contained(journal: Journal, live: Live, what: str, exc: Exception) -> None:
 def clock_at(clock: Callable[[], float], wall: float) -> float:
     """A wall-clock time on ``clock`` (the watchdog's)."""
     return clock() - (time.time() - wall)
+
+
+def implied_phase(event: Event, phase: Phase) -> Event:
+    """The phase an event of another kind put the attempt in (a shard bar: weight_loading), stored
+    as a phase event of its own: `events --kind phase`, the report and the page list every phase
+    `status` names, not only those a phase line announced."""
+    return Event(job=event.job, attempt=event.attempt, kind=EventKind.PHASE, message=event.message, ts=event.ts,
+                 probe=event.probe, phase=phase, offset=event.offset, generation=event.generation,
+                 data={"implied_by": event.kind.value})
 
 
 def _from_probe(job: str, n: int, pe: ProbeEvent) -> Event:
