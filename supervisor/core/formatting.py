@@ -79,7 +79,8 @@ def usage(used: Any) -> str:
     if used.cpu_s is not None:
         parts.append(f"cpu {cpu_time(used.cpu_s)}")
     if used.peak_memory_mib is not None:
-        parts.append(f"peak memory {size(used.peak_memory_mib * 1024 * 1024)}")
+        sampled = " (sampled)" if getattr(used, "peak_memory_sampled", False) else ""
+        parts.append(f"peak memory {size(used.peak_memory_mib * 1024 * 1024)}{sampled}")
     if used.peak_tasks is not None:
         parts.append(f"{used.peak_tasks} tasks at most")
     if used.gpu_peak_mib and used.gpu_hours is not None:

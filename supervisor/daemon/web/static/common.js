@@ -112,7 +112,8 @@ function stallBounds(job) {
 function usageText(u) {
   const parts = [];
   if (u.cpu_s !== null && u.cpu_s !== undefined) parts.push("cpu " + (u.cpu_s < 1 ? u.cpu_s.toFixed(2) + "s" : dur(u.cpu_s)));
-  if (u.peak_memory_mib !== null && u.peak_memory_mib !== undefined) parts.push(`peak memory ${u.peak_memory_mib.toLocaleString("en")} MiB`);
+  if (u.peak_memory_mib !== null && u.peak_memory_mib !== undefined)
+    parts.push(`peak memory ${u.peak_memory_mib.toLocaleString("en")} MiB${u.peak_memory_sampled ? " (sampled)" : ""}`);
   const gpus = Object.entries(u.gpu_peak_mib || {});
   if (gpus.length) parts.push(`${(u.gpu_s / 3600).toFixed(2)} GPU-hours (` +
     gpus.map(([g, mib]) => `GPU ${g} ${mib.toLocaleString("en")} MiB`).join(", ") + " at most)");
