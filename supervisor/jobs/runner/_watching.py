@@ -288,10 +288,10 @@ class AttemptWatch:
                 at = clock_at(clock, event.ts)
             before = live.watchdog.phase
             note(self._journal, live, event, at)
-            events.append(event)
             entered = live.watchdog.phase
             if entered is not None and entered is not before and event.kind is not EventKind.PHASE:
-                events.append(implied_phase(event, entered))
+                events.append(implied_phase(event, entered))  # the phase first: its line began it
+            events.append(event)
         self._alerts.observed(live, events)
         admitted = []
         for event in events:
