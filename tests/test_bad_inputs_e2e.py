@@ -73,6 +73,8 @@ def test_a_learned_min_that_can_never_tighten_is_noted_at_start(daemon: DaemonPr
     ("diverge_k = nan", "diverge_k"), ("diverge_steps = 0", "diverge_steps"), ("diverge_steps = 1e9", "diverge_steps"),
     ("hung_action = \"explode\"", "hung_action"), ("diverge_action = 3", "diverge_action"),
     ("idle_s = 0", "idle_s"), ("idle_s = inf", "idle_s"), ("idle_action = \"nap\"", "idle_action"),
+    ("slow_floor_s = 0", "slow_floor_s"), ("slow_floor_s = -3", "slow_floor_s"), ("slow_floor_s = nan", "slow_floor_s"),
+    ("slow_floor_s = \"soon\"", "slow_floor_s"), ("slow_floor_s = 1e300", "slow_floor_s"),
 ])
 def test_bad_hung_and_divergence_fields_are_one_line_exit_65_and_nothing_stored(
         daemon: DaemonProcess, home: Path, daemon_env: dict[str, str], line: str, field: str) -> None:

@@ -76,7 +76,7 @@ def test_status_says_which_verdict_comes_next_and_when(daemon: DaemonProcess, ma
     upcoming = client.status("held").jobs[0].next_verdict
     assert upcoming is not None and upcoming.verdict == "stalled"
     assert 25 < upcoming.in_s <= 30
-    assert upcoming.reason.startswith("checkpoint_shard 5/10, no progress for 30.0s (bound 30.0s = stall floor")
+    assert upcoming.reason.startswith("checkpoint_shard 5/10, no progress for 30.0s (bound 30.0s = stall_floor_s")
     text = supervise(daemon_env, "status", "held").stdout
     assert "  stalled in " in text and "if nothing changes: checkpoint_shard 5/10" in text
     gate.write_text("")

@@ -45,7 +45,7 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
     command = json.dumps([sys.executable, str(REPLAY), str(STALL_TSV), "--arrivals", str(STALL_TSV), "--speed", "2",
                           "--collapse-gaps-over", "0.5", "--freeze-after", "42"])
     spec.write_text(f'name = "load"\ncommand = {command}\nprobes = {PACKS}\nstop_grace_s = 1\n'
-                    f"[health]\nstall_floor_s = {FLOOR_S}\nlearned_min_s = 0.5\n"
+                    f"[health]\nstall_floor_s = {FLOOR_S}\nlearned_min_s = 0.5\nslow_floor_s = 0.1\n"
                     "[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
     client = alerting_daemon.client()
     client.start(str(spec), {})
@@ -56,11 +56,11 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
         return job.stall_bounds if progress is not None and progress.done == 5 and job.attempt.n == 1 else None
 
     [bound] = wait_until(frozen_bound, timeout=60)
-    assert (bound.bound_s, bound.kind, bound.source) == (FLOOR_S, "default_floor", "default floor")
+    assert (bound.bound_s, bound.kind, bound.source) == (FLOOR_S, "default_floor", "stall_floor_s")
     assert 0 < bound.in_s <= FLOOR_S and bound.history_runs is None
     assert "Loading safetensors checkpoint shards" in bound.bar
     shown = supervise({**daemon_env, "SUPERVISE_HOME": str(home)}, "status", "load").stdout
-    assert "stall bound 6s (default floor) for Loading safetensors checkpoint shards" in shown, shown
+    assert "stall bound 6s (stall_floor_s) for Loading safetensors checkpoint shards" in shown, shown
     wait_until(lambda: len(client.attempts("load").attempts) == 2 and client.status("load").jobs[0].state == "failed",
                timeout=90)
     events = client.events("load").events
@@ -73,7 +73,7 @@ def test_a_relaunch_flags_the_frozen_load_from_history_and_says_slow_first(
         return stalled(n).ts - last
 
     first, second = stalled(1), stalled(2)
-    assert first.data["bound_source"] == "default floor" and first.data["bound_s"] == FLOOR_S
+    assert first.data["bound_source"] == "stall_floor_s" and first.data["bound_s"] == FLOOR_S
     assert second.data["bound_source"].startswith("history (") and "from 1 run)" in second.data["bound_source"]
     assert "5/13" in second.message
     assert detection(2) < FLOOR_S / 2 < detection(1)
@@ -107,7 +107,7 @@ def test_a_second_run_slower_than_the_first_is_slow_never_stalled(
     pace = home / "pace"
     pace.write_text("0.05")
     spec = make_job("paced", PACED_LOAD, params=f', "{pace}"',
-                    extra="[health]\nstall_floor_s = 20\n[restart]\nmax_attempts = 2\n")
+                    extra="[health]\nstall_floor_s = 20\nslow_floor_s = 0.5\n[restart]\nmax_attempts = 2\n")
     client = alerting_daemon.client()
     client.start(str(spec), {})
     wait_until(lambda: client.status("paced").jobs[0].state == "done", timeout=30)

@@ -27,7 +27,7 @@ def test_a_shards_next_verdict_keeps_where_its_bound_came_from() -> None:
     upcoming = protocol.NextVerdict(verdict=Verdict.STALLED, in_s=42.0, reason="no progress for 10m",
                                     bound_s=600.0, bound_source="history (12 intervals from 2 runs)")
     bar = BarProgress("tqdm", 3, 64, 20.0, 1220.0, "Loading safetensors shards")
-    shard0 = RunnerSnapshot(job="ext", attempt=1, shard=0, next_verdict=upcoming, progress=bar)
+    shard0 = RunnerSnapshot(job="ext", attempt=1, shard=0, next_verdict=upcoming, progress=bar, progress_still_s=20.0)
     job = RunnerSnapshot(job="ext", attempt=None, shards=(shard0,))
 
     status = shards_status(2, JobState.RUNNING, [_row(0, 1), _row(1, 2)], job, attempt_info)
@@ -36,6 +36,7 @@ def test_a_shards_next_verdict_keeps_where_its_bound_came_from() -> None:
     assert first.next_verdict == upcoming
     assert first.next_verdict is not None and first.next_verdict.bound_source == "history (12 intervals from 2 runs)"
     assert first.attempt is not None and first.attempt.progress == protocol.ProgressInfo(
-        probe="tqdm", bar="Loading safetensors shards", done=3, total=64, rate_s_per_it=20.0, eta_s=1220.0)
+        probe="tqdm", bar="Loading safetensors shards", done=3, total=64, rate_s_per_it=20.0, eta_s=1200.0,
+        still_s=20.0)  # its ETA counted down from its last step, 20 s ago
     # The other shard's runner says nothing: no verdict is invented for it.
     assert status.shards[1].next_verdict is None

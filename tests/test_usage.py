@@ -5,6 +5,7 @@ attempt and shown by `attempts`, `status`, `accounting`, the metrics and `--json
 from __future__ import annotations
 
 import csv
+import re
 import datetime as dt
 import io
 import json
@@ -46,7 +47,8 @@ def test_the_gpu_meter_counts_gpus_held_times_time_and_the_peak_per_gpu() -> Non
     used = meter.usage()
     assert used.gpu_s == 4 + 2 + 60 and used.gpu_peak_mib == {0: 3000, 1: 500}
     assert used.with_host(AttemptUsage(cpu_s=1.5, peak_memory_mib=20, peak_tasks=3)).model_dump() == {
-        "cpu_s": 1.5, "peak_memory_mib": 20, "peak_tasks": 3, "gpu_peak_mib": {0: 3000, 1: 500}, "gpu_s": 66.0}
+        "cpu_s": 1.5, "peak_memory_mib": 20, "peak_memory_sampled": False, "peak_tasks": 3, "gpu_peak_mib": {0: 3000, 1: 500},
+        "gpu_s": 66.0}
 
 
 def test_an_attempt_on_a_gpu_stores_its_gpu_memory_peak_and_gpu_seconds(tmp_path: Path) -> None:
@@ -93,6 +95,11 @@ def test_accounting_lists_every_attempt_as_sacct_does(daemon: DaemonProcess, dae
     assert as_json[0]["end"] == attempt.ended and as_json[0]["duration_s"] == round(attempt.ended - attempt.started, 3)
     table = list(csv.DictReader(io.StringIO(supervise(daemon_env, "accounting", "--csv").stdout)))
     assert [(r["job"], r["state"], r["exit_code"]) for r in table] == [("burner", "done", "0")]
+    # Times as ISO-8601 with their offset, as people and spreadsheets read them; the duration in seconds.
+    start, end = (dt.datetime.fromisoformat(table[0][key]) for key in ("start", "end"))
+    assert start.utcoffset() is not None and table[0]["start"][10] == "T", table[0]
+    assert abs(start.timestamp() - attempt.started) < 1 and abs(end.timestamp() - attempt.ended) < 1, table[0]
+    assert float(table[0]["duration_s"]) == round(attempt.ended - attempt.started, 3)
     assert list(table[0]) == ["job", "attempt", "shard", "host", "start", "end", "duration_s", "state", "cpu_s",
                               "peak_memory_mib", "gpu_hours", "exit_code", "exit_signal"]
     text = supervise(daemon_env, "accounting").stdout.splitlines()
@@ -133,3 +140,18 @@ def test_accounting_table_cuts_no_host_or_job_name(capsys: pytest.CaptureFixture
     assert "ssh://" not in lines[1] and "me@" not in lines[1]
     assert lines[2].split()[:4] == ["t", "2", "-", "local"]
     assert lines[0].index("host") == lines[1].index("gpu-box") == lines[2].index("local")
+
+
+def test_peak_memory_is_known_where_the_cgroup_does_not_count_it(daemon: DaemonProcess, daemon_env: dict[str, str],
+                                                                 make_job: Callable[..., Path]) -> None:
+    # 200 MiB held for 2.5 s: the cgroup's memory.peak says it where the memory controller reaches
+    # the attempt; elsewhere (no controller delegated, no cgroup) its processes' RSS is sampled.
+    client = daemon.client()
+    client.start(str(make_job("holder", "import time\nheld = bytearray(200 * 1024 * 1024)\n"
+                                        "print('holding', flush=True)\ntime.sleep(2.5)\n")), {})
+    wait_until(lambda: job_state(client, "holder") == "done", timeout=60)
+    used = client.attempts("holder").attempts[0].usage
+    assert used is not None and used.peak_memory_mib is not None and 200 <= used.peak_memory_mib < 1024, used
+    shown = supervise(daemon_env, "status", "holder").stdout
+    marked = " (sampled)" if used.peak_memory_sampled else ""
+    assert re.search(rf"peak memory \d+(\.\d)? MiB{re.escape(marked)}", shown), shown

@@ -726,7 +726,7 @@ def test_replay_real_freeze_is_flagged_within_the_bound_and_clears() -> None:
     assert flagged_at - froze_at == pytest.approx(5.0, abs=1e-6)  # exactly at the bound
     assert stalled.evidence["done"] == 5 and stalled.evidence["total"] == 13
     assert stalled.evidence["median_interval_s"] == pytest.approx(0.147, abs=0.01)
-    assert stalled.reason.startswith("shard 5/13, no progress for 5.0s (bound 5.0s = stall floor")
+    assert stalled.reason.startswith("shard 5/13, no progress for 5.0s (bound 5.0s = stall_floor_s")
     assert changes[2][0] == resumed_at
 
 

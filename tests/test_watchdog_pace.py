@@ -47,7 +47,7 @@ def test_without_history_the_first_shards_wait_for_the_floor() -> None:
     clock.t = 17.5
     w.observe(shard(1))
     [(_, bound, _, source)] = w.stall_bounds()
-    assert (bound, str(source), source.kind) == (120.0, "default floor", BoundKind.DEFAULT_FLOOR)
+    assert (bound, str(source), source.kind) == (120.0, "stall_floor_s", BoundKind.DEFAULT_FLOOR)
     assert w.next_check_at() == pytest.approx(17.5 + 120)
 
 
@@ -59,7 +59,7 @@ def test_history_never_tightens_the_floor_unless_asked() -> None:
     clock.t = 17.5
     w.observe(shard(1))
     [(_, bound, _, source)] = w.stall_bounds()
-    assert (bound, source.kind, str(source)) == (120.0, BoundKind.DEFAULT_FLOOR, "default floor")
+    assert (bound, source.kind, str(source)) == (120.0, BoundKind.DEFAULT_FLOOR, "stall_floor_s")
     clock.t = 17.5 + 119.9
     assert w.check().verdict is Verdict.HEALTHY
     clock.t = 17.5 + 120
@@ -77,7 +77,7 @@ def test_a_slower_run_than_its_history_is_never_stalled_while_it_moves() -> None
         clock.t = 2.5 * i
         w.observe(shard(i, 20))
     # It was reported slow (against its history), which is no verdict.
-    w2, clock2 = make(history_of([0.2] * 20), stall_floor_s=120)
+    w2, clock2 = make(history_of([0.2] * 20), stall_floor_s=120, slow_floor_s=1)
     w2.observe(shard(0, 20))
     clock2.t = 2.4
     assert [key for key, _ in w2.slow()] == [f"{DESC}@0"]
@@ -182,7 +182,7 @@ def test_a_step_well_over_its_history_is_slow_before_it_is_a_stall() -> None:
 
 def test_a_run_slower_all_along_is_not_slow_at_every_step() -> None:
     # Every step at 3 x the history's: slow is measured against this run's own median once it has one.
-    w, clock = make(history_of([1.0] * 10), stall_floor_s=120)
+    w, clock = make(history_of([1.0] * 10), stall_floor_s=120, slow_floor_s=1)
     w.observe(shard(0))
     for i in range(1, 6):
         clock.t = 3.0 * i
@@ -214,3 +214,41 @@ def test_a_pace_from_intervals_skips_what_is_not_a_duration() -> None:
     pace = BarPace.of(KEY, [[1.0, float("nan"), -1.0, 2.0], []])
     assert pace.intervals == (1.0, 2.0) and pace.runs == 1
     assert PaceHistory({KEY: BarPace.of(KEY, [[]])}).get(KEY) is None
+
+
+def test_a_floor_reads_as_set_and_names_the_field_that_set_it() -> None:
+    # A monotonic clock reading where (t + 600) - t is 599.9999999999418: shown once as 9m59s.
+    w, clock = make(None, stall_floor_s=600)
+    clock.t = 523900.315
+    w.observe(shard(1))
+    [(_, bound, _, source)] = w.stall_bounds()
+    assert (bound, str(source)) == (600.0, "stall_floor_s")
+    w = Watchdog(HealthSpec(stall_floor_by_phase={Phase.WEIGHT_LOADING: 90}), clock=clock)
+    w.observe(shard(1))
+    [(_, bound, _, source)] = w.stall_bounds()
+    assert (bound, str(source)) == (90.0, "stall_floor_by_phase.weight_loading")
+    assert w.check(clock.t + 90).reason.endswith("(bound 90.0s = stall_floor_by_phase.weight_loading; "
+                                                 "no interval measured yet)")
+    w = Watchdog(HealthSpec(), clock=clock)  # the default: said so
+    w.observe(shard(1))
+    assert str(w.stall_bounds()[0][3]) == "default floor"
+
+
+def test_a_hiccup_of_a_fast_bar_is_not_slow_until_it_has_lasted_the_slow_floor() -> None:
+    # The reported case: a shard bar at 0.15 s a step, and one step of 0.5 s: slow against its history
+    # (2 x its 95th percentile is 0.3 s), yet a hiccup.  Slow only once the step has lasted 30 s.
+    w, clock = make(history_of([0.15] * 40))
+    w.observe(shard(0))
+    clock.t = 0.5
+    assert w.slow() == []
+    assert w.next_check_at() == pytest.approx(30.0)  # the slow report's deadline: the floor, not 0.3 s
+    clock.t = 30.0
+    [(key, report)] = w.slow()
+    assert key == f"{DESC}@0" and "this step has taken 30.0s, over 30.0s" in report.reason
+    # Set in the spec, the floor is the spec's.
+    w, clock = make(history_of([0.15] * 40), slow_floor_s=5)
+    w.observe(shard(0))
+    clock.t = 4.9
+    assert w.slow() == []
+    clock.t = 5.0
+    assert [key for key, _ in w.slow()] == [f"{DESC}@0"]

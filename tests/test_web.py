@@ -154,6 +154,27 @@ def test_stop_from_the_page_asks_then_stops_the_job_and_running_jobs_come_first(
     wait_until(lambda: "stopped sleeper" in _text(browser, '.card[data-job="sleeper"] .msg'))
 
 
+def test_a_bar_still_past_its_eta_and_an_ended_attempt_show_no_eta(web: Web, browser: WebDriver,
+                                                                     make_job: Callable[..., Path], tmp_path: Path) -> None:
+    client = web.daemon.client()
+    # Ten steps 0.1 s apart, then held at 10/20: an ETA of about 1 s at its last step, which runs out.
+    gate = tmp_path / "gate"
+    spec = make_job("held", PROGRESS_JOB, params=f', "20", "0.1", "{gate}"',
+                    extra="[health]\nstall_floor_s = 3600\n")
+    client.start(str(spec), {})
+    client.start(str(make_job("crashy", CRASHING_JOB, extra="[restart]\nmax_attempts = 1\n")), {})
+    wait_until(lambda: client.status("crashy").jobs[0].state == "failed")
+    _open(browser, web)
+    wait_until(lambda: _bar_done(browser, "held") == 10)
+    held = '.card[data-job="held"] .progress'
+    wait_until(lambda: re.search(r"still [3-9]s", _text(browser, held)), timeout=30)
+    assert "ETA" not in _text(browser, held), _text(browser, held)
+    client.stop("held", None)
+    wait_until(lambda: "stopped" in _text(browser, '.card[data-job="held"] .badge'))
+    assert not re.search(r"ETA|still", _text(browser, held)), _text(browser, held)
+    assert "ETA" not in _text(browser, '.card[data-job="crashy"]'), _text(browser, '.card[data-job="crashy"]')
+
+
 def _answer(browser: WebDriver, *, accept: bool) -> str:
     """Answer the page's confirmation dialog; what it asked."""
     asked: list[str] = []
@@ -314,8 +335,9 @@ def test_one_card_per_shard_under_its_job_updated_live(web: Web, browser: WebDri
     for card in cards:
         text = str(card["text"])
         assert f"shard {card['shard']}" in text and "running" in text and "attempt 1/2 (#" in text, text
-        # The rate is measured from the redraws' arrival ("–" while a busy box read them in one batch).
-        assert "phase weight_loading" in text and re.search(r"checkpoint_shards\n(\S+ it/s|–)\nETA ", text), text
+        # The rate is measured from the redraws' arrival ("–" while a busy box read them in one batch); held at
+        # the gate, past its ETA, each bar says how long it has stood still.
+        assert "phase weight_loading" in text and re.search(r"checkpoint_shards\n(\S+ it/s|–)\n(ETA|still) ", text), text
         assert "healthy" in text or "→" in text, text
     job = '.card[data-job="sharded"]'
     assert "shards 0/3 done, 3 running, 0 failed" in _text(browser, f"{job} > .row")

@@ -26,9 +26,12 @@ from supervisor.cli._args import (
     add_since,
     attempt_number,
     every_seconds,
+    gpu_list,
     grace_seconds,
     grep_pattern,
+    job_name,
     line_count,
+    report_out,
 )
 from supervisor.cli.completion import SHELLS
 from supervisor.core.errors import SuperviseError
@@ -39,7 +42,16 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = None
+    if words[:1] == ["run"] and "--" in words:
+        # `run NAME [flags] -- CMD ARGS`: the words after `--` are the command's, split off before
+        # argparse sees them (it cannot take flags after NAME and a free-form tail after them).
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1:]
+    args = parser.parse_args(words)
+    if command is not None:
+        args.argv = command
     try:
         return int(args.func(args) or 0)
     except SuperviseError as exc:
@@ -98,6 +110,19 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
     add_field_flags(p)
 
+    p = add("run", _verb("run", "cmd_run"), "run a command as a supervised job without writing a spec: "
+                                            "supervise run NAME -- CMD ARGS...")
+    p.add_argument("name", type=job_name, help="the job's name (what status, logs and stop take)")
+    p.add_argument("--after", action="append", default=[], metavar="JOB",
+                   help="launch only once JOB's current run is done (cancelled if it gives up); repeatable")
+    p.add_argument("--gpus", type=gpu_list, default=None, metavar="LIST",
+                   help="the GPUs it uses: 0,1 or all (default: all); their memory is watched and awaited around relaunches")
+    p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    add_field_flags(p)
+    # After `--` every word is the command's, its own options too (main() splits them off).
+    p.add_argument("argv", nargs="*", metavar="-- CMD ARGS",
+                   help="the command and its arguments, after `--`, each taken literally (no shell)")
+
     p = add("stop", _verb("jobs", "cmd_stop"), "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
@@ -115,6 +140,9 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("job")
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
+    p.add_argument("--reload", action="store_true",
+                   help="take the job's spec file as it is now (without it: the spec it was started with, "
+                        "and a file changed since is said)")
     add_field_flags(p)
 
     p = add("accounting", _verb("accounting", "cmd_accounting"), "one row per attempt (job, host, start, end, duration, verdict, CPU, "
@@ -183,7 +211,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
     p = add("report", _verb("views", "cmd_report"), "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")
     p.add_argument("job")
-    p.add_argument("--out", default=None, metavar="FILE.png|FILE.html",
+    p.add_argument("--out", type=report_out, default=None, metavar="FILE.png|FILE.html",
                    help="where to write it (default: JOB-report.png); .html embeds the picture and a table of attempts")
 
 

@@ -74,6 +74,38 @@ def grep_pattern(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not a valid RE2 pattern {text[:40]!r}: {problem}") from None
 
 
+def report_out(text: str) -> str:
+    """`report --out`: a .png or .html file (the two the report is written as); another name is a
+    usage error in one line, before the daemon is asked for anything."""
+    if not text.lower().endswith((".png", ".html", ".htm")):
+        raise argparse.ArgumentTypeError(f"the report is written as FILE.png or FILE.html, got {text[:80]!r}")
+    return text
+
+
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as a spec's `name` (spec/model.py)
+
+
+def job_name(text: str) -> str:
+    """`run NAME`: a job's name as a spec's `name` takes it; another is a usage error in one line."""
+    if not _JOB_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"a job name is 1 to 64 letters, digits, '.', '_' and '-', starting with a "
+                                         f"letter or digit; got {text[:40]!r}")
+    return text
+
+
+def gpu_list(text: str) -> list[int] | None:
+    """`run --gpus`: `0,1` (device indices) or `all` (None: every device, the spec's default)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        devices = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1 or all, got {text[:40]!r}") from None
+    if any(d < 0 or d > 1023 for d in devices) or len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU indices from 0 to 1023, got {text[:40]!r}")
+    return devices
+
+
 def whole_number(text: str) -> int:
     """`--shards`: a whole number (its range is the spec's, so `--shards 0` is a spec error, exit 65)."""
     try:

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from supervisor.cli._args import client as _client
 from supervisor.cli.client import Client
@@ -42,10 +43,17 @@ def cmd_accounting(args: argparse.Namespace) -> int:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(list(Row.__dataclass_fields__))
         for row in rows:
-            writer.writerow(["" if v is None else v for v in asdict(row).values()])
+            values = {**asdict(row), "start": _iso(row.start), "end": _iso(row.end)}
+            writer.writerow(["" if v is None else v for v in values.values()])
     else:
         _print_table(rows)
     return 0
+
+
+def _iso(ts: float | None) -> str | None:
+    """A time in a CSV cell: ISO-8601, local with its UTC offset, to the second, as a spreadsheet and
+    `date -d` read it (epoch seconds read as a number; `duration_s` stays one)."""
+    return None if ts is None else datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
 
 
 def accounting(client: Client, since: float | None, now: float) -> list[Row]:
@@ -86,7 +94,7 @@ def _print_table(rows: list[Row]) -> None:
         mem = _fmt.size(r.peak_memory_mib * 1024 * 1024) if r.peak_memory_mib is not None else "-"
         cpu = _fmt.cpu_time(r.cpu_s) if r.cpu_s is not None else "-"
         gpu = f"{r.gpu_hours:.2f}" if r.gpu_hours is not None else "-"
-        shard = "-" if r.shard is None else ("gather" if r.shard < 0 else str(r.shard))
+        shard = _fmt.shard(r.shard)
         print(f"{r.job:<{jw}} {r.attempt:>4} {shard:>5} {host:<{hw}} {_fmt.timestamp(r.start):<19} {end:<19} "
               f"{_fmt.duration(r.duration_s):>9} {r.state:<9} {cpu:>9} {mem:>10} {gpu:>7} {exit_}")
 

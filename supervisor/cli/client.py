@@ -140,9 +140,10 @@ class Client:
                          timestamps="1" if timestamps else None)
         yield from self._stream(f"/v1/jobs/{job}/log", params, protocol.LogChunk)
 
-    def restart(self, job: str, grace_s: float | None, fields: FieldOverrides | None = None) -> protocol.RestartResponse:
+    def restart(self, job: str, grace_s: float | None, fields: FieldOverrides | None = None, *,
+                reload: bool = False) -> protocol.RestartResponse:
         return self._call("POST", f"/v1/jobs/{job}/restart", protocol.RestartResponse,
-                          protocol.RestartRequest(grace_s=grace_s, fields=fields or FieldOverrides()))
+                          protocol.RestartRequest(grace_s=grace_s, fields=fields or FieldOverrides(), reload=reload))
 
     def remove(self, job: str, *, logs: bool) -> protocol.RemoveResponse:
         return self._call("DELETE", f"/v1/jobs/{job}", protocol.RemoveResponse, params=_params(logs="1" if logs else None))

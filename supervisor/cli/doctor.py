@@ -8,7 +8,8 @@ free space under the remote log root.  Without a host it
 runs the same shell checks on this machine, against the local log root, and looks at NVML.
 
 Each line is ``ok`` or ``MISSING`` (or ``warn``), the check, and what was found or exactly
-what to do.  The exit status is 1 when a required check is MISSING, else 0.
+what to do.  The exit status is 1 when a required check is MISSING, else 0; 69 (host unavailable),
+in one line, when the host does not answer at all.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.core.config import Paths
-from supervisor.core.errors import ConnectionLost, SuperviseError
+from supervisor.core.errors import ConnectionLost, HostError, SuperviseError
 from supervisor.core.host_url import LOCAL_HOST
 from supervisor.hosts import DOCTOR_SCRIPT, after_mark, parse_keys, script
 
@@ -38,6 +39,7 @@ class Check:
     name: str
     detail: str
     required: bool = True
+    unreachable: bool = False  # the host did not answer at all: nothing else could be checked
 
     def line(self) -> str:
         return f"{self.status:<8} {self.name:<11} {self.detail}"
@@ -48,6 +50,10 @@ def doctor_command(host: str | None) -> int:
         checks = _local_checks()
     else:
         checks = asyncio.run(_remote_checks(host))
+    if any(c.unreachable for c in checks):
+        # One line and the table's "host unavailable", as any verb that cannot reach a host says it.
+        print(next(c for c in checks if c.unreachable).line(), flush=True)
+        return HostError.exit_code
     for check in checks:
         print(check.line(), flush=True)
     failed = [c for c in checks if c.status == "MISSING" and c.required]
@@ -72,7 +78,9 @@ async def _remote_checks(url: str) -> list[Check]:
     where = host.target.display
     try:
         try:
-            await host.connection(deadline=time.monotonic() + 20.0)
+            # One try: a host that does not answer is said at once, not after 16 s of retry lines
+            # (a job's connection retries; a check of whether the box answers now does not).
+            await host.connection(deadline=time.monotonic())
         except SuperviseError as exc:
             return checks + _connection_failure(host, exc)
         checks.append(Check("ok", "ssh", f"connected to {where}"))
@@ -112,7 +120,8 @@ def _connection_failure(host: SshHost, exc: SuperviseError) -> list[Check]:
     target = host.target
     if isinstance(exc, ConnectionLost):
         return [Check("MISSING", "ssh", f"{text}: check the host name and port, and that sshd runs there "
-                                        f"(`ssh -p {target.port or 22} {target.display.split(':')[0]}` should work)")]
+                                        f"(`ssh -p {target.port or 22} {target.display.split(':')[0]}` should work)",
+                      unreachable=True)]
     if text.startswith("host key of"):
         return [Check("ok", "ssh", f"{target.where} answers"), Check("MISSING", "host key", text)]
     if text.startswith("SSH login"):

@@ -13,8 +13,9 @@ from supervisor.cli.pipelines import start_pipeline
 from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.events import JobState, Verdict
+from supervisor.core.overrides import FieldOverrides
 from supervisor.jobs.dependencies import with_after
-from supervisor.spec.model import find_spec, parse_overrides
+from supervisor.spec.model import JobSpec, find_spec, parse_overrides
 from supervisor.spec.pipeline import find_pipeline
 
 
@@ -23,15 +24,22 @@ def cmd_start(args: argparse.Namespace) -> int:
     if (pipeline := find_pipeline(args.job)) is not None:
         return start_pipeline(args, pipeline, overrides, fields)
     spec = with_after(find_spec(args.job).with_overrides(overrides, fields), args.after)
+    return start_spec(spec, overrides, args.after, fields, follow=args.follow)
+
+
+def start_spec(spec: JobSpec, overrides: dict[str, str], after: list[str], fields: FieldOverrides, *,
+               follow: bool) -> int:
+    """Start ``spec`` (its file, ``overrides`` and ``fields`` applied) as `start` does; with ``follow``,
+    follow it until it ends (exit 1 unless it is done)."""
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
-    response = client.start(spec.spec_path, overrides, args.after, fields)
+    response = client.start(spec.spec_path, overrides, after, fields)
     if _cancelled(response):
         return 1
     for note in response.notes:
         print(f"supervise: note: {note}")
     print(f"supervise: {response.message}" + (f"; log {response.log_path}" if response.log_path else ""))
-    if not args.follow:
+    if not follow:
         return 0
     for path in spec.output_paths():
         print(f"supervise: {spec.name} writes its output to {path}")
@@ -83,12 +91,14 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     client = _client()
-    response = client.restart(args.job, args.grace, field_overrides(args))
+    response = client.restart(args.job, args.grace, field_overrides(args), reload=args.reload)
     if response.stopped is not None:
         _print_stopped(response.stopped)
     started = response.started
     if _cancelled(started):
         return 1
+    for note in started.notes:
+        print(f"supervise: note: {note}")
     print(f"supervise: {started.message}" + (f"; log {started.log_path}" if started.log_path else ""))
     if not args.follow:
         return 0
@@ -114,11 +124,16 @@ def cmd_attempts(args: argparse.Namespace) -> int:
     if args.json:
         print(response.model_dump_json(indent=2))
         return 0
-    print(f"{'#':>3}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} {'fingerprint':<12} action")
+    # A sharded job's attempts are numbered across its shards: which shard each ran is a column of its own.
+    sharded = any(a.shard is not None for a in response.attempts)
+    shard_head = f"{'shard':>6}" if sharded else ""
+    print(f"{'#':>3}{shard_head}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} "
+          f"{'fingerprint':<12} action")
     for a in response.attempts:
         duration = _fmt.duration((a.ended or time.time()) - a.started)
         progress = f"{_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}" if a.progress and a.progress.total else "-"
-        print(f"{a.n:>3}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
+        shard = f"{_fmt.shard(a.shard):>6}" if sharded else ""
+        print(f"{a.n:>3}{shard}  {_fmt.timestamp(a.started):<19} {duration:>9}  {a.phase or '-':<18} {progress:<12} "
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
         if a.reason and a.verdict not in (None, Verdict.DONE):
             print(f"     {a.reason}")
@@ -134,10 +149,16 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(protocol.JobsResponse(jobs=response.jobs).model_dump_json(indent=2))
         return 0
+    if not response.jobs:
+        print("no jobs yet: `supervise start JOB`")  # as `status` says it: an empty answer looked like a hang
     for job in response.jobs:
         a = job.attempt
-        attempt = _fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}"
-        print(f"{job.name:<20} {job.state:<10} attempt {attempt}  {job.reason}")
+        if job.shards is not None:  # its latest attempt is one shard's: the shards say more
+            sh = job.shards
+            where = f"shards {sh.done}/{sh.total} done, {sh.running} running, {sh.failed} failed"
+        else:
+            where = "attempt " + (_fmt.attempt(a.run_attempt, job.max_attempts, a.n) if a else f"0/{job.max_attempts}")
+        print(f"{job.name:<20} {job.state:<10} {where}  {job.reason}")
     return 0
 
 

@@ -9,6 +9,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from queue import Empty, Queue
+from threading import Thread
 from typing import Any
 
 from supervisor.cli._args import client as _client
@@ -17,7 +19,7 @@ from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.errors import NotFound
 from supervisor.core.events import EventKind, JobState
-from supervisor.core.payloads import ProbeFields
+from supervisor.core.payloads import ProbeFields, StateData
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -27,8 +29,44 @@ def cmd_logs(args: argparse.Namespace) -> int:
     attempt = args.attempt or _latest_attempt(client, args.job)
     after = _last_line_before(client, args.job, attempt, args.since) if args.since is not None else -1
     chunks = _log_chunks(client, args.job, attempt, after, args.lines, args.follow, args.grep, args.timestamps)
-    _LogPrinter(timestamps=args.timestamps).print_all(chunks)
+    printer = _LogPrinter(timestamps=args.timestamps)
+    # Piped and following, a bar's unterminated latest redraw would wait for the next one, which a
+    # frozen bar never draws: the quiet after it is what prints it.
+    printer.print_all(_with_quiet(chunks, _PARTIAL_SETTLE_S) if args.follow and not printer.tty else chunks)
     return 0
+
+
+# How long a bar's unterminated redraw must stay the latest before piped `logs -f` prints it: a
+# moving bar's next redraw comes well before (it is printed complete instead, once), a frozen one's never.
+_PARTIAL_SETTLE_S = 1.0
+
+
+def _with_quiet(chunks: Iterator[protocol.LogChunk], quiet_s: float) -> Iterator[protocol.LogChunk | None]:
+    """The chunks, and None each time ``quiet_s`` passes with none (the stream blocks on the
+    daemon: it is read on a thread of its own, which ends with it)."""
+    queue: Queue[protocol.LogChunk | BaseException | None] = Queue(maxsize=1024)
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                queue.put(chunk)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
+            queue.put(exc)
+            return
+        queue.put(None)
+
+    Thread(target=read, name="logs-follow", daemon=True).start()
+    while True:
+        try:
+            item = queue.get(timeout=quiet_s)
+        except Empty:
+            yield None
+            continue
+        if item is None:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
 
 
 def _latest_attempt(client: Client, job: str) -> int:
@@ -97,16 +135,36 @@ class _LogPrinter:
         self.tty = sys.stdout.isatty()
         self.redraw_pending = False
         self.timestamps = timestamps
+        self.held: protocol.LogChunk | None = None  # piped: the latest unterminated redraw, not printed yet
+        self.settled: tuple[int, str] | None = None  # piped: the one printed once it settled (offset, text)
 
-    def print_all(self, chunks: Iterable[protocol.LogChunk]) -> None:
+    def print_all(self, chunks: Iterable[protocol.LogChunk | None]) -> None:
+        """``None`` among the chunks: the stream has been quiet for a moment (see ``_with_quiet``)."""
         for chunk in chunks:
-            self.show(chunk)
+            if chunk is None:
+                self._settle()
+            else:
+                self.show(chunk)
         if self.redraw_pending:
             sys.stdout.write("\n")
 
+    def _settle(self) -> None:
+        """Piped: the held redraw has stayed the latest for a moment: it is where the bar stands, print it."""
+        held, self.held = self.held, None
+        if held is not None:
+            sys.stdout.write(self._stamp(held) + held.text + "\n")
+            sys.stdout.flush()
+            self.settled = (held.offset, held.text)
+
     def show(self, chunk: protocol.LogChunk) -> None:
         if chunk.partial and not self.tty:
-            return  # an unterminated redraw: printed once it is complete
+            self.held = chunk  # an unterminated redraw: printed once it is complete, or once it settles
+            return
+        if not self.tty:
+            self.held = None  # whatever came after it is later news
+            settled, self.settled = self.settled, None
+            if settled == (chunk.offset, chunk.text):
+                return  # the redraw printed when it settled, now complete: once is enough
         if chunk.redraw and self.tty:
             # A tqdm redraw replaces the previous state: overwrite the line, cut to the
             # terminal's width (a wrapped line cannot be overwritten by \r).
@@ -182,6 +240,10 @@ class _EventPrinter:
         self.last_progress: dict[str, Any] = {}
         self._printed: dict[str, tuple[Any, int | None, float]] = {}  # bar -> (done, percent, wall time) printed
         self._unprinted: dict[str, str] = {}  # bar -> its latest line, not printed yet (piped)
+        # What each attempt's lines have said already, so that its verdict and the job's state after
+        # it do not say the failure again (a failure once, not three times an attempt).
+        self._failure_said: dict[int, str] = {}  # attempt -> the failure line printed
+        self._judged: set[int] = set()  # attempts whose verdict was printed
 
     def show(self, event: protocol.EventInfo) -> None:
         if self.as_json:
@@ -196,13 +258,23 @@ class _EventPrinter:
             detail = event.phase  # one name per phase: the canonical one (the line itself is in `logs`)
         elif event.kind is EventKind.FAILURE:
             detail = f"{event.failure.kind if event.failure else 'failure'}: {event.message}"
+            self._failure_said.setdefault(event.attempt, event.message)
+        elif event.kind is EventKind.VERDICT:
+            said = self._failure_said.get(event.attempt)
+            if said and detail.endswith(f": {said}"):
+                detail = detail[: -len(said) - 2]  # "crashed: exited 1": the failure is the line above
+            self._judged.add(event.attempt)
+        elif event.kind is EventKind.STATE and event.attempt in self._judged:
+            state = StateData.of(event).state
+            if state is not None and state is not JobState.RUNNING:
+                detail = state.value  # its reason repeats the verdict and the action just printed
         print(f"{_fmt.clock(event.ts)} #{event.attempt} {event.kind:<8} {detail}", flush=True)
 
     def _progress(self, event: protocol.EventInfo) -> None:
         payload = ProbeFields.of(event)
         progress = payload.progress
         done, total = (progress.done, progress.total) if progress is not None else (None, None)
-        extra = "".join(f" {name}={value}" for name, value in payload.figures())
+        extra = "".join(f" {name}={_fmt.figure(value)}" for name, value in payload.figures())
         line = f"{_fmt.clock(event.ts)} #{event.attempt} progress {event.probe}: {_fmt.num(done)}/{_fmt.num(total)}{extra}"
         bar = event.probe or ""
         if self.tty:

@@ -79,11 +79,13 @@ def status_block(job: protocol.JobStatus) -> str:
                          f"{_fmt.duration(b.in_s)} left")
         if a.progress is not None:
             p = a.progress
-            eta = f"  eta {_fmt.duration(p.eta_s)}" if p.eta_s and live else ""
             rate = f"  {p.rate_s_per_it:.2f} s/it" if p.rate_s_per_it and live else ""
-            lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}{eta}")
+            lines.append(f"  progress {p.probe}: {_fmt.num(p.done)}/{_fmt.num(p.total)}{rate}"
+                         f"{_eta(p) if live else ''}")
         if a.failure is not None:
-            lines.append(f"  failure {a.failure.kind}: {a.failure.line}")
+            # A done attempt went on from its failure: `recovered`, the word `probe` says it with.
+            word = "recovered" if a.verdict is Verdict.DONE else "failure"
+            lines.append(f"  {word} {a.failure.kind}: {a.failure.line}")
         elif a.reason and a.verdict is not None and a.verdict not in (Verdict.DONE, Verdict.HEALTHY):
             # No probe named a failure: the verdict's reason is the evidence (it quotes the log's last line).
             lines.append(f"  reason {a.reason}")
@@ -97,6 +99,15 @@ def status_block(job: protocol.JobStatus) -> str:
     if job.next_relaunch_in_s is not None:
         lines.append(f"  relaunch in {_fmt.duration(job.next_relaunch_in_s)}")
     return "\n".join(lines)
+
+
+def _eta(p: protocol.ProgressInfo) -> str:
+    """A watched bar's ETA, or, once it ran out with no step, how long the bar has stood still."""
+    if p.eta_s:
+        return f"  eta {_fmt.duration(p.eta_s)}"
+    if p.still_s is not None:
+        return f"  still {_fmt.duration(p.still_s)}"
+    return ""
 
 
 def _ended(a: protocol.AttemptInfo) -> str:
@@ -128,8 +139,8 @@ def _shard_line(shard: protocol.ShardStatus) -> str:
         line += f"  #{a.n} pid {a.pid}  phase {a.phase or '-'}"
         if a.progress is not None:
             line += f"  progress {_fmt.num(a.progress.done)}/{_fmt.num(a.progress.total)}"
-            if a.progress.eta_s and shard.state is JobState.RUNNING:
-                line += f" eta {_fmt.duration(a.progress.eta_s)}"
+            if shard.state is JobState.RUNNING:
+                line += _eta(a.progress)
         if a.verdict is not None and a.verdict is not Verdict.DONE:
             line += f"  {a.verdict}: {(a.reason or '')[:80]}"
     if shard.next_relaunch_in_s is not None:

@@ -124,7 +124,10 @@ def _job_cells(job: protocol.JobStatus) -> list[RenderableType]:
                               complete_style="green" if p.done >= p.total else "cyan", finished_style="green")
         done = f"{_fmt.num(p.done)}/{_fmt.num(p.total)}" if p.total else _fmt.num(p.done)
         rate = _rate(p.rate_s_per_it)
-        eta = _fmt.duration(p.eta_s) if p.eta_s is not None and job.state is JobState.RUNNING else "-"
+        if job.state is JobState.RUNNING and p.eta_s is not None:
+            eta = _fmt.duration(p.eta_s)
+        elif job.state is JobState.RUNNING and p.still_s is not None:  # the ETA ran out: how long it stood still
+            eta = f"still {_fmt.duration(p.still_s)}"
     verdict = _verdict(job)
     health = Text(verdict, style=_VERDICT_STYLE.get(verdict, ""))
     output = f"{_fmt.duration(job.last_output_age_s)} ago" if job.last_output_age_s is not None else "-"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 
@@ -21,6 +22,16 @@ def timestamp(ts: float) -> str:
 
 def clock(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def figure(value: Any) -> str:
+    """A measured figure (a rate, a loss, tokens/s) for a person: four significant digits, whole
+    numbers from 1,000 on (never 1.6666666666666667, never 1.235e+04)."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if not math.isfinite(value) or value.is_integer():
+        return num(value) if math.isfinite(value) else str(value)
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def duration(seconds: float | None) -> str:
@@ -45,6 +56,11 @@ def attempt(run_attempt: int, max_attempts: int, n: int) -> str:
     return f"{run_attempt}/{max_attempts}" + (f" (#{n})" if run_attempt != n else "")
 
 
+def shard(index: int | None) -> str:
+    """A shard's name in a column: its index, `gather` for the gather step, `-` for none."""
+    return "-" if index is None else ("gather" if index < 0 else str(index))
+
+
 def size(n_bytes: int) -> str:
     """'812 B', '3.4 MiB'."""
     value = float(n_bytes)
@@ -63,7 +79,8 @@ def usage(used: Any) -> str:
     if used.cpu_s is not None:
         parts.append(f"cpu {cpu_time(used.cpu_s)}")
     if used.peak_memory_mib is not None:
-        parts.append(f"peak memory {size(used.peak_memory_mib * 1024 * 1024)}")
+        sampled = " (sampled)" if getattr(used, "peak_memory_sampled", False) else ""
+        parts.append(f"peak memory {size(used.peak_memory_mib * 1024 * 1024)}{sampled}")
     if used.peak_tasks is not None:
         parts.append(f"{used.peak_tasks} tasks at most")
     if used.gpu_peak_mib and used.gpu_hours is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from supervisor.core.errors import ErrorKind
 from supervisor.core.events import (
@@ -55,12 +55,27 @@ class ProgressInfo(BaseModel):
     done: float
     total: float | None = None
     rate_s_per_it: float | None = None
-    eta_s: float | None = None
+    eta_s: float | None = Field(default=None, description="seconds left, counted down from the bar's last step, while "
+                                                          "its attempt is watched; null once that much time has gone "
+                                                          "by without a step (see still_s), and for an ended attempt")
+    still_s: float | None = Field(default=None, description="seconds since the bar last moved, while its attempt is "
+                                                            "watched and the bar has an ETA to keep; null otherwise")
 
     @classmethod
-    def of(cls, bar: BarProgress) -> ProgressInfo:
+    def of(cls, bar: BarProgress, *, ended: bool = False) -> ProgressInfo:
+        """A stored attempt's bar, its ETA as of its last step; none once the attempt has ``ended``."""
         return cls(probe=bar.probe, bar=bar.bar, done=bar.done, total=bar.total, rate_s_per_it=bar.rate_s_per_it,
-                   eta_s=bar.eta_s)
+                   eta_s=None if ended else bar.eta_s)
+
+    @classmethod
+    def watched(cls, bar: BarProgress, still_s: float | None) -> ProgressInfo:
+        """The bar of an attempt being watched, ``still_s`` after its last step: its ETA counted
+        down from then.  An ETA that has run out is no ETA: the bar has stood still past it, and
+        how long it has is what is said instead."""
+        if bar.eta_s is None or still_s is None:
+            return cls.of(bar)
+        left = bar.eta_s - still_s
+        return cls.of(bar).model_copy(update={"eta_s": left if left > 0 else None, "still_s": still_s})
 
 
 class FailureInfo(BaseModel):
@@ -339,6 +354,8 @@ class ConfigResponse(BaseModel):
 
 class RestartRequest(BaseModel):
     grace_s: GraceSeconds | None = Field(default=None, description="seconds between SIGTERM and SIGKILL (0 to a day); default from spec")
+    reload: StrictBool = Field(default=False, description="take the job's spec file as it is now (`restart --reload`); "
+                                                          "false: the spec it was started with (a file changed since is said)")
     fields: FieldOverrides = Field(default_factory=FieldOverrides, description="--host, --python, --workdir, --shards: "
                                                                                 "changed in the stored spec")
 

@@ -20,6 +20,8 @@ class AttemptUsage(BaseModel):
 
     cpu_s: float | None = Field(default=None, description="CPU seconds (user + system) of the attempt's cgroup")
     peak_memory_mib: int | None = Field(default=None, description="the most memory its cgroup held at once")
+    peak_memory_sampled: bool = Field(default=False, description="peak_memory_mib was sampled (its processes' "
+                                                                 "resident memory each second): the cgroup did not count it")
     peak_tasks: int | None = Field(default=None, description="the most tasks (processes and threads) at once")
     gpu_peak_mib: dict[int, int] = Field(default_factory=dict,
                                          description="per GPU index, the most memory its processes held (sampled)")
@@ -35,7 +37,7 @@ class AttemptUsage(BaseModel):
         if host is None:
             return self
         return self.model_copy(update={"cpu_s": host.cpu_s, "peak_memory_mib": host.peak_memory_mib,
-                                       "peak_tasks": host.peak_tasks})
+                                       "peak_memory_sampled": host.peak_memory_sampled, "peak_tasks": host.peak_tasks})
 
 
 class GpuUsageMeter:

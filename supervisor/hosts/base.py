@@ -33,6 +33,12 @@ from supervisor.hosts.stacks import StackDump
 # A command the shell cannot find is said in one line of our own (NOT_FOUND_LINE, exit 127), the
 # same from every shell; the inner shell is named "supervise" ($0), so that any message of its
 # own starts with that, not with the exit-status path it was once given as $0.
+# The inner shell's own stderr goes nowhere (the command's goes to the log, through fd 3): its
+# "Terminated" or "Killed" once landed after a stop on the line of the bar the job was drawing.  The
+# command sets its stderr itself before it execs (`sh -c "exec 2>&3 ..."`): a redirection on the
+# command's line would still be in force when the shell reports how it ended (dash's way).  A
+# death by SIGKILL is said instead in a line of our own (KILLED_LINE), on a line of its own, the
+# same from every shell: it is what names an outside `kill -9` as such (probes/launch.toml).
 WRAPPER_SH = r"""
 log=$1; status=$2; workdir=$3; shift 3
 ( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
@@ -40,10 +46,13 @@ cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $wo
 ( trap '' HUP
   [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
     echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
-  exec setsid sh -c 's=$1; shift; if command -v "$1" >/dev/null 2>&1; then "$@"; rc=$?; else
-    echo "supervise: command not found: $1" >&2; rc=127; fi; n=0
+  exec setsid sh -c 's=$1; shift; l=$1; shift; if command -v "$1" >/dev/null 2>&1; then
+    sh -c "exec 2>&3 3>&-; exec \"\$@\"" supervise "$@"; rc=$?; else
+    echo "supervise: command not found: $1" >&3; rc=127; fi
+    if [ "$rc" -eq 137 ]; then [ -z "$(tail -c 1 "$l" 2>/dev/null)" ] || echo >&3
+    echo "supervise: the command was killed by SIGKILL" >&3; fi; n=0
     until printf "%s\n" "$rc" > "$s.tmp" && mv -f "$s.tmp" "$s"; do
-    n=$((n+1)); [ $n -gt 3600 ] && exit "$rc"; sleep 1; done' supervise "$status" "$@"
+    n=$((n+1)); [ $n -gt 3600 ] && exit "$rc"; sleep 1; done' supervise "$status" "$log" "$@" 3>&2 2>/dev/null
 ) </dev/null >>"$log" 2>&1 &
 echo $!
 """
@@ -51,13 +60,14 @@ echo $!
 TAG_VAR = "SUPERVISE_ATTEMPT"
 _WRAPPER_SCRIPT_START = 's=$1; shift;'
 NOT_FOUND_LINE = "supervise: command not found: "  # + the command, as the wrapper writes it to the log
+KILLED_LINE = "supervise: the command was killed by SIGKILL"  # as the wrapper writes it to the log
 
 
 def shown_command(cmdline: list[str]) -> str:
     """A process's command line as a user should read it: the wrapper's shell (``sh -c SCRIPT
     supervise STATUS ARGV...``) as the user's command it runs, marked as the wrapper, not its script."""
-    if len(cmdline) > 5 and cmdline[1] == "-c" and cmdline[2].startswith(_WRAPPER_SCRIPT_START):
-        return " ".join(cmdline[5:]) + "  (its wrapper)"
+    if len(cmdline) > 6 and cmdline[1] == "-c" and cmdline[2].startswith(_WRAPPER_SCRIPT_START):
+        return " ".join(cmdline[6:]) + "  (its wrapper)"  # sh -c SCRIPT supervise STATUS LOG ARGV...
     return " ".join(cmdline)
 
 

@@ -71,7 +71,8 @@ class RestartPolicy:
             allowed = ", ".join(v.value for v in restart.on) or "nothing"
             return Decision(ActionKind.GIVE_UP, 0.0, f"{verdict.value} is not a verdict to relaunch on (restart.on: {allowed})")
         # Checked before the attempt budget: it says more about what went wrong.
-        if restart.stop_on_repeat and fingerprint is not None and fingerprint == previous_fingerprint:
+        if (restart.stop_on_repeat and fingerprint is not None and fingerprint == previous_fingerprint
+                and names_the_program(failure)):
             return Decision(
                 ActionKind.GIVE_UP,
                 0.0,
@@ -86,6 +87,18 @@ class RestartPolicy:
             wait,
             f"{verdict.value}: relaunching in {wait:.1f}s (attempt {attempt + 1}/{restart.max_attempts})",
         )
+
+
+def names_the_program(failure: FailureKind | None) -> bool:
+    """Whether a failure's fingerprint says something about the program, so that seeing it twice
+    (in a row, or on two shards) means the code fails, not the box.
+
+    A death by a signal from outside (an admin's `kill -9`, a reaper, a flaky node; the shell's
+    `Killed`, torchrun's report of a SIGKILLed rank) always reads the same, whatever killed it and
+    however healthy the program was: its fingerprint is the killer's, never the program's.  A
+    program that raised its own exception first is blamed on that exception (the root cause), so
+    its failure is not `killed`."""
+    return failure is not FailureKind.KILLED
 
 
 def _short(fingerprint: str) -> str:

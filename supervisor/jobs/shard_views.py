@@ -74,7 +74,7 @@ def _shard(shard: ShardRows, snapshot: RunnerSnapshot | None,
             output_age = max(0.0, time.time() - snapshot.last_output)
     attempt = info(latest) if latest else None
     if attempt is not None and watching and snapshot is not None and (bar := snapshot.progress) is not None:
-        attempt.progress = protocol.ProgressInfo.of(bar)
+        attempt.progress = protocol.ProgressInfo.watched(bar, snapshot.progress_still_s)
     return protocol.ShardStatus(shard=shard.shard, state=shard.state, host=latest.host if latest else "-",
                                 attempts=len(shard.rows), attempt=attempt, next_relaunch_in_s=relaunch,
                                 next_verdict=next_verdict, last_output_age_s=output_age)

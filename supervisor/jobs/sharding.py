@@ -29,7 +29,7 @@ from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.stacks import StackDump
-from supervisor.jobs.policy import Decision, Policy, RestartPolicy
+from supervisor.jobs.policy import Decision, Policy, RestartPolicy, names_the_program
 from supervisor.jobs.runner import JobRunner, RunnerContext, StartNews, cancel_until_done
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.jobs.strays import merge_reports
@@ -133,7 +133,7 @@ class _ShardPolicy:
     def decide(self, verdict: Verdict, attempt: int, fingerprint: str | None,
                previous_fingerprint: str | None, failure: FailureKind | None = None) -> Decision:
         decision = self._inner.decide(verdict, attempt, fingerprint, previous_fingerprint, failure)
-        if fingerprint is None or verdict in (Verdict.HEALTHY, Verdict.DONE):
+        if fingerprint is None or not names_the_program(failure) or verdict in (Verdict.HEALTHY, Verdict.DONE):
             return decision
         other = self._coordinator.failure_seen(self._shard, fingerprint)
         if other is None:

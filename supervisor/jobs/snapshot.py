@@ -37,6 +37,7 @@ class RunnerSnapshot:
     attempt: int | None  # the attempt being watched; None between attempts (backoff, waiting for GPUs)
     phase: Phase | None = None
     progress: BarProgress | None = None
+    progress_still_s: float | None = None  # seconds since that bar last advanced (its ETA dates from then)
     last_output: float | None = None  # wall-clock time the attempt last wrote to its log
     still_for_s: float | None = None  # seconds since it last moved forward (a bar advanced, a phase began)
     next_verdict: protocol.NextVerdict | None = None  # the watchdog rule that comes due first if nothing changes
@@ -60,6 +61,7 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     return RunnerSnapshot(
         job=job, attempt=attempt, phase=watchdog.phase,
         progress=None if bar is None else bar.standing(),
+        progress_still_s=None if bar is None else max(0.0, now - bar.last_advance_at),
         last_output=last_output, still_for_s=max(0.0, now - moved),
         next_verdict=upcoming,
         stall_bounds=tuple(_stall_bound(*b) for b in watchdog.stall_bounds(now)),

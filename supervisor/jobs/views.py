@@ -20,7 +20,7 @@ from supervisor.store.database import AttemptRow, JobRow, Store
 
 def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
     bar = row.progress
-    progress = None if bar is None else protocol.ProgressInfo.of(bar)
+    progress = None if bar is None else protocol.ProgressInfo.of(bar, ended=not row.state.active)
     failure = protocol.FailureInfo.of(row.failure) if row.failure else None
     return protocol.AttemptInfo(
         job=row.job, n=row.n, state=row.state, host=row.host, pid=row.pid, started=row.started, ended=row.ended,
@@ -48,10 +48,14 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         if snapshot.next_relaunch_at is not None:
             next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
     spec: dict[str, Any] = row.spec
+    attempt = attempt_info(latest) if latest else None
+    if (attempt is not None and snapshot is not None and snapshot.attempt == attempt.n
+            and snapshot.progress is not None):  # watched now: its bar as it stands now, its ETA counted down
+        attempt.progress = protocol.ProgressInfo.watched(snapshot.progress, snapshot.progress_still_s)
     return protocol.JobStatus(outputs=_outputs(spec), stacks=_stacks_before_kill(store, latest),
         name=row.name, state=row.state, reason=row.reason, host=spec.get("host", LOCAL_HOST),
         max_attempts=spec.get("restart", {}).get("max_attempts", 1),
-        attempt=attempt_info(latest) if latest else None,
+        attempt=attempt,
         program_pid=snapshot.program_pid if snapshot is not None and latest is not None
         and snapshot.attempt == latest.n else None,
         last_output_age_s=last_output_age, stall_bounds=bounds, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,

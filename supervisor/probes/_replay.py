@@ -137,13 +137,16 @@ class ReplayReport(BaseModel):
     progress: list[ProgressSummary]
     events: list[EventModel]
     events_omitted: int = 0  # events beyond _MAX_EVENTS, counted but not listed
+    recovered: FailureSummary | None = None  # a failure the program went on from: not the outcome
     counts: dict[str, int] = Field(default_factory=dict, exclude=True)  # every event, by kind
     # What the text report reads when the events went to a spool instead (see _spool).
     highlights: list[EventModel] = Field(default_factory=list, exclude=True)
 
     def to_json(self) -> str:
-        # The documented shape; events_omitted only appears when the list was cut.
-        return self.model_dump_json(indent=2, exclude=None if self.events_omitted else {"events_omitted"})
+        # The documented shape; events_omitted (the list was cut) and recovered only when they say something.
+        left_out = {name for name, unsaid in (("events_omitted", not self.events_omitted),
+                                              ("recovered", self.recovered is None)) if unsaid}
+        return self.model_dump_json(indent=2, exclude=left_out or None)
 
     def render_text(self) -> str:
         """The report for humans: outcome, phase timeline, progress, failure."""
@@ -174,6 +177,10 @@ class ReplayReport(BaseModel):
         return out
 
     def _failure_text(self) -> list[str]:
+        if self.failure is None and self.recovered is not None:
+            # The word `status` uses for a done attempt's failure: the same thing, said the same way.
+            return [f"recovered: {self.recovered.kind.value}  (fingerprint {self.recovered.fingerprint or '-'})",
+                    f"  {_clip(self.recovered.line, 200)}"]
         if self.failure is None:
             return ["failure: none"]
         out = [f"failure: {self.failure.kind.value}  (fingerprint {self.failure.fingerprint or '-'})",
@@ -364,15 +371,20 @@ class _Summary:
     def report(self) -> ReplayReport:
         self._end_run()
         failure = self.failures.choose()
+        recovered = None
         if failure is not None and self._recovered and not self._fatal_seen:
             # The program went on after it (steps, phases) as the live watchdog's exit judge sees a
-            # recovery: a DataLoader worker killed, then training on to its end.  Not the outcome.
-            failure = None
+            # recovery: a DataLoader worker killed, then training on to its end.  Not the outcome,
+            # yet said, as `status` says it of a done attempt: recovered.
+            failure, recovered = None, failure
         return ReplayReport(
             outcome=_outcome(self.last_phase, failure, self.ready),
             last_phase=self.last_phase,
             failure=None if failure is None else FailureSummary(
                 kind=failure.kind, line=failure.line, fingerprint=failure.fingerprint
+            ),
+            recovered=None if recovered is None else FailureSummary(
+                kind=recovered.kind, line=recovered.line, fingerprint=recovered.fingerprint
             ),
             progress=[ProgressSummary(probe=run.bar.probe, bar=run.bar.label, process=run.bar.process,
                                       done=run.done, total=run.total) for run in self.progress.values()],

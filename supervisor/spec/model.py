@@ -366,6 +366,9 @@ def _did_you_mean(name: str, known: list[str]) -> str:
 
 def find_spec(name_or_path: str) -> JobSpec:
     candidate = Path(name_or_path)
+    if candidate.suffix != ".toml" and candidate.is_file():  # `start train.py`: a program, not a spec
+        raise SpecError(f"{name_or_path} is a program, not a job spec (.toml); to supervise it without writing "
+                        f"one: `supervise run NAME -- python {name_or_path}`")
     if candidate.suffix == ".toml" or os.sep in name_or_path:
         return load_spec(candidate)
     for directory in spec_search_path():

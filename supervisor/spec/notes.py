@@ -18,11 +18,16 @@ from supervisor.spec.tables import HealthSpec
 _PHASE_FIELDS = ("stall_floor_by_phase", "first_progress_s", "phase_deadline_s", "silence_phases", "waiting_phases")
 
 
-def spec_change(job: str, stored: dict[str, Any], spec: JobSpec) -> str | None:
-    """One line naming what differs between the spec the job ran with and ``spec``; None if nothing."""
+def changed_fields(stored: dict[str, Any], spec: JobSpec) -> list[str]:
+    """The fields (dotted: `health.stall_floor_s`, `params.lr`) that differ between a stored spec and ``spec``."""
     # Each side flattened once: flattening per key made a spec of 20,000 `env` entries take minutes.
     old, new = _flat(stored), _flat(spec.model_dump(mode="json"))
-    changed = sorted(k for k in old.keys() | new.keys() if k != "spec_path" and old.get(k) != new.get(k))
+    return sorted(k for k in old.keys() | new.keys() if k != "spec_path" and old.get(k) != new.get(k))
+
+
+def spec_change(job: str, stored: dict[str, Any], spec: JobSpec) -> str | None:
+    """One line naming what differs between the spec the job ran with and ``spec``; None if nothing."""
+    changed = changed_fields(stored, spec)
     old_path = stored.get("spec_path", "")
     if not changed and old_path == spec.spec_path:
         return None

@@ -45,7 +45,7 @@ class RestartSpec(_Strict):
         default_factory=lambda: [Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.STALLED, Verdict.SILENT,
                                  Verdict.HUNG]
     )
-    stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug
+    stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug (an outside kill never)
 
 
 class HealthSpec(_Strict):
@@ -57,6 +57,9 @@ class HealthSpec(_Strict):
     # Earlier attempts' pace only ever loosens the floor.  Set, it lets a bar's history tighten the
     # bound below the floor, never below this (and never below stall_k x this run's own pace).
     learned_min_s: PositiveSeconds | None = None
+    # A step is reported `slow` (an alert, never a kill) only once it has lasted this long, however
+    # fast its history: one 0.5 s step of a 0.15 s/step shard bar is a hiccup, not news to page anyone for.
+    slow_floor_s: PositiveSeconds = 30.0
     # Before the first progress interval is known, a progress probe must advance within this.
     first_progress_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
     silence_s: PositiveSeconds | None = None
@@ -117,6 +120,14 @@ class HealthSpec(_Strict):
         if phase is not None and phase in self.stall_floor_by_phase:
             return self.stall_floor_by_phase[phase]
         return self.stall_floor_s
+
+    def stall_floor_setting(self, phase: Phase | None) -> str:
+        """The spec's field that set ``stall_floor(phase)``; "" when it is the default.  Told by its
+        value, not by what the file named: a stored spec is read back with every field filled in."""
+        if phase is not None and phase in self.stall_floor_by_phase:
+            return f"stall_floor_by_phase.{phase.value}"
+        default = type(self).model_fields["stall_floor_s"].default
+        return "" if self.stall_floor_s == default else "stall_floor_s"
 
 
 class AlertSpec(_Strict):

@@ -35,7 +35,9 @@ class Condition:
 
     @property
     def bound_s(self) -> float | None:
-        return None if self.since is None else self.deadline - self.since
+        # deadline - since loses the bound's last bits when since is a large clock reading: a 600 s
+        # floor came back as 599.9999999999999 (shown as 9m59s).  Bounds are never finer than a microsecond.
+        return None if self.since is None else round(self.deadline - self.since, 6)
 
 
 def format_duration(seconds: float) -> str:

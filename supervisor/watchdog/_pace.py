@@ -42,6 +42,7 @@ class BoundSource:
     kind: BoundKind
     intervals: int = 0
     runs: int = 0
+    setting: str = ""  # the spec's field that set a floor (`HealthSpec.stall_floor_setting`); "": its default
 
     def __str__(self) -> str:
         if self.kind is BoundKind.HISTORY:
@@ -49,6 +50,8 @@ class BoundSource:
             return f"history ({n} interval{'s' * (n != 1)} from {runs} run{'s' * (runs != 1)})"
         if self.kind is BoundKind.LEARNED_MIN:
             return "learned_min_s"  # the field that set it
+        if self.kind is BoundKind.DEFAULT_FLOOR and self.setting:
+            return self.setting  # a floor the spec set is not the default one: named by its field
         return self.kind.value.replace("_", " ")
 
 

@@ -115,7 +115,9 @@ def _stall_bound(health: HealthSpec, phase: Phase | None, track: Track,
     else:
         floor = health.stall_floor(phase)
         said = "no interval measured yet" if median is None else f"{k:g} x median {median:.2f} s/it is less"
-        terms.append((floor, f"bound {floor:.1f}s = stall floor; {said}", BoundSource(BoundKind.DEFAULT_FLOOR)))
+        setting = health.stall_floor_setting(phase)
+        terms.append((floor, f"bound {floor:.1f}s = {setting or 'stall floor'}; {said}",
+                      BoundSource(BoundKind.DEFAULT_FLOOR, setting=setting)))
     if history is not None:
         base = history.bound(k)
         terms.append((base, f"bound {base:.1f}s from {history.source()}", history.source()))
@@ -137,6 +139,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
     if median is not None and track.measured >= OWN_WINDOW:
         # A run slower all along than the last ones (another disk) is not slow at every step.
         after = max(after, SLOW_FACTOR * median)
+    after = max(after, health.slow_floor_s)  # a step of a fast bar is slow only once it has lasted a while
     stall, _, _ = _stall_bound(health, facts.phase, track, history)
     if after >= stall:
         return None

@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -32,7 +33,14 @@ from supervisor.daemon.api._http import (
 from supervisor.daemon.api._openapi import openapi_schema
 from supervisor.daemon.api._routes import ROUTES
 from supervisor.daemon.api._service import Service
-from supervisor.daemon.api._specs import check_hosts, start_notes, stored_spec, validated_spec
+from supervisor.daemon.api._specs import (
+    check_hosts,
+    reloaded_spec,
+    restart_note,
+    start_notes,
+    stored_spec,
+    validated_spec,
+)
 from supervisor.daemon.api._stacks import job_stacks
 from supervisor.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.hosts.base import Follower
@@ -210,6 +218,9 @@ class Api:
     async def config(self, request: web.Request) -> web.StreamResponse:
         response = describe_settings(self.service.loaded)
         response.changed_since_start = config_changed(self.service.loaded)
+        # Whether the file is there now (the settings are the start's): one written since the start
+        # read "(absent)" beside the note that it changed.
+        response.config_file_exists = await asyncio.to_thread(Path(response.config_file).is_file)
         return _json(response)
 
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
@@ -225,13 +236,23 @@ class Api:
         """Stop the job if it runs, then start it with its stored spec (overrides included)."""
         name = request.match_info["name"]
         body = await _body(request, protocol.RestartRequest)
-        spec = stored_spec(self.service.store.job(name).spec, name)
-        if body.fields.given():  # `restart --shards 4`: the stored spec changed, checked before the job is stopped
+        stored = self.service.store.job(name).spec
+        spec = stored_spec(stored, name)
+        if body.reload:  # the file as it is now: a bad one is refused before the job is stopped
+            spec = await asyncio.to_thread(reloaded_spec, spec, body.fields)
+            check_hosts(spec, self.service.hosts)
+        elif body.fields.given():  # `restart --shards 4`: the stored spec changed, checked before the job is stopped
             spec = spec.with_overrides({}, body.fields)
             check_hosts(spec, self.service.hosts)
         load_packs(spec.probes, spec.probe_files)  # a pack gone since: refused before the job is stopped
         await asyncio.to_thread(check_local_command, spec)  # so is a command gone since
-        return _json(await self.service.jobs.restart(spec, body.grace_s))
+        # Never silently: a spec file edited since the start is either taken (--reload) or said to be left.
+        note = await asyncio.to_thread(restart_note, spec, stored, reloaded=body.reload)
+        response = await self.service.jobs.restart(spec, body.grace_s)
+        if note is None:
+            return _json(response)
+        started = response.started.model_copy(update={"notes": [note, *response.started.notes]})
+        return _json(response.model_copy(update={"started": started}))
 
     async def remove_job(self, request: web.Request) -> web.StreamResponse:
         """Forget a job that is not running; its attempt logs stay unless ?logs=1."""

@@ -13,13 +13,14 @@ from pydantic import ValidationError
 
 from supervisor.core import protocol
 from supervisor.core.errors import ConnectionLost, HostError, SpecError
+from supervisor.core.overrides import FieldOverrides
 from supervisor.daemon.api._http import _checked_name
 from supervisor.hosts.reach import refuse_if_nothing_listens
 from supervisor.jobs.dependencies import with_after
 from supervisor.probes import load_packs
 from supervisor.spec.command_check import check_local_command
 from supervisor.spec.model import JobSpec, load_spec
-from supervisor.spec.notes import idle_learned_min, spec_change, unreachable_health
+from supervisor.spec.notes import changed_fields, idle_learned_min, spec_change, unreachable_health
 
 if TYPE_CHECKING:
     from supervisor.hosts.registry import Hosts
@@ -51,6 +52,41 @@ def start_notes(spec: JobSpec, stored: dict[str, Any] | None) -> list[str]:
     changed = spec_change(spec.name, stored, spec) if stored is not None else None
     packs = load_packs(spec.probes, spec.probe_files)
     return [note for note in (changed, unreachable_health(spec, packs), idle_learned_min(spec)) if note]
+
+
+def reloaded_spec(current: JobSpec, fields: FieldOverrides) -> JobSpec:
+    """`restart --reload`: the job's spec file as it is now, with this restart's field flags and the
+    `after` the job was started with.  Its params are the file's: `--set` values given to an earlier
+    start are not carried over (the note names every field that changed, params included)."""
+    if not current.spec_path:
+        raise SpecError(f"job '{current.name}' has no spec file to reload; `supervise start` one")
+    spec = load_spec(Path(current.spec_path))
+    if spec.name != current.name:
+        raise SpecError(f"{current.spec_path} now names job '{spec.name}', not '{current.name}': "
+                        f"`supervise start {current.spec_path}` starts that one")
+    spec = with_after(spec.with_overrides({}, fields), current.after)
+    spec.argv(1)  # a missing template parameter is said before the job is stopped
+    return spec
+
+
+def restart_note(current: JobSpec, stored: dict[str, Any], *, reloaded: bool) -> str | None:
+    """One line on the spec file of a job being restarted: what `--reload` took from it, or that it
+    changed (or no longer loads) since the job was started and was not taken.  None: nothing to say."""
+    if reloaded:
+        changed = changed_fields(stored, current)
+        return f"took {current.spec_path} anew: " + (f"changed {', '.join(changed)}" if changed else "nothing changed")
+    if not current.spec_path:
+        return None
+    restart = f"`supervise restart {current.name} --reload` takes the file"
+    try:
+        on_disk = load_spec(Path(current.spec_path))
+    except SpecError as exc:
+        return f"{exc}: restarted with the spec it was started with"
+    changed = changed_fields(stored, on_disk)
+    if not changed:
+        return None
+    return (f"{current.spec_path} changed since {current.name} was started ({', '.join(changed)}): restarted with "
+            f"the spec it was started with; {restart}")
 
 
 def load_checked_spec(body: protocol.StartRequest) -> JobSpec:

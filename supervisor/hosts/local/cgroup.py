@@ -143,6 +143,11 @@ def oom_kills(path: Path | None) -> int:
     return 0
 
 
+def counts_memory(path: Path | None) -> bool:
+    """Whether the cgroup keeps its peak memory (``memory.peak``: the memory controller reaches it)."""
+    return path is not None and (path / "memory.peak").is_file()
+
+
 def usage(path: Path | None) -> AttemptUsage | None:
     """CPU seconds, peak memory and peak tasks of the cgroup (each None where the kernel or its
     controllers do not keep it); None without the cgroup."""

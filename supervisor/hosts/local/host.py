@@ -23,6 +23,7 @@ import structlog
 from supervisor.core.errors import LaunchError
 from supervisor.core.filemodes import job_umask
 from supervisor.core.host_url import LOCAL_HOST
+from supervisor.core.tasks import cancel_and_wait
 from supervisor.core.usage import AttemptUsage
 from supervisor.gpu.kernel_xids import KmsgReader
 from supervisor.gpu.nvml import GpuSample, NvmlSampler
@@ -42,6 +43,7 @@ from supervisor.hosts.base import (
 from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.cgroup import CGROUP_VAR, Containment
 from supervisor.hosts.local.follow import LogFollower
+from supervisor.hosts.local.rss import RssPeaks
 from supervisor.hosts.stacks import StackDump
 
 log = structlog.get_logger("supervise.launch")
@@ -63,6 +65,7 @@ class LocalHost:
         self.poll_interval_s = poll_interval_s
         self._gpus = NvmlSampler(nvml=nvml, kernel_log=None if kernel_log is None else KmsgReader(kernel_log))
         self._usage: dict[str, AttemptUsage] = {}  # by tag: read as each attempt's cgroup went, until asked
+        self._rss = RssPeaks()  # peak memory where the cgroup does not count it
 
     async def log_paths(self, job: str, attempt: int) -> tuple[str, str]:
         suffix = 0
@@ -116,8 +119,16 @@ class LocalHost:
         return group
 
     async def wait_exit(self, handle: ProcessHandle) -> ExitStatus:
-        await self._wait_gone(handle)
         group = self.containment.cgroup_of(handle.tag)
+        sampler = None
+        if not cgroup.counts_memory(group):  # no memory.peak to read at the end: sampled meanwhile
+            sampler = asyncio.create_task(self._rss.sample_until_cancelled(
+                handle.tag, lambda: _attempt_processes(handle, group)), name=f"rss:{handle.tag}")
+        try:
+            await self._wait_gone(handle)
+        finally:
+            if sampler is not None:
+                await cancel_and_wait(sampler)
         oom_kills = cgroup.oom_kills(group)  # read before the cgroup goes, with its memory.events
         self._keep_usage(handle, cgroup.usage(group))
         cgroup.remove(group)  # only once empty: an escaped process keeps it
@@ -144,7 +155,11 @@ class LocalHost:
     async def attempt_usage(self, handle: ProcessHandle) -> AttemptUsage | None:
         """What the attempt used, from its cgroup: as read when it went, else now (it runs on)."""
         kept = self._usage.pop(handle.tag, None)
-        return kept if kept is not None else cgroup.usage(self.containment.cgroup_of(handle.tag))
+        used = kept if kept is not None else cgroup.usage(self.containment.cgroup_of(handle.tag))
+        sampled = self._rss.take_mib(handle.tag)
+        if sampled is None or (used is not None and used.peak_memory_mib is not None):
+            return used
+        return (used or AttemptUsage()).model_copy(update={"peak_memory_mib": sampled, "peak_memory_sampled": True})
 
     async def _wait_gone(self, handle: ProcessHandle) -> None:
         try:

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from supervisor.core.errors import StoreError
-from supervisor.core.events import Event, EventKind, ProbeEvent, ProbeKind, Record
+from supervisor.core.events import Event, EventKind, Phase, ProbeEvent, ProbeKind, Record
 from supervisor.core.payloads import ActionData, AlertData, ExitedData, ProbeFields, SlowStep, jsonable
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.hosts import kernel_log
@@ -211,7 +211,7 @@ class AttemptWatch:
             # seconds (every `status` waited behind eight of them).  Taken a step at a time, the
             # loop's work per step stays short, and other tasks run between steps.
             if arrivals is not None:  # when the read was made, not when each step of it was taken
-                arrivals.arrived(batch[-1].generation, batch[-1].end, self._arrived_at(batch[-1]))
+                note_arrival(arrivals, batch[-1], follower.partial_text(), self._arrived_at(batch[-1]))
             for step in _steps(batch):
                 if self._ctx.records_seen is not None:
                     self._ctx.records_seen(self._job, len(step))
@@ -310,14 +310,19 @@ class AttemptWatch:
             live.last_output = wall
         else:
             now = live.watchdog.last_output_at
-        events = [_from_probe(self._job, live.row.n, pe) for pe in probe_events]
-        for event in events:
+        events = []
+        for event in (_from_probe(self._job, live.row.n, pe) for pe in probe_events):
             event.generation = live.row.log_generation
             at = now
             if backlog is not None and event.offset is not None and backlog.covers(event.offset, event.generation):
                 event.ts = backlog.wall_at(event.offset)  # stored with when it was written, not read
                 at = clock_at(clock, event.ts)
+            before = live.watchdog.phase
             note(self._journal, live, event, at)
+            entered = live.watchdog.phase
+            if entered is not None and entered is not before and event.kind is not EventKind.PHASE:
+                events.append(implied_phase(event, entered))  # the phase first: its line began it
+            events.append(event)
         self._alerts.observed(live, events)
         admitted = []
         for event in events:
@@ -419,6 +424,14 @@ class AttemptWatch:
         return await asyncio.to_thread(kernel_log.oom_killed, pids)
 
 
+def note_arrival(arrivals: ArrivalWriter, last: Record, tail: str, at: float) -> None:
+    """A read that ended with the record ``last`` and left ``tail`` unterminated after it arrived
+    ``at``.  The tail (a bar's latest redraw) arrived then too: a bar frozen there is never
+    terminated, and without a mark its line would be stamped with the time of each query."""
+    end = last.end + len(tail.encode()) if tail else last.end
+    arrivals.arrived(last.generation, end, at)
+
+
 def note(journal: Journal, live: Live, event: Event, now: float | None = None) -> None:
     """Feed the watchdog one event (a fault in it is contained: supervision goes on)."""
     try:
@@ -443,6 +456,15 @@ def _contained(journal: Journal, live: Live, what: str, exc: Exception) -> None:
 def clock_at(clock: Callable[[], float], wall: float) -> float:
     """A wall-clock time on ``clock`` (the watchdog's)."""
     return clock() - (time.time() - wall)
+
+
+def implied_phase(event: Event, phase: Phase) -> Event:
+    """The phase an event of another kind put the attempt in (a shard bar: weight_loading), stored
+    as a phase event of its own: `events --kind phase`, the report and the page list every phase
+    `status` names, not only those a phase line announced."""
+    return Event(job=event.job, attempt=event.attempt, kind=EventKind.PHASE, message=event.message, ts=event.ts,
+                 probe=event.probe, phase=phase, offset=event.offset, generation=event.generation,
+                 data={"implied_by": event.kind.value})
 
 
 def _from_probe(job: str, n: int, pe: ProbeEvent) -> Event:

@@ -178,16 +178,26 @@ function num(x) { return Number.isInteger(x) ? String(x) : x.toFixed(1); }
 const live = { status: null, receivedAt: 0 };
 function elapsed() { return (performance.now() - live.receivedAt) / 1000; }
 
-function progressBar(p) {
+// An ETA only while the bar's attempt is watched (`live`) and the countdown from its last step
+// has not run out; once it has, how long the bar has stood still; nothing for an ended attempt.
+function etaText(p, live) {
+  if (!live) return null;
+  const left = p.eta_s === null || p.eta_s === undefined ? null : p.eta_s - elapsed();
+  if (left !== null && left > 0) return "ETA " + dur(left);
+  if (p.still_s !== null && p.still_s !== undefined) return "still " + dur(p.still_s + elapsed());
+  return null;
+}
+
+function progressBar(p, live) {
   if (!p) return null;
   const pct = p.total ? Math.min(100, 100 * p.done / p.total) : 0;
   const count = `${num(p.done)}${p.total ? "/" + num(p.total) + ` (${Math.floor(pct)}%)` : ""}`;
-  const eta = p.eta_s === null ? null : p.eta_s - elapsed();
+  const eta = etaText(p, live);
   return el("div", { class: "progress" },
     el("div", { class: "bar", "data-done": p.done, "data-total": p.total ?? "" },
       el("div", { style: `width:${pct}%` }), el("span", { text: count })),
     el("div", { class: "row" }, el("span", { class: "probe", text: p.probe }),
-      el("span", { text: rate(p.rate_s_per_it) }), el("span", { text: "ETA " + dur(eta) })));
+      live ? el("span", { text: rate(p.rate_s_per_it) }) : null, eta ? el("span", { class: "eta", text: eta }) : null));
 }
 
 function health(job) {
@@ -213,7 +223,8 @@ function stallBounds(job) {
 function usageText(u) {
   const parts = [];
   if (u.cpu_s !== null && u.cpu_s !== undefined) parts.push("cpu " + (u.cpu_s < 1 ? u.cpu_s.toFixed(2) + "s" : dur(u.cpu_s)));
-  if (u.peak_memory_mib !== null && u.peak_memory_mib !== undefined) parts.push(`peak memory ${u.peak_memory_mib.toLocaleString("en")} MiB`);
+  if (u.peak_memory_mib !== null && u.peak_memory_mib !== undefined)
+    parts.push(`peak memory ${u.peak_memory_mib.toLocaleString("en")} MiB${u.peak_memory_sampled ? " (sampled)" : ""}`);
   const gpus = Object.entries(u.gpu_peak_mib || {});
   if (gpus.length) parts.push(`${(u.gpu_s / 3600).toFixed(2)} GPU-hours (` +
     gpus.map(([g, mib]) => `GPU ${g} ${mib.toLocaleString("en")} MiB`).join(", ") + " at most)");
@@ -248,7 +259,8 @@ function jobCard(job, readOnly) {
     el("h3", {}, el("a", { href: "/job/" + encodeURIComponent(job.name), text: job.name }),
       el("span", { class: "badge " + job.state, text: job.state }), stop, hold, release, restart),
     facts, sh ? progressBar(sh.progress_done === null ? null : { probe: "all shards", done: sh.progress_done,
-      total: sh.progress_total, rate_s_per_it: null, eta_s: sh.eta_s }) : progressBar(a && a.progress),
+      total: sh.progress_total, rate_s_per_it: null, eta_s: sh.eta_s }, job.state === "running")
+      : progressBar(a && a.progress, job.state === "running" && !!a && a.state === "running"),
     sh ? null : stallBounds(job),
     job.reason ? el("div", { class: "reason", text: job.reason }) : null,
     job.shards ? el("div", { class: "shards" }, ...job.shards.shards.map((s) => shardCard(job, s))) : null,
@@ -269,7 +281,7 @@ function shardCard(job, shard) {
   const failed = a && shard.state === "failed" ? (a.failure ? a.failure.line : a.reason) : null;
   return el("div", { class: "card shard", "data-shard-of": job.name, "data-shard": shard.shard, "data-state": shard.state },
     el("h4", {}, el("span", { text: name }), el("span", { class: "badge " + shard.state, text: shard.state })),
-    facts, progressBar(a && a.progress), failed ? el("div", { class: "reason", text: failed }) : null);
+    facts, progressBar(a && a.progress, shard.state === "running" && !!a && a.state === "running"), failed ? el("div", { class: "reason", text: failed }) : null);
 }
 
 // Redraw a card in place: only the parts that changed are replaced, so a button under the

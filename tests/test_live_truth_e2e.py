@@ -1,0 +1,202 @@
+"""What the live views say of a running job is true now, not as of the bar's last step: a bar
+stood still past its ETA shows how long it has stood still, an ended attempt shows no ETA.  A real
+daemon, real jobs, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from conftest import DaemonProcess, wait_until
+from e2e_jobs import CR_BAR_JOB, PROGRESS_JOB, REPO, supervise
+
+
+def _held_at_half(daemon: DaemonProcess, daemon_env, make_job, home: Path, name: str) -> Path:
+    """A bar of 20 steps 0.1 s apart, held at 10/20 (ETA about 1 s at its last step) until ``gate`` exists."""
+    gate = home / f"{name}-gate"
+    spec = make_job(name, PROGRESS_JOB, params=f', "20", "0.1", "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status(name).jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 10)
+    return gate
+
+
+def test_a_bar_still_past_its_eta_shows_how_long_it_has_been_still_not_an_eta(daemon: DaemonProcess, daemon_env,
+                                                                               make_job, home: Path) -> None:
+    gate = _held_at_half(daemon, daemon_env, make_job, home, "held")
+    time.sleep(3)  # three times the ETA its last step gave
+    out = supervise(daemon_env, "status", "held").stdout
+    progress = next(line for line in out.splitlines() if "progress " in line)
+    assert "eta" not in progress, out
+    still = re.search(r"still (\d+(?:\.\d)?)s", progress)
+    assert still and 2.5 <= float(still.group(1)) < 30, out
+    shown = json.loads(supervise(daemon_env, "status", "held", "--json").stdout)["jobs"][0]["attempt"]["progress"]
+    assert shown["eta_s"] is None and shown["still_s"] >= 2.5, shown
+    supervise(daemon_env, "stop", "held")
+    stopped = json.loads(supervise(daemon_env, "status", "held", "--json").stdout)["jobs"][0]["attempt"]["progress"]
+    assert stopped["eta_s"] is None and stopped["still_s"] is None, stopped  # an ended attempt: neither
+    gate.touch()
+
+
+def test_a_moving_bar_counts_its_eta_down_from_its_last_step(daemon: DaemonProcess, daemon_env, make_job,
+                                                             home: Path) -> None:
+    gate = home / "slow-gate"
+    # 40 steps 0.5 s apart, held at 20/40: an ETA of about 10 s at its last step.
+    spec = make_job("slow", PROGRESS_JOB, params=f', "40", "0.5", "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("slow").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done >= 20, timeout=60)
+    time.sleep(2)  # 2 s of that ETA gone
+    shown = json.loads(supervise(daemon_env, "status", "slow", "--json").stdout)["jobs"][0]["attempt"]["progress"]
+    assert shown["done"] == 20 and shown["still_s"] >= 2, shown
+    assert shown["eta_s"] is not None and shown["eta_s"] <= 20 * shown["rate_s_per_it"] - 2 + 0.01, shown
+    gate.touch()
+
+
+def _log_stamps(client, job: str) -> list[tuple[str, float | None, bool]]:
+    return [(c.text, c.ts, c.partial) for c in client.follow_log(job, attempt=None, follow=False, timestamps=True)
+            if not c.end]
+
+
+def test_a_frozen_bars_last_redraw_keeps_the_time_it_arrived(daemon: DaemonProcess, daemon_env, make_job,
+                                                              home: Path) -> None:
+    gate = home / "frozen-gate"
+    spec = make_job("frozen", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("frozen").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    frozen_at = time.time()
+    time.sleep(2.5)
+    first = _log_stamps(client, "frozen")
+    time.sleep(1.5)
+    second = _log_stamps(client, "frozen")
+    assert first == second, (first, second)  # the same redraw, the same time, whenever asked
+    text, ts, _ = first[-1]
+    assert "4/8" in text and ts is not None and ts <= frozen_at + 1, (first[-1], frozen_at)
+    gate.touch()
+
+
+def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: DaemonProcess, daemon_env, make_job,
+                                                                   home: Path) -> None:
+    gate = home / "piped-gate"
+    spec = make_job("piped", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("piped").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    # `supervise logs piped -f | cat`, as over `ssh box` without a terminal.
+    lines: list[str] = []
+    with subprocess.Popen([sys.executable, "-m", "supervisor.cli", "logs", "piped", "-f"], env=daemon_env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO) as proc:
+        out = proc.stdout
+        assert out is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(out.readline, "")), daemon=True)
+        reader.start()
+        try:
+            # Where the bar stands, while it stands there: not one redraw behind.
+            wait_until(lambda: lines and "4/8" in lines[-1], timeout=15)
+            gate.touch()
+            proc.wait(timeout=30)  # the job ends: so does the follow
+        finally:
+            proc.kill()
+            reader.join(timeout=10)
+    assert sum("4/8" in line for line in lines) == 1, lines  # printed once it settled, not again once complete
+    assert "8/8" in "".join(lines), lines
+
+
+# A bar at 1.67 s/it (tqdm's own rate text) that holds at 2/8 until the gate exists.
+ODD_RATE_BAR = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(1, 9):
+    print(f"Loading checkpoint shards: {100 * i // 8}%|###| {i}/8 [00:0{i}<00:10,  1.67s/it]", flush=True)
+    time.sleep(0.1)
+    while i == 2 and not os.path.exists(gate):
+        time.sleep(0.01)
+"""
+
+
+def test_a_floor_set_in_the_spec_is_named_and_figures_are_rounded(daemon: DaemonProcess, daemon_env, make_job,
+                                                                  home: Path) -> None:
+    gate = home / "floor-gate"
+    spec = make_job("floored", ODD_RATE_BAR, params=f', "{gate}"',
+                    extra="[health]\nstall_floor_s = 600\nstall_floor_by_phase = { startup = 30 }\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: client.status("floored").jobs[0].stall_bounds)
+    out = supervise(daemon_env, "status", "floored").stdout
+    assert re.search(r"stall bound 10m00s \(stall_floor_s\) for .*, 9m5\ds left", out), out
+    [bound] = json.loads(supervise(daemon_env, "status", "floored", "--json").stdout)["jobs"][0]["stall_bounds"]
+    assert bound["bound_s"] == 600.0 and bound["source"] == "stall_floor_s", bound
+    events = supervise(daemon_env, "events", "floored", "--kind", "progress").stdout
+    assert "rate=0.5988" in events and "0.598802" not in events, events
+    gate.touch()
+
+
+def test_follow_says_a_failure_once_an_attempt(daemon: DaemonProcess, daemon_env, make_job) -> None:
+    spec = make_job("hello", "print('step 0', flush=True)\nraise RuntimeError('the data file is missing')\n",
+                    extra="[restart]\nmax_attempts = 2\nbackoff_initial_s = 0.2\nbackoff_jitter_s = 0\n")
+    out = supervise(daemon_env, "start", str(spec), "--follow", check=False).stdout
+    for n in (1, 2):
+        lines = [line for line in out.splitlines() if f" #{n} " in line]
+        said = [line for line in lines if "the data file is missing" in line]
+        assert len(said) == 1 and " failure " in said[0], out  # the failure line; the verdict and state do not repeat it
+        assert any(" verdict  crashed: exited 1" in line for line in lines), out
+    assert "#1 state    backoff\n" in out + "\n", out
+
+
+def test_a_stop_leaves_the_bars_line_as_the_job_left_it(daemon: DaemonProcess, daemon_env, make_job,
+                                                        home: Path) -> None:
+    gate = home / "stop-gate"
+    spec = make_job("stopped", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("stopped").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    supervise(daemon_env, "stop", "stopped")
+    log = Path(client.attempts("stopped").attempts[0].log_path).read_bytes()
+    assert log.endswith(b"4/8 [00:00<00:01, 5.0it/s]"), log[-200:]  # nothing of the wrapper's on the bar's line
+
+
+# A loader thread's traceback, then the bar goes on to its end and the program exits 0: recovered.
+RECOVERING = """\
+import sys, time
+print("Traceback (most recent call last):", flush=True)
+print('  File "loader.py", line 3, in fetch', flush=True)
+print("ConnectionError: shard mirror timed out", flush=True)
+for i in range(1, 5):
+    print(f"Loading checkpoint shards: {25 * i}%|###| {i}/4 [00:00<00:01, 5.0it/s]", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_recovered_failure_is_called_recovered_by_status_and_probe(daemon: DaemonProcess, daemon_env, make_job,
+                                                                     home: Path) -> None:
+    spec = make_job("recovers", RECOVERING)
+    supervise(daemon_env, "start", str(spec), "--follow")
+    client = daemon.client()
+    [attempt] = client.attempts("recovers").attempts
+    assert attempt.verdict == "done", attempt.reason
+    status = supervise(daemon_env, "status", "recovers").stdout
+    assert "  recovered other: ConnectionError: shard mirror timed out" in status and "failure " not in status, status
+    report = supervise(daemon_env, "probe", attempt.log_path).stdout
+    assert "recovered: other  (fingerprint " in report and "failure: none" not in report, report
+    assert "  ConnectionError: shard mirror timed out" in report, report
+
+
+def test_a_phase_a_bar_implies_is_stored_as_a_phase_event(daemon: DaemonProcess, daemon_env, make_job) -> None:
+    # No line announces weight_loading: the shard bar implies it (as `status` says); then a phase line.
+    spec = make_job("implied", PROGRESS_JOB, params=', "6", "0.02"')
+    supervise(daemon_env, "start", str(spec), "--follow")
+    phases = [(e.phase, e.data.get("implied_by")) for e in daemon.client().events("implied").events if e.kind == "phase"]
+    assert phases == [("weight_loading", "progress"), ("running", None)], phases  # each once, in order
+    out = supervise(daemon_env, "events", "implied", "--kind", "phase").stdout
+    assert "phase    weight_loading" in out, out
