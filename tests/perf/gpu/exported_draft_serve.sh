@@ -17,24 +17,25 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(pwd)
 W=${W:-/tmp/exported}
 OUT=${OUT:-/tmp/exported-out}
-K=${K:-3} TARGET_STEPS=${TARGET_STEPS:-800} EXTRACT_N=${EXTRACT_N:-2000} EPOCHS=${EPOCHS:-6}
+DEVICE=${DEVICE:-cuda} K=${K:-3} TARGET_STEPS=${TARGET_STEPS:-800} EXTRACT_N=${EXTRACT_N:-2000} EPOCHS=${EPOCHS:-6}
 mkdir -p "$OUT" "$W"
 say() { echo "=== $(date +%T) $*"; }
 
 phase_build() {
   say "target: e2e_target.py build --size small, then prompts"
-  PYTHONPATH=$REPO/jobs python3 "$HERE/e2e_target.py" build "$W/target" --size small --docs 20000 --seq 256 \
-    --batch 32 --steps "$TARGET_STEPS" --lr 2e-3 2>&1 | grep -v "Writing model shards" > "$OUT/target-build.log"
+  PYTHONPATH=$REPO/jobs python3 "$HERE/e2e_target.py" build "$W/target" --size small --docs "${DOCS:-20000}" --seq 256 \
+    --batch 32 --steps "$TARGET_STEPS" --lr 2e-3 2>&1 | grep -v "Writing model shards" > "$OUT/target-build.log" \
+    || { tail -20 "$OUT/target-build.log"; return 1; }
   tail -2 "$OUT/target-build.log"
   PYTHONPATH=$REPO/jobs python3 "$HERE/e2e_target.py" prompts "$W/target" --extract "$EXTRACT_N" --bench 64 \
-    | tee -a "$OUT/target-build.log"
+    | tee -a "$OUT/target-build.log" || return 1
   cp "$W/target/config.json" "$OUT/target-config.json"; cp "$W/target/e2e_target.json" "$OUT/"
   say "extract (hf backend, cuda)"
   PYTHONPATH=$REPO/jobs python3 -m eagle3.extract --model "$W/target" --prompts "$W/target/extract.jsonl" \
-    --out "$W/extract" --device cuda --layer-ids 1,2,3,4 > "$OUT/extract.log" 2>&1 || { tail -20 "$OUT/extract.log"; return 1; }
+    --out "$W/extract" --device "$DEVICE" --layer-ids 1,2,3,4 > "$OUT/extract.log" 2>&1 || { tail -20 "$OUT/extract.log"; return 1; }
   tail -1 "$OUT/extract.log"
   say "train (cuda)"
-  PYTHONPATH=$REPO/jobs python3 -m eagle3.train --data "$W/extract" --out "$W/train" --device cuda \
+  PYTHONPATH=$REPO/jobs python3 -m eagle3.train --data "$W/extract" --out "$W/train" --device "$DEVICE" \
     --epochs "$EPOCHS" --batch-size 32 --draft-vocab 32000 --lr 3e-4 --log-every 50 > "$OUT/train.log" 2>&1 \
     || { tail -20 "$OUT/train.log"; return 1; }
   tail -2 "$OUT/train.log"
