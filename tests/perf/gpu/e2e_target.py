@@ -51,7 +51,7 @@ SIZES = {"base": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers
          "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
                       num_key_value_heads=4),
          # Seconds to train on one GPU (800 steps in 19 s on an H100), with vLLM's usual head size (64) for the
-         # target and its draft; on two shared CPU cores a step of 32 x 256 tokens takes seconds.
+         # target and its draft; on two shared CPU cores a step of 16 x 256 tokens took over 2 s.
          "small": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=2,
                        num_key_value_heads=2),
          # A DeepSeek-V2 (MLA attention, routed experts) with a 32,000-row vocabulary: the family of the
