@@ -68,6 +68,10 @@ class HealthSpec(_Strict):
         default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
     )
     phase_deadline_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
+    # systemd's WatchdogSec: set, the attempt is given WATCHDOG_USEC and must send `WATCHDOG=1` to
+    # its NOTIFY_SOCKET at least this often (counted from its start), else it is `silent`.  Its
+    # pings keep it from being judged silent in phases that print nothing.  Local attempts only.
+    watchdog_s: PositiveSeconds | None = None
     # A failure logged, then nothing moved and nothing printed for this long, with the process
     # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
     # by default before it gives up).  `"off"` turns the rule off.

@@ -44,6 +44,8 @@ class Facts:
     # Output other than "still waiting" lines, and the latest of those lines.
     last_active_at: float = field(init=False)
     heartbeat: tuple[float, str] | None = None
+    # The latest `WATCHDOG=1` the program sent to its NOTIFY_SOCKET: alive, though it may print nothing.
+    pinged_at: float | None = None
     phase: Phase | None = None
     phase_entered_at: float = field(init=False)  # the attempt's start before any phase
     phase_has_progress: bool = False
@@ -118,6 +120,9 @@ class Facts:
         self.last_output_at = at
         if not heartbeats_only:
             self.last_active_at = at
+
+    def pinged(self, at: float) -> None:
+        self.pinged_at = at if self.pinged_at is None else max(self.pinged_at, at)
 
     def observe(self, event: Event, at: float) -> None:
         # Every probe event comes from a record, so it is output too.  The batch it came in may

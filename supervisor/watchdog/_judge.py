@@ -103,6 +103,11 @@ class Watchdog:
         self._made = None
         self._facts.output_seen(self._now(now), heartbeats_only=heartbeats_only)
 
+    def pinged(self, now: float | None = None) -> None:
+        """The program sent ``WATCHDOG=1`` (sd_notify): alive, whether or not it prints."""
+        self._made = None
+        self._facts.pinged(self._now(now))
+
     def records_seen(self, records: Iterable[Record]) -> None:
         """The records themselves: their last lines are the evidence of a failure no probe knew."""
         self._facts.tail.seen(records)

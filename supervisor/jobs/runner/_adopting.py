@@ -18,6 +18,7 @@ import time
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
 from supervisor.hosts.base import LogStat, LogStatReader, ProcessHandle
+from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp, backlog_of
 from supervisor.jobs.runner._context import Live, RunnerContext
@@ -65,7 +66,7 @@ class Readoption:
         stored = ctx.store.count_events(EventQuery(self._job, attempt=row.n))
         logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
         live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(ctx.events_per_attempt, logged),
-                    gpu_baseline=gpu_baseline)
+                    gpu_baseline=gpu_baseline, notify=heartbeat.bind(ctx, row.tag))
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)

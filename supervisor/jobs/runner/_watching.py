@@ -27,6 +27,7 @@ from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
+from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._queued import scheduler_judgement
@@ -96,6 +97,9 @@ class AttemptWatch:
 
     async def run(self) -> Judgement:
         live = self.live
+        beat = Heartbeat(live, self._journal, self._ctx.clock)
+        if live.notify is not None:
+            live.notify.start(beat.message)
         reader = asyncio.create_task(self._read(), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self._ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
         reader_reported = False
@@ -136,6 +140,9 @@ class AttemptWatch:
                     self._alerts.record_verdict(live, judgement)
                     return judgement
         finally:
+            if live.notify is not None:
+                live.notify.close()
+            beat.close()
             self._paces.store(live)
             for task in (exit_task, reader):
                 await cancel_and_wait(task)
