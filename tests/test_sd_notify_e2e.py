@@ -169,3 +169,15 @@ def test_a_bad_watchdog_s_is_one_line_exit_65_and_nothing_stored(daemon: DaemonP
     assert "health.watchdog_s" in result.stderr
     client = daemon.client()
     assert client.status().jobs == [] and daemon.proc is not None and client.ping().pid == daemon.proc.pid
+
+
+def test_watchdog_s_on_a_remote_host_is_refused(daemon: DaemonProcess, home: Path,
+                                                daemon_env: dict[str, str]) -> None:
+    spec = home / "remote.toml"
+    spec.write_text('name = "remote"\ncommand = ["true"]\nhost = "ssh://nobody@127.0.0.1:1"\npython = "/usr/bin/python3"\n'
+                    'workdir = "/tmp"\n[health]\nwatchdog_s = 5\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
+    assert "watchdog_s" in result.stderr and "local" in result.stderr
+    client = daemon.client()
+    assert client.status().jobs == [] and daemon.proc is not None and client.ping().pid == daemon.proc.pid
