@@ -97,6 +97,12 @@ class HealthSpec(_Strict):
     diverge_k: Annotated[Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None,
                          BeforeValidator(off_to_none)] = 10.0
     diverge_steps: Annotated[int, Field(ge=1, le=100_000)] = 20
+    # One process's bar (a rank's, told apart by its lines' prefix) whose steps take over
+    # straggler_factor x the median of its peers' rates for straggler_steps steps in a row is a
+    # `straggler`: a warning naming it, never a kill.  `"off"` turns it off.
+    straggler_factor: Annotated[Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None,
+                                BeforeValidator(off_to_none)] = 2.0
+    straggler_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
     # The attempt's GPUs at 0% utilisation and no progress (no bar step, no new phase) for this
     # long is `idle`.  `"off"` turns it off.
     idle_s: SecondsOrOff = 1800.0

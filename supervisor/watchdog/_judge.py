@@ -14,6 +14,7 @@ from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._pace import BoundSource, PaceHistory
 from supervisor.watchdog._progress import ProgressState
 from supervisor.watchdog._rules import conditions, healthy
+from supervisor.watchdog._straggler import Straggler
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Watchdog:
         if history is not None:
             self._facts.history = history
         self._facts.loss.k = health.diverge_k
+        self._facts.stragglers.factor = health.straggler_factor
+        self._facts.stragglers.steps = health.straggler_steps
         self._final: Judgement | None = None
         self._last_unhealthy: Judgement | None = None
         # The rules' conditions depend on the facts alone (a deadline each, not the time now), so
@@ -158,6 +161,10 @@ class Watchdog:
                 reason, evidence = c.describe(at)
                 found.append((f"{c.bar.bar}@{c.bar.done}", Judgement(c.verdict, reason, evidence)))
         return found
+
+    def stragglers(self) -> list[Straggler]:
+        """The processes found behind their peers since last asked (each once per streak of slow steps)."""
+        return self._facts.stragglers.take()
 
     def stall_bounds(self, now: float | None = None) -> list[tuple[str, float, float, BoundSource]]:
         """Each watched bar's stall bound: (bar, bound in s, s left of it, where it came from)."""

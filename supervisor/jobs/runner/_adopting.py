@@ -72,6 +72,7 @@ class Readoption:
         probe_events = self._replayed(row.n)
         for event in probe_events:
             note(self._journal, live, event, clock_at(clock, event.ts))
+        live.watchdog.stragglers()  # found in what was stored: reported by the daemon before, or too late now
         if probe_events:
             live.last_output = probe_events[-1].ts
         # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.

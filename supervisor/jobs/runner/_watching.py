@@ -31,6 +31,7 @@ from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._queued import scheduler_judgement
+from supervisor.jobs.runner._stragglers import StragglerReports
 from supervisor.jobs.runner._unreachable import UNREACHABLE
 from supervisor.notify import notices
 from supervisor.probes import Pack
@@ -73,6 +74,7 @@ class AttemptWatch:
         self._journal = journal
         self._alerts = alerts
         self._paces = paces
+        self._stragglers = StragglerReports(ctx, journal, alerts)
         self._stopped = stopped  # the user's stop: an exit then is no verdict on the job
         row = live.row
         self._engine = Matcher(packs, row.log_offset, row.tag)
@@ -326,6 +328,8 @@ class AttemptWatch:
                 at = clock_at(clock, event.ts)
             note(self._journal, live, event, at)
         self._alerts.observed(live, events)
+        if found := live.watchdog.stragglers():
+            self._stragglers.found(live, found)
         admitted = []
         for event in events:
             live.stored_progress.latest_only = live.event_cap.reached  # past the cap: each bar's latest, in place
