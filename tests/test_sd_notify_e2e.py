@@ -181,3 +181,39 @@ def test_watchdog_s_on_a_remote_host_is_refused(daemon: DaemonProcess, home: Pat
     assert "watchdog_s" in result.stderr and "local" in result.stderr
     client = daemon.client()
     assert client.status().jobs == [] and daemon.proc is not None and client.ping().pid == daemon.proc.pid
+
+
+def test_a_new_daemon_binds_the_socket_again_and_hears_the_heartbeat(daemon: DaemonProcess, home: Path,
+                                                                    make_job: Callable[..., Path]) -> None:
+    # sd_notify(3) sends to the address each time (sendmsg with msg_name): a socket bound again at the
+    # same path by the next daemon is reached without the program knowing there was a restart.
+    spec = make_job("longbeat", """
+import os, socket, time
+address = os.environ["NOTIFY_SOCKET"]
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+def notify(state):
+    try:
+        sock.sendto(state.encode(), address)
+    except OSError:
+        pass  # no daemon listening just now: sd_notify returns an error, the program goes on
+end = time.monotonic() + 12
+n = 0
+while time.monotonic() < end:
+    n += 1
+    notify(f"WATCHDOG=1\\nSTATUS=tick {n}")
+    time.sleep(0.2)
+print("finished", flush=True)
+""", extra="[health]\nsilence_s = 2.0\nwatchdog_s = 2.0\n[restart]\nmax_attempts = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: client.status("longbeat").jobs[0].status_line, timeout=20)
+    daemon.kill()  # SIGKILL: no goodbye; the job runs on alone
+    time.sleep(1.0)
+    daemon.start()
+    client = daemon.client()
+    first = wait_until(lambda: client.status("longbeat").jobs[0].status_line, timeout=20)
+    later = wait_until(lambda: (s := client.status("longbeat").jobs[0].status_line) != first and s, timeout=10)
+    assert str(later).startswith("tick ")
+    wait_until(lambda: finished(client, "longbeat"), timeout=40)
+    attempt = client.attempts("longbeat").attempts[0]
+    assert attempt.verdict == "done", attempt.reason

@@ -67,6 +67,10 @@ class Readoption:
         logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
         live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(ctx.events_per_attempt, logged),
                     gpu_baseline=gpu_baseline, notify=heartbeat.bind(ctx, row.tag))
+        if live.notify is not None:
+            # Pings sent while no daemon listened are lost, not missed: the heartbeat is counted
+            # again from now, as if one had just come (the log's own rules keep their stored past).
+            watchdog.pinged(clock())
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)
