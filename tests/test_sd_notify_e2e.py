@@ -74,7 +74,8 @@ print("finished", flush=True)
     assert env["WATCHDOG_USEC"] == "1000000"
     assert env["WATCHDOG_PID"] is None  # any process of the attempt may ping (torchrun's workers too)
     said = [e for e in client.events("beat").events if e.probe == "sd_notify"]
-    assert [e.data["sd_notify"] for e in said] == ["READY", "STATUS"]
+    # READY once, the status line, and the first ping only (what a new daemon reads to know it pings).
+    assert [e.data["sd_notify"] for e in said] == ["READY", "STATUS", "WATCHDOG"]
     assert said[1].data["status"] == "loading shard 3/8"
     assert not Path(env["NOTIFY_SOCKET"]).exists()  # removed with the attempt's watch
 
@@ -152,7 +153,9 @@ time.sleep(1)
     log = Path(attempt.log_path).read_text()
     sent = int(log.split("sent", 1)[1].split()[0])
     assert sent > 10_000  # a flood indeed
-    statuses = [e for e in client.events("flood").events if e.probe == "sd_notify"]
+    said = [e for e in client.events("flood").events if e.probe == "sd_notify"]
+    assert [e.data["sd_notify"] for e in said].count("WATCHDOG") == 1  # the first ping; none after
+    statuses = [e for e in said if e.data["sd_notify"] == "STATUS"]
     # One stored per 10 s window (and the last at the end), whatever was sent.
     assert 1 <= len(statuses) <= 3, [e.message for e in statuses]
     assert statuses[-1].data["status"] == "last"
@@ -203,10 +206,13 @@ while time.monotonic() < end:
     notify(f"WATCHDOG=1\\nSTATUS=tick {n}")
     time.sleep(0.2)
 print("finished", flush=True)
-""", extra="[health]\nsilence_s = 2.0\nwatchdog_s = 2.0\n[restart]\nmax_attempts = 1\n")
+""", extra="[health]\nsilence_s = 2.0\n[restart]\nmax_attempts = 1\n")
+    # No watchdog_s: the new daemon knows it pings by its first ping's stored event, and keeps its silent
+    # phase alive (it prints nothing but its last line).
     client = daemon.client()
     client.start(str(spec), {})
     wait_until(lambda: client.status("longbeat").jobs[0].status_line, timeout=20)
+    wait_until(lambda: any(e.data.get("sd_notify") == "WATCHDOG" for e in client.events("longbeat").events))
     daemon.kill()  # SIGKILL: no goodbye; the job runs on alone
     time.sleep(1.0)
     daemon.start()

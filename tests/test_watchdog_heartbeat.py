@@ -96,3 +96,16 @@ def test_bars_without_a_process_are_never_compared() -> None:
         w.observe(Event(job="j", attempt=1, kind=EventKind.PROGRESS, message="b", probe="train.steps",
                         data={"done": done, "total": 100, "desc": "slow"}), 10.0 * done)
     assert w.stragglers() == []
+
+
+def test_a_new_daemon_counts_watchdog_s_from_when_it_listens_and_silence_from_the_log() -> None:
+    w = make(watchdog_s=10, silence_s=30)
+    w.output_seen(5.0)
+    w.listening(100.0)  # re-adopted: the rule counts from here, not from the start
+    assert w.check(109.9).verdict is Verdict.SILENT  # silence: 30 s after the last line, long passed
+    assert "no output" in w.check(109.9).reason
+    w = make(watchdog_s=10)
+    w.listening(100.0)
+    assert w.check(109.9).verdict is Verdict.HEALTHY
+    judged = w.check(110)
+    assert judged.verdict is Verdict.SILENT and "since the daemon began to listen" in judged.reason

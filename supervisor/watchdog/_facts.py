@@ -47,6 +47,8 @@ class Facts:
     heartbeat: tuple[float, str] | None = None
     # The latest `WATCHDOG=1` the program sent to its NOTIFY_SOCKET: alive, though it may print nothing.
     pinged_at: float | None = None
+    # When a new daemon began to listen for them (re-adopted): pings sent before were never heard.
+    pings_heard_from: float | None = None
     phase: Phase | None = None
     phase_entered_at: float = field(init=False)  # the attempt's start before any phase
     phase_has_progress: bool = False

@@ -111,6 +111,13 @@ class Watchdog:
         self._made = None
         self._facts.pinged(self._now(now))
 
+    def listening(self, now: float | None = None) -> None:
+        """A new daemon listens for the attempt's pings from now (re-adopted): the ``watchdog_s``
+        rule counts from here, as no ping sent before could be heard.  Not output: the silence
+        rules keep the log's own past."""
+        self._made = None
+        self._facts.pings_heard_from = self._now(now)
+
     def records_seen(self, records: Iterable[Record]) -> None:
         """The records themselves: their last lines are the evidence of a failure no probe knew."""
         self._facts.tail.seen(records)

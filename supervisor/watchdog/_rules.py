@@ -219,13 +219,16 @@ def _no_ping(health: HealthSpec, facts: Facts) -> list[Condition]:
     limit = health.watchdog_s
     if limit is None:
         return []
-    last = facts.started_at if facts.pinged_at is None else facts.pinged_at
+    base = facts.started_at if facts.pings_heard_from is None else max(facts.started_at, facts.pings_heard_from)
+    last = base if facts.pinged_at is None else max(base, facts.pinged_at)
     ever = facts.pinged_at is not None
+    restarted = facts.pings_heard_from is not None
     phase = facts.phase_name
 
     def describe(at: float) -> tuple[str, dict[str, Any]]:
         quiet = at - last
-        since = "since its last" if ever else "and none since its start"
+        since = "since its last" if ever else "and none since the daemon began to listen" if restarted \
+            else "and none since its start"
         reason = f"no WATCHDOG=1 heartbeat for {format_duration(quiet)} {since} (watchdog_s {format_duration(limit)})"
         return reason, {"phase": phase, "unpinged_s": round(quiet, 3), "watchdog_s": limit, "ever_pinged": ever}
 

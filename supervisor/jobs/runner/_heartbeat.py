@@ -1,5 +1,5 @@
 """What an attempt says on its NOTIFY_SOCKET, folded: ``WATCHDOG=1`` into its watchdog (alive,
-whether or not it prints), ``STATUS=…`` into its status line (shown by `status` and the page at
+whether or not it prints; the first one stored, so that a new daemon knows it pings), ``STATUS=…`` into its status line (shown by `status` and the page at
 once) and ``READY=1`` into one event.
 
 The socket may be written thousands of times a second: pings are never stored (the watchdog
@@ -31,7 +31,7 @@ PROBE = "sd_notify"  # the stored events' probe: they come from the socket, not 
 class NotifyData:
     """An sd_notify event's payload: which assignment, and the status line for ``STATUS``."""
 
-    said: str  # "READY" or "STATUS"
+    said: str  # "READY", "STATUS", or "WATCHDOG" (the first ping only)
     status: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -63,6 +63,11 @@ def environment(sock: NotifySocket | None, spec: JobSpec) -> dict[str, str]:
     return env
 
 
+def pings(events: list[Event]) -> bool:
+    """Whether an attempt's stored events say it was heard pinging (its first ping's event)."""
+    return any(e.probe == PROBE and e.data.get("sd_notify") == "WATCHDOG" for e in events)
+
+
 class Heartbeat:
     """One attempt's sd_notify messages, as they come (called on the loop by the socket)."""
 
@@ -71,6 +76,7 @@ class Heartbeat:
         self._journal = journal
         self._clock = clock
         self._ready = False
+        self._pinged = False
         self._stored_status: str | None = None
         self._flush: asyncio.TimerHandle | None = None
         self._stored_at: float | None = None
@@ -79,6 +85,9 @@ class Heartbeat:
         live = self._live
         if message.watchdog:
             live.watchdog.pinged(self._clock())
+            if not self._pinged:  # once: a new daemon reads it to know the attempt pings (``pings``)
+                self._pinged = True
+                self._record("heartbeat: WATCHDOG=1 received (pings are not stored)", NotifyData("WATCHDOG"))
         if message.ready and not self._ready:
             self._ready = True
             self._record("ready (sd_notify READY=1)", NotifyData("READY"))
