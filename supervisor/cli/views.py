@@ -69,6 +69,8 @@ def status_block(job: protocol.JobStatus) -> str:
         lines.append(f"  attempt {_fmt.attempt(a.run_attempt, job.max_attempts, a.n)}  {pid}  host {a.host}  "
                      f"started {_fmt.timestamp(a.started)}{_ended(a)}")
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or (Verdict.HEALTHY if live else a.state)}")
+        if live and job.status_line:
+            lines.append(f"  status {job.status_line}")
         if job.stacks:
             lines.append(f"  {job.stacks[:300]}")
         nv = job.next_verdict

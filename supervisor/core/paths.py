@@ -43,6 +43,11 @@ class Paths:
         """When each attempt's log lines arrived (arrivals.py), for `logs --timestamps`."""
         return self.state_dir / "arrivals"
 
+    @property
+    def notify(self) -> Path:
+        """Each local attempt's ``NOTIFY_SOCKET`` (hosts/local/notify.py)."""
+        return self.state_dir / "notify"
+
 
 def default_paths() -> Paths:
     explicit = os.environ.get("SUPERVISE_HOME")

@@ -437,6 +437,44 @@ class StateData:
 
 
 @dataclass(frozen=True, slots=True)
+class StragglerData:
+    """A process whose bar is well behind its peers' (the watchdog's ``Straggler``), with where
+    it runs as far as the daemon could tell (None where it could not)."""
+
+    probe: str | None
+    bar: str | None
+    process: str | None  # as its lines' prefix named it: "rank=1", "default1"
+    done: int | float | None
+    total: int | float | None
+    step_s: float | None  # its latest step's time per item
+    rate_s: float | None  # its own median time per item
+    peers_rate_s: float | None  # the median of its peers'
+    peers: int | None
+    factor: float | None
+    steps: int | None
+    pid: int | None = None
+    host: str | None = None
+    gpu: int | None = None  # the device index its process holds memory on, from NVML
+
+    @classmethod
+    def of(cls, event: Carries) -> StragglerData:
+        return cls.from_json(event.data)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StragglerData:
+        return cls(_text(data.get("probe")), _text(data.get("bar")), _text(data.get("process")),
+                   count(data.get("done")), count(data.get("total")), _number(data.get("step_s")),
+                   _number(data.get("rate_s")), _number(data.get("peers_rate_s")), _int(data.get("peers")),
+                   _number(data.get("factor")), _int(data.get("steps")), _int(data.get("pid")),
+                   _text(data.get("host")), _int(data.get("gpu")))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"probe": self.probe, "bar": self.bar, "process": self.process, "done": self.done, "total": self.total,
+                "step_s": self.step_s, "rate_s": self.rate_s, "peers_rate_s": self.peers_rate_s, "peers": self.peers,
+                "factor": self.factor, "steps": self.steps, "pid": self.pid, "host": self.host, "gpu": self.gpu}
+
+
+@dataclass(frozen=True, slots=True)
 class UntypedData:
     """A kind no producer of this version writes (``gpu``): kept as it was stored."""
 
@@ -451,7 +489,7 @@ class UntypedData:
 
 
 AnyPayload = (ProbeFields | LaunchedData | ExitedData | VerdictData | ActionData | AlertData | RestartData
-              | GpuWaitData | GpuFaultData | StacksData | StateData | UntypedData)
+              | GpuWaitData | GpuFaultData | StacksData | StateData | StragglerData | UntypedData)
 
 _BY_KIND: dict[EventKind, Any] = {
     EventKind.PHASE: ProbeFields, EventKind.PROGRESS: ProbeFields, EventKind.FAILURE: ProbeFields,
@@ -459,6 +497,7 @@ _BY_KIND: dict[EventKind, Any] = {
     EventKind.LAUNCHED: LaunchedData, EventKind.EXITED: ExitedData, EventKind.VERDICT: VerdictData,
     EventKind.ACTION: ActionData, EventKind.GPU: UntypedData, EventKind.ALERT: AlertData,
     EventKind.DAEMON_RESTARTED: RestartData, EventKind.GPU_WAIT: GpuWaitData, EventKind.GPU_FAULT: GpuFaultData,
+    EventKind.STRAGGLER: StragglerData,
     EventKind.STACKS: StacksData, EventKind.STATE: StateData,
 }
 

@@ -193,6 +193,8 @@ class JobStatus(BaseModel):
     shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
     program_pid: int | None = Field(default=None, description="the running attempt's program (the child of its "
                                                               "wrapper shell, whose pid is attempt.pid)")
+    status_line: str | None = Field(default=None, description="the running attempt's latest `STATUS=` sent to its "
+                                                              "NOTIFY_SOCKET (sd_notify)")
     stacks: str | None = Field(default=None, description="the latest attempt's processes' innermost frames, dumped "
                                                          "before it was killed (`supervise stack JOB` for a running one)")
 

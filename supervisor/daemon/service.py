@@ -92,7 +92,8 @@ class Service:
         return RunnerContext(store=self.store, bus=self.bus, recorder=self.recorder, host=slot.host,
                              alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
                              records_seen=self.metrics.records_seen, down_since=self.down_since,
-                             arrivals=self.paths.arrivals, events_per_attempt=self.settings.events_per_attempt)
+                             arrivals=self.paths.arrivals, events_per_attempt=self.settings.events_per_attempt,
+                             notify_dir=self.paths.notify if slot.host is self.hosts.local.host else None)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""

@@ -45,12 +45,14 @@ class RunnerSnapshot:
     next_relaunch_at: float | None = None  # wall-clock time of the next launch, during a backoff wait
     known_pids: frozenset[int] = frozenset()  # every pid the attempt was seen with (its tree, reparented workers)
     program_pid: int | None = None  # the program the attempt's wrapper runs, once seen
+    status_line: str | None = None  # the latest STATUS= it sent to its NOTIFY_SOCKET
     shard: int | None = None  # a shard's runner: its index (sharding.GATHER_SHARD for the gather step)
     shards: tuple[RunnerSnapshot, ...] = ()  # a sharded job: each shard's runner as it stands
 
 
 def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_output: float | None,
-             known_pids: frozenset[int], program_pid: int | None = None) -> RunnerSnapshot:
+             known_pids: frozenset[int], program_pid: int | None = None,
+             status_line: str | None = None) -> RunnerSnapshot:
     """The snapshot of a runner watching `attempt`; ``now`` is the watchdog's clock."""
     bar = watchdog.progress
     moved = watchdog.phase_entered_at if bar is None else max(watchdog.phase_entered_at, bar.last_advance_at)
@@ -65,7 +67,7 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
         last_output=last_output, still_for_s=max(0.0, now - moved),
         next_verdict=upcoming,
         stall_bounds=tuple(_stall_bound(*b) for b in watchdog.stall_bounds(now)),
-        known_pids=known_pids, program_pid=program_pid,
+        known_pids=known_pids, program_pid=program_pid, status_line=status_line,
     )
 
 

@@ -119,6 +119,15 @@ def slow(at: Attempt, judgement: Judgement, where: str) -> Alert:
                  key=f"{at.job}:slow:{step.bar}", kind=AlertKind.SLOW)
 
 
+def straggler(at: Attempt, said: str, process: str, pid: int | None, stack: str | None) -> Alert:
+    """One rank well behind its peers (a warning: never a kill by itself)."""
+    evidence = said if stack is None else f"{said}\nstack: {stack}"
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: straggler {process}" + (f" (pid {pid})" if pid else ""),
+                 what=f"straggler (attempt {at.n} still running)", evidence=evidence, gpu=at.gpu,
+                 next_action="nothing: a warning; stalled only if it stops", key=f"{at.job}:straggler:{process}",
+                 kind=AlertKind.SLOW)
+
+
 def where(progress: ProgressState | None, phase: Phase | None) -> str:
     """Where the attempt stands, for a title: "at shard 12/64", "in phase weight_loading"."""
     if progress is not None and progress.total:

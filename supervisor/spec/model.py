@@ -147,6 +147,9 @@ class JobSpec(_Strict):
                 raise ValueError(f"host {host}: set `python` to the interpreter on that machine")
             if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
                 raise ValueError(f"host {host}: `workdir` must be an absolute path on that machine")
+            if self.health.watchdog_s is not None:
+                # Its NOTIFY_SOCKET is a file on this machine: a program elsewhere could never ping it.
+                raise ValueError(f"host {host}: `health.watchdog_s` needs a local job (its NOTIFY_SOCKET is local)")
         return self
 
     @model_validator(mode="after")

@@ -71,6 +71,10 @@ class HealthSpec(_Strict):
         default_factory=lambda: [Phase.WEIGHT_LOADING, Phase.RUNNING]
     )
     phase_deadline_s: dict[Phase, PositiveSeconds] = Field(default_factory=dict)
+    # systemd's WatchdogSec: set, the attempt is given WATCHDOG_USEC and must send `WATCHDOG=1` to
+    # its NOTIFY_SOCKET at least this often (counted from its start), else it is `silent`.  Its
+    # pings keep it from being judged silent in phases that print nothing.  Local attempts only.
+    watchdog_s: PositiveSeconds | None = None
     # A failure logged, then nothing moved and nothing printed for this long, with the process
     # still alive: one rank died and the others hang in a collective (NCCL waits 10 minutes
     # by default before it gives up).  `"off"` turns the rule off.
@@ -96,6 +100,12 @@ class HealthSpec(_Strict):
     diverge_k: Annotated[Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None,
                          BeforeValidator(off_to_none)] = 10.0
     diverge_steps: Annotated[int, Field(ge=1, le=100_000)] = 20
+    # One process's bar (a rank's, told apart by its lines' prefix) whose steps take over
+    # straggler_factor x the median of its peers' rates for straggler_steps steps in a row is a
+    # `straggler`: a warning naming it, never a kill.  `"off"` turns it off.
+    straggler_factor: Annotated[Annotated[float, Field(gt=1, le=1e6, allow_inf_nan=False)] | None,
+                                BeforeValidator(off_to_none)] = 2.0
+    straggler_steps: Annotated[int, Field(ge=1, le=100_000)] = 5
     # The attempt's GPUs at 0% utilisation and no progress (no bar step, no new phase) for this
     # long is `idle`.  `"off"` turns it off.
     idle_s: SecondsOrOff = 1800.0

@@ -28,6 +28,7 @@ from supervisor.watchdog._idle import GpuUse
 from supervisor.watchdog._pace import PaceHistory, bar_key
 from supervisor.watchdog._progress import ProgressState, Track
 from supervisor.watchdog._serving import EngineLoad
+from supervisor.watchdog._straggler import StragglerWatch
 from supervisor.watchdog._tail import LogTail
 
 _PROBE_KINDS = frozenset(k.value for k in ProbeKind)
@@ -44,6 +45,10 @@ class Facts:
     # Output other than "still waiting" lines, and the latest of those lines.
     last_active_at: float = field(init=False)
     heartbeat: tuple[float, str] | None = None
+    # The latest `WATCHDOG=1` the program sent to its NOTIFY_SOCKET: alive, though it may print nothing.
+    pinged_at: float | None = None
+    # When a new daemon began to listen for them (re-adopted): pings sent before were never heard.
+    pings_heard_from: float | None = None
     phase: Phase | None = None
     phase_entered_at: float = field(init=False)  # the attempt's start before any phase
     phase_has_progress: bool = False
@@ -77,6 +82,7 @@ class Facts:
     loss: LossTrack = field(default_factory=LossTrack)  # a training loss, wherever a line carries one
     gpu: GpuUse = field(default_factory=GpuUse)  # the attempt's GPUs' utilisation, as samples showed it
     moved_at: float = field(init=False)  # the latest progress step or new phase (the start before any)
+    stragglers: StragglerWatch = field(default_factory=StragglerWatch)  # ranks behind their peers, now
     tail: LogTail = field(default_factory=LogTail)  # the log's last lines: the evidence when no probe knew the cause
 
     def __post_init__(self) -> None:
@@ -118,6 +124,9 @@ class Facts:
         self.last_output_at = at
         if not heartbeats_only:
             self.last_active_at = at
+
+    def pinged(self, at: float) -> None:
+        self.pinged_at = at if self.pinged_at is None else max(self.pinged_at, at)
 
     def observe(self, event: Event, at: float) -> None:
         # Every probe event comes from a record, so it is output too.  The batch it came in may
@@ -207,17 +216,20 @@ class Facts:
         if track is None or track.retired:
             # First sight of this bar (a new bar of the same probe: another process, another
             # description, or counting from the start again), or one of an earlier phase.
-            self.tracks[run.id] = Track(probe, done, total, at, bar=run.bar.label, key=bar_key(probe, run.bar.desc))
+            self.tracks[run.id] = Track(probe, done, total, at, bar=run.bar.label, key=bar_key(probe, run.bar.desc),
+                                        process=run.bar.process)
             self.moved_at = max(self.moved_at, at)  # a bar drawn anew is work going on
             if new:
                 self._new_bar(run)
             return
         track.bar = run.bar.label  # a bar first drawn without its process prefix learns it
+        track.process = run.bar.process
         if total is not None:
             track.total = total
         if done == track.done:
             return  # a redraw of the same step (or the 100% bar printed twice) is no advance
         track.advance(done, at)
+        self.stragglers.stepped(run.id, track, self.tracks.values())
         self.moved_at = max(self.moved_at, at)
         self._advanced()
 
@@ -239,6 +251,7 @@ class Facts:
         oldest = self.bars.recent[0].id
         for gone in [i for i in self.tracks if i < oldest]:
             del self.tracks[gone]
+            self.stragglers.forget(gone)
 
     def _advanced(self) -> None:
         # A phase change or a progress step after a failure means the process recovered.

@@ -14,6 +14,7 @@ from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._pace import BoundSource, PaceHistory
 from supervisor.watchdog._progress import ProgressState
 from supervisor.watchdog._rules import conditions, healthy
+from supervisor.watchdog._straggler import Straggler
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Watchdog:
         if history is not None:
             self._facts.history = history
         self._facts.loss.k = health.diverge_k
+        self._facts.stragglers.factor = health.straggler_factor
+        self._facts.stragglers.steps = health.straggler_steps
         self._final: Judgement | None = None
         self._last_unhealthy: Judgement | None = None
         # The rules' conditions depend on the facts alone (a deadline each, not the time now), so
@@ -103,6 +106,18 @@ class Watchdog:
         self._made = None
         self._facts.output_seen(self._now(now), heartbeats_only=heartbeats_only)
 
+    def pinged(self, now: float | None = None) -> None:
+        """The program sent ``WATCHDOG=1`` (sd_notify): alive, whether or not it prints."""
+        self._made = None
+        self._facts.pinged(self._now(now))
+
+    def listening(self, now: float | None = None) -> None:
+        """A new daemon listens for the attempt's pings from now (re-adopted): the ``watchdog_s``
+        rule counts from here, as no ping sent before could be heard.  Not output: the silence
+        rules keep the log's own past."""
+        self._made = None
+        self._facts.pings_heard_from = self._now(now)
+
     def records_seen(self, records: Iterable[Record]) -> None:
         """The records themselves: their last lines are the evidence of a failure no probe knew."""
         self._facts.tail.seen(records)
@@ -153,6 +168,10 @@ class Watchdog:
                 reason, evidence = c.describe(at)
                 found.append((f"{c.bar.bar}@{c.bar.done}", Judgement(c.verdict, reason, evidence)))
         return found
+
+    def stragglers(self) -> list[Straggler]:
+        """The processes found behind their peers since last asked (each once per streak of slow steps)."""
+        return self._facts.stragglers.take()
 
     def stall_bounds(self, now: float | None = None) -> list[tuple[str, float, float, BoundSource]]:
         """Each watched bar's stall bound: (bar, bound in s, s left of it, where it came from)."""

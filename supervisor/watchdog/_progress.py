@@ -41,6 +41,7 @@ class Track:
     last_advance_at: float
     bar: str = ""  # see ProgressState.bar
     key: str = ""  # the bar across attempts (``_pace.bar_key``): what its history is stored under
+    process: str = ""  # the process whose bar it is ("rank=1"), as its lines' prefix said; "" if none
     retired: bool = False  # its phase is over: shown as the last progress, no longer watched
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))
     per_item: deque[float] = field(default_factory=lambda: deque(maxlen=_MAX_INTERVALS))

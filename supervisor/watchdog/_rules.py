@@ -31,7 +31,7 @@ def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
     watched = [t for t in facts.tracks.values() if t.watched]
     found = [_stall(health, facts, t) for t in watched]
     found.extend(c for t in watched if (c := _slow(health, facts, t)) is not None)
-    for rule in (_first_progress, _deadline, _silence, _hang_after_failure, _waiting, _engine_dead):
+    for rule in (_first_progress, _deadline, _silence, _no_ping, _hang_after_failure, _waiting, _engine_dead):
         found.extend(rule(health, facts))
     found.extend(hung_engine(health, facts.engine))
     found.extend(diverged(health, facts.loss))
@@ -201,7 +201,9 @@ def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
     limit = silence_limit(health, facts.phase)
     if limit is None:
         return []
-    last = facts.last_output_at
+    # A `WATCHDOG=1` ping is word from the program as much as a line is: a phase that prints
+    # nothing for an hour (a checkpoint, a data pass) is not silent while it pings.
+    last = facts.last_output_at if facts.pinged_at is None else max(facts.last_output_at, facts.pinged_at)
     phase = facts.phase_name
     where = f"in phase {phase}" if phase is not None else "before any phase"
 
@@ -209,6 +211,29 @@ def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
         quiet = at - last
         reason = f"no output for {format_duration(quiet)} {where} (limit {format_duration(limit)})"
         return reason, {"phase": phase, "silent_s": round(quiet, 3), "silence_s": limit}
+
+    return [Condition(last + limit, Verdict.SILENT, describe, last)]
+
+
+def _no_ping(health: HealthSpec, facts: Facts) -> list[Condition]:
+    # systemd's WatchdogSec: counted from the start until the first ping, as systemd counts it,
+    # whatever the program prints meanwhile (a program that pings from its main loop and is stuck
+    # in it may well go on printing from another thread).
+    limit = health.watchdog_s
+    if limit is None:
+        return []
+    base = facts.started_at if facts.pings_heard_from is None else max(facts.started_at, facts.pings_heard_from)
+    last = base if facts.pinged_at is None else max(base, facts.pinged_at)
+    ever = facts.pinged_at is not None
+    restarted = facts.pings_heard_from is not None
+    phase = facts.phase_name
+
+    def describe(at: float) -> tuple[str, dict[str, Any]]:
+        quiet = at - last
+        since = "since its last" if ever else "and none since the daemon began to listen" if restarted \
+            else "and none since its start"
+        reason = f"no WATCHDOG=1 heartbeat for {format_duration(quiet)} {since} (watchdog_s {format_duration(limit)})"
+        return reason, {"phase": phase, "unpinged_s": round(quiet, 3), "watchdog_s": limit, "ever_pinged": ever}
 
     return [Condition(last + limit, Verdict.SILENT, describe, last)]
 

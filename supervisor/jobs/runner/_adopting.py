@@ -18,6 +18,7 @@ import time
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
 from supervisor.hosts.base import LogStat, LogStatReader, ProcessHandle
+from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp, backlog_of
 from supervisor.jobs.runner._context import Live, RunnerContext
@@ -47,6 +48,7 @@ class Readoption:
 
     def __init__(self, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts, paces: Paces) -> None:
         self._job = spec.name
+        self._health = spec.health
         self._ctx = ctx
         self._journal = journal
         self._alerts = alerts
@@ -65,12 +67,22 @@ class Readoption:
         stored = ctx.store.count_events(EventQuery(self._job, attempt=row.n))
         logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
         live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(ctx.events_per_attempt, logged),
-                    gpu_baseline=gpu_baseline)
+                    gpu_baseline=gpu_baseline, notify=heartbeat.bind(ctx, row.tag))
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)
         for event in probe_events:
             note(self._journal, live, event, clock_at(clock, event.ts))
+        live.watchdog.stragglers()  # found in what was stored: reported by the daemon before, or too late now
+        if live.notify is not None:
+            # Pings sent while no daemon listened are lost, not missed.  An attempt known to ping (its
+            # first ping stored, or a spec that asks for pings) is taken as just pinged: it may print
+            # nothing for hours, and its next ping is due within its own period.  Any other counts
+            # `watchdog_s` from now, and silence from its log's own past.
+            if self._health.watchdog_s is not None or heartbeat.pings(probe_events):
+                watchdog.pinged(clock())
+            else:
+                watchdog.listening(clock())
         if probe_events:
             live.last_output = probe_events[-1].ts
         # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.

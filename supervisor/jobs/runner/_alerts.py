@@ -55,7 +55,10 @@ class Alerts:
 
     def send_soon(self, live: Live, alert: Alert) -> None:
         """Sent off the watch loop: a slow endpoint must not delay noticing an exit."""
-        task = asyncio.create_task(self.send(live, alert), name=f"alert:{alert.key}")
+        self.track(asyncio.create_task(self.send(live, alert), name=f"alert:{alert.key}"))
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """An alert on its way in ``task`` (with what it waits for first): a run's end waits for it."""
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 

@@ -16,6 +16,7 @@ from supervisor.core.events import Failure
 from supervisor.core.usage import GpuUsageMeter
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
+from supervisor.hosts.local.notify import NotifySocket
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.recorder import Recorder
 from supervisor.notify.alerts import Alerter
@@ -52,6 +53,9 @@ class RunnerContext:
     records_seen: Callable[[str, int], None] | None = None  # (job, records read): the metrics' counter
     arrivals: Path | None = None  # where each attempt's arrival marks go (arrivals.py); None: not noted
     events_per_attempt: int = DEFAULT_EVENT_CAP  # the settings' cap on an attempt's stored log events
+    # Where each attempt's NOTIFY_SOCKET is bound (hosts/local/notify.py); None: the host is remote,
+    # where a program could not reach it.
+    notify_dir: Path | None = None
 
 
 @dataclass
@@ -80,6 +84,8 @@ class Live:
     event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
     # GPU memory in use on each device when it was launched (or adopted): what its release is measured against.
     gpu_baseline: dict[int, int] = field(default_factory=dict)
+    notify: NotifySocket | None = None  # its NOTIFY_SOCKET, bound before launch (or at adoption)
+    status_line: str | None = None  # the latest STATUS= it sent there
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""

@@ -193,6 +193,8 @@ class JobRunner:
                 judgement = await self._watch(live, catch_up)
             finally:
                 finder.cancel()
+                if live.notify is not None:  # closed by the watch, unless it never began
+                    live.notify.close()
             self.live = None
             fingerprint = live.failure.fingerprint if live.failure else None
             if self._stop_requested.is_set():
@@ -325,7 +327,8 @@ class JobRunner:
         if live is None:
             return RunnerSnapshot(job=self.spec.name, attempt=None, next_relaunch_at=self.next_relaunch_at, shard=self.shard)
         seen = watching(self.spec.name, live.row.n, live.watchdog, self.ctx.clock(), last_output=live.last_output,
-                        known_pids=frozenset(live.known_pids), program_pid=live.program_pid)
+                        known_pids=frozenset(live.known_pids), program_pid=live.program_pid,
+                        status_line=live.status_line)
         return seen if self.shard is None else dataclasses.replace(seen, shard=self.shard)
 
     async def stacks_now(self) -> StackDump | None:

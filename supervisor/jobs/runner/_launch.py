@@ -13,6 +13,7 @@ from supervisor.core.errors import LaunchError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
 from supervisor.core.payloads import LaunchedData
 from supervisor.hosts.base import LaunchRequest
+from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._ending import gpu_baseline
 from supervisor.jobs.runner._journal import Journal
@@ -44,14 +45,19 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     await when_free(lambda: store.add_attempt(row))  # saved before launch: a crash here leaves a visible 'launching' row
     journal.set_job(JobState.RUNNING, f"attempt {n}")
     baseline = gpu_baseline(ctx)
+    sock = None
     try:
         env = await asyncio.to_thread(spec.environment, n)  # a spec's `env` may be 1 MiB: off the loop
+        sock = heartbeat.bind(ctx, tag)
+        env.update(heartbeat.environment(sock, spec))  # the daemon's own NOTIFY_SOCKET is never passed on
         request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
                                 status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
         handle = await ctx.host.launch(request)
     except Exception as exc:  # re-raised as a SuperviseError
         # Whatever failed, the attempt ends here: a row left `launching` would be taken for
         # a launch the daemon died in, by the next daemon's recovery.
+        if sock is not None:
+            sock.close()
         error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
         journal.update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
                        reason=str(error), action=AttemptAction.give_up("launch failed"))
@@ -65,4 +71,4 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     journal.record(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                    LaunchedData(handle.pid, argv, log_path, ctx.host.name, handle.scheduler_id))
     return Live(row=row, handle=handle, watchdog=paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
-                gpu_baseline=baseline)
+                gpu_baseline=baseline, notify=sock)

@@ -27,9 +27,11 @@ from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
+from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._queued import scheduler_judgement
+from supervisor.jobs.runner._stragglers import StragglerReports
 from supervisor.jobs.runner._unreachable import UNREACHABLE
 from supervisor.notify import notices
 from supervisor.probes import Pack
@@ -72,6 +74,7 @@ class AttemptWatch:
         self._journal = journal
         self._alerts = alerts
         self._paces = paces
+        self._stragglers = StragglerReports(ctx, journal, alerts)
         self._stopped = stopped  # the user's stop: an exit then is no verdict on the job
         row = live.row
         self._engine = Matcher(packs, row.log_offset, row.tag)
@@ -96,6 +99,9 @@ class AttemptWatch:
 
     async def run(self) -> Judgement:
         live = self.live
+        beat = Heartbeat(live, self._journal, self._ctx.clock)
+        if live.notify is not None:
+            live.notify.start(beat.message)
         reader = asyncio.create_task(self._read(), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self._ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
         reader_reported = False
@@ -136,6 +142,9 @@ class AttemptWatch:
                     self._alerts.record_verdict(live, judgement)
                     return judgement
         finally:
+            if live.notify is not None:
+                live.notify.close()
+            beat.close()
             self._paces.store(live)
             for task in (exit_task, reader):
                 await cancel_and_wait(task)
@@ -324,6 +333,8 @@ class AttemptWatch:
                 events.append(implied_phase(event, entered))  # the phase first: its line began it
             events.append(event)
         self._alerts.observed(live, events)
+        if found := live.watchdog.stragglers():
+            self._stragglers.found(live, found)
         admitted = []
         for event in events:
             live.stored_progress.latest_only = live.event_cap.reached  # past the cap: each bar's latest, in place

@@ -262,6 +262,8 @@ function jobCard(job, readOnly) {
       total: sh.progress_total, rate_s_per_it: null, eta_s: sh.eta_s }, job.state === "running")
       : progressBar(a && a.progress, job.state === "running" && !!a && a.state === "running"),
     sh ? null : stallBounds(job),
+    // The program's own word on what it is doing (sd_notify STATUS=), as `status` shows it.
+    job.status_line && ACTIVE.has(job.state) ? el("div", { class: "status-line", text: job.status_line }) : null,
     job.reason ? el("div", { class: "reason", text: job.reason }) : null,
     job.shards ? el("div", { class: "shards" }, ...job.shards.shards.map((s) => shardCard(job, s))) : null,
     el("div", { class: "msg" }));

@@ -2,7 +2,7 @@
 "use strict";
 
 const JOB = decodeURIComponent(location.pathname.split("/").pop());
-const KINDS = ["phase", "progress", "failure", "metric", "info", "launched", "exited", "verdict", "action", "stacks", "gpu_fault", "gpu", "alert", "daemon_restarted", "gpu_wait", "state"];
+const KINDS = ["phase", "progress", "failure", "metric", "info", "launched", "exited", "verdict", "action", "stacks", "straggler", "gpu_fault", "gpu", "alert", "daemon_restarted", "gpu_wait", "state"];
 const PHASES = {"(none)": "#c7c7c7", startup: "#9edae5", config: "#aec7e8", distributed_init: "#c5b0d5",
   model_init: "#dbdb8d", weight_loading: "#ff7f0e", weights_loaded: "#ffbb78", kv_cache_profile: "#bcbd22",
   cuda_graph_capture: "#8c564b", engine_ready: "#17becf", running: "#1f77b4", done: "#2ca02c"};
