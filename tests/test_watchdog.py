@@ -813,3 +813,21 @@ def test_sigterm_before_ready_is_still_a_crash() -> None:
     w, _ = make()
     w.observe(phase(Phase.WEIGHT_LOADING))
     assert w.exited(None, 15, killed_by_us=False).verdict is Verdict.CRASHED
+
+
+def test_a_failure_before_any_phase_is_at_start_up_but_judged_as_before_any_phase() -> None:
+    """A failure logged before the program said anything of itself puts it at `startup` (what status and probe
+    show), but nothing is known of it: the start-up waiting rule stays off, and silence is bounded by the limit
+    for a program before any phase, not by a phase's."""
+    w, clock = make(silence_before_phase_s=100, waiting_s=10, hang_after_failure_s=None)
+    w.observe(failure(line="ValueError: Tokenizer not available", level="WARNING"))
+    assert w.phase is Phase.STARTUP
+    clock.t = 50.0
+    assert w.check().verdict == Verdict.HEALTHY  # waiting_s (10 s) is for a program in a named start-up phase
+    clock.t = 101.0
+    judged = w.check()
+    assert judged.verdict == Verdict.SILENT and "before any phase (limit 1m40s)" in judged.reason
+    named, clock = make(silence_before_phase_s=100, waiting_s=10, hang_after_failure_s=None)
+    named.observe(phase(Phase.MODEL_INIT))
+    clock.t = 11.0
+    assert named.check().verdict == Verdict.STALLED  # the rule itself still holds where the phase is named

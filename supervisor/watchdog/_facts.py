@@ -82,6 +82,10 @@ class Facts:
     loss: LossTrack = field(default_factory=LossTrack)  # a training loss, wherever a line carries one
     gpu: GpuUse = field(default_factory=GpuUse)  # the attempt's GPUs' utilisation, as samples showed it
     moved_at: float = field(init=False)  # the latest progress step or new phase (the start before any)
+    # Whether a line named the phase (or a bar implied it), not only a failure's fallback (start-up, for a program
+    # that failed before saying anything of itself): nothing is known of such a program, and the rules for a
+    # program in a known phase (silence by phase, start-up waiting) do not apply to it.
+    phase_named: bool = False
     stragglers: StragglerWatch = field(default_factory=StragglerWatch)  # ranks behind their peers, now
     tail: LogTail = field(default_factory=LogTail)  # the log's last lines: the evidence when no probe knew the cause
 
@@ -93,6 +97,11 @@ class Facts:
     @property
     def phase_name(self) -> str | None:
         return None if self.phase is None else self.phase.value
+
+    @property
+    def known_phase(self) -> Phase | None:
+        """The phase the program's own lines put it in; None before any, and while only a failure's fallback did."""
+        return self.phase if self.phase_named else None
 
     @property
     def progress(self) -> ProgressState | None:
@@ -145,7 +154,7 @@ class Facts:
         implied = implied_phase(kind, own, self.phase)
         if implied is not None:
             # A failure's fallback phase (start-up) says nothing of bars drawn before it: they go on being watched.
-            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields), retire=own is not None)
+            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields), named=own is not None)
         if not self.advanced_since_failure and goes_on_serving(fields):
             self._advanced()  # a request answered after the failure: it was one call's, the server goes on
         if event.kind in (EventKind.METRIC, EventKind.PROGRESS) and fields:
@@ -167,12 +176,13 @@ class Facts:
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
 
-    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, retire: bool = True) -> None:
+    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, named: bool = True) -> None:
         # Forward only, and no `done` straight after a failure: the rule the replay shares.
         phase = entered_phase(self.phase, implied, recovered=self.advanced_since_failure)
         if phase is None:
             return
         self.phase = phase
+        self.phase_named = named
         self.phase_entered_at = self.moved_at = at
         self.phase_has_progress = False
         if recovers:
@@ -180,7 +190,7 @@ class Facts:
         # Bars of earlier phases are over even if they never printed their last step
         # (tqdm with leave=False, or a bar that stops at 99%); watching them would flag
         # a healthy run forever.
-        for track in self.tracks.values() if retire else ():
+        for track in self.tracks.values() if named else ():
             track.retired = True
 
     def _failure(self, failure: Failure, at: float) -> None:

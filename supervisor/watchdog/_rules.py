@@ -198,14 +198,14 @@ def _deadline(health: HealthSpec, facts: Facts) -> list[Condition]:
 
 
 def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
-    limit = silence_limit(health, facts.phase)
+    limit = silence_limit(health, facts.known_phase)
     if limit is None:
         return []
     # A `WATCHDOG=1` ping is word from the program as much as a line is: a phase that prints
     # nothing for an hour (a checkpoint, a data pass) is not silent while it pings.
     last = facts.last_output_at if facts.pinged_at is None else max(facts.last_output_at, facts.pinged_at)
     phase = facts.phase_name
-    where = f"in phase {phase}" if phase is not None else "before any phase"
+    where = f"in phase {phase}" if facts.known_phase is not None else "before any phase"
 
     def describe(at: float) -> tuple[str, dict[str, Any]]:
         quiet = at - last
@@ -292,7 +292,7 @@ def _engine_dead(health: HealthSpec, facts: Facts) -> list[Condition]:
 def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
     # Before any phase is recognised nothing is known about the program: no rule.
     limit = health.waiting_s
-    if limit is None or facts.phase not in health.waiting_phases:
+    if limit is None or facts.known_phase not in health.waiting_phases:
         return []
     since = facts.last_active_at
     heartbeat = facts.heartbeat if facts.heartbeat and facts.heartbeat[0] >= since else None
