@@ -85,3 +85,24 @@ def test_bad_hung_and_divergence_fields_are_one_line_exit_65_and_nothing_stored(
     assert f"health.{field}" in result.stderr
     client = daemon.client()
     assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ('kill_signal_first = "SIGFOO"', "kill_signal_first"),
+    ('kill_signal_first = "SIGKILL"', "kill_signal_first"),
+    ('kill_signal_first = 10', "kill_signal_first"),
+    ('kill_signal_first = "USR1"\ncheckpoint_grace_s = -1', "checkpoint_grace_s"),
+    ('kill_signal_first = "USR1"\ncheckpoint_grace_s = inf', "checkpoint_grace_s"),
+    ('checkpoint_grace_s = 30', "checkpoint_grace_s"),
+    ('kill_signal_first = "USR1"\nhost = "someone@gpu-box"\npython = "/usr/bin/python3"\nworkdir = "/tmp"',
+     "kill_signal_first"),
+])
+def test_bad_first_signal_fields_are_one_line_exit_65_and_nothing_stored(
+        daemon: DaemonProcess, home: Path, daemon_env: dict[str, str], line: str, said: str) -> None:
+    spec = home / "ks.toml"
+    spec.write_text(f'name = "ks"\ncommand = ["true"]\n{line}\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
+    assert said in result.stderr
+    client = daemon.client()
+    assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid

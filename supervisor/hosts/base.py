@@ -300,6 +300,25 @@ class Link(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Forewarning:
+    """What a signal sent before a kill did: which process got it, and whether it ended in the wait."""
+
+    pid: int | None  # the program signalled; None when it had none left to signal
+    waited_s: float
+    ended: bool  # the program ended within the wait (its checkpoint, then its own exit)
+
+
+@runtime_checkable
+class Forewarner(Protocol):
+    """A host that can send an attempt's program one signal of the job's choosing before the kill
+    (a checkpoint request), and wait a while for it (the local host)."""
+
+    async def forewarn(self, handle: ProcessHandle, signum: int, wait_s: float) -> Forewarning:
+        """Signal the program, then wait up to ``wait_s`` for it to end; never kills."""
+        ...
+
+
 @runtime_checkable
 class StackDumper(Protocol):
     """A host that can dump the Python stacks of an attempt's processes (py-spy) before a kill."""

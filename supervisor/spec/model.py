@@ -27,6 +27,7 @@ from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.host_url import LOCAL_HOST, is_local
 from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
+from supervisor.spec.forewarn import first_signal_name
 from supervisor.spec.placement import Placement, check_placement, place
 from supervisor.spec.search import JOB_NAME, spec_search_path
 from supervisor.spec.tables import (
@@ -60,6 +61,10 @@ class JobSpec(_Strict):
     outputs: list[str] = Field(default_factory=list)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
     stop_grace_s: Seconds = 10.0
+    # A signal the program gets before any kill (a user's stop, a watchdog kill): time to save a
+    # checkpoint, as Slurm's --signal gives; then up to checkpoint_grace_s before TERM (forewarn.py).
+    kill_signal_first: str | None = None
+    checkpoint_grace_s: Seconds | None = None  # None: DEFAULT_CHECKPOINT_GRACE_S where a signal is set
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
@@ -79,6 +84,11 @@ class JobSpec(_Strict):
         if not _NAME_RE.fullmatch(value):
             raise ValueError("1 to 64 letters, digits, '.', '_' and '-', starting with a letter or digit")
         return value
+
+    @field_validator("kill_signal_first")
+    @classmethod
+    def _valid_first_signal(cls, value: str | None) -> str | None:
+        return None if value is None else first_signal_name(value)
 
     @field_validator("after")
     @classmethod
@@ -147,9 +157,19 @@ class JobSpec(_Strict):
                 raise ValueError(f"host {host}: set `python` to the interpreter on that machine")
             if not (self.workdir.startswith("/") or self.workdir.startswith("~")):
                 raise ValueError(f"host {host}: `workdir` must be an absolute path on that machine")
+            if self.kill_signal_first is not None:
+                # The signal is sent from this machine to a pid of this machine; elsewhere it would miss.
+                raise ValueError(f"host {host}: `kill_signal_first` needs a local job (the signal is sent from this machine)")
             if self.health.watchdog_s is not None:
                 # Its NOTIFY_SOCKET is a file on this machine: a program elsewhere could never ping it.
                 raise ValueError(f"host {host}: `health.watchdog_s` needs a local job (its NOTIFY_SOCKET is local)")
+        return self
+
+    @model_validator(mode="after")
+    def _grace_needs_a_signal(self) -> JobSpec:
+        # A grace with no signal to start it would be silently ignored: said instead.
+        if self.checkpoint_grace_s is not None and self.kill_signal_first is None:
+            raise ValueError("`checkpoint_grace_s` needs `kill_signal_first` (the signal that asks for the checkpoint)")
         return self
 
     @model_validator(mode="after")

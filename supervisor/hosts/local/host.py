@@ -33,6 +33,7 @@ from supervisor.hosts.base import (
     TAG_VAR,
     WRAPPER_SH,
     ExitStatus,
+    Forewarning,
     KillReport,
     LaunchRequest,
     LogStat,
@@ -151,6 +152,14 @@ class LocalHost:
         except psutil.Error:
             return None
         return min((c.pid for c in children), default=None)
+
+    async def forewarn(self, handle: ProcessHandle, signum: int, wait_s: float) -> Forewarning:
+        """The program (the wrapper's child) alone gets the signal: its data-loader workers and
+        helpers would mostly die of SIGUSR1's default action, and the wrapper must outlive it."""
+        pid = await self.program_pid(handle)
+        if pid is None:
+            return Forewarning(pid=None, waited_s=0.0, ended=True)
+        return await asyncio.to_thread(_forewarn, pid, signum, wait_s)
 
     async def attempt_usage(self, handle: ProcessHandle) -> AttemptUsage | None:
         """What the attempt used, from its cgroup: as read when it went, else now (it runs on)."""
@@ -339,6 +348,19 @@ def _kill_tree(handle: ProcessHandle, grace_s: float, group: Path | None = None)
         report.usage = cgroup.usage(group)
         cgroup.remove(group)
     return report
+
+
+def _forewarn(pid: int, signum: int, wait_s: float) -> Forewarning:
+    started = time.monotonic()
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signum)
+        proc.wait(timeout=wait_s)  # a zombie counts as ended: its wrapper reaps it right after
+    except psutil.TimeoutExpired:
+        return Forewarning(pid=pid, waited_s=time.monotonic() - started, ended=False)
+    except psutil.Error:
+        pass  # it ended before the signal, or as it came
+    return Forewarning(pid=pid, waited_s=time.monotonic() - started, ended=True)
 
 
 def _reparented(handle: ProcessHandle, procs: list[psutil.Process]) -> list[int]:

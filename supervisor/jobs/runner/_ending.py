@@ -14,6 +14,7 @@ from supervisor.gpu.nvml import ReleaseResult, baseline_of, wait_for_release
 from supervisor.hosts.base import ExitStatus, UsageReader
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live, RunnerContext, describe_exit
+from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._journal import Journal
 from supervisor.spec.model import JobSpec
 from supervisor.watchdog import Judgement
@@ -46,6 +47,8 @@ class Ending:
         if live.exit_status is None:  # judged while alive (stalled, silent, hung): why, before the kill
             await self._alerts.dump_stacks(live, judgement, "before the kill")
         live.killed_by_us = True
+        if live.exit_status is None:  # a program that ended on its own has no checkpoint left to write
+            await forewarn(self._spec, host, live.handle, self._journal, live.row.n)
         report = await host.kill_tree(live.handle, self._spec.stop_grace_s)
         live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
         if live.exit_status is None:  # killed while alive (stalled, silent): record how it ended

@@ -31,6 +31,7 @@ from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done
 from supervisor.jobs.runner._ending import Ending, gpu_baseline
+from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
 from supervisor.jobs.runner._gpu_wait import GpuGate
 from supervisor.jobs.runner._journal import Journal
@@ -120,6 +121,7 @@ class JobRunner:
         live = None if self.unreachable_since is not None else self.live or await self._launched_or_ended()
         if live is not None:
             live.killed_by_us = True
+            await forewarn(self.spec, self.ctx.host, live.handle, self.journal, live.row.n)
             report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
         if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError, SuperviseError):
