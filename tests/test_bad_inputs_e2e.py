@@ -106,3 +106,16 @@ def test_bad_first_signal_fields_are_one_line_exit_65_and_nothing_stored(
     assert said in result.stderr
     client = daemon.client()
     assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid
+
+
+@pytest.mark.parametrize("line", ["max_runtime = -1", "max_runtime = 0", "max_runtime = inf", 'max_runtime = "2h"',
+                                  "max_runtime = 1e12", "max_runtime = true"])
+def test_a_bad_max_runtime_is_one_line_exit_65_and_nothing_stored(
+        daemon: DaemonProcess, home: Path, daemon_env: dict[str, str], line: str) -> None:
+    spec = home / "mr.toml"
+    spec.write_text(f'name = "mr"\ncommand = ["true"]\n{line}\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
+    assert "max_runtime" in result.stderr
+    client = daemon.client()
+    assert client.status().jobs == [] and client.ping().pid == daemon.proc.pid

@@ -36,6 +36,7 @@ from supervisor.spec.tables import (
     HealthSpec,
     RestartSpec,
     Seconds,
+    SecondsOrOff,
     SlurmSpec,
     _no_nul,
     _Strict,
@@ -61,6 +62,9 @@ class JobSpec(_Strict):
     outputs: list[str] = Field(default_factory=list)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
     stop_grace_s: Seconds = 10.0
+    # The wall-clock limit of one attempt (systemd's RuntimeMaxSec, Slurm's --time): past it the
+    # attempt is stopped as `stop` does and judged `timeout`; relaunched only if restart.on says so.
+    max_runtime: SecondsOrOff = None
     # A signal the program gets before any kill (a user's stop, a watchdog kill): time to save a
     # checkpoint, as Slurm's --signal gives; then up to checkpoint_grace_s before TERM (forewarn.py).
     kill_signal_first: str | None = None
@@ -89,6 +93,14 @@ class JobSpec(_Strict):
     @classmethod
     def _valid_first_signal(cls, value: str | None) -> str | None:
         return None if value is None else first_signal_name(value)
+
+    @field_validator("max_runtime", mode="before")
+    @classmethod
+    def _no_true_runtime(cls, value: object) -> object:
+        # `true` would read as 1 second; `false` (like "off") means no limit.
+        if value is True:
+            raise ValueError("a number of seconds, or \"off\"; got true")
+        return value
 
     @field_validator("after")
     @classmethod

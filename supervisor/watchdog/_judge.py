@@ -14,6 +14,7 @@ from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._pace import BoundSource, PaceHistory
 from supervisor.watchdog._progress import ProgressState
 from supervisor.watchdog._rules import conditions, healthy
+from supervisor.watchdog._runtime import past_max_runtime
 from supervisor.watchdog._straggler import Straggler
 
 
@@ -35,11 +36,14 @@ class Watchdog:
     """Judges one attempt; feed it events in arrival order."""
 
     def __init__(self, health: HealthSpec, *, clock: Callable[[], float] = time.monotonic,
-                 history: PaceHistory | None = None, started_at: float | None = None) -> None:
+                 history: PaceHistory | None = None, started_at: float | None = None,
+                 max_runtime_s: float | None = None) -> None:
         """``history``: what earlier attempts of the same job showed of each bar's pace.
         ``started_at``: the attempt's start on ``clock`` (now when not given; a re-adopted
-        attempt gives its true start, so rules measured from it are not reset by a restart)."""
+        attempt gives its true start, so rules measured from it are not reset by a restart).
+        ``max_runtime_s``: the spec's wall-clock limit, counted from that start (None: none)."""
         self._health = health
+        self._max_runtime_s = max_runtime_s
         self._clock = clock
         self._facts = Facts(started_at=clock() if started_at is None else started_at)
         if history is not None:
@@ -57,7 +61,7 @@ class Watchdog:
     def anew(self) -> Watchdog:
         """A watchdog for the same attempt judged from now on (one that left a batch queue), with
         the same spec, clock and history."""
-        return Watchdog(self._health, clock=self._clock, history=self._facts.history)
+        return Watchdog(self._health, clock=self._clock, history=self._facts.history, max_runtime_s=self._max_runtime_s)
 
     # ---- state -------------------------------------------------------------------
 
@@ -220,7 +224,8 @@ class Watchdog:
     def _conditions(self) -> list[Condition]:
         made = self._made
         if made is None:
-            made = self._made = conditions(self._health, self._facts)
+            made = self._made = conditions(self._health, self._facts) + past_max_runtime(self._max_runtime_s,
+                                                                                          self._facts)
         return made
 
     # ---- judgement at exit ------------------------------------------------------------

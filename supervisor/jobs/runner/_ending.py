@@ -44,7 +44,9 @@ class Ending:
         host = self._ctx.host
         if judgement.verdict in _FINAL_VERDICTS and not await host.attempt_pids(live.handle):
             return
-        if live.exit_status is None:  # judged while alive (stalled, silent, hung): why, before the kill
+        # Judged while alive (stalled, silent, hung): why, before the kill.  Not at a time limit,
+        # where the stacks would only show the program at work.
+        if live.exit_status is None and judgement.verdict is not Verdict.TIMEOUT:
             await self._alerts.dump_stacks(live, judgement, "before the kill")
         live.killed_by_us = True
         if live.exit_status is None:  # a program that ended on its own has no checkpoint left to write

@@ -40,6 +40,8 @@ class KillGate:
     @classmethod
     def of(cls, health: HealthSpec, held: bool = False) -> KillGate:
         own = {v: health.action_for(v) for v in (Verdict.HUNG, Verdict.DIVERGED, Verdict.IDLE)}
+        # max_runtime is a limit, not a suspicion: health.action = "warn" must not let it run on.
+        own[Verdict.TIMEOUT] = "kill"
         return cls(health.action, health.kill_after_s, held, by_verdict=own)
 
     @property

@@ -53,7 +53,8 @@ class Paces:
             return PaceHistory()
 
     def new_watchdog(self, n: int, started_at: float | None = None) -> Watchdog:
-        return Watchdog(self._spec.health, clock=self._ctx.clock, history=self.history(n), started_at=started_at)
+        return Watchdog(self._spec.health, clock=self._ctx.clock, history=self.history(n), started_at=started_at,
+                        max_runtime_s=self._spec.max_runtime)
 
     def store(self, live: Live) -> None:
         """This attempt's intervals, for the next attempt's bounds (replaced as it goes on)."""
