@@ -831,3 +831,32 @@ def test_a_failure_before_any_phase_is_at_start_up_but_judged_as_before_any_phas
     named.observe(phase(Phase.MODEL_INIT))
     clock.t = 11.0
     assert named.check().verdict == Verdict.STALLED  # the rule itself still holds where the phase is named
+
+
+def test_max_runtime_is_a_timeout_from_the_attempts_start_however_healthy_it_is() -> None:
+    clock = Clock(1000.0)
+    # A re-adopted attempt: started 100 s before this watchdog was made.
+    dog = Watchdog(HealthSpec(), clock=clock, started_at=900.0, max_runtime_s=7200.0)
+    dog.observe(phase(Phase.WEIGHT_LOADING))
+    for step in range(1, 200):
+        clock.t = 900.0 + step * 36.0  # a bar step every 36 s: never stalled, never silent
+        dog.observe(progress(step, 10_000))
+        dog.output_seen()
+    clock.t = 8099.9
+    assert dog.check().verdict == Verdict.HEALTHY
+    assert dog.next_check_at() == 8100.0 and dog.upcoming()[:2] == (8100.0, Verdict.TIMEOUT)
+    clock.t = 8100.0
+    judged = dog.check()
+    assert judged.verdict == Verdict.TIMEOUT and judged.reason == "ran past max_runtime 2h00m", judged
+    assert judged.evidence["max_runtime_s"] == 7200.0
+    # Killed for it: the verdict stays, however the process then ended.
+    assert dog.exited(None, 15, killed_by_us=True).verdict == Verdict.TIMEOUT
+
+
+def test_no_max_runtime_no_time_limit() -> None:
+    clock = Clock(0.0)
+    dog = Watchdog(HealthSpec(silence_before_phase_s=10 ** 7), clock=clock)
+    clock.t = 9 * 10 ** 6  # 104 days: no rule but the (lifted) silence one could end it
+    assert dog.check().verdict == Verdict.HEALTHY
+    upcoming = dog.upcoming()
+    assert upcoming is None or upcoming[1] != Verdict.TIMEOUT
