@@ -62,13 +62,14 @@ class JobSpec(_Strict):
     outputs: list[str] = Field(default_factory=list)
     unbuffered: bool = True  # PYTHONUNBUFFERED=1 unless the spec turns it off
     stop_grace_s: Seconds = 10.0
-    # The wall-clock limit of one attempt (systemd's RuntimeMaxSec, Slurm's --time): past it the
-    # attempt is stopped as `stop` does and judged `timeout`; relaunched only if restart.on says so.
+    # One attempt's wall-clock limit, in seconds (systemd's RuntimeMaxSec, Slurm's --time): past it the
+    # attempt is stopped as `stop` does and judged `timeout`; relaunched only if restart.on names timeout.
     max_runtime: SecondsOrOff = None
-    # A signal the program gets before any kill (a user's stop, a watchdog kill): time to save a
-    # checkpoint, as Slurm's --signal gives; then up to checkpoint_grace_s before TERM (forewarn.py).
+    # A signal name ("SIGUSR1") the program gets before any kill (stop, a watchdog kill, max_runtime), to
+    # save a checkpoint as with Slurm's --signal; local jobs only.
     kill_signal_first: str | None = None
-    checkpoint_grace_s: Seconds | None = None  # None: DEFAULT_CHECKPOINT_GRACE_S where a signal is set
+    # How long the program has after kill_signal_first before the SIGTERM (less if it exits); 60 s when unset.
+    checkpoint_grace_s: Seconds | None = None
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
