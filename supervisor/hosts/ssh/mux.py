@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -266,6 +267,20 @@ class SshMux:
     def _out_of_reach(self, exc: ConnectionLost) -> None:
         """Tell every follow and exit watch that the box cannot be reached; each is forgotten (its
         user asks again once the box answers)."""
+        self._fail_follows_and_watches(exc)
+
+    def _fail_all(self, exc: SuperviseError) -> None:
+        """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
+        only uses that come later ask the box again."""
+        self._fail_follows_and_watches(exc)
+        waiting: list[asyncio.Future[Any]] = [*self._stats, *self._ready]
+        for future in waiting:
+            if not future.done():
+                future.set_exception(exc)
+        self._stats.clear()
+        self._ready.clear()
+
+    def _fail_follows_and_watches(self, exc: SuperviseError) -> None:
         for group in self._watches.values():
             for future in group:
                 if not future.done():
@@ -278,24 +293,4 @@ class SshMux:
         self._watches.clear()
         self._subs.clear()
         self._subscribing.clear()
-
-    def _fail_all(self, exc: SuperviseError) -> None:
-        """Tell every use waiting on the agent that it cannot run; each is then forgotten, so that
-        only uses that come later ask the box again."""
-        for group in self._watches.values():
-            for future in group:
-                if not future.done():
-                    future.set_exception(exc)
-        for queue in self._subs.values():
-            queue.put_nowait(Dropped(str(exc), exc))
-        for asked in self._stats:
-            if not asked.done():
-                asked.set_exception(exc)
-        for waiting in self._ready + self._subscribing:
-            if not waiting.done():
-                waiting.set_exception(exc)
-        self._watches.clear()
-        self._subs.clear()
-        self._stats.clear()
-        self._ready.clear()
         self._subscribing.clear()
