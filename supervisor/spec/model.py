@@ -42,7 +42,6 @@ from supervisor.spec.tables import (
     _Strict,
 )
 
-_NAME_RE = JOB_NAME
 _PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
 _BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards")
 
@@ -86,7 +85,7 @@ class JobSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _NAME_RE.fullmatch(value):
+        if not JOB_NAME.fullmatch(value):
             raise ValueError("1 to 64 letters, digits, '.', '_' and '-', starting with a letter or digit")
         return value
 
@@ -107,7 +106,7 @@ class JobSpec(_Strict):
     @classmethod
     def _valid_after(cls, value: list[str]) -> list[str]:
         for name in value:
-            if not _NAME_RE.fullmatch(name):
+            if not JOB_NAME.fullmatch(name):
                 raise ValueError(f"after: {shown(name)} is not a job name")
         return value
 
