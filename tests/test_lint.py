@@ -1,5 +1,6 @@
-"""The guards that keep the code honest, run as part of the suite: ruff, mypy --strict and the import
-contracts (layers), each configured in pyproject.toml.  CI installs all three with the test extra."""
+"""The guards that keep the code honest, run as part of the suite: ruff (over supervisor/ and the job
+programs in jobs/), mypy --strict and the import contracts (layers), each configured in pyproject.toml.
+CI installs all three with the test extra."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_finds_nothing() -> None:
-    done = _run(_tool("ruff"), "check", "--no-cache", "supervisor")
+    done = _run(_tool("ruff"), "check", "--no-cache", "supervisor", "jobs")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
