@@ -4,6 +4,8 @@ CI installs all three with the test extra."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,3 +42,28 @@ def test_mypy_strict_finds_nothing() -> None:
 def test_import_contracts_are_kept() -> None:
     done = _run(_tool("lint-imports"), "--no-cache")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("module", "bad_import", "contract"), [
+    ("core/events.py", "supervisor.cli.client", "The layers, top to bottom"),
+    ("watchdog/_judge.py", "supervisor.daemon.api", "The layers, top to bottom"),
+    ("hosts/local/host.py", "supervisor.hosts.ssh.host", "Host kinds"),
+    ("watchdog/_judge.py", "supervisor.core.bus", "The watchdog judges facts"),
+    ("hosts/registry.py", "supervisor.watchdog", "Hosts launch and follow"),
+    ("jobs/matching.py", "supervisor.store.database", "The matcher reads text"),
+    ("daemon/api/_routes.py", "supervisor.jobs.runner", "The daemon's API and page"),
+])
+def test_one_bad_import_breaks_one_contract(tmp_path: Path, module: str, bad_import: str, contract: str) -> None:
+    """The contracts do not overlap: a wrong import is told once, by the contract that says why it is
+    wrong, not by every contract whose modules it happens to chain together."""
+    shutil.copytree(ROOT / "supervisor", tmp_path / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with (tmp_path / "supervisor" / module).open("a", encoding="utf-8") as f:
+        f.write(f"\nimport {bad_import}  # the wrong import under test\n")
+    done = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    lines = " ".join(done.stdout.split())  # a long contract name is wrapped across lines
+    listing = lines.split(" dependencies.", 1)[-1].split("Contracts: ", 1)[0].strip(" -")  # "Name KEPT Name BROKEN"
+    broken = [name.strip(" -") for name, verdict in re.findall(r"(.+?) (KEPT|BROKEN)", listing) if verdict == "BROKEN"]
+    assert "Contracts: " in lines and ", 1 broken." in lines, done.stdout[-3000:] + done.stderr[-1000:]
+    assert len(broken) == 1 and contract in broken[0], broken

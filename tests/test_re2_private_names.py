@@ -46,6 +46,8 @@ def missing_private_names(module: Any) -> list[str]:
     for name in ("ANCHOR_START", "UNANCHORED"):
         if anchor is None or not hasattr(anchor, name):
             missing.append(f"re2._Anchor.{name}")
+    if missing:
+        return missing  # the matches below need the anchors
     try:
         compiled = module.compile(r"(?P<n>x+)y", re2_options())
         regexp = compiled._regexp
@@ -90,7 +92,7 @@ def test_the_installed_re2_is_within_the_cap() -> None:
 
 def test_a_moved_name_is_told_in_one_line() -> None:
     without_anchor = SimpleNamespace(compile=re2.compile)
-    assert missing_private_names(without_anchor)[:2] == ["re2._Anchor.ANCHOR_START", "re2._Anchor.UNANCHORED"]
+    assert missing_private_names(without_anchor) == ["re2._Anchor.ANCHOR_START", "re2._Anchor.UNANCHORED"]
     no_regexp = SimpleNamespace(_Anchor=re2._Anchor, compile=lambda *a: SimpleNamespace())
     assert [m.split(":")[0] for m in missing_private_names(no_regexp)] == [
         "a compiled pattern's ._regexp.Match(anchor, data, pos, endpos)"]
