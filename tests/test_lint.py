@@ -61,9 +61,11 @@ def test_one_bad_import_breaks_one_contract(tmp_path: Path, module: str, bad_imp
     with (tmp_path / "supervisor" / module).open("a", encoding="utf-8") as f:
         f.write(f"\nimport {bad_import}  # the wrong import under test\n")
     done = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                          timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200"})
     lines = " ".join(done.stdout.split())  # a long contract name is wrapped across lines
     listing = lines.split(" dependencies.", 1)[-1].split("Contracts: ", 1)[0].strip(" -")  # "Name KEPT Name BROKEN"
-    broken = [name.strip(" -") for name, verdict in re.findall(r"(.+?) (KEPT|BROKEN)", listing) if verdict == "BROKEN"]
+    # A name that fills its line is printed with no space before its verdict: "...each otherBROKEN".
+    verdicts = re.findall(r"(.+?)(KEPT|BROKEN)(?= |$)", listing)
+    broken = [name.strip(" -") for name, verdict in verdicts if verdict == "BROKEN"]
     assert "Contracts: " in lines and ", 1 broken." in lines, done.stdout[-3000:] + done.stderr[-1000:]
     assert len(broken) == 1 and contract in broken[0], broken
