@@ -9,6 +9,8 @@ beyond reading the files, so it runs in well under a second."""
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,8 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "supervisor"
-SKIPPED_DIRS = {".git", ".venv", "build", "site", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache",
-                ".pytest_cache"}
+SKIPPED_DIRS = {"build", "dist", "site", "__pycache__", "node_modules"}  # and every .hidden one (.git, .venv)
 
 # Files of other projects (a traceback's frames, an upstream model's source, a user's own script in an
 # example) that the pages name by their bare names: not ours to resolve.
@@ -54,15 +55,12 @@ class Text:
 def _tracked_tree() -> tuple[list[str], set[str]]:
     files: list[str] = []
     dirs: set[str] = set()
-    for path in REPO.rglob("*"):
-        rel = path.relative_to(REPO)
-        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in rel.parts[:-1] if part):
-            continue
-        if rel.parts and rel.parts[0] in SKIPPED_DIRS:
-            continue
-        if path.is_file():
-            files.append(rel.as_posix())
-            dirs.update(p.as_posix() for p in rel.parents if p.parts)
+    for top, subdirs, names in os.walk(REPO):
+        subdirs[:] = [d for d in subdirs if d not in SKIPPED_DIRS and not d.startswith(".") and not d.endswith(".egg-info")]
+        rel = Path(top).relative_to(REPO)
+        files.extend((rel / name).as_posix() for name in names)
+        if rel.parts:
+            dirs.add(rel.as_posix())
     return files, dirs
 
 
@@ -100,10 +98,20 @@ OLD_NAMES = _old_names()
 _OLD = re.compile(r"(?<!\w)(" + "|".join(sorted(OLD_NAMES, key=len, reverse=True)) + r")(?!\w)")
 
 
+def _statements(node: ast.AST) -> Iterator[ast.AST]:
+    """The node and every statement under it, never an expression's parts: docstrings are the first
+    statement of a module, class or function body, and walking every expression costs seconds."""
+    yield node
+    for field in ("body", "orelse", "handlers", "finalbody", "cases"):
+        for child in getattr(node, field, ()):
+            if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                yield from _statements(child)
+
+
 def _texts() -> Iterator[Text]:
     for path in sorted(PACKAGE.rglob("*.py")):
         source = path.read_text(encoding="utf-8")
-        for node in ast.walk(ast.parse(source)):
+        for node in _statements(_tree(path)):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node, clean=False)
                 if doc:
@@ -135,9 +143,15 @@ def names_ours(name: str) -> bool:
     return name.endswith(".py") and name not in FOREIGN_FILES
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
 def _top_level_names(path: Path) -> dict[str, ast.AST]:
     names: dict[str, ast.AST] = {}
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in _tree(path).body:
         targets: list[ast.expr] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names[node.name] = node
@@ -224,7 +238,7 @@ def stale_names() -> list[str]:
                      for m in _OLD.finditer(text.body))
     for init in sorted(PACKAGE.rglob("__init__.py")):
         package = init.parent
-        for name in module_map_names(ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")), clean=False) or ""):
+        for name in module_map_names(ast.get_docstring(_tree(init), clean=False) or ""):
             if not (package / f"{name}.py").is_file() and not (package / name / "__init__.py").is_file():
                 stale.append(f"{init.relative_to(REPO).as_posix()} (module map): {name}")
     return stale
