@@ -171,6 +171,12 @@ class Follower(Protocol):
         generation it was resumed at: with ``offset``, where a restarted follower resumes."""
         ...
 
+    @property
+    def buffered(self) -> int:
+        """Bytes read past ``offset`` and held back (an unterminated tail, a ``\r`` that may be half
+        of a ``\r\n``): with ``offset``, how far the file had been read."""
+        ...
+
     def partial_text(self, limit: int = 4096) -> str:
         """The unterminated tail after the last record ('' if none): a progress bar's latest
         redraw, which tqdm leaves unterminated until the next one.  For display and progress only."""
