@@ -1,7 +1,7 @@
 """The host interface: what the daemon needs from a machine that runs jobs.
 
-`LocalHost` (local.py) and `SshHost` (ssh.py) implement it; the daemon never touches
-processes or files of a job except through it.
+`LocalHost` (local/host.py), `SshHost` (ssh/host.py) and `SlurmHost` (slurm/host.py) implement it;
+the daemon never touches processes or files of a job except through it.
 """
 
 from __future__ import annotations
