@@ -242,7 +242,7 @@ def find_pipeline(name_or_path: str) -> Path | None:
     """The pipeline file `supervise start NAME` means, or None when NAME is a job (or nothing)."""
     candidate = Path(name_or_path)
     if program_not_spec(name_or_path) is not None:
-        return None  # `start ./train.py`: find_spec says what to do instead
+        return None  # a program given by its path: find_spec says what to do instead
     if candidate.suffix == ".toml" or "/" in name_or_path:
         paths = [candidate]
     else:

@@ -45,7 +45,7 @@ _PROGRAM_SUFFIXES = frozenset({".py", ".sh", ".bash", ".zsh", ".pl", ".rb", ".js
 
 def program_not_spec(name_or_path: str) -> str | None:
     """The one line that says what to do when `start` was given a program instead of a job spec
-    (`start train.py`, `start ./train.sh`); None for anything else.  A .toml file is a spec whatever
+    (a Python script by name, a shell script by its path); None for anything else.  A .toml file is a spec whatever
     it holds; so is a file without a program's suffix that is not executable and has no `#!`."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or not path.is_file():
