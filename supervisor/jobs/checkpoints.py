@@ -1,0 +1,145 @@
+"""Checkpoint-aware relaunch: which checkpoint an attempt starts from (`{last_checkpoint}`).
+
+`checkpoints = "{out}/step_*"` is a glob on the job's host, relative to its working directory.  The
+matches are ordered by the number in their name (`step_10` after `step_9`), then by mtime; with
+`checkpoint_complete = "COMPLETE"` only those holding that file count.  An attempt gets the newest
+one, except one an earlier attempt of the same run started from and died with before its first
+progress (a corrupt or half-written checkpoint fails on loading): the next gets the one before.
+Such a failure is not "the same bug twice" while an older checkpoint is left to try.
+
+Listed on this machine's file system for a local host, and over the resident shell of an SSH
+host; a host with neither (a Slurm host over SSH) lists none and says so once per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from supervisor.core.events import Verdict
+from supervisor.core.host_url import is_local
+from supervisor.hosts.base import Host
+from supervisor.spec.model import JobSpec
+from supervisor.store.database import AttemptRow
+
+# At most this many matches are looked at: a glob over a huge directory must not flood the loop.
+MAX_LISTED = 10_000
+_DIGITS = re.compile(r"(\d+)")
+# Verdicts that say an attempt did not fail (a preemption is the scheduler's, not the checkpoint's).
+_NOT_FAILURES = frozenset({Verdict.HEALTHY, Verdict.DONE, Verdict.PREEMPTED})
+
+# $1 the glob, $2 the marker ("" none).  IFS empty: the glob is expanded, never split on spaces.
+# Prints "mtime complete path" per match; a NUL-free path with no newline is all a glob of ours matches.
+_LIST_SCRIPT = r"""
+IFS=''
+case "$1" in '~/'*) g="$HOME/${1#??}";; *) g=$1;; esac
+n=0
+for p in $g; do
+  [ -e "$p" ] || continue
+  n=$((n+1)); [ "$n" -gt MAX_LISTED ] && break
+  case "$p" in *'
+'*) continue;; esac
+  m=$(stat -c %.9Y -- "$p" 2>/dev/null) || m=$(stat -c %Y -- "$p" 2>/dev/null) || continue
+  c=1; if [ -n "$2" ] && [ ! -e "$p/$2" ]; then c=0; fi
+  echo "$m $c $p"
+done
+""".replace("MAX_LISTED", str(MAX_LISTED))
+
+
+@runtime_checkable
+class ShellHost(Protocol):
+    """A host that runs a short script in its resident shell (the SSH host)."""
+
+    async def run_op(self, body: str, *args: str) -> tuple[int | None, bytes, bytes]: ...
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: str
+    mtime: float
+
+    def order(self) -> tuple[tuple[int | str, ...], float]:
+        """Natural order of its name (the numbers in it as numbers), then its mtime."""
+        name = os.path.basename(self.path.rstrip("/")) or self.path
+        parts = tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(name) if p)
+        return _comparable(parts), self.mtime
+
+
+def _comparable(parts: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # int and str never compare: each part is tagged so that a number sorts before text at one place.
+    out: list[int | str] = []
+    for part in parts:
+        out.extend((0, part) if isinstance(part, int) else (1, part))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Listing:
+    complete: list[Checkpoint]  # oldest first
+    note: str = ""  # why none could be listed, when that is so
+
+
+async def list_complete(host: Host, spec: JobSpec) -> Listing:
+    """The complete checkpoints ``spec.checkpoints`` matches on ``host``, oldest first."""
+    pattern = spec.checkpoint_glob()
+    if not pattern:
+        return Listing([])
+    if not os.path.isabs(pattern) and not pattern.startswith("~"):
+        pattern = os.path.join(spec.resolved_workdir(), pattern)
+    marker = spec.checkpoint_complete
+    if isinstance(host, ShellHost):
+        found = await _remote(host, pattern, marker)
+    elif is_local(host.name):
+        found = await asyncio.to_thread(_local, pattern, marker)  # a big directory is not listed on the loop
+    else:
+        return Listing([], f"checkpoints are not listed on {host.name}: {{last_checkpoint}} is empty")
+    return Listing(sorted(found, key=Checkpoint.order))
+
+
+def _local(pattern: str, marker: str) -> list[Checkpoint]:
+    found = []
+    for index, path in enumerate(glob.iglob(os.path.expanduser(pattern))):
+        if index >= MAX_LISTED:
+            break
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue  # gone meanwhile
+        if marker and not os.path.exists(os.path.join(path, marker)):
+            continue
+        found.append(Checkpoint(path, mtime))
+    return found
+
+
+async def _remote(host: ShellHost, pattern: str, marker: str) -> list[Checkpoint]:
+    _, out, _ = await host.run_op(_LIST_SCRIPT, pattern, marker)
+    found = []
+    for line in out.decode(errors="replace").splitlines():
+        mtime, _, rest = line.partition(" ")
+        complete, _, path = rest.partition(" ")
+        try:
+            stamp = float(mtime)
+        except ValueError:
+            continue
+        if complete == "1" and path:
+            found.append(Checkpoint(path, stamp))
+    return found
+
+
+def failed_to_load(rows: list[AttemptRow]) -> set[str]:
+    """The checkpoints attempts of ``rows`` started from and failed with before any progress."""
+    return {row.checkpoint for row in rows
+            if row.checkpoint and row.verdict is not None and row.verdict not in _NOT_FAILURES
+            and row.progress is None}
+
+
+def choose(listing: Listing, bad: set[str]) -> str:
+    """The newest complete checkpoint not in ``bad``; "" when none is left."""
+    for checkpoint in reversed(listing.complete):
+        if checkpoint.path not in bad:
+            return checkpoint.path
+    return ""
