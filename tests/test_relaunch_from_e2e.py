@@ -105,24 +105,25 @@ def test_the_same_failure_from_the_oldest_checkpoint_is_a_deterministic_bug(
     _checkpoint(out, "step_2", "{")
     spec = make_job("broken", CHECKPOINT_JOB, params=', "{last_checkpoint}"', extra=FAST_RESTART)
     spec.write_text(f'checkpoints = "{out}/step_*"\n' + spec.read_text())  # no marker: each one counts
+    fresh = make_job("fresh", CHECKPOINT_JOB, params=', "{last_checkpoint}"', extra=FAST_RESTART)
+    fresh.write_text(f'checkpoints = "{home}/none/step_*"\n' + fresh.read_text())  # matches nothing
     supervise(daemon_env, "start", str(spec))
+    supervise(daemon_env, "start", str(fresh))
     client = daemon.client()
-    wait_until(lambda: _ended(client, "broken"), timeout=60)
+    wait_until(lambda: _ended(client, "broken") and _ended(client, "fresh"), timeout=60)
     attempts = client.attempts("broken").attempts
     assert [a.checkpoint for a in attempts] == [str(out / "step_2"), str(out / "step_1")]
     assert "same failure twice" in (attempts[-1].action or ""), attempts[-1].action
     assert client.status("broken").jobs[0].state == "failed"
-
-
-def test_without_checkpoints_last_checkpoint_is_empty(daemon: DaemonProcess, daemon_env: dict[str, str],
-                                                      make_job, home: Path) -> None:
-    spec = make_job("fresh", CHECKPOINT_JOB, params=', "{last_checkpoint}"', extra=FAST_RESTART)
-    spec.write_text(f'checkpoints = "{home}/none/step_*"\n' + spec.read_text())
-    supervise(daemon_env, "start", str(spec))
-    client = daemon.client()
-    wait_until(lambda: _ended(client, "fresh"), timeout=60)
-    attempt = client.attempts("fresh").attempts[0]
+    attempt = client.attempts("fresh").attempts[0]  # none found: {last_checkpoint} is empty
     assert attempt.verdict == "done" and attempt.checkpoint is None and attempt.argv[-1] == ""
+    # A bad rule is refused at start, in one line with the spec error's exit code; nothing stored is lost.
+    spec.write_text(spec.read_text() + '[restart.adjust]\ncrashed = { batch_size = "x0.5" }\n')
+    result = supervise(daemon_env, "start", str(spec), check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 65 and len(lines) == 1, (result.returncode, result.stderr)
+    assert "restart.adjust.crashed" in lines[0] and "'batch_size' is not in [params]" in lines[0], lines
+    assert len(client.attempts("broken").attempts) == 2 and client.status("broken").jobs[0].state == "failed"
 
 
 def test_an_oom_is_relaunched_at_half_the_batch_size(alerts: list[dict], daemon: DaemonProcess,
