@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.core.errors import SpecError
+from supervisor.core.errors import SpecError, SuperviseError
 from supervisor.core.events import AttemptState, Verdict
 from supervisor.hosts.local.host import LocalHost
 from supervisor.jobs import checkpoints
@@ -174,3 +174,22 @@ def test_a_checkpoint_is_passed_over_only_when_its_attempt_failed_before_progres
     assert checkpoints.choose(listing, bad) == "/c/2"
     assert checkpoints.choose(listing, {"/c/1", "/c/2", "/c/3"}) == ""
     assert checkpoints.choose(Listing([]), set()) == ""
+
+
+class _Unanswering:
+    """A host whose shell does not answer (the SSH host's error, raised as it raises it)."""
+
+    name = "ssh://gpu-box"
+
+    async def run_op(self, body: str, *args: str) -> tuple[int | None, bytes, bytes]:
+        from supervisor.core.errors import HostError
+
+        raise HostError("ssh://gpu-box: connection lost")
+
+
+def test_a_listing_that_fails_says_where_and_what() -> None:
+    spec = JobSpec.model_validate({"name": "j", "command": ["x"], "checkpoints": "/ckpt/step_*", "python": "python3",
+                                   "workdir": "/w", "host": "ssh://gpu-box"})
+    with pytest.raises(SuperviseError) as info:
+        asyncio.run(checkpoints.list_complete(_Unanswering(), spec))  # type: ignore[arg-type]
+    assert str(info.value) == "ssh://gpu-box: the checkpoints /ckpt/step_* could not be listed: ssh://gpu-box: connection lost"

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from supervisor.core.errors import HostError, SuperviseError
 from supervisor.core.events import Verdict
 from supervisor.core.host_url import is_local
 from supervisor.hosts.base import Host
@@ -91,12 +92,15 @@ async def list_complete(host: Host, spec: JobSpec) -> Listing:
     if not os.path.isabs(pattern) and not pattern.startswith("~"):
         pattern = os.path.join(spec.resolved_workdir(), pattern)
     marker = spec.checkpoint_complete
-    if isinstance(host, ShellHost):
-        found = await _remote(host, pattern, marker)
-    elif is_local(host.name):
-        found = await asyncio.to_thread(_local, pattern, marker)  # a big directory is not listed on the loop
-    else:
-        return Listing([], f"checkpoints are not listed on {host.name}: {{last_checkpoint}} is empty")
+    try:
+        if isinstance(host, ShellHost):
+            found = await _remote(host, pattern, marker)
+        elif is_local(host.name):
+            found = await asyncio.to_thread(_local, pattern, marker)  # a big directory is not listed on the loop
+        else:
+            return Listing([], f"checkpoints are not listed on {host.name}: {{last_checkpoint}} is empty")
+    except (TimeoutError, SuperviseError, OSError) as exc:
+        raise HostError(f"{host.name}: the checkpoints {pattern} could not be listed: {exc}") from exc
     return Listing(sorted(found, key=Checkpoint.order))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.core.errors import one_line
+from supervisor.core.errors import SuperviseError, one_line
 from supervisor.core.events import Verdict
 from supervisor.jobs import checkpoints
 from supervisor.jobs.adjust import params_after
@@ -63,7 +63,12 @@ async def after(spec: JobSpec, ctx: RunnerContext, live: Live, verdict: Verdict)
         and live.watchdog.progress is None
     if failed_here and row.checkpoint:
         bad.add(row.checkpoint)
-    listing = await checkpoints.list_complete(ctx.host, spec)
+    try:
+        listing = await checkpoints.list_complete(ctx.host, spec)
+    except SuperviseError as exc:
+        # The attempt's end is still to be recorded: the next starts where this one did, and says why.
+        return StartPoint(checkpoint=row.checkpoint or "", params=params, changes=changes, new_ground=bool(changes),
+                          note=str(exc))
     checkpoint = checkpoints.choose(listing, bad)
     older_left = failed_here and bool(checkpoint)
     return StartPoint(checkpoint=checkpoint, params=params, changes=changes, new_ground=older_left or bool(changes),
