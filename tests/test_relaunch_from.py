@@ -20,6 +20,8 @@ from supervisor.spec.adjust import AdjustRule
 from supervisor.spec.model import JobSpec, load_spec
 from supervisor.store.database import AttemptRow
 
+pytest_plugins = ["sshd"]  # the session-scoped sshd_server fixture (a real OpenSSH server on loopback)
+
 
 def _rule(**table: object) -> AdjustRule:
     return AdjustRule.model_validate(table)
@@ -193,3 +195,31 @@ def test_a_listing_that_fails_says_where_and_what() -> None:
     with pytest.raises(SuperviseError) as info:
         asyncio.run(checkpoints.list_complete(_Unanswering(), spec))  # type: ignore[arg-type]
     assert str(info.value) == "ssh://gpu-box: the checkpoints /ckpt/step_* could not be listed: ssh://gpu-box: connection lost"
+
+
+def test_an_ssh_host_lists_them_on_the_box(sshd_server, home: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.hosts.ssh.host import SshHost
+
+    fake_home = tmp_path / "home"
+    fake_home.mkdir()
+    monkeypatch.setenv("HOME", str(fake_home))  # ~/.ssh is never read
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))  # a short state directory ({state_dir}), not under HOME
+    env = sshd_server.env()
+    env["SUPERVISE_SSH_LOG_ROOT"] = str(tmp_path / "remote-logs")
+    _tree(tmp_path / "o u t")
+    spec = JobSpec.model_validate({"name": "j", "command": ["x"], "checkpoints": "o u t/step_*",
+                                   "checkpoint_complete": "COMPLETE", "python": "python3", "workdir": str(tmp_path),
+                                   "host": sshd_server.url})
+    host = SshHost(sshd_server.url, env=env)
+
+    async def go() -> Listing:
+        try:
+            return await checkpoints.list_complete(host, spec)
+        finally:
+            await host.close()
+
+    listing = asyncio.run(go())
+    assert [c.path for c in listing.complete] == [str(tmp_path / "o u t" / n) for n in ("step_1", "step_2", "step_10")]
+    assert checkpoints.choose(listing, set()) == str(tmp_path / "o u t" / "step_10")
