@@ -29,13 +29,13 @@ for i in range(1, 4):
 print(f"done from step {step}", flush=True)
 """
 
-# argv: the batch size.  Over 32 it runs out of GPU memory as torch says it (the class's module is
+# argv: the batch size.  Over 16 it runs out of GPU memory as torch says it (the class's module is
 # torch, so the traceback's last line reads `torch.OutOfMemoryError: CUDA out of memory...`).
 OOM_JOB = """\
 import sys, time
 batch = sys.argv[1]
 print(f"batch size {batch}", flush=True)
-if int(batch) > 32:
+if int(batch) > 16:
     OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})
     raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB")
 for i in range(1, 4):
@@ -94,6 +94,8 @@ def test_a_checkpoint_that_fails_to_load_is_passed_over_for_the_one_before(
     assert client.status("ckpt").jobs[0].state == "done"
     text = supervise(daemon_env, "attempts", "ckpt").stdout
     assert f"from checkpoint: {out / 'step_2'}" in text, text
+    starts = [e.message for e in client.events("ckpt").events if e.kind == "action" and "starts" in e.message]
+    assert starts[0] == f"attempt 1 starts from checkpoint {out / 'step_10'}", starts
     log = supervise(daemon_env, "logs", "ckpt").stdout
     assert "done from step 2" in log, log
 
@@ -126,7 +128,7 @@ def test_the_same_failure_from_the_oldest_checkpoint_is_a_deterministic_bug(
     assert len(client.attempts("broken").attempts) == 2 and client.status("broken").jobs[0].state == "failed"
 
 
-def test_an_oom_is_relaunched_at_half_the_batch_size(alerts: list[dict], daemon: DaemonProcess,
+def test_an_oom_is_relaunched_at_half_the_batch_size_and_half_again(alerts: list[dict], daemon: DaemonProcess,
                                                      daemon_env: dict[str, str], make_job, home: Path) -> None:
     spec = make_job("oomy", OOM_JOB, params=', "{batch_size}"', probes='["python", "tqdm", "cuda"]',
                     extra=FAST_RESTART + '[restart.adjust]\noom = { batch_size = "x0.5", min = "8" }\n')
@@ -135,11 +137,16 @@ def test_an_oom_is_relaunched_at_half_the_batch_size(alerts: list[dict], daemon:
     client = daemon.client()
     wait_until(lambda: _ended(client, "oomy"), timeout=60)
     attempts = client.attempts("oomy").attempts
-    assert [a.verdict for a in attempts] == ["oom", "done"], [a.reason for a in attempts]
-    assert attempts[0].argv[-1] == "64" and attempts[0].params is None  # the spec's own
-    assert attempts[1].argv[-1] == "32" and attempts[1].params == {"batch_size": "32"}
+    # The same OOM twice: not "a deterministic bug" while the batch size still changes.
+    assert [a.verdict for a in attempts] == ["oom", "oom", "done"], [a.reason for a in attempts]
+    assert attempts[0].fingerprint == attempts[1].fingerprint is not None
+    assert [a.argv[-1] for a in attempts] == ["64", "32", "16"]
+    assert [a.params for a in attempts] == [None, {"batch_size": "32"}, {"batch_size": "16"}]  # None: the spec's own
     text = supervise(daemon_env, "attempts", "oomy").stdout
-    assert "params: batch_size=32" in text, text
-    wait_until(lambda: any("oom" in json.dumps(a) for a in alerts), timeout=20)
-    relaunch = next(json.dumps(a) for a in alerts if "oom" in json.dumps(a))
-    assert "with batch_size=32 (was 64)" in relaunch, relaunch
+    assert "params: batch_size=32" in text and "params: batch_size=16" in text, text
+    # The relaunch alert says what changed (the second OOM's is folded into the next alert, as repeats are).
+    wait_until(lambda: any("attempt 1 oom" in json.dumps(a) for a in alerts), timeout=20)
+    relaunch = next(json.dumps(a) for a in alerts if "attempt 1 oom" in json.dumps(a))
+    assert "next: relaunch in 0.1s; with batch_size=32 (was 64)" in relaunch, relaunch
+    starts = [e.message for e in client.events("oomy").events if e.kind == "action" and "starts" in e.message]
+    assert starts == ["attempt 2 starts with batch_size=32 (was 64)", "attempt 3 starts with batch_size=16 (was 32)"]
