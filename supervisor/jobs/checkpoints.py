@@ -33,21 +33,23 @@ _DIGITS = re.compile(r"(\d+)")
 # Verdicts that say an attempt did not fail (a preemption is the scheduler's, not the checkpoint's).
 _NOT_FAILURES = frozenset({Verdict.HEALTHY, Verdict.DONE, Verdict.PREEMPTED})
 
-# $1 the glob, $2 the marker ("" none).  IFS empty: the glob is expanded, never split on spaces.
-# Prints "mtime complete path" per match; a NUL-free path with no newline is all a glob of ours matches.
+# $1 the glob, $2 the marker ("" none).  IFS empty: the glob is expanded, never split on spaces.  The
+# loop uses builtins only; one `stat` dates every complete match (a stat each cost 4 ms over SSH).
+# Prints "mtime path" per complete match; a path with a newline in it is left out.
 _LIST_SCRIPT = r"""
 IFS=''
 case "$1" in '~/'*) g="$HOME/${1#??}";; *) g=$1;; esac
+if stat -c %.9Y / >/dev/null 2>&1; then f='%.9Y %n'; else f='%Y %n'; fi
 n=0
 for p in $g; do
   [ -e "$p" ] || continue
-  n=$((n+1)); [ "$n" -gt MAX_LISTED ] && break
   case "$p" in *'
 '*) continue;; esac
-  m=$(stat -c %.9Y -- "$p" 2>/dev/null) || m=$(stat -c %Y -- "$p" 2>/dev/null) || continue
-  c=1; if [ -n "$2" ] && [ ! -e "$p/$2" ]; then c=0; fi
-  echo "$m $c $p"
-done
+  if [ -n "$2" ] && [ ! -e "$p/$2" ]; then continue; fi
+  n=$((n+1)); [ "$n" -gt MAX_LISTED ] && break
+  printf '%s\0' "$p"
+done | xargs -0 -r stat -c "$f" -- 2>/dev/null
+exit 0
 """.replace("MAX_LISTED", str(MAX_LISTED))
 
 
@@ -123,13 +125,12 @@ async def _remote(host: ShellHost, pattern: str, marker: str) -> list[Checkpoint
     _, out, _ = await host.run_op(_LIST_SCRIPT, pattern, marker)
     found = []
     for line in out.decode(errors="replace").splitlines():
-        mtime, _, rest = line.partition(" ")
-        complete, _, path = rest.partition(" ")
+        mtime, _, path = line.partition(" ")
         try:
             stamp = float(mtime)
         except ValueError:
             continue
-        if complete == "1" and path:
+        if path:
             found.append(Checkpoint(path, stamp))
     return found
 
