@@ -148,11 +148,11 @@ class ShellOnThisMachine:
 def test_the_remote_listing_script_globs_without_splitting_and_checks_the_marker(tmp_path: Path) -> None:
     root = tmp_path / "o u t"  # a space in the directory: the glob is expanded, never split
     _tree(root)
-    found = asyncio.run(checkpoints._remote(ShellOnThisMachine(), f"{root}/*", "COMPLETE"))
+    found = asyncio.run(checkpoints._listed(ShellOnThisMachine(), f"{root}/*", "COMPLETE"))
     assert sorted(os.path.basename(c.path) for c in found) == ["step_1", "step_10", "step_2", "with space 3"]
     assert all(c.mtime > 0 for c in found)
-    assert asyncio.run(checkpoints._remote(ShellOnThisMachine(), f"{root}/none_*", "")) == []
-    everything = asyncio.run(checkpoints._remote(ShellOnThisMachine(), f"{root}/step_*", ""))
+    assert asyncio.run(checkpoints._listed(ShellOnThisMachine(), f"{root}/none_*", "")) == []
+    everything = asyncio.run(checkpoints._listed(ShellOnThisMachine(), f"{root}/step_*", ""))
     assert len(everything) == 4  # step_11 counts without a marker to ask for
 
 
@@ -223,3 +223,10 @@ def test_an_ssh_host_lists_them_on_the_box(sshd_server, home: Path, tmp_path: Pa
     listing = asyncio.run(go())
     assert [c.path for c in listing.complete] == [str(tmp_path / "o u t" / n) for n in ("step_1", "step_2", "step_10")]
     assert checkpoints.choose(listing, set()) == str(tmp_path / "o u t" / "step_10")
+
+
+def test_a_glob_under_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _tree(tmp_path / "out")
+    monkeypatch.setenv("HOME", str(tmp_path))  # the shell's $HOME: here this machine's, on an SSH host the box's
+    found = asyncio.run(checkpoints._listed(checkpoints._ThisMachine(), "~/out/step_1*", "COMPLETE"))
+    assert sorted(c.path for c in found) == [str(tmp_path / "out" / "step_1"), str(tmp_path / "out" / "step_10")]
