@@ -106,11 +106,13 @@ def test_a_set_value_the_rule_cannot_change_is_refused(tmp_path: Path) -> None:
         spec.with_overrides({"batch_size": "big"})
 
 
-def test_checkpoints_in_natural_order_then_mtime() -> None:
+def test_checkpoints_in_the_order_of_the_numbers_in_their_names_then_mtime() -> None:
     found = [Checkpoint("/o/step_10", 1.0), Checkpoint("/o/step_9", 5.0), Checkpoint("/o/step_9b", 0.0),
              Checkpoint("/o/final", 0.0), Checkpoint("/o/step_2/", 9.0), Checkpoint("/o/step_2", 3.0)]
     ordered = [c.path for c in sorted(found, key=Checkpoint.order)]
-    assert ordered == ["/o/final", "/o/step_2", "/o/step_2/", "/o/step_9", "/o/step_9b", "/o/step_10"]
+    assert ordered == ["/o/final", "/o/step_2", "/o/step_2/", "/o/step_9b", "/o/step_9", "/o/step_10"]
+    epochs = [Checkpoint("/o/epoch_3_step_5", 0.0), Checkpoint("/o/epoch_2_step_100", 9.0)]
+    assert [c.path for c in sorted(epochs, key=Checkpoint.order)] == ["/o/epoch_2_step_100", "/o/epoch_3_step_5"]
 
 
 def _tree(root: Path) -> None:
