@@ -5,6 +5,7 @@ parameters a `[restart.adjust]` rule changed after the verdict (an OOM at half t
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -150,3 +151,27 @@ def test_an_oom_is_relaunched_at_half_the_batch_size_and_half_again(alerts: list
     assert "next: relaunch in 0.1s; with batch_size=32 (was 64)" in relaunch, relaunch
     starts = [e.message for e in client.events("oomy").events if e.kind == "action" and "starts" in e.message]
     assert starts == ["attempt 2 starts with batch_size=32 (was 64)", "attempt 3 starts with batch_size=16 (was 32)"]
+
+
+def test_the_changed_parameters_survive_a_daemon_restart(daemon: DaemonProcess, daemon_env: dict[str, str],
+                                                         make_job, home: Path) -> None:
+    gate = home / "gate"
+    # Attempt 2 (at 32) waits for the gate before its OOM: the daemon is killed and restarted meanwhile.
+    job = OOM_JOB.replace('if int(batch) > 16:', f'if int(batch) == 32:\n    import os\n'
+                          f'    while not os.path.exists("{gate}"):\n        time.sleep(0.02)\nif int(batch) > 16:')
+    spec = make_job("kept", job, params=', "{batch_size}"', probes='["python", "tqdm", "cuda"]',
+                    extra=FAST_RESTART + '[restart.adjust]\noom = { batch_size = "x0.5" }\n')
+    spec.write_text(spec.read_text() + '[params]\nbatch_size = "64"\n')
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: len(client.attempts("kept").attempts) == 2
+               and client.attempts("kept").attempts[1].state == "running", timeout=30)
+    daemon.kill(signal.SIGKILL)  # attempt 2 runs on, detached
+    gate.write_text("")
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: _ended(client, "kept"), timeout=60)
+    attempts = client.attempts("kept").attempts
+    # Attempt 3 is worked out from what attempt 2 ran with, as stored: 16, not 64 halved again to 32.
+    assert [(a.argv[-1], a.verdict) for a in attempts] == [("64", "oom"), ("32", "oom"), ("16", "done")], \
+        [(a.argv[-1], a.verdict, a.reason) for a in attempts]
