@@ -128,11 +128,14 @@ async def _listed(host: ShellHost, pattern: str, marker: str) -> list[Checkpoint
     return await asyncio.to_thread(_parsed, out)
 
 
+def is_failure(verdict: Verdict | None) -> bool:
+    """Whether an attempt judged ``verdict`` failed (on its checkpoint, if it failed before progress)."""
+    return verdict is not None and verdict not in _NOT_FAILURES
+
+
 def failed_to_load(rows: list[AttemptRow]) -> set[str]:
     """The checkpoints attempts of ``rows`` started from and failed with before any progress."""
-    return {row.checkpoint for row in rows
-            if row.checkpoint and row.verdict is not None and row.verdict not in _NOT_FAILURES
-            and row.progress is None}
+    return {row.checkpoint for row in rows if row.checkpoint and is_failure(row.verdict) and row.progress is None}
 
 
 def choose(listing: Listing, bad: set[str]) -> str:

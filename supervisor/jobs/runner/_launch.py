@@ -76,8 +76,8 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
     journal.record(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                    LaunchedData(handle.pid, argv, log_path, ctx.host.name, handle.scheduler_id))
-    if start.describe() or start.note:
-        journal.action(n, f"attempt {n} starts " + "; ".join(filter(None, (start.describe(), start.note))),
+    if said := "; ".join(filter(None, (start.describe(), start.note))):
+        journal.action(n, f"attempt {n} starts {said}" if start.describe() else f"attempt {n}: {said}",
                        ActionData(checkpoint=start.checkpoint or None, params=start.params))
     return Live(row=row, handle=handle, watchdog=paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
                 gpu_baseline=baseline, notify=sock)

@@ -53,14 +53,12 @@ async def after(spec: JobSpec, ctx: RunnerContext, live: Live, verdict: Verdict)
     row = live.row
     params = params_after(spec, row, verdict)
     before = row.params if row.params is not None else spec.params
-    after_ = params if params is not None else spec.params
-    changes = tuple(changed(before, after_))
+    changes = tuple(changed(before, params if params is not None else spec.params))
     if not spec.checkpoints:
         return StartPoint(params=params, changes=changes, new_ground=bool(changes))
     run = [r for r in ctx.store.attempts(spec.name) if r.run == row.run and r.shard == row.shard and r.n < row.n]
     bad = checkpoints.failed_to_load(run)
-    failed_here = bool(row.checkpoint) and verdict not in (Verdict.HEALTHY, Verdict.DONE, Verdict.PREEMPTED) \
-        and live.watchdog.progress is None
+    failed_here = bool(row.checkpoint) and checkpoints.is_failure(verdict) and live.watchdog.progress is None
     if failed_here and row.checkpoint:
         bad.add(row.checkpoint)
     try:
