@@ -10,6 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from supervisor.core.errors import shown
 from supervisor.core.events import Phase, Verdict
+from supervisor.spec.adjust import AdjustRule
 
 # Durations are finite and bounded: `stop_grace_s = inf` once made `stop` wait forever.  A year
 # is far beyond any real phase deadline or backoff, and small enough for every clock computation.
@@ -46,6 +47,19 @@ class RestartSpec(_Strict):
                                  Verdict.HUNG]
     )
     stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug (an outside kill never)
+    # `[restart.adjust] oom = { batch_size = "x0.5", min = "8" }`: [params] changed at each relaunch
+    # after that verdict (spec/adjust.py); a relaunch with changed parameters is not "the same bug twice".
+    adjust: dict[Verdict, AdjustRule] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _adjust_only_relaunched_verdicts(self) -> RestartSpec:
+        # A rule for a verdict that is never relaunched would never apply: said, not ignored.
+        for verdict in self.adjust:
+            if verdict not in self.on and verdict is not Verdict.PREEMPTED:
+                allowed = ", ".join(v.value for v in self.on) or "nothing"
+                raise ValueError(f"adjust.{verdict.value}: {verdict.value} is not relaunched on "
+                                 f"(restart.on: {allowed}); add it to restart.on or drop the rule")
+        return self
 
     @model_validator(mode="after")
     def _cap_not_below_floor(self) -> RestartSpec:
