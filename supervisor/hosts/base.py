@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from supervisor.core.events import Record
+from supervisor.core.resource_limits import Controller, LimitHit, ResourceLimits
 from supervisor.core.usage import AttemptUsage
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.stacks import StackDump
@@ -82,6 +83,8 @@ class LaunchRequest:
     # Options for a batch scheduler host (sbatch's, as argv items); hosts that run the command
     # themselves ignore them.
     scheduler_args: tuple[str, ...] = ()
+    # What the attempt may use, enforced in its own cgroup (local hosts; the spec refuses them elsewhere).
+    limits: ResourceLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class ExitStatus:
     _: KW_ONLY  # what hosts may add, named: two optional facts of one type must never swap places
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
     scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
+    limit_hit: LimitHit | None = None  # one of the attempt's own limits enforced by the kernel, where the host reads it
     # When the command ended (wall time, this machine's clock): the wrapper wrote the status file
     # then, so its mtime says, even if no daemon watched; None where the host cannot tell.
     ended_at: float | None = None
@@ -194,6 +198,9 @@ class HostCapabilities:
 
     files_here: bool  # the attempt's log and status files are on the daemon's own filesystem
     kernel_log_here: bool  # the daemon's kernel log is the one that reports the attempt's OOM kills
+    # The cgroup controllers each attempt gets (what a spec's [limits] can use), and why any is missing.
+    cgroup_controllers: frozenset[Controller] = frozenset()
+    cgroup_note: str = "no cgroup of ours on this host"
 
 
 ON_THIS_MACHINE = HostCapabilities(files_here=True, kernel_log_here=True)

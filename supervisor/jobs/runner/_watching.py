@@ -414,7 +414,7 @@ class AttemptWatch:
         self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
                              ExitedData(status.returncode, status.signal))
         judgement = scheduler_judgement(status) or live.watchdog.exited(
-            status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status))
+            status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status), status.limit_hit)
         if not read_to_end:  # judged on part of its log: the verdict says so
             judgement = replace(judgement, reason=f"{judgement.reason}; its log was not read to its end (read to "
                                                   f"byte {offset:,}, then reading stopped moving for {DRAIN_STALL_S:.0f}s)",
