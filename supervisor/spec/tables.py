@@ -162,12 +162,12 @@ class GpuSpec(_Strict):
 
 
 class LimitsSpec(_Strict):
-    """What one attempt may use, enforced by the kernel in the attempt's own cgroup (local jobs):
-    systemd's MemoryMax=, CPUQuota= and TasksMax=.  Kept as written; ``resource_limits()`` gives the figures."""
+    """What one attempt may use, enforced by the kernel in the attempt's own cgroup v2 (local jobs), as
+    systemd's MemoryMax=, CPUQuota= and TasksMax=; see the guide's "Resource limits"."""
 
     memory_max: str | int | None = None  # "8G", "512MiB" or bytes: past it the kernel's OOM killer ends a process
     cpu_max: str | None = None  # "200%": two cores' time at most (throttled, never killed)
-    tasks_max: int | None = None  # processes and threads at most: a fork past it fails
+    tasks_max: int | None = None  # processes and threads of the program and all it starts: a fork past it fails
 
     @field_validator("memory_max", mode="before")
     @classmethod
