@@ -15,9 +15,12 @@ import pytest
 from conftest import DaemonProcess
 from e2e_jobs import supervise
 
+from supervisor.cli.views import status_block
 from supervisor.core.errors import SpecError
-from supervisor.core.events import Verdict
+from supervisor.core.events import AttemptState, FailureKind, JobState, Verdict
+from supervisor.core.protocol import AttemptInfo, FailureInfo, JobStatus
 from supervisor.core.resource_limits import Controller, LimitHit, LimitKind, ResourceLimits, refusal
+from supervisor.hosts.base import KILLED_LINE
 from supervisor.hosts.local import cgroup
 from supervisor.jobs.policy import RestartPolicy
 from supervisor.spec.model import load_spec
@@ -157,3 +160,20 @@ def test_a_job_refused_forks_by_its_task_limit_is_judged_limit_and_not_relaunche
     assert judgement.reason == "exited 1 after its task limit 8 (pids.events max 3: forks refused)"
     decision = RestartPolicy(RestartSpec()).decide(Verdict.LIMIT, 1, None, None)
     assert "limit is not a verdict to relaunch on" in decision.reason
+
+
+def test_status_gives_the_limit_beside_the_failure_the_log_echoes() -> None:
+    attempt = AttemptInfo(job="hog", n=1, state=AttemptState.ENDED, host="local", pid=42, started=0.0, ended=1.0,
+                          exit_code=137, exit_signal=9, log_path="/tmp/attempt-1.log", phase=None, progress=None,
+                          verdict=Verdict.OOM, failure=FailureInfo(kind=FailureKind.KILLED, line=KILLED_LINE),
+                          reason="killed by its memory limit 64 MiB (memory.events oom_kill 1); killed by SIGKILL",
+                          fingerprint=None, action="oom: giving up", argv=["python", "hog.py"])
+    block = status_block(JobStatus(name="hog", state=JobState.FAILED, reason="oom", host="local", max_attempts=1,
+                                   attempt=attempt)).splitlines()
+    assert f"  failure killed: {KILLED_LINE}" in block
+    assert "  reason killed by its memory limit 64 MiB (memory.events oom_kill 1); killed by SIGKILL" in block
+    # A crash whose reason is its failure's line says it once.
+    crashed = attempt.model_copy(update={"verdict": Verdict.CRASHED, "reason": f"exited 1: {KILLED_LINE}"})
+    block = status_block(JobStatus(name="hog", state=JobState.FAILED, reason="crashed", host="local", max_attempts=1,
+                                   attempt=crashed)).splitlines()
+    assert not [line for line in block if line.startswith("  reason ")], block
