@@ -8,6 +8,7 @@ tests/test_limits_e2e.py where the machine has them."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 
@@ -16,12 +17,14 @@ from conftest import DaemonProcess
 from e2e_jobs import supervise
 
 from supervisor.cli.views import status_block
-from supervisor.core.errors import SpecError
+from supervisor.core.errors import LaunchError, SpecError
 from supervisor.core.events import AttemptState, FailureKind, JobState, Verdict
 from supervisor.core.protocol import AttemptInfo, FailureInfo, JobStatus
 from supervisor.core.resource_limits import Controller, LimitHit, LimitKind, ResourceLimits, refusal
-from supervisor.hosts.base import KILLED_LINE
+from supervisor.hosts.base import KILLED_LINE, LaunchRequest
 from supervisor.hosts.local import cgroup
+from supervisor.hosts.local.cgroup import Containment, ContainmentKind
+from supervisor.hosts.local.host import LocalHost
 from supervisor.jobs.policy import RestartPolicy
 from supervisor.spec.model import load_spec
 from supervisor.spec.tables import HealthSpec, LimitsSpec, RestartSpec
@@ -177,3 +180,16 @@ def test_status_gives_the_limit_beside_the_failure_the_log_echoes() -> None:
     block = status_block(JobStatus(name="hog", state=JobState.FAILED, reason="crashed", host="local", max_attempts=1,
                                    attempt=crashed)).splitlines()
     assert not [line for line in block if line.startswith("  reason ")], block
+
+
+def test_a_relaunch_where_the_limits_cannot_be_enforced_fails_its_launch_and_runs_nothing(tmp_path: Path) -> None:
+    # A daemon started since with another cgroup_root, or none: the attempt never runs without its limits.
+    host = LocalHost(tmp_path / "logs", containment=Containment(ContainmentKind.TAG, "no cgroup v2 hierarchy is mounted"))
+    marker = tmp_path / "ran"
+    request = LaunchRequest(argv=["/bin/sh", "-c", f"touch {marker}"], workdir=str(tmp_path), env={},
+                            log_path=str(tmp_path / "logs" / "a.log"), status_path=str(tmp_path / "logs" / "a.status"),
+                            tag="capped.1.0123456789", limits=ResourceLimits(memory_max_bytes=64 << 20))
+    with pytest.raises(LaunchError, match=r"\[limits\] needs a writable cgroup v2 with the memory controller .*"
+                                          r"no cgroup v2 hierarchy is mounted"):
+        asyncio.run(host.launch(request))
+    assert not marker.exists()
