@@ -104,6 +104,8 @@ def test_the_kernel_enforces_limits_and_the_verdict_gives_the_figure(
     shown = supervise(daemon_env, "status", "hog", check=False).stdout
     print(shown)
     assert "its memory limit 64 MiB" in shown, shown
+    listed = supervise(daemon_env, "attempts", "threads").stdout
+    assert "its task limit 8 (pids.events max " in listed, listed
     assert HERE.root is not None
     wait_until(lambda: not [g for g in HERE.root.iterdir() if g.is_dir() and not g.name.startswith("probe-")],
                timeout=10)  # every attempt's cgroup removed once it ended
