@@ -95,7 +95,7 @@ class LimitHit:
 def refusal(limits: ResourceLimits, available: frozenset[Controller], why: str) -> str | None:
     """Why ``limits`` cannot be enforced where only ``available`` controllers are enabled, in one
     line that says what to do; None when they can."""
-    missing = sorted(limits.controllers() - available)
+    missing = [c for c in Controller if c in limits.controllers() - available]
     if not missing:
         return None
     names = ", ".join(c.value for c in missing)
