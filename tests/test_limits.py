@@ -193,3 +193,11 @@ def test_a_relaunch_where_the_limits_cannot_be_enforced_fails_its_launch_and_run
                                           r"no cgroup v2 hierarchy is mounted"):
         asyncio.run(host.launch(request))
     assert not marker.exists()
+
+
+def test_how_long_cpu_max_held_the_attempt_back_is_read_where_it_has_one(tmp_path: Path) -> None:
+    limited = _fake_cgroup(tmp_path / "c", {"cpu.max": "50000 100000\n", "cpu.stat": "usage_usec 1500000\n"
+                                            "nr_periods 30\nnr_throttled 29\nthrottled_usec 1450000\n"})
+    assert cgroup.cpu_throttled_s(limited) == 1.45
+    free = _fake_cgroup(tmp_path / "f", {"cpu.max": "max 100000\n", "cpu.stat": "usage_usec 1\nthrottled_usec 0\n"})
+    assert cgroup.cpu_throttled_s(free) is None and cgroup.cpu_throttled_s(tmp_path / "gone") is None

@@ -101,6 +101,9 @@ def test_the_kernel_enforces_limits_and_the_verdict_gives_the_figure(
     share = supervise(daemon_env, "logs", "spinner").stdout.strip().splitlines()[-1]
     print(f"spinner: {spinner.verdict}; {share}; all three judged in {time.monotonic() - started:.1f}s")
     assert spinner.verdict == "done" and float(share.split()[2]) < 0.7, share  # half a core, not a whole one
+    judged = [e for e in client.events("spinner").events if e.kind == "verdict"][-1]
+    print(f"spinner: held back {judged.data.get('cpu_throttled_s')} s by cpu_max")
+    assert judged.data["cpu_throttled_s"] > 0.5, judged.data  # a 3 s spin at half a core: ~1.5 s held back
     shown = supervise(daemon_env, "status", "hog", check=False).stdout
     print(shown)
     assert "its memory limit 64 MiB" in shown, shown

@@ -116,6 +116,8 @@ class ExitStatus:
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
     scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
     limit_hit: LimitHit | None = None  # one of the attempt's own limits enforced by the kernel, where the host reads it
+    # How long its `cpu_max` held the attempt back (cpu.stat throttled_usec), where it has one and the host reads it.
+    cpu_throttled_s: float | None = None
     # When the command ended (wall time, this machine's clock): the wrapper wrote the status file
     # then, so its mtime says, even if no daemon watched; None where the host cannot tell.
     ended_at: float | None = None

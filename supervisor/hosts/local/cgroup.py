@@ -207,6 +207,19 @@ def limit_hit(path: Path | None) -> LimitHit | None:
     return None
 
 
+def cpu_throttled_s(path: Path | None) -> float | None:
+    """How long the cgroup's cpu.max held its processes back (cpu.stat ``throttled_usec``); None where
+    it has no CPU limit (cpu.max "max ...") or no cpu controller."""
+    if path is None:
+        return None
+    try:
+        quota = (path / "cpu.max").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    throttled = _events(path / "cpu.stat").get("throttled_usec")
+    return None if quota == "max" or throttled is None else throttled / 1e6
+
+
 def _events(file: Path) -> dict[str, int]:
     try:
         lines = file.read_text().splitlines()

@@ -140,10 +140,12 @@ class LocalHost:
                 await cancel_and_wait(sampler)
         oom_kills = cgroup.oom_kills(group)  # read before the cgroup goes, with its memory.events
         hit = cgroup.limit_hit(group)
+        throttled = cgroup.cpu_throttled_s(group)
         self._keep_usage(handle, cgroup.usage(group))
         cgroup.remove(group)  # only once empty: an escaped process keeps it
         status = await self.exit_status(handle)
         status = status if status is not None else ExitStatus(returncode=None, signal=None)
+        status = replace(status, cpu_throttled_s=throttled)
         if hit is not None:
             return replace(status, limit_hit=hit)
         if oom_kills:
