@@ -9,11 +9,13 @@ tests/test_limits_e2e.py where the machine has them."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DaemonProcess
+from conftest import DaemonProcess, wait_until
 from e2e_jobs import supervise
 
 from supervisor.cli.views import status_block
@@ -21,7 +23,7 @@ from supervisor.core.errors import LaunchError, SpecError
 from supervisor.core.events import AttemptState, FailureKind, JobState, Verdict
 from supervisor.core.protocol import AttemptInfo, FailureInfo, JobStatus
 from supervisor.core.resource_limits import Controller, LimitHit, LimitKind, ResourceLimits, refusal
-from supervisor.hosts.base import KILLED_LINE, LaunchRequest
+from supervisor.hosts.base import KILLED_LINE, WRAPPER_SH, LaunchRequest
 from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.cgroup import Containment, ContainmentKind
 from supervisor.hosts.local.host import LocalHost
@@ -201,3 +203,21 @@ def test_how_long_cpu_max_held_the_attempt_back_is_read_where_it_has_one(tmp_pat
     assert cgroup.cpu_throttled_s(limited) == 1.45
     free = _fake_cgroup(tmp_path / "f", {"cpu.max": "max 100000\n", "cpu.stat": "usage_usec 1\nthrottled_usec 0\n"})
     assert cgroup.cpu_throttled_s(free) is None and cgroup.cpu_throttled_s(tmp_path / "gone") is None
+
+
+def test_the_wrapper_never_runs_a_limited_command_outside_its_cgroup(tmp_path: Path) -> None:
+    # The real launch wrapper, given a cgroup it cannot enter: with limits the command does not run.
+    marker, log, status = tmp_path / "ran", tmp_path / "a.log", tmp_path / "a.status"
+    env = {"PATH": os.environ["PATH"], cgroup.CGROUP_VAR: str(tmp_path / "no-such-cgroup")}
+    for limited in (True, False):
+        wrapper_env = {**env, cgroup.LIMITS_VAR: "1"} if limited else env
+        subprocess.run(["/bin/sh", "-c", WRAPPER_SH, "supervise-wrapper", str(log), str(status), str(tmp_path),
+                        "/bin/sh", "-c", f"touch {marker}"], env=wrapper_env, check=True, capture_output=True)
+        wait_until(lambda: status.exists(), timeout=10)
+        if limited:
+            assert status.read_text().strip() == "113" and not marker.exists()
+            assert "not run without its [limits]" in log.read_text()
+            status.unlink()
+        else:  # without limits: contained by tag and group, and run
+            assert status.read_text().strip() == "0" and marker.exists()
+            assert "contained by tag and group only" in log.read_text()

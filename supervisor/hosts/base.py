@@ -28,7 +28,9 @@ from supervisor.hosts.stacks import StackDump
 # directory) is created under umask 077, readable by its user only; the command keeps the
 # umask the wrapper was given.  Given a cgroup (SUPERVISE_CGROUP, local attempts where
 # cgroup v2 is writable), the subshell moves itself into it first ("0": the writing
-# process), so the command and all it starts are born inside.
+# process), so the command and all it starts are born inside.  A cgroup it cannot enter leaves the
+# command contained by tag and group, unless the cgroup holds the spec's limits (SUPERVISE_LIMITS):
+# then the command never runs, and the attempt ends with status 113 and a line saying why.
 # A status that cannot be written (a full disk) is tried again each second for up to an hour:
 # the wrapper lives on meanwhile, so the daemon sees the attempt end once its true exit is known.
 # A command the shell cannot find is said in one line of our own (NOT_FOUND_LINE, exit 127), the
@@ -45,8 +47,11 @@ log=$1; status=$2; workdir=$3; shift 3
 ( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
 cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
 ( trap '' HUP
-  [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
-    echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
+  if [ -n "${SUPERVISE_CGROUP:-}" ] && ! echo 0 >"$SUPERVISE_CGROUP/cgroup.procs"; then
+    if [ -n "${SUPERVISE_LIMITS:-}" ]; then
+      echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: not run without its [limits]" >&2
+      echo 113 >"$status.tmp" && mv -f "$status.tmp" "$status"; exit 113; fi
+    echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2; fi
   exec setsid sh -c 's=$1; shift; l=$1; shift; if command -v "$1" >/dev/null 2>&1; then
     sh -c "exec 2>&3 3>&-; exec \"\$@\"" supervise "$@"; rc=$?; else
     echo "supervise: command not found: $1" >&3; rc=127; fi

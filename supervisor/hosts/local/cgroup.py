@@ -32,6 +32,7 @@ from supervisor.core.resource_limits import Controller, LimitHit, LimitKind, Res
 from supervisor.core.usage import AttemptUsage
 
 CGROUP_VAR = "SUPERVISE_CGROUP"  # the attempt's cgroup, for the launch wrapper to enter
+LIMITS_VAR = "SUPERVISE_LIMITS"  # set: the cgroup holds the spec's limits, and the command must not run outside it
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -42,7 +42,7 @@ from supervisor.hosts.base import (
     shown_command,
 )
 from supervisor.hosts.local import cgroup
-from supervisor.hosts.local.cgroup import CGROUP_VAR, Containment
+from supervisor.hosts.local.cgroup import CGROUP_VAR, LIMITS_VAR, Containment
 from supervisor.hosts.local.follow import LogFollower
 from supervisor.hosts.local.rss import RssPeaks
 from supervisor.hosts.stacks import StackDump
@@ -79,9 +79,12 @@ class LocalHost:
     async def launch(self, request: LaunchRequest) -> ProcessHandle:
         env = {**os.environ, **request.env, TAG_VAR: request.tag}
         env.pop(CGROUP_VAR, None)
+        env.pop(LIMITS_VAR, None)
         group = self._make_cgroup(request)
         if group is not None:
             env[CGROUP_VAR] = str(group)
+            if request.limits is not None:
+                env[LIMITS_VAR] = "1"
         Path(request.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(request.status_path)  # a stale status must never be read as this attempt's
