@@ -30,7 +30,7 @@ MEMORY_HOG = """\
 import time
 chunks = []
 for i in range(64):  # 512 MiB in 8 MiB pieces, each page touched: resident, not just reserved
-    chunks.append(bytearray(8 << 20))
+    chunks.append(b"x" * (8 << 20))
     print(f"allocated {(i + 1) * 8} MiB", flush=True)
     time.sleep(0.02)
 print("never reached", flush=True)
