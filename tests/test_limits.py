@@ -221,3 +221,11 @@ def test_the_wrapper_never_runs_a_limited_command_outside_its_cgroup(tmp_path: P
         else:  # without limits: contained by tag and group, and run
             assert status.read_text().strip() == "0" and marker.exists()
             assert "contained by tag and group only" in log.read_text()
+
+
+def test_a_cgroup_root_that_is_no_cgroup_gives_no_limits_and_says_why(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup2 {tmp_path} cgroup2 rw 0 0\n")
+    found = cgroup.detect(mounts, tmp_path / "no-own", base=tmp_path / "plain")
+    assert found.kind is ContainmentKind.TAG and not found.controllers
+    assert found.limits_note == f"cgroup_root {tmp_path / 'plain'} is not a cgroup v2 directory: processes are found by tag and group"
