@@ -14,7 +14,8 @@ from enum import StrEnum
 
 # systemd's suffixes for sizes: powers of 1024 (MemoryMax=8G is 8 GiB); "8GiB" is taken as well.
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+# At most 20 digits: a longer number would overflow to infinity on its way to bytes.
+_SIZE_RE = re.compile(r"(\d{1,20}(?:\.\d{1,9})?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 _PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 MIN_MEMORY_BYTES = 1 << 20  # below a MiB the launch wrapper's own shell could not start
 MAX_MEMORY_BYTES = 1 << 60
