@@ -35,6 +35,7 @@ from supervisor.spec.tables import (
     AlertSpec,
     GpuSpec,
     HealthSpec,
+    LimitsSpec,
     RestartSpec,
     Seconds,
     SecondsOrOff,
@@ -79,6 +80,8 @@ class JobSpec(_Strict):
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
+    # What one attempt may use (memory, CPU time, tasks), enforced in its own cgroup: local jobs only.
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)  # used where `host` is a Slurm host
     # Jobs whose current run must be `done` before this one launches (supervisor/jobs/dependencies.py).
     after: list[str] = Field(default_factory=list)
@@ -201,6 +204,11 @@ class JobSpec(_Strict):
             if self.kill_signal_first is not None:
                 # The signal is sent from this machine to a pid of this machine; elsewhere it would miss.
                 raise ValueError(f"host {host}: `kill_signal_first` needs a local job (the signal is sent from this machine)")
+            if self.limits.resource_limits() is not None:
+                # Enforced by a cgroup the daemon makes on this machine; Slurm has its own (--mem, --cpus-per-task).
+                hint = " (on Slurm: [slurm] extra = [\"--mem=8G\"])" if host.startswith("slurm") else ""
+                raise ValueError(f"host {host}: `[limits]` needs a local job (the attempt's cgroup is made on this "
+                                 f"machine); remove [limits]{hint}")
             if self.health.watchdog_s is not None:
                 # Its NOTIFY_SOCKET is a file on this machine: a program elsewhere could never ping it.
                 raise ValueError(f"host {host}: `health.watchdog_s` needs a local job (its NOTIFY_SOCKET is local)")

@@ -57,7 +57,8 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
         sock = heartbeat.bind(ctx, tag)
         env.update(heartbeat.environment(sock, spec))  # the daemon's own NOTIFY_SOCKET is never passed on
         request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
-                                status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
+                                status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args(),
+                                limits=spec.limits.resource_limits())
         handle = await ctx.host.launch(request)
     except Exception as exc:  # re-raised as a SuperviseError
         # Whatever failed, the attempt ends here: a row left `launching` would be taken for
