@@ -250,3 +250,24 @@ def test_release_records_first_then_deletes_and_a_sweep_finishes_a_killed_releas
     budget.Ledger.path(tmp_path).write_text("{not json")
     with pytest.raises(RuntimeError, match="consumed.json is unreadable"):
         budget.Ledger.read(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ the pipeline
+
+def test_the_shipped_budget_pipeline_runs_extract_and_train_at_once_on_one_directory():
+    from supervisor.spec.pipeline import load_pipeline, resolve
+
+    path = REPO / "jobs" / "eagle3-budget.toml"
+    resolved = resolve(load_pipeline(path), path, {"disk_budget": "3GiB"}).steps
+    steps = {s.step: s.spec.argv(1) for s in resolved}
+    assert list(steps) == ["extract", "train"]
+    assert [s.after_steps for s in resolved] == [(), ()]  # neither waits for the other to end
+    ex, tr = steps["extract"], steps["train"]
+    assert ex[ex.index("--disk-budget") + 1] == "3GiB"
+    assert tr[tr.index("--data") + 1] == ex[ex.index("--out") + 1]
+    assert (tr[tr.index("--order") + 1], tr[tr.index("--epochs") + 1]) == ("stream", "1")
+    # The single jobs keep their behaviour: no budget, shuffled epochs.
+    plain = REPO / "jobs" / "eagle3.toml"
+    argvs = {s.step: s.spec.argv(1) for s in resolve(load_pipeline(plain), plain, {}).steps}
+    for name, flag, value in (("extract", "--disk-budget", ""), ("train", "--order", "shuffled")):
+        assert argvs[name][argvs[name].index(flag) + 1] == value
