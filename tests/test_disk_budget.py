@@ -271,3 +271,33 @@ def test_the_shipped_budget_pipeline_runs_extract_and_train_at_once_on_one_direc
     argvs = {s.step: s.spec.argv(1) for s in resolve(load_pipeline(plain), plain, {}).steps}
     for name, flag, value in (("extract", "--disk-budget", ""), ("train", "--order", "shuffled")):
         assert argvs[name][argvs[name].index(flag) + 1] == value
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two model loads and an extraction beside the training: about a minute on 2 busy cores
+def test_the_budget_pipeline_under_the_daemon_survives_a_daemon_sigkill(daemon, home: Path) -> None:
+    from conftest import wait_until
+
+    from supervisor.core.events import JobState
+
+    prompts = home / "prompts-16.jsonl"
+    prompts.write_text("".join((REPO / "jobs" / "data" / "prompts.jsonl").read_text().splitlines(keepends=True)[:16]))
+    client = daemon.client()
+    client.start_pipeline(str(REPO / "jobs" / "eagle3-budget.toml"),
+                          {"disk_budget": "150kB", "extract.prompts": str(prompts)})
+    data = home / "out" / "eagle3-budget" / "extract"
+    wait_until(lambda: budget.Ledger.read(data).through > 0, timeout=400)  # training has released samples
+    daemon.kill()  # SIGKILL: both jobs go on unwatched
+    daemon.start()
+    client = daemon.client()
+
+    def ended():
+        status = client.status("eagle3-budget").pipelines[0]
+        assert status.state not in (JobState.FAILED, JobState.CANCELLED), status
+        return status if status.state is JobState.DONE else None
+
+    status = wait_until(ended, timeout=400)
+    assert [s.state for s in status.steps] == [JobState.DONE, JobState.DONE]
+    ledger = budget.Ledger.read(data)
+    assert ledger.through == 16 and not list(data.glob("hs_*.safetensors"))
+    assert (home / "out" / "eagle3-budget" / "train" / "model.safetensors").is_file()
