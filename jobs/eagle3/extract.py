@@ -21,7 +21,8 @@ Lines for the supervisor's probes (each flushed):
 ``extract phase: {model_init|extracting|verify}``, the weight loader's own bar (transformers:
 ``Loading weights``; vLLM: ``Loading safetensors checkpoint shards``),
 ``extract progress: {done}/{total} samples, {tok_s:.1f} tok/s`` after each batch,
-``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end. A full disk gives
+``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end; with ``--disk-budget``,
+``extract paused: ...`` and ``extract resumed after ...`` around each wait (eagle3.budget). A full disk gives
 ``extract error: disk full writing {path}: free space and relaunch; finished samples are kept``
 and exit code 75; NaN or Inf in a captured batch gives ``extract error: non-finite hidden states in
 sample {i} at layer {k}: ...`` and exit code 65 (eagle3.finite); samples that failed for good (vLLM backend) give

@@ -33,6 +33,10 @@ an EAGLE-3 speculator (``llama_eagle3.py``: ``fc``, ``midlayer.*``, ``norm``, ``
 usable checkpoint (model, optimiser, scheduler, data position in the seeded per-epoch permutation,
 RNG states) and gives the same weights as an uninterrupted run.
 
+Reading order (``--order``): ``shuffled`` (a seeded permutation per epoch), ``index`` (sample 0, 1, ...), or
+``stream``: index order on an extraction still being written by ``eagle3.extract --disk-budget``, one epoch, each
+sample released (recorded in ``consumed.json``, then deleted) once a saved checkpoint holds it (eagle3.budget).
+
 Lines for the supervisor's probes (each flushed)::
 
     train phase: model_init | training
@@ -42,6 +46,8 @@ Lines for the supervisor's probes (each flushed)::
     train checkpoint {path} is unusable ({why}); falling back to the previous one
     train done: {steps} steps
     train loss is not finite at step {step}        (then FloatingPointError: non-zero exit)
+    train waiting: sample {i} not extracted yet     (--order stream)
+    train released: samples 0..{k} consumed ({n} bytes freed)
 
 Test hooks (environment variables; for tests only, never set in production):
 
