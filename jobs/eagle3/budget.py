@@ -40,6 +40,7 @@ LEDGER = "consumed.json"
 LEDGER_FORMAT = "eagle3-consumed/1"
 PAUSED = ".extract-paused"  # present while extraction waits on its budget (written by extraction only)
 POLL_S = 0.05
+HEADER_BYTES = 1024  # a sample file's safetensors header and alignment, over its tensors' bytes (about 300 here)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
@@ -162,7 +163,7 @@ class Budget:
                       paths: Callable[[int], Path]) -> None:
         """Return once ``batch`` may be written: room under the budget, nothing unconsumed, or training waits
         for one of its samples."""
-        need = sum(seq_lens) * self.bytes_per_token
+        need = sum(seq_lens) * self.bytes_per_token + len(batch) * HEADER_BYTES
         paused_at: float | None = None
         while True:
             used, ledger = self.unconsumed(done(), paths)
