@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import REPO, build_test_model, cli_env  # noqa: E402
-from train_helpers import THIRD_PARTY_WARNINGS  # noqa: E402
+from extract_helpers import REPO, build_test_model, cli_env
+from train_helpers import THIRD_PARTY_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
@@ -248,7 +248,7 @@ def test_release_records_first_then_deletes_and_a_sweep_finishes_a_killed_releas
     budget.want(tmp_path, 5)
     assert budget.Ledger.read(tmp_path).waiting_for == 5
     budget.Ledger.path(tmp_path).write_text("{not json")
-    with pytest.raises(RuntimeError, match="consumed.json is unreadable"):
+    with pytest.raises(RuntimeError, match=r"consumed\.json is unreadable"):
         budget.Ledger.read(tmp_path)
 
 
