@@ -218,7 +218,10 @@ def test_streaming_more_than_one_epoch_is_refused(capsys, tmp_path):
 
     line = _refused(capsys, train.parse_args, ["--data", str(tmp_path), "--out", str(tmp_path / "o"),
                                                "--order", "stream", "--epochs", "2"])
-    assert "--order stream trains one epoch" in line
+    assert "--order stream trains exactly one epoch" in line
+    line = _refused(capsys, train.parse_args, ["--data", str(tmp_path), "--out", str(tmp_path / "o"),
+                                               "--order", "stream", "--max-steps", "3"])
+    assert "give --epochs 1 and no --max-steps" in line
     line = _refused(capsys, train.parse_args, ["--data", str(tmp_path), "--out", str(tmp_path / "o"),
                                                "--order", "random"])
     assert "invalid choice: 'random'" in line

@@ -618,9 +618,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if args.max_steps is not None and args.max_steps < 1:
         ap.error("--max-steps must be positive")
-    if args.order == "stream" and args.max_steps is None and args.epochs != 1:
-        ap.error("--order stream trains one epoch (each sample is deleted once read): give --epochs 1; a second "
-                 "epoch needs every sample kept (--order index on a complete extraction)")
+    if args.order == "stream" and (args.epochs != 1 or args.max_steps is not None):
+        # Fewer steps would leave samples nobody consumes, and extraction paused on them for good.
+        ap.error("--order stream trains exactly one epoch (each sample is deleted once read): give --epochs 1 and "
+                 "no --max-steps; more epochs need every sample kept (--order index on a complete extraction)")
     return args
 
 
@@ -661,9 +662,6 @@ def setup(args: argparse.Namespace, world: _dist.World | None = None) -> Setup:
     cfg = draft_config(target, ds, k, args)
     per_epoch = math.ceil(len(ds) / args.batch_size)
     total = per_epoch * args.epochs if args.max_steps is None else args.max_steps
-    if args.order == "stream" and total > per_epoch:
-        raise DataError(f"--order stream trains at most one epoch ({per_epoch} steps of {len(ds)} samples); "
-                        f"--max-steps {total} would read deleted samples again")
     if args.warmup_steps is None:
         args.warmup_steps = max(1, total // 20)
     torch.manual_seed(args.seed)
