@@ -151,11 +151,19 @@ class Budget:
         self.bytes_per_token = bytes_per_token  # the hidden states' share; the header and ids are small
         self.say = say
         self.peak = 0  # the most unconsumed bytes seen at a check
+        # Sizes of the finished files not consumed yet: a file never changes once written, so each is stat'ed
+        # once, and the map stays as small as the budget however many samples the set has.
+        self._sizes: dict[int, int] = {}
         _unlink(root / PAUSED)  # a mark left by a launch killed while paused
 
     def unconsumed(self, done: Iterable[int], paths: Callable[[int], Path]) -> tuple[int, Ledger]:
         ledger = Ledger.read(self.root)
-        n = sum(_size(paths(i)) for i in done if i >= ledger.through)
+        for i in done:
+            if i >= ledger.through and i not in self._sizes:
+                self._sizes[i] = _size(paths(i))
+        for i in [k for k in self._sizes if k < ledger.through]:
+            del self._sizes[i]
+        n = sum(self._sizes.values())
         self.peak = max(self.peak, n)
         return n, ledger
 
