@@ -108,6 +108,14 @@ def reference(tmp_path_factory):
     return model, _weights(draft), total
 
 
+def _probe(pack: str, probe_id: str):
+    import re
+    import tomllib
+
+    probes = tomllib.loads((REPO / "probes" / f"{pack}.toml").read_text())["probes"]
+    return re.compile(next(p["regex"] for p in probes if p["id"] == probe_id))
+
+
 def _same(a: dict, b: dict) -> None:
     import torch
 
@@ -131,8 +139,11 @@ def test_a_budget_of_a_tenth_gives_the_unbounded_weights(reference, tmp_path):
     assert ex.finish() == 0, "\n".join(ex.lines)
     assert tr.finish() == 0, "\n".join(tr.lines)
     _same(_weights(draft), want)
-    assert any(ln.startswith("extract paused: ") for ln in ex.lines)
-    assert any(ln.startswith("train released: ") for ln in tr.lines)
+    # The lines supervise's probes read (probes/extract.toml, probes/train.toml) are the ones the jobs print.
+    paused = next(ln for ln in ex.lines if ln.startswith("extract paused: "))
+    released = next(ln for ln in tr.lines if ln.startswith("train released: "))
+    assert _probe("extract", "paused").search(paused)["budget"] == str(limit)
+    assert _probe("train", "released").search(released)["last"] == released.split("..")[1].split()[0]
     # Past the budget only where training waits on a sample of the next batch: one training batch plus one
     # extraction batch (4 samples, a sixth of this set) at most.
     assert 0 < peak <= max(limit, total * 4 // N + total // 10), (peak, limit, total)
