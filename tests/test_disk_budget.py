@@ -315,3 +315,27 @@ def test_the_budget_pipeline_under_the_daemon_survives_a_daemon_sigkill(daemon, 
     ledger = budget.Ledger.read(data)
     assert ledger.through == 16 and not list(data.glob("hs_*.safetensors"))
     assert (home / "out" / "eagle3-budget" / "train" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # the job's relaunches with their backoff: about 20 s
+def test_a_bad_budget_under_the_daemon_fails_the_job_in_one_line_and_the_daemon_lives_on(daemon, home: Path) -> None:
+    from conftest import wait_until
+
+    from supervisor.core.events import JobState
+
+    client = daemon.client()
+    client.start(str(REPO / "jobs" / "extract.toml"), {"disk_budget": "lots", "out": str(home / "out" / "x")})
+
+    def ended():
+        st = client.status("extract").jobs[0]
+        return st if st.state in (JobState.FAILED, JobState.STOPPED, JobState.DONE) else None
+
+    st = wait_until(ended, timeout=240)
+    assert st.state is JobState.FAILED
+    attempts = client.attempts("extract").attempts
+    text = Path(attempts[-1].log_path).read_text()
+    assert "--disk-budget 'lots': give a size in bytes, e.g. 2GiB, 500MB or 1000000" in text
+    assert all(a.exit_code == 2 for a in attempts), [a.exit_code for a in attempts]
+    assert not (home / "out" / "x").exists()  # nothing written
+    assert client.ping() is not None  # the daemon lives on
