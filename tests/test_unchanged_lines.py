@@ -34,7 +34,7 @@ def _watchdog() -> tuple[Watchdog, _Clock]:
 
 
 def test_an_access_log_line_again_at_the_same_time_changes_nothing() -> None:
-    wd, clock = _watchdog()
+    wd, _ = _watchdog()
     assert wd.observe(_from_probe("j", 1, _access(0)), 10.0) is True  # the server enters `running`
     assert wd.observe(_from_probe("j", 1, _access(1)), 10.0) is False  # the same request line again
     assert wd.observe(_from_probe("j", 1, _access(2)), 10.0) is False
