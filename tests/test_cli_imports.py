@@ -36,3 +36,11 @@ def test_probe_loads_nothing_of_the_client(tmp_path: Path) -> None:
 
 def test_completion_loads_nothing_of_the_client() -> None:
     assert _loaded("completion", "bash") == {"code": 0, "loaded": []}
+
+
+def test_completion_loads_no_pydantic() -> None:
+    """The settings and the job spec's overrides (pydantic models) are loaded by the verbs that use them."""
+    program = _PROGRAM.replace('"httpx", ', '"httpx", "pydantic", ')
+    out = subprocess.run([sys.executable, "-c", program, "completion", "bash"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 0, "loaded": []}
