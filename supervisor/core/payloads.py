@@ -398,6 +398,9 @@ class StacksData:
     note: str
     processes: tuple[ProcessStackData, ...]
     left_out: int = 0  # the attempt's processes not dumped (past the cap on how many are)
+    flight_recorder: str = ""  # a torch distributed job's flight recorder, in one line: which rank is behind
+    dumps: tuple[str, ...] = ()  # its ranks' flight recorder dump files
+    gpu_report: str = ""  # where `nvidia-smi -q` taken at the verdict went, or why it was not
 
     @classmethod
     def of(cls, event: Carries) -> StacksData:
@@ -406,14 +409,21 @@ class StacksData:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StacksData:
         processes = _list(data.get("processes")) or []
+        dumps = _list(data.get("dumps")) or []
         return cls(_text(data.get("note")) or "",
                    tuple(ProcessStackData.from_json(p) for p in processes if isinstance(p, Mapping)),
-                   _int(data.get("left_out")) or 0)
+                   _int(data.get("left_out")) or 0, _text(data.get("flight_recorder")) or "",
+                   tuple(d for d in dumps if isinstance(d, str)), _text(data.get("gpu_report")) or "")
 
     def to_json(self) -> dict[str, Any]:
         shown: dict[str, Any] = {"note": self.note, "processes": [p.to_json() for p in self.processes]}
         if self.left_out:  # said only where processes were left out: a whole dump's payload is as it was
             shown["left_out"] = self.left_out
+        if self.flight_recorder:  # likewise: only a torch distributed job's dump says these
+            shown["flight_recorder"] = self.flight_recorder
+            shown["dumps"] = list(self.dumps)
+        if self.gpu_report:
+            shown["gpu_report"] = self.gpu_report
         return shown
 
 

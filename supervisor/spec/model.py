@@ -18,7 +18,7 @@ import re
 import string
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -69,6 +69,9 @@ class JobSpec(_Strict):
     kill_signal_first: str | None = None
     # How long the program has after kill_signal_first before the SIGTERM (less if it exits); 60 s when unset.
     checkpoint_grace_s: Seconds | None = None
+    # PyTorch's flight recorder per attempt, dumped before a hang's kill (local jobs): "auto" where the
+    # command runs torchrun / python -m torch.distributed.run, "on" for a launcher not seen as such.
+    flight_recorder: Literal["auto", "on", "off"] = "auto"
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
@@ -172,6 +175,9 @@ class JobSpec(_Strict):
             if self.kill_signal_first is not None:
                 # The signal is sent from this machine to a pid of this machine; elsewhere it would miss.
                 raise ValueError(f"host {host}: `kill_signal_first` needs a local job (the signal is sent from this machine)")
+            if self.flight_recorder == "on":
+                # Its dump files and pipes are on that machine: this daemon could neither ask for nor read them.
+                raise ValueError(f"host {host}: `flight_recorder = \"on\"` needs a local job (its dumps are read here)")
             if self.health.watchdog_s is not None:
                 # Its NOTIFY_SOCKET is a file on this machine: a program elsewhere could never ping it.
                 raise ValueError(f"host {host}: `health.watchdog_s` needs a local job (its NOTIFY_SOCKET is local)")
