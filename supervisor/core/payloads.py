@@ -498,8 +498,29 @@ class UntypedData:
         return dict(self.fields)
 
 
+@dataclass(frozen=True, slots=True)
+class DiskLowData:
+    """The watched folder's free space fell under a bound of ``[disk]``, and what was done."""
+
+    path: str | None
+    free_mib: int | None
+    total_mib: int | None
+    warn_free_mib: int | None
+    min_free_mib: int | None
+    action: str | None  # "warned", "held", "stopped"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DiskLowData:
+        return cls(_text(data.get("path")), _int(data.get("free_mib")), _int(data.get("total_mib")),
+                   _int(data.get("warn_free_mib")), _int(data.get("min_free_mib")), _text(data.get("action")))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "free_mib": self.free_mib, "total_mib": self.total_mib,
+                "warn_free_mib": self.warn_free_mib, "min_free_mib": self.min_free_mib, "action": self.action}
+
+
 AnyPayload = (ProbeFields | LaunchedData | ExitedData | VerdictData | ActionData | AlertData | RestartData
-              | GpuWaitData | GpuFaultData | StacksData | StateData | StragglerData | UntypedData)
+              | GpuWaitData | GpuFaultData | StacksData | StateData | StragglerData | DiskLowData | UntypedData)
 
 _BY_KIND: dict[EventKind, Any] = {
     EventKind.PHASE: ProbeFields, EventKind.PROGRESS: ProbeFields, EventKind.FAILURE: ProbeFields,
@@ -507,7 +528,7 @@ _BY_KIND: dict[EventKind, Any] = {
     EventKind.LAUNCHED: LaunchedData, EventKind.EXITED: ExitedData, EventKind.VERDICT: VerdictData,
     EventKind.ACTION: ActionData, EventKind.GPU: UntypedData, EventKind.ALERT: AlertData,
     EventKind.DAEMON_RESTARTED: RestartData, EventKind.GPU_WAIT: GpuWaitData, EventKind.GPU_FAULT: GpuFaultData,
-    EventKind.STRAGGLER: StragglerData,
+    EventKind.STRAGGLER: StragglerData, EventKind.DISK_LOW: DiskLowData,
     EventKind.STACKS: StacksData, EventKind.STATE: StateData,
 }
 

@@ -27,6 +27,7 @@ from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.host_url import LOCAL_HOST, is_local
 from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
+from supervisor.spec.disk import DiskSpec
 from supervisor.spec.forewarn import first_signal_name
 from supervisor.spec.placement import Placement, check_placement, place
 from supervisor.spec.search import JOB_NAME, spec_search_path
@@ -72,6 +73,7 @@ class JobSpec(_Strict):
     # PyTorch's flight recorder per attempt, dumped before a hang's kill (local jobs): "auto" where the
     # command runs torchrun / python -m torch.distributed.run, "on" for a launcher not seen as such.
     flight_recorder: Literal["auto", "on", "off"] = "auto"
+    disk: DiskSpec = Field(default_factory=DiskSpec)  # the output folder's free space, watched (spec/disk.py)
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
@@ -155,6 +157,12 @@ class JobSpec(_Strict):
     def _valid_outputs(cls, value: list[str]) -> list[str]:
         for item in value:
             _template_fields(_no_nul(item))
+        return value
+
+    @field_validator("disk")
+    @classmethod
+    def _valid_disk_path(cls, value: DiskSpec) -> DiskSpec:
+        _template_fields(value.path)
         return value
 
     @field_validator("python", "workdir")
@@ -254,6 +262,14 @@ class JobSpec(_Strict):
         """The declared outputs with their templates expanded."""
         values = self._template_values(0)
         return [self._expand(item, 0, values) for item in self.outputs]
+
+    def disk_folder(self) -> str:
+        """The folder whose free space is watched: ``disk.path``, else the first output, else the
+        working directory; relative to the working directory."""
+        chosen = self.disk.path or (self.outputs[0] if self.outputs else "")
+        if not chosen:
+            return self.resolved_workdir()
+        return os.path.join(self.resolved_workdir(), self._expand(chosen, 0))
 
     def environment(self, attempt: int) -> dict[str, str]:
         # The values once for all entries: worked out per entry, a spec of 20,000 `env` entries

@@ -185,6 +185,11 @@ class Alerts:
                              f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
                              stacks_data(dump))
 
+    @property
+    def held(self) -> bool:
+        """Whether kills are held now (`supervise hold`, or a disk hold)."""
+        return self._held
+
     def hold(self, live: Live | None) -> str:
         """Postpone any kill of this job (``live``: its attempt running now, if any) until ``release``."""
         self._held = True
