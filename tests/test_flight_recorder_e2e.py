@@ -53,7 +53,6 @@ def dump_when_asked():  # what ProcessGroupNCCL's monitor thread does with the p
         time.sleep(0.05)
 
 threading.Thread(target=dump_when_asked, daemon=True).start()
-_dump_fr_trace()  # the first dump loads torch's symboliser (seconds on a loaded CPU): done before the hang
 
 def rank_1_stops_here():
     time.sleep(3600)
@@ -63,6 +62,8 @@ for step in range(1, 1001):
     if rank == 1 and step == 4:
         rank_1_stops_here()
     dist.all_reduce(t)
+    if step == 1:
+        _dump_fr_trace()  # a first dump with entries takes seconds on a loaded CPU (their frames read): done here
     print(f"train step {step}/1000 loss=1.0 acc0=0.5 tok/s=100.0", flush=True)
     time.sleep(0.1)
 """
