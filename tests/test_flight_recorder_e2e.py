@@ -182,6 +182,8 @@ def test_a_dump_that_holds_an_object_is_refused_unrun(tmp_path: Path) -> None:
     assert trace.error.startswith("unreadable: refused") and not marker.exists()
     said = flight_recorder.summarise([trace], 1)
     assert said.startswith("flight recorder: rank 0: unreadable: refused"), said
+    (tmp_path / "rank_1").write_bytes(b"\x80\x05not a pickle at all")
+    assert flight_recorder.read_rank(tmp_path / "rank_1", 1).error.startswith("unreadable:")
 
 
 def test_ranks_at_one_collective_are_said_to_be_level(tmp_path: Path) -> None:

@@ -9,12 +9,16 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
+import structlog
+
 from supervisor.core.host_url import is_local
 from supervisor.gpu import smi_report
 from supervisor.hosts import flight_recorder
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.spec.model import JobSpec
+
+log = structlog.get_logger("supervise.runner")
 
 
 def wanted(spec: JobSpec, argv: list[str]) -> bool:
@@ -47,7 +51,11 @@ async def taken_with(ctx: RunnerContext, live: Live, stacks: asyncio.Future[Stac
     recorded = flight_recorder.collect(folder) if local else _nothing()
     smi = (smi_report.take(Path(live.row.log_path + ".nvidia-smi.txt"))
            if local and _gpus_seen(ctx) else _said(""))
-    record, gpu_report = await asyncio.gather(recorded, smi)
+    try:
+        record, gpu_report = await asyncio.gather(recorded, smi)
+    except Exception as exc:  # noqa: BLE001 - never in the way of the stacks, nor of the kill after them
+        log.warning("flight recorder or nvidia-smi -q not taken", job=live.row.job, error=repr(exc))
+        record, gpu_report = flight_recorder.FlightRecord(f"flight recorder: not read ({exc!r})"[:300]), ""
     dump = await stacks
     if record is None and not gpu_report:
         return dump
