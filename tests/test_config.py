@@ -34,6 +34,7 @@ def test_defaults_file_and_environment_in_that_order(tmp_path: Path) -> None:
         "alert_urls": file, "alert_min_interval_s": "env SUPERVISE_ALERT_MIN_INTERVAL_S", "metrics_addr": file,
         "loop_lag_interval_s": "default", "request_timeout_s": "default", "log_keep_attempts": "default",
         "log_max_bytes": "default", "kernel_log": "default", "events_per_attempt": "default",
+        "cgroup_root": "default",
     }
 
 

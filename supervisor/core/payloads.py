@@ -198,6 +198,10 @@ class VerdictData:
         return {"verdict": None if self.verdict is None else self.verdict.value, **jsonable(dict(self.evidence))}
 
 
+def _str_map(value: object) -> dict[str, str] | None:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True, slots=True)
 class SlowStep:
     """A step well over what earlier attempts took (the watchdog's ``slow``): the evidence its
@@ -248,6 +252,8 @@ class ActionData:
     woken_by: str | None = None  # what ended a wait for GPUs
     sample_ts: float | None = None
     waited_s: float | None = None
+    checkpoint: str | None = None  # what an attempt starts from: its {last_checkpoint}
+    params: dict[str, str] | None = None  # ... and its [params], where `[restart.adjust]` changed them
 
     @classmethod
     def of(cls, event: Carries) -> ActionData:
@@ -268,14 +274,16 @@ class ActionData:
                    terminated=_list(data.get("terminated")), killed=_list(data.get("killed")),
                    survivors=_list(data.get("survivors")), reparented=_list(data.get("reparented")),
                    released=_bool(data.get("released")), woken_by=_text(data.get("woken_by")),
-                   sample_ts=_number(data.get("sample_ts")), waited_s=_number(data.get("waited_s")))
+                   sample_ts=_number(data.get("sample_ts")), waited_s=_number(data.get("waited_s")),
+                   checkpoint=_text(data.get("checkpoint")), params=_str_map(data.get("params")))
 
     def to_json(self) -> dict[str, Any]:
         slow = {"slow": True, **self.slow.to_json()} if self.slow is not None else {}
         data: dict[str, Any] = jsonable({**_present(reason=self.reason, held=self.held), **slow, **_present(
             down_s=self.down_s, error=self.error, events_per_attempt=self.events_per_attempt,
             terminated=self.terminated, killed=self.killed, survivors=self.survivors, reparented=self.reparented,
-            released=self.released, woken_by=self.woken_by, sample_ts=self.sample_ts, waited_s=self.waited_s)})
+            released=self.released, woken_by=self.woken_by, sample_ts=self.sample_ts, waited_s=self.waited_s,
+            checkpoint=self.checkpoint, params=self.params)})
         return data
 
 

@@ -24,6 +24,7 @@ class DiskSpec(_Strict):
     # Below this, `on_low` is done: the attempt held (SIGSTOP, resumed when the space is back) or
     # stopped as `supervise stop` does; unset: only the warning.
     min_free_mib: MiB | None = None
+    # What is done under min_free_mib: "stop" as `supervise stop` (no relaunch), or "hold" (SIGSTOP until space is back).
     on_low: Literal["hold", "stop"] = "stop"
     every_s: PositiveSeconds = 10.0  # how often the free space is read
 
