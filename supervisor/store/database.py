@@ -21,8 +21,8 @@ from typing import Any
 
 import structlog
 
-from supervisor.core.actions import ActionKind, AttemptAction
-from supervisor.core.errors import NotFound, StoreBusy, StoreError
+from supervisor.core.actions import ActionKind
+from supervisor.core.errors import NotFound, StoreBusy, StoreError, TransitionRefused
 from supervisor.core.events import (
     AttemptState,
     Event,
@@ -36,6 +36,7 @@ from supervisor.core.events import (
 from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
 from supervisor.store import migration_notice
+from supervisor.store.attempt_writes import FINAL_STATES, AttemptEnd, AttemptUpdate, SqlValue
 from supervisor.store.migration_notice import MigrationNotice
 from supervisor.store.schema import MIGRATIONS as _MIGRATIONS
 
@@ -73,19 +74,14 @@ class AttemptRow:
     reason: str | None
     failure: Failure | None
     fingerprint: str | None
-    action: str | None
+    action: str | None  # the sentence, as `attempts` and the API show it
     run: int = 1  # +1 at each `supervise start`; relaunches stay in their run
     run_attempt: int = 1  # its place in its run (read from the store, never written)
     log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
     scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
     shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
     usage: AttemptUsage | None = None  # what it used (CPU, memory, GPUs), stored as it ended
-
-    @property
-    def action_kind(self) -> ActionKind | None:
-        """What was done when it ended (None: it has not ended), read from ``action``."""
-        found = AttemptAction.read(self.action)
-        return None if found is None else found.kind
+    action_kind: ActionKind | None = None  # what was done when it ended (None: it has not ended)
 
 
 @dataclass(frozen=True)
@@ -228,10 +224,6 @@ class Store:
                 (name, json.dumps(spec), state, reason, now, now),
             )
 
-    def set_job_state(self, name: str, state: JobState, reason: str = "") -> None:
-        with self._tx() as db:
-            db.execute("UPDATE jobs SET state=?, reason=?, updated=? WHERE name=?", (state, reason, time.time(), name))
-
     def job(self, name: str) -> JobRow:
         rows = self._read("SELECT * FROM jobs WHERE name=?", (name,))
         if not rows:
@@ -279,10 +271,30 @@ class Store:
                  row.run, row.shard),
             )
 
-    def update_attempt(self, job: str, n: int, **fields: Any) -> None:
-        if fields:
+    def update_attempt(self, job: str, n: int, update: AttemptUpdate) -> None:
+        """Store what ``update`` gives of a live attempt's row (nothing else of it changes)."""
+        columns = update.columns()
+        if columns:
             with self._tx() as db:
-                self._update_in_tx(db, job, n, fields)
+                _set_columns(db, job, n, columns)
+
+    def attempt_running(self, job: str, n: int, update: AttemptUpdate) -> None:
+        """The attempt was launched: running, with its process (``update``).  Refused
+        (TransitionRefused) for an attempt whose end is stored already."""
+        with self._tx() as db:
+            _refuse_after_end(db, job, n, AttemptState.RUNNING)
+            _set_columns(db, job, n, {**update.columns(), "state": AttemptState.RUNNING.value})
+
+    def end_attempt(self, end: AttemptEnd, events: Iterable[Event], *, job: str, n: int) -> list[Event]:
+        """The attempt's end and the events that tell it, in one transaction (its time stamped
+        now unless ``end`` gives it).  Refused (TransitionRefused, nothing stored) for an attempt
+        whose end is stored already: an end is written once."""
+        stored = list(events)
+        with self._tx() as db:
+            _refuse_after_end(db, job, n, end.state)
+            _set_columns(db, job, n, end.columns(time.time()))
+            _insert_events(db, stored)
+        return stored
 
     def attempt(self, job: str, n: int) -> AttemptRow:
         rows = self._read(f"{_ATTEMPTS} WHERE a.job=? AND a.n=?", (job, n))
@@ -304,12 +316,11 @@ class Store:
 
     # -- events -----------------------------------------------------------------------
 
-    def record_events(self, events: Iterable[Event], *, offset: int | None = None,
-                      attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = (),
-                      job_state: tuple[JobState, str] | None = None) -> list[Event]:
-        """Store events (assigning ids) and, in the same transaction, the attempt's new log
-        offset and any derived fields (phase, progress); ``replaced``: ids of progress events
-        the new ones stand in for (a bar's latest line, store/milestones.py), deleted;
+    def record_events(self, events: Iterable[Event], *, offset: int | None = None, update: AttemptUpdate | None = None,
+                      replaced: Iterable[int] = (), job_state: tuple[JobState, str] | None = None) -> list[Event]:
+        """Store events (assigning ids) and, in the same transaction, what they bring their
+        attempt to (its new log ``offset``; ``update``: its phase, progress); ``replaced``: ids of progress
+        events the new ones stand in for (a bar's latest line, store/milestones.py), deleted;
         ``job_state``: the job's new state and reason (nothing is stored for a job forgotten)."""
         stored = list(events)
         with self._tx() as db:
@@ -318,40 +329,13 @@ class Store:
                     (*job_state, time.time(), stored[0].job)).rowcount:
                 return []
             db.executemany("DELETE FROM events WHERE id = ? AND kind = 'progress'", [(i,) for i in replaced])
-            for event in stored:
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "
-                    "message, data_json) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                    (event.job, event.attempt, event.ts, event.kind.value, event.probe,
-                     event.phase.value if event.phase else None, event.offset, event.generation, event.message,
-                     json.dumps(_event_data(event), default=str)),
-                )
-                event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
-            if stored and (offset is not None or attempt_fields):
-                job, n = stored[0].job, stored[0].attempt
-                fields = dict(attempt_fields or {})
-                if offset is not None:
-                    fields["log_offset"] = offset
-                self._update_in_tx(db, job, n, fields)
+            _insert_events(db, stored)
+            columns = update.columns() if update is not None else {}
+            if offset is not None:
+                columns["log_offset"] = offset
+            if stored and columns:
+                _set_columns(db, stored[0].job, stored[0].attempt, columns)
         return stored
-
-    def _update_in_tx(self, db: sqlite3.Connection, job: str, n: int, fields: dict[str, Any]) -> None:
-        sets, values = [], []
-        for key, value in fields.items():
-            column = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}.get(key, key)
-            if isinstance(value, Failure):
-                value = value.to_json()
-            if isinstance(value, AttemptAction):
-                value = value.text
-            if isinstance(value, BarProgress):
-                value = value.to_json()
-            if isinstance(value, AttemptUsage):
-                value = value.model_dump(mode="json")
-            if column.endswith("_json") and value is not None:
-                value = json.dumps(value)
-            sets.append(f"{column}=?")
-            values.append(value)
-        db.execute(f"UPDATE attempts SET {', '.join(sets)} WHERE job=? AND n=?", (*values, job, n))
 
     def events(self, job: str, *, attempt: int | None = None, after_id: int = 0,
                kinds: list[str] | None = None, min_attempt: int | None = None, limit: int = 10_000,
@@ -421,6 +405,33 @@ def _busy(exc: sqlite3.Error) -> bool:
         "database is locked" in str(exc)
 
 
+def _insert_events(db: sqlite3.Connection, events: list[Event]) -> None:
+    """Insert events, each given its id (None: the same probe line was stored already)."""
+    for event in events:
+        cur = db.execute(
+            "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "
+            "message, data_json) VALUES(?,?,?,?,?,?,?,?,?,?)",
+            (event.job, event.attempt, event.ts, event.kind.value, event.probe,
+             event.phase.value if event.phase else None, event.offset, event.generation, event.message,
+             json.dumps(_event_data(event), default=str)),
+        )
+        event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
+
+
+def _set_columns(db: sqlite3.Connection, job: str, n: int, columns: dict[str, SqlValue]) -> None:
+    """One attempt's columns (names from attempt_writes.py's values, never from a caller)."""
+    if columns:
+        sets = ", ".join(f"{column}=?" for column in columns)
+        db.execute(f"UPDATE attempts SET {sets} WHERE job=? AND n=?", (*columns.values(), job, n))
+
+
+def _refuse_after_end(db: sqlite3.Connection, job: str, n: int, to: AttemptState) -> None:
+    """TransitionRefused if the attempt's stored state is an end (ended, stopped): none is left."""
+    row = db.execute("SELECT state FROM attempts WHERE job=? AND n=?", (job, n)).fetchone()
+    if row is not None and AttemptState(row[0]) in FINAL_STATES:
+        raise TransitionRefused(f"attempt {n} of job '{job}' is {row[0]} already: it cannot become {to.value}")
+
+
 def _job_row(row: sqlite3.Row) -> JobRow:
     return JobRow(row["name"], json.loads(row["spec_json"]), JobState(row["state"]), row["reason"], row["created"],
                   row["updated"])
@@ -440,8 +451,17 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
         log_generation=row["log_generation"], scheduler_id=row["scheduler_id"], shard=row["shard"],
-        usage=_usage(row["usage_json"]),
+        usage=_usage(row["usage_json"]), action_kind=_action_kind(row["action_kind"]),
     )
+
+
+def _action_kind(text: str | None) -> ActionKind | None:
+    if text is None:
+        return None
+    try:
+        return ActionKind(text)
+    except ValueError:  # a kind written by a later version: nothing this one acts on
+        return ActionKind.NONE
 
 
 def _usage(text: str | None) -> AttemptUsage | None:
