@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import structlog
-from pydantic import ValidationError
 
-from supervisor.core.errors import SuperviseError
+from supervisor.core.errors import SpecError, SuperviseError
 from supervisor.core.events import AttemptState, JobState
 from supervisor.core.host_url import is_local
 from supervisor.hosts.base import ExitStatus, ProcessHandle
@@ -60,10 +59,13 @@ class Recovery:
 
     async def _recover_one(self, row: AttemptRow) -> str:
         try:
-            spec = JobSpec.model_validate(self.store.job(row.job).spec)
-        except (ValidationError, SuperviseError) as exc:
+            job = self.store.job(row.job)
+            spec, why = job.spec, job.spec_error or ""
+        except SuperviseError as exc:
+            spec, why = None, str(exc)
+        if spec is None:
             self.recorder.attempt_ended(row.job, row.n, AttemptEnd(state=AttemptState.LOST,
-                                                                   reason=f"spec unreadable on recovery: {exc}"))
+                                                                   reason=f"spec unreadable on recovery: {why}"))
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
@@ -116,10 +118,12 @@ class Recovery:
                                                                    reason="the daemon stopped while launching it"))
             return f"{where}: lost during launch; its shard launches again"
         try:
-            spec = JobSpec.model_validate(self.store.job(row.job).spec)
+            spec = self.store.job(row.job).spec
+            if spec is None:
+                raise SpecError(f"its stored spec no longer validates ({self.store.job(row.job).spec_error})")
             job = self.sharded(spec)
             job.resume[row.shard if row.shard is not None else 0] = row
-        except (ValidationError, SuperviseError) as exc:
+        except SuperviseError as exc:
             self.recorder.attempt_ended(row.job, row.n, AttemptEnd(state=AttemptState.LOST, reason=f"not re-adopted: {exc}"))
             return f"{where}: lost ({exc})"
         if not job.running:
@@ -131,13 +135,15 @@ class Recovery:
         backoff, the others done, or the gather not launched yet): their run goes on."""
         notes = []
         for job in self.store.jobs():
-            if job.spec.get("shards", 1) <= 1 or job.state not in _TAKEN_UP or job.name in self.runners:
+            if job.shards <= 1 or job.state not in _TAKEN_UP or job.name in self.runners:
                 continue
             if not any(a.shard is not None for a in self.store.attempts(job.name)):
                 continue  # never launched: `start` failed before any shard, nothing to go on with
             try:
-                sharded = self.sharded(JobSpec.model_validate(job.spec))
-            except (ValidationError, SuperviseError) as exc:
+                if job.spec is None:
+                    raise SpecError(f"its stored spec no longer validates ({job.spec_error})")
+                sharded = self.sharded(job.spec)
+            except SuperviseError as exc:
                 self.recorder.job_state(job.name, JobState.FAILED, f"not taken up again on recovery: {exc}")
                 notes.append(f"{job.name}: not taken up again ({exc})")
                 continue

@@ -5,14 +5,13 @@ far its log was read and what the reading found (phase, progress, failure), its 
 it used.  A field left out keeps what is stored (``KEEP``); ``None`` stores NULL, so a field that
 may be cleared says so.  ``AttemptEnd`` is how an attempt ended, as one value (pueue's ``Done``):
 the state it ended in, the verdict, the action that follows, its exit status and when; only the
-recorder stores one (``Recorder.attempt_ended``), with its event, in one transaction.  Each maps
-itself to the row's columns, so the store has one place that knows them and no caller names one.
+recorder stores one (``Recorder.attempt_ended``), with its event, in one transaction.  They are
+values only: the store (database.py) alone maps them to the row's columns, so no caller names one.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
@@ -28,8 +27,6 @@ class _Keep(Enum):
 
 KEEP = _Keep.KEEP  # a field not written: the row keeps what it holds
 Kept = Literal[_Keep.KEEP]
-
-SqlValue = str | int | float | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,33 +50,6 @@ class AttemptUpdate:
     # verdict is the end's (``AttemptEnd``).
     verdict: Verdict | Kept | None = KEEP
     reason: str | Kept | None = KEEP
-
-    def columns(self) -> dict[str, SqlValue]:
-        """The row's columns this update writes, with their stored values."""
-        found: dict[str, SqlValue] = {}
-        for name, column in _COLUMNS:
-            value = getattr(self, name)
-            if value is not KEEP:
-                found[column] = _stored(value)
-        return found
-
-
-# Each field's column: its own name, but for the values stored as JSON.
-_JSON = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}
-_COLUMNS = tuple((spec.name, _JSON.get(spec.name, spec.name)) for spec in fields(AttemptUpdate))
-
-
-def _stored(value: object) -> SqlValue:
-    if isinstance(value, Failure):
-        return json.dumps(value.to_json())
-    if isinstance(value, BarProgress):
-        return json.dumps(value.to_json())
-    if isinstance(value, AttemptUsage):
-        return json.dumps(value.model_dump(mode="json"))
-    if isinstance(value, Phase | Verdict):
-        return value.value
-    assert value is None or isinstance(value, (str, int, float))
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +80,3 @@ class AttemptEnd:
     def __post_init__(self) -> None:
         if self.state.active:
             raise ValueError(f"an attempt does not end {self.state.value}: its end is ended, stopped or lost")
-
-    def columns(self, now: float) -> dict[str, SqlValue]:
-        """The row's columns this end writes, with their stored values."""
-        found: dict[str, SqlValue] = {
-            "state": self.state.value, "ended": self.at if self.at is not None else now, "reason": self.reason,
-            "verdict": self.verdict.value if self.verdict is not None else None,
-            "action": self.action.text if self.action is not None else None,
-            "action_kind": self.action.kind.value if self.action is not None else None,
-        }
-        if self.exit is not None:
-            found["exit_code"], found["exit_signal"] = self.exit.code, self.exit.signal
-        return found

@@ -33,10 +33,12 @@ from supervisor.core.events import (
     Verdict,
     failure_kind,
 )
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
+from supervisor.spec.model import JobSpec, parse_stored
 from supervisor.store import migration_notice
-from supervisor.store.attempt_writes import FINAL_STATES, AttemptEnd, AttemptUpdate, SqlValue
+from supervisor.store.attempt_writes import FINAL_STATES, KEEP, AttemptEnd, AttemptUpdate
 from supervisor.store.migration_notice import MigrationNotice
 from supervisor.store.schema import MIGRATIONS as _MIGRATIONS
 
@@ -104,11 +106,49 @@ class EventQuery:
 @dataclass
 class JobRow:
     name: str
-    spec: dict[str, Any]
+    stored: dict[str, Any]  # the spec as stored (JSON): what a change to it is measured against
     state: JobState
     reason: str
     created: float
     updated: float
+    spec: JobSpec | None = None  # parsed once, as the row was read; None: it no longer validates
+    spec_error: str | None = None  # why it no longer validates (shown by `status`); None: it does
+
+    # What the views, the metrics and recovery ask of every job, its spec readable or not: of a
+    # spec that no longer validates, what it stored, where that has the shape a spec gives it.
+
+    @property
+    def host(self) -> str:
+        if self.spec is not None:
+            return self.spec.host
+        stored = self._stored("host")
+        return stored if isinstance(stored, str) else LOCAL_HOST
+
+    @property
+    def shards(self) -> int:
+        if self.spec is not None:
+            return self.spec.shards
+        stored = self._stored("shards")
+        return stored if isinstance(stored, int) else 1
+
+    @property
+    def max_attempts(self) -> int:
+        if self.spec is not None:
+            return self.spec.restart.max_attempts
+        restart = self._stored("restart")
+        stored = restart["max_attempts"] if isinstance(restart, dict) and "max_attempts" in restart else None
+        return stored if isinstance(stored, int) else 1
+
+    @property
+    def after(self) -> list[str]:
+        """The jobs it runs after (a spec that no longer validates still waits on those it stored)."""
+        if self.spec is not None:
+            return list(self.spec.after)
+        stored = self._stored("after")
+        return [str(name) for name in stored] if isinstance(stored, list) else []
+
+    def _stored(self, key: str) -> object:
+        return self.stored.get(key)
 
 
 class Store:
@@ -122,6 +162,7 @@ class Store:
             # NORMAL is durable against a killed process (the WAL is in the OS); only power loss can drop the tail.
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")  # at start-up, nothing is served yet: waiting is fine
+            self._specs: dict[str, tuple[str, JobSpec | str]] = {}
             self._migrate()
             # Then never: a lock held by another process (a `sqlite3` shell, a backup) would stop the
             # daemon's loop for as long as it is held.  Refused at once (StoreBusy), a write is kept
@@ -144,6 +185,7 @@ class Store:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
         store._db.row_factory = sqlite3.Row
         store._db.execute("PRAGMA busy_timeout=0")
+        store._specs = {}
         return store
 
     def close(self) -> None:
@@ -228,10 +270,23 @@ class Store:
         rows = self._read("SELECT * FROM jobs WHERE name=?", (name,))
         if not rows:
             raise NotFound(f"no job named '{name}'; `supervise jobs` lists the known ones")
-        return _job_row(rows[0])
+        return self._job_row(rows[0])
 
     def jobs(self) -> list[JobRow]:
-        return [_job_row(r) for r in self._read("SELECT * FROM jobs ORDER BY name")]
+        return [self._job_row(r) for r in self._read("SELECT * FROM jobs ORDER BY name")]
+
+    def _job_row(self, row: sqlite3.Row) -> JobRow:
+        """A job's row with its spec parsed: once for each spec stored (a spec may be 1 MiB, and
+        `status` reads every job's row each time), kept while the stored text stays the same."""
+        name, text = row["name"], row["spec_json"]
+        stored = json.loads(text)
+        kept = self._specs.get(name)
+        if kept is None or kept[0] != text:
+            kept = self._specs[name] = (text, parse_stored(stored))
+        parsed = kept[1]
+        return JobRow(name, stored, JobState(row["state"]), row["reason"], row["created"], row["updated"],
+                      spec=parsed if isinstance(parsed, JobSpec) else None,
+                      spec_error=parsed if isinstance(parsed, str) else None)
 
     def job_names(self) -> list[str]:
         return [str(r["name"]) for r in self._read("SELECT name FROM jobs ORDER BY name")]
@@ -244,6 +299,7 @@ class Store:
             db.execute("DELETE FROM attempts WHERE job=?", (name,))
             db.execute("DELETE FROM bar_paces WHERE job=?", (name,))
             db.execute("DELETE FROM jobs WHERE name=?", (name,))
+        self._specs.pop(name, None)
 
     def delete_events(self, job: str, attempts: Iterable[int], kinds: Iterable[str]) -> int:
         """Delete the events of these kinds of these attempts of a job; how many went."""
@@ -273,7 +329,7 @@ class Store:
 
     def update_attempt(self, job: str, n: int, update: AttemptUpdate) -> None:
         """Store what ``update`` gives of a live attempt's row (nothing else of it changes)."""
-        columns = update.columns()
+        columns = _update_columns(update)
         if columns:
             with self._tx() as db:
                 _set_columns(db, job, n, columns)
@@ -283,7 +339,7 @@ class Store:
         (TransitionRefused) for an attempt whose end is stored already."""
         with self._tx() as db:
             _refuse_after_end(db, job, n, AttemptState.RUNNING)
-            _set_columns(db, job, n, {**update.columns(), "state": AttemptState.RUNNING.value})
+            _set_columns(db, job, n, {**_update_columns(update), "state": AttemptState.RUNNING.value})
 
     def end_attempt(self, end: AttemptEnd, events: Iterable[Event], *, job: str, n: int) -> list[Event]:
         """The attempt's end and the events that tell it, in one transaction (its time stamped
@@ -292,7 +348,7 @@ class Store:
         stored = list(events)
         with self._tx() as db:
             _refuse_after_end(db, job, n, end.state)
-            _set_columns(db, job, n, end.columns(time.time()))
+            _set_columns(db, job, n, _end_columns(end, time.time()))
             _insert_events(db, stored)
         return stored
 
@@ -330,7 +386,7 @@ class Store:
                 return []
             db.executemany("DELETE FROM events WHERE id = ? AND kind = 'progress'", [(i,) for i in replaced])
             _insert_events(db, stored)
-            columns = update.columns() if update is not None else {}
+            columns = _update_columns(update) if update is not None else {}
             if offset is not None:
                 columns["log_offset"] = offset
             if stored and columns:
@@ -418,6 +474,47 @@ def _insert_events(db: sqlite3.Connection, events: list[Event]) -> None:
         event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
 
 
+SqlValue = str | int | float | None
+
+# Each AttemptUpdate field's column: its own name, but for the values stored as JSON.
+_JSON_COLUMNS = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}
+_UPDATE_COLUMNS = tuple((name, _JSON_COLUMNS.get(name, name)) for name in AttemptUpdate.__dataclass_fields__)
+
+
+def _update_columns(update: AttemptUpdate) -> dict[str, SqlValue]:
+    """The columns an update writes (the fields it gives), with their stored values."""
+    found: dict[str, SqlValue] = {}
+    for name, column in _UPDATE_COLUMNS:
+        value = getattr(update, name)
+        if value is not KEEP:
+            found[column] = _stored(value)
+    return found
+
+
+def _end_columns(end: AttemptEnd, now: float) -> dict[str, SqlValue]:
+    """The columns an end writes: its exit status only where it is known (else what is stored stays)."""
+    found: dict[str, SqlValue] = {
+        "state": end.state.value, "ended": end.at if end.at is not None else now, "reason": end.reason,
+        "verdict": end.verdict.value if end.verdict is not None else None,
+        "action": end.action.text if end.action is not None else None,
+        "action_kind": end.action.kind.value if end.action is not None else None,
+    }
+    if end.exit is not None:
+        found["exit_code"], found["exit_signal"] = end.exit.code, end.exit.signal
+    return found
+
+
+def _stored(value: object) -> SqlValue:
+    if isinstance(value, Failure | BarProgress):
+        return json.dumps(value.to_json())
+    if isinstance(value, AttemptUsage):
+        return json.dumps(value.model_dump(mode="json"))
+    if isinstance(value, Phase | Verdict):
+        return value.value
+    assert value is None or isinstance(value, str | int | float)
+    return value
+
+
 def _set_columns(db: sqlite3.Connection, job: str, n: int, columns: dict[str, SqlValue]) -> None:
     """One attempt's columns (names from attempt_writes.py's values, never from a caller)."""
     if columns:
@@ -430,11 +527,6 @@ def _refuse_after_end(db: sqlite3.Connection, job: str, n: int, to: AttemptState
     row = db.execute("SELECT state FROM attempts WHERE job=? AND n=?", (job, n)).fetchone()
     if row is not None and AttemptState(row[0]) in FINAL_STATES:
         raise TransitionRefused(f"attempt {n} of job '{job}' is {row[0]} already: it cannot become {to.value}")
-
-
-def _job_row(row: sqlite3.Row) -> JobRow:
-    return JobRow(row["name"], json.loads(row["spec_json"]), JobState(row["state"]), row["reason"], row["created"],
-                  row["updated"])
 
 
 def _attempt_row(row: sqlite3.Row) -> AttemptRow:
