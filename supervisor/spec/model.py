@@ -424,6 +424,17 @@ def load_spec(path: Path) -> JobSpec:
         raise SpecError(_describe_validation(path, exc)) from exc
 
 
+def parse_stored(data: Any) -> JobSpec | str:
+    """A spec as the store keeps it (JSON data), parsed: the spec, or why it no longer validates
+    (one line: a spec stored by another version, a field since removed)."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        return one_line("; ".join(_describe_error(error) for error in exc.errors()), 300)
+    except SpecError as exc:  # a check past the fields' own (placement)
+        return str(exc)
+
+
 def _describe_validation(path: Path | str, exc: ValidationError) -> str:
     """Every problem at once, in the spec's terms: `unknown field 'comand' (did you mean 'command'?)`;
     one line, at most 300 characters besides the path, however long the input."""

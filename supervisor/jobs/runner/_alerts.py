@@ -25,6 +25,7 @@ from supervisor.notify import notices
 from supervisor.notify.alerts import Alert
 from supervisor.notify.notices import BarStep, Milestones
 from supervisor.spec.model import JobSpec
+from supervisor.store.attempt_writes import AttemptUpdate
 from supervisor.watchdog import Judgement
 
 # A warning about these says "it may be stuck": the stacks are dumped with it, as before a kill (a
@@ -114,7 +115,7 @@ class Alerts:
     # ---- verdicts, and the gate before a kill ----------------------------------------------
 
     def record_verdict(self, live: Live, judgement: Judgement) -> None:
-        self._journal.update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
+        self._journal.update(live.row.n, AttemptUpdate(verdict=judgement.verdict, reason=judgement.reason))
         self._journal.record(live.row.n, EventKind.VERDICT,
                              f"{judgement.verdict.value}: {judgement.reason}",
                              VerdictData(judgement.verdict, judgement.evidence))
@@ -143,7 +144,7 @@ class Alerts:
                 self.send_soon(live, notices.warning(self.about(live), judgement, where, next_action))
         elif step is Step.RECOVERED and episode is not None:
             pending = kill_pending
-            self._journal.update(live.row.n, verdict=None, reason=None)
+            self._journal.update(live.row.n, AttemptUpdate(verdict=None, reason=None))
             self._journal.action(live.row.n, f"moving again {where}: {'kill cancelled' if pending else 'warning over'}",
                                  ActionData())
             self._journal.set_job(JobState.RUNNING, f"attempt {live.row.n}")
