@@ -7,16 +7,19 @@ import json
 import sqlite3
 from pathlib import Path
 
-from supervisor.store.database import SCHEMA_VERSION, Store
+from supervisor.store.database import Store
 from supervisor.store.schema import MIGRATIONS
+
+# The thinning migration's index: later migrations are appended after it.
+THINNING = next(i for i, m in enumerate(MIGRATIONS) if "DELETE FROM events WHERE id IN" in m)
 
 
 def _old_store(path: Path) -> sqlite3.Connection:
     """A store at the version before the thinning migration (every earlier migration applied)."""
     db = sqlite3.connect(path)
-    for migration in MIGRATIONS[:SCHEMA_VERSION - 1]:
+    for migration in MIGRATIONS[:THINNING]:
         db.executescript(migration)
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    db.execute(f"PRAGMA user_version={THINNING}")
     db.execute("INSERT INTO jobs(name, spec_json, state, created, updated) VALUES('j', '{}', 'done', 0, 0)")
     return db
 

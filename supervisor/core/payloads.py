@@ -248,6 +248,10 @@ class ActionData:
     woken_by: str | None = None  # what ended a wait for GPUs
     sample_ts: float | None = None
     waited_s: float | None = None
+    moved_from: str | None = None  # a job with a host pool moved away from this host (jobs/quarantine.py)
+    moved_to: str | None = None
+    left_out: list[int] | None = None  # quarantined GPUs left out of CUDA_VISIBLE_DEVICES at launch
+    until: float | None = None  # when the quarantine that caused it ends (wall clock)
 
     @classmethod
     def of(cls, event: Carries) -> ActionData:

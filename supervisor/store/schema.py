@@ -169,4 +169,17 @@ MIGRATIONS: tuple[str, ...] = (
           AND ((pct IS NOT NULL AND pct IS prev_pct) OR (pct IS NULL AND bucket IS prev_bucket))
     );
     """,
+    # GPUs and hosts kept away from (supervisor/jobs/quarantine.py): a GPU after a hardware fault, a
+    # host after repeated `killed`/`unreachable` verdicts, until `until` (wall clock) or a
+    # `supervise quarantine --clear`.  gpu NULL: the whole host.  One row per GPU or host.
+    """
+    CREATE TABLE quarantine (
+        host TEXT NOT NULL,
+        gpu INTEGER,
+        reason TEXT NOT NULL,
+        since REAL NOT NULL,
+        until REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX quarantine_one_per_place ON quarantine(host, COALESCE(gpu, -1));
+    """,
 )

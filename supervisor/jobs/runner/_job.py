@@ -25,6 +25,7 @@ from supervisor.hosts import stacks
 from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.policy import Policy, RestartPolicy
+from supervisor.jobs.quarantine import UNREACHABLE as UNREACHABLE_STRIKE
 from supervisor.jobs.runner._adopting import Anchor, Readoption
 from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
@@ -35,6 +36,7 @@ from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
 from supervisor.jobs.runner._gpu_wait import GpuGate
 from supervisor.jobs.runner._journal import Journal
+from supervisor.jobs.runner._keep_away import KeepAway, is_pool
 from supervisor.jobs.runner._launch import launch
 from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
@@ -85,6 +87,7 @@ class JobRunner:
         self.alerts = Alerts(spec, ctx, self.journal)
         self.paces = Paces(spec, ctx, self._writes)  # each bar's pace: earlier attempts' for the watchdog, this one's kept
         self.gpu_gate = GpuGate(spec, ctx, self.journal, self._stop_requested)
+        self.keep_away = KeepAway(spec, ctx, self.journal, self._stop_requested)  # quarantined GPUs and hosts
         self.ending = Ending(spec, ctx, self.journal, self.alerts)
         self._readoption = Readoption(spec, ctx, self.journal, self.alerts, self.paces)
 
@@ -184,11 +187,22 @@ class JobRunner:
                 resume = None
                 catch_up = await self._readoption.catch_up(live, anchor)
             else:
-                if not await self.gpu_gate.clear():
+                launching = await self.keep_away.spec_for_launch()
+                if launching is None or not await self.gpu_gate.clear():
                     return
-                async with self.scope.numbering():
-                    live = await launch(run, self.shard, spec=self.spec, ctx=self.ctx, journal=self.journal,
-                                        news=self.news, paces=self.paces)
+                try:
+                    async with self.scope.numbering():
+                        live = await launch(run, self.shard, spec=launching, ctx=self.ctx, journal=self.journal,
+                                            news=self.news, paces=self.paces)
+                except UNREACHABLE as exc:
+                    if not is_pool(self.spec):
+                        raise
+                    moving = await self._next_host_after(exc, run_attempts)
+                    if moving is None:
+                        return  # stopped during the backoff
+                    if not moving:
+                        raise
+                    continue
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
             try:
@@ -204,6 +218,7 @@ class JobRunner:
                 await self.ending.record_stopped(live)
                 self.journal.set_job(JobState.STOPPED, "stopped by user")
                 return
+            await self.keep_away.attempt_ended(judgement.verdict.value, live.row.host)
             if judgement.verdict is Verdict.DONE:
                 await self.ending.record(live, judgement, AttemptAction.none("job done"))
                 self.journal.set_job(JobState.DONE, judgement.reason)
@@ -234,6 +249,21 @@ class JobRunner:
                 self.journal.set_job(JobState.STOPPED, "stopped by user during backoff")
                 return
 
+    async def _next_host_after(self, exc: Exception, run_attempts: int) -> bool | None:
+        """A pool's host did not answer at launch: a strike on it, and the next launch goes to the
+        pool's next healthy host after the restart policy's backoff.  False: the policy gives up;
+        None: stopped by the user meanwhile."""
+        await self.keep_away.attempt_ended(UNREACHABLE_STRIKE, self.ctx.host.name)
+        decision = self.policy.decide(Verdict.CRASHED, run_attempts, None, None)
+        if decision.action is not ActionKind.RELAUNCH:
+            return False
+        self.journal.set_job(JobState.BACKOFF, f"{self.ctx.host.name} unreachable at launch ({exc}); "
+                                               f"launching on the next host of the pool in {decision.wait_s:.0f}s")
+        if await self._sleep_unless_stopped(decision.wait_s):
+            self.journal.set_job(JobState.STOPPED, "stopped by user during backoff")
+            return None
+        return True
+
     def _unreachable(self, exc: Exception) -> bool:
         """The attempt's host cannot be reached, and nothing says its process ended."""
         live = self._current
@@ -247,6 +277,7 @@ class JobRunner:
         live = self._current
         assert live is not None
         self.live, self.unreachable_since = None, time.time()
+        await self.keep_away.attempt_ended(UNREACHABLE_STRIKE, live.row.host)
         if not await wait_for_host(self.ctx.host, live, exc, self.journal, self.alerts, self._stop_requested):
             self.unreachable_since = None
             return None
@@ -347,7 +378,7 @@ class JobRunner:
     @property
     def gpu_wait(self) -> str | None:
         """While the launch waits for GPUs other processes hold: for what, in one line."""
-        return self.gpu_gate.waiting
+        return self.gpu_gate.waiting or self.keep_away.waiting
 
     def hold(self) -> str:
         """Postpone any kill of this job until ``release``."""
