@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from supervisor.core import protocol
 from supervisor.core.events import Verdict
 from supervisor.gpu.health import FaultKind, GpuFault
 from supervisor.store.database import Store
@@ -70,6 +71,11 @@ def resolve_place(text: str, held: list[Quarantine]) -> tuple[str, int | None] |
     if sep and tail.isdigit() and any(q.host == head and q.gpu == int(tail) for q in held):
         return head, int(tail)
     return None
+
+
+def quarantine_infos(held: list[Quarantine]) -> list[protocol.QuarantineInfo]:
+    return [protocol.QuarantineInfo(host=q.host, gpu=q.gpu, place=q.place, reason=q.reason, since=q.since,
+                                    until=q.until) for q in held]
 
 
 class Quarantines:

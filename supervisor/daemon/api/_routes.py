@@ -29,4 +29,6 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None
     ("POST", "/v1/jobs/{name}/release", "release_job", None, protocol.HoldResponse),
     ("GET", "/v1/jobs/{name}/stacks", "job_stacks", None, protocol.StacksResponse),
     ("POST", "/v1/pipelines", "start_pipeline", protocol.PipelineStartRequest, protocol.PipelineStartResponse),
+    ("GET", "/v1/quarantine", "quarantine", None, protocol.QuarantineResponse),
+    ("POST", "/v1/quarantine/clear", "clear_quarantine", protocol.QuarantineClearRequest, protocol.QuarantineResponse),
 ]
