@@ -16,6 +16,9 @@ from conftest import wait_until
 from e2e_jobs import job_state, supervise
 from test_observe_e2e import FakeGpuDaemon
 
+from supervisor.cli import main as cli_main
+from supervisor.cli.doctor import _quarantine_checks
+
 # A job that holds memory on both GPUs (the fake lists it there), says which GPUs CUDA would
 # see, and, in its first attempt, ends with an error once the test says so (its GPU fell off).
 JOB = """import os, sys, time, pathlib
@@ -57,11 +60,25 @@ def _spec(home: Path, name: str, gpu: str = "") -> Path:
     return spec
 
 
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The CLI's own entry point in this process (SUPERVISE_HOME names the test's daemon): a
+    subprocess each would cost seconds of interpreter start on a loaded machine."""
+    capsys.readouterr()
+    try:
+        code = cli_main(list(args))
+    except SystemExit as exc:  # argparse's usage error
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.slow  # one daemon restart and a relaunch: ~25 s on two loaded cores, six behaviours in one run
+@pytest.mark.timeout(180)
 def test_an_xid_on_gpu_1_quarantines_it_and_the_relaunch_runs_without_it(
-        gpu_daemon: FakeGpuDaemon, home: Path, daemon_env: dict[str, str]) -> None:
+        gpu_daemon: FakeGpuDaemon, home: Path, daemon_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     client = gpu_daemon.client()
-    supervise(daemon_env, "start", str(_spec(home, "train")))
-    wait_until(lambda: (home / "cvd-train-1").exists())
+    client.start(str(_spec(home, "train")), {})
+    wait_until(lambda: (home / "cvd-train-1").exists() and (home / "cvd-train-1").read_text())
     assert (home / "cvd-train-1").read_text() == "<unset>"  # every GPU, as CUDA's default
     wait_until(lambda: any(d.index == 1 and d.processes for d in client.gpus().devices), timeout=20)
     with (home / "kmsg").open("a") as log:
@@ -71,7 +88,7 @@ def test_an_xid_on_gpu_1_quarantines_it_and_the_relaunch_runs_without_it(
     [held] = client.quarantine().quarantined
     assert (held.place, held.gpu, held.until - held.since) == ("local:1", 1, 3600.0)
     assert "Xid 79" in held.reason
-    listed = supervise(daemon_env, "quarantine").stdout
+    listed = _cli(capsys, "quarantine")[1]
     assert listed.startswith("quarantined local:1 until ") and "(in 59m" in listed and "fallen off the bus" in listed
 
     (home / "go").write_text("")  # the attempt on the faulted GPU ends with an error
@@ -80,10 +97,10 @@ def test_an_xid_on_gpu_1_quarantines_it_and_the_relaunch_runs_without_it(
     moved = [e.message for e in client.events("train", kinds=["action"]).events if "without GPU" in e.message]
     assert len(moved) == 1 and moved[0].startswith("launching without GPU 1: GPU 1 quarantined until ")
     assert moved[0].endswith("CUDA_VISIBLE_DEVICES=0")
-    assert "quarantined local:1 until " in supervise(daemon_env, "status").stdout
-    doctor = supervise(daemon_env, "doctor", check=False).stdout
-    assert "warn     quarantine  quarantined local:1 until " in doctor
-    assert "`supervise quarantine --clear local:1` lifts it" in doctor
+    assert "\nquarantined local:1 until " in supervise(daemon_env, "status").stdout
+    [doctor] = [check.line() for check in _quarantine_checks(None)]
+    assert doctor.startswith("warn     quarantine  quarantined local:1 until ")
+    assert doctor.endswith("`supervise quarantine --clear local:1` lifts it")
 
     gpu_daemon.close()  # a restart keeps the quarantine (the store's table)
     gpu_daemon.start()
@@ -91,20 +108,22 @@ def test_an_xid_on_gpu_1_quarantines_it_and_the_relaunch_runs_without_it(
     assert [q.place for q in client.quarantine().quarantined] == ["local:1"]
 
     # Bad values: one line each, the README's exit codes, nothing lost, the daemon alive.
-    for bad, code, words in (("", 2, "expected HOST or HOST:GPU"), ("local\n1", 2, "expected HOST or HOST:GPU"),
-                             ("local:7", 66, "nothing quarantined at 'local:7' (quarantined now: local:1)"),
-                             ("ssh://nowhere", 66, "nothing quarantined at 'ssh://nowhere'")):
-        done = supervise(daemon_env, "quarantine", "--clear", bad, check=False)
-        assert done.returncode == code, (bad, done)
-        assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1 + (code == 2), (bad, done.stderr)
+    for bad, words in (("", "expected HOST or HOST:GPU"), ("local\n1", "expected HOST or HOST:GPU")):
+        code, _, err = _cli(capsys, "quarantine", "--clear", bad)
+        assert code == 2 and err.strip().splitlines()[-1].endswith(f"{words} (e.g. local or local:1), got {bad!r}")
+    code, _, err = _cli(capsys, "quarantine", "--clear", "ssh://nowhere")
+    assert code == 66 and err == ("supervise: nothing quarantined at 'ssh://nowhere' (quarantined now: local:1); "
+                                  "`supervise quarantine` lists them\n")
+    done = supervise(daemon_env, "quarantine", "--clear", "local:7", check=False)  # the installed command, once
+    assert done.returncode == 66 and "nothing quarantined at 'local:7'" in done.stderr
     assert [q.place for q in client.quarantine().quarantined] == ["local:1"] and client.ping()
 
     # A job that names GPU 1 waits (said at once by `start`) until the quarantine is lifted.
-    started = supervise(daemon_env, "start", str(_spec(home, "pinned", "devices = [1]\n")))
-    assert "waiting for GPU 1 quarantined until " in started.stdout, started.stdout
-    assert "`supervise quarantine --clear local:1` launches now" in started.stdout
+    started = client.start(str(_spec(home, "pinned", "devices = [1]\n")), {}).message
+    assert "waiting for GPU 1 quarantined until " in started, started
+    assert "`supervise quarantine --clear local:1` launches now" in started
     assert job_state(client, "pinned") == "waiting" and not (home / "cvd-pinned-1").exists()
-    cleared = supervise(daemon_env, "quarantine", "--clear", "local:1")
-    assert "quarantine of local:1 lifted (1 entry)" in cleared.stdout and "nothing quarantined" in cleared.stdout
+    code, out, _ = _cli(capsys, "quarantine", "--clear", "local:1")
+    assert code == 0 and "quarantine of local:1 lifted (1 entry)" in out and "nothing quarantined" in out
     wait_until(lambda: job_state(client, "pinned") == "done", timeout=30)
     assert (home / "cvd-pinned-1").exists()

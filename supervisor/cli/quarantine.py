@@ -13,7 +13,10 @@ from supervisor.core import protocol
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
     client = _client()
-    response = client.clear_quarantine(args.clear) if args.clear is not None else client.quarantine()
+    try:
+        response = client.clear_quarantine(args.clear) if args.clear is not None else client.quarantine()
+    finally:
+        client.close()
     if args.json:
         print(response.model_dump_json(indent=2))
         return 0
