@@ -272,14 +272,17 @@ class ActionData:
                    terminated=_list(data.get("terminated")), killed=_list(data.get("killed")),
                    survivors=_list(data.get("survivors")), reparented=_list(data.get("reparented")),
                    released=_bool(data.get("released")), woken_by=_text(data.get("woken_by")),
-                   sample_ts=_number(data.get("sample_ts")), waited_s=_number(data.get("waited_s")))
+                   sample_ts=_number(data.get("sample_ts")), waited_s=_number(data.get("waited_s")),
+                   moved_from=_text(data.get("moved_from")), moved_to=_text(data.get("moved_to")),
+                   left_out=_list(data.get("left_out")), until=_number(data.get("until")))
 
     def to_json(self) -> dict[str, Any]:
         slow = {"slow": True, **self.slow.to_json()} if self.slow is not None else {}
         data: dict[str, Any] = jsonable({**_present(reason=self.reason, held=self.held), **slow, **_present(
             down_s=self.down_s, error=self.error, events_per_attempt=self.events_per_attempt,
             terminated=self.terminated, killed=self.killed, survivors=self.survivors, reparented=self.reparented,
-            released=self.released, woken_by=self.woken_by, sample_ts=self.sample_ts, waited_s=self.waited_s)})
+            released=self.released, woken_by=self.woken_by, sample_ts=self.sample_ts, waited_s=self.waited_s,
+            moved_from=self.moved_from, moved_to=self.moved_to, left_out=self.left_out, until=self.until)})
         return data
 
 

@@ -116,9 +116,9 @@ class Quarantines:
         if strikes < self.rules.host_after or self.rules.host_s <= 0:
             return None
         self._strikes.pop(host, None)
-        word = "killed" if verdict is Verdict.KILLED else str(verdict)
-        return await self._put(host, None, f"{strikes} attempts in a row ended {word} or unreachable there",
-                               self.rules.host_s)
+        word = "killed or unreachable" if strikes > 1 else "killed" if verdict is Verdict.KILLED else "unreachable"
+        last = "the last attempt" if strikes == 1 else f"the last {strikes} attempts"
+        return await self._put(host, None, f"{last} there ended {word}", self.rules.host_s)
 
     async def clear(self, host: str, gpu: int | None) -> int:
         """Lift ``host``'s quarantine (gpu None: the host's and each of its GPUs'); how many went."""

@@ -235,7 +235,8 @@ class JobRunner:
             relaunch = decision.action is ActionKind.RELAUNCH
             action = AttemptAction.relaunch(decision.wait_s) if relaunch else AttemptAction.give_up(decision.reason)
             await self.ending.record(live, judgement, action)
-            await self.alerts.end(live, judgement, action.text, None if relaunch else decision.reason)
+            said = action.text + (self.keep_away.move_note() if relaunch else "")
+            await self.alerts.end(live, judgement, said, None if relaunch else decision.reason)
             if not relaunch:
                 self.journal.set_job(JobState.FAILED, decision.reason)
                 return

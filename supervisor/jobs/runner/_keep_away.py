@@ -59,10 +59,12 @@ class KeepAway:
         self._stopped = stopped
         self._leave: str | None = None  # why the next launch leaves the current host (a host-level verdict)
         self.waiting: str | None = None  # while the launch waits for a quarantined GPU: for what
+        self._placed = False  # whether an attempt of this runner was placed (or re-adopted where it ran)
 
     async def attempt_ended(self, verdict: str, host: str | None = None) -> None:
         """An attempt on the current host ended with ``verdict`` (or the host became unreachable)."""
         quarantines = self._ctx.quarantines
+        self._placed = True  # the next launch moves on from here, or stays
         where = host or self._ctx.host.name
         if quarantines is not None:
             await quarantines.attempt_ended(where, Verdict(verdict) if verdict != UNREACHABLE else UNREACHABLE)
@@ -82,8 +84,9 @@ class KeepAway:
         return self._without_quarantined(quarantines)
 
     def _move(self, quarantines: Quarantines) -> None:
-        here, pool = self._ctx.host.name, list(self._spec.hosts)
-        if here not in pool:  # the first launch of the pool (the runner was made on `host`)
+        here = self._ctx.host.name
+        if not self._placed:  # the run's first launch: the pool's first healthy host
+            self._placed = True
             self._go(first_healthy(self._spec, quarantines))
             return
         held = quarantines.host(here)
@@ -91,15 +94,29 @@ class KeepAway:
         self._leave = None
         if why is None:
             return
-        start = pool.index(here) + 1
-        others = [pool[(start + i) % len(pool)] for i in range(len(pool))]
-        target = next((h for h in others if h != here and quarantines.host(h) is None), None)
+        target = self._next_healthy(here, quarantines)
         if target is None:
             return  # nowhere healthy: stays (a quarantine of every host must not stop the job)
         self._go(target)
         n = self._ctx.store.next_attempt_number(self._spec.name)
         self._journal.action(n, f"moved from {here} to {target}: {why}",
                              ActionData(moved_from=here, moved_to=target, until=held.until if held else None))
+
+    def move_note(self) -> str:
+        """What the alert of an ended attempt adds when the relaunch will move: '; moving from A to
+        B (why)'; '' when it stays."""
+        quarantines, here = self._ctx.quarantines, self._ctx.host.name
+        if self._leave is None or quarantines is None or not is_pool(self._spec):
+            return ""
+        target = self._next_healthy(here, quarantines)
+        return "" if target is None else f"; moving from {here} to {target} ({self._leave})"
+
+    def _next_healthy(self, here: str, quarantines: Quarantines) -> str | None:
+        """The pool's next host after ``here``, in the pool's order, that is not quarantined."""
+        pool = list(self._spec.hosts)
+        start = pool.index(here) + 1 if here in pool else 0
+        others = [pool[(start + i) % len(pool)] for i in range(len(pool))]
+        return next((h for h in others if h != here and quarantines.host(h) is None), None)
 
     def _go(self, target: str) -> None:
         if self._ctx.context_for is None or target == self._ctx.host.name:
