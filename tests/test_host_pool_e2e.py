@@ -2,7 +2,7 @@
 loopback and real processes: it starts on the pool's first host; its attempt there is killed by a
 SIGKILL nobody here sent (a host-level verdict), so the relaunch moves to the pool's next host,
 the move is said (an action event and the alert's next step), the host is quarantined (one strike
-here, `quarantine_host_after = 1`) and listed with its expiry; `host` beside `hosts` is refused."""
+here, `quarantine_strikes = 1`) and listed with its expiry; `host` beside `hosts` is refused."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def daemon_env(daemon_env: dict[str, str], sshd_server: SshServer, home: Path) -
     env.update(sshd_server.env())
     env["SUPERVISE_SSH_LOG_ROOT"] = str(home / "remote-logs")
     env["HOME"] = str(home)
-    env["SUPERVISE_QUARANTINE_HOST_AFTER"] = "1"
+    env["SUPERVISE_QUARANTINE_STRIKES"] = "1"
     # An alert is stored as an event only where a URL is set: one on loopback where nothing listens.
     env["SUPERVISE_ALERT_URLS"] = "json://127.0.0.1:9/unused"
     env.pop("SSH_AUTH_SOCK", None)

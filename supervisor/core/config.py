@@ -66,9 +66,9 @@ class DaemonSettings(BaseModel):
                                     "after a hardware fault (an Xid such as 48, 79 or 94, uncorrected ECC): "
                                     "`devices = \"all\"` jobs launch without it (0: off)")
     quarantine_host_s: float = Field(900.0, ge=0, le=365 * 86400, description="how long a host is kept away from "
-                                     "after quarantine_host_after attempts in a row there end killed or "
+                                     "after quarantine_strikes attempts in a row there end killed or "
                                      "unreachable: jobs with a host pool go elsewhere (0: off)")
-    quarantine_host_after: int = Field(2, ge=1, le=1000, description="attempts in a row ending killed or unreachable "
+    quarantine_strikes: int = Field(2, ge=1, le=1000, description="attempts in a row ending killed or unreachable "
                                        "on one host that quarantine it")
 
     @field_validator("alert_urls", mode="before")

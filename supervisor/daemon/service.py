@@ -68,7 +68,7 @@ class Service:
         self.recorder = Recorder(self.store, self.bus)  # every event and job state: stored, then published
         # GPUs and hosts kept away from (stored: a restart keeps them).
         self.quarantines = Quarantines(self.store, QuarantineRules(settings.quarantine_gpu_s, settings.quarantine_host_s,
-                                                                   settings.quarantine_host_after))
+                                                                   settings.quarantine_strikes))
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml,
                                    kernel_log=settings.kernel_log or None)
         # GPU samples and faults go to the attempts using those GPUs (and faults to the metrics).

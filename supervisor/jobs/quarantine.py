@@ -3,7 +3,7 @@
 A hardware fault on a GPU (an Xid that means the board, not the job's code, is at fault; an
 uncorrected ECC error; memory pages pending a reset; a failed remap) quarantines that GPU for
 ``quarantine_gpu_s``.  A host whose attempts end ``killed`` (a SIGKILL nobody here sent) or
-become ``unreachable`` ``quarantine_host_after`` times in a row is quarantined for
+become ``unreachable`` ``quarantine_strikes`` times in a row is quarantined for
 ``quarantine_host_s``; any other end of an attempt there starts the count again.  While one
 holds, a job with ``gpu.devices = "all"`` is launched without that GPU in CUDA_VISIBLE_DEVICES,
 a job that names it waits, and a job with a host pool (``hosts``) goes to a healthy host.
