@@ -173,13 +173,13 @@ MIGRATIONS: tuple[str, ...] = (
     # host after repeated `killed`/`unreachable` verdicts, until `until` (wall clock) or a
     # `supervise quarantine --clear`.  gpu NULL: the whole host.  One row per GPU or host.
     """
-    CREATE TABLE quarantine (
+    CREATE TABLE IF NOT EXISTS quarantine (
         host TEXT NOT NULL,
         gpu INTEGER,
         reason TEXT NOT NULL,
         since REAL NOT NULL,
         until REAL NOT NULL
     );
-    CREATE UNIQUE INDEX quarantine_one_per_place ON quarantine(host, COALESCE(gpu, -1));
+    CREATE UNIQUE INDEX IF NOT EXISTS quarantine_one_per_place ON quarantine(host, COALESCE(gpu, -1));
     """,
 )
