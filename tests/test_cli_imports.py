@@ -36,3 +36,22 @@ def test_probe_loads_nothing_of_the_client(tmp_path: Path) -> None:
 
 def test_completion_loads_nothing_of_the_client() -> None:
     assert _loaded("completion", "bash") == {"code": 0, "loaded": []}
+
+
+def test_every_verb_names_a_handler_that_exists() -> None:
+    """A verb's handler is a "module:function" string, imported when the verb runs: no type checker
+    follows it, so this imports every one (a renamed function would otherwise fail only when used)."""
+    from supervisor.cli import verbs
+
+    found = verbs()
+    assert len(found) >= 20 and {"start", "run", "status", "probe", "completion"} <= set(found), sorted(found)
+    broken = []
+    for name, verb in found.items():
+        try:
+            handler = verb.resolve()
+        except (ImportError, AttributeError) as exc:
+            broken.append(f"{name} -> {verb.target}: {exc}")
+            continue
+        if not callable(handler):
+            broken.append(f"{name} -> {verb.target}: not callable")
+    assert not broken, broken

@@ -97,3 +97,35 @@ def test_a_watchdog_kill_sends_the_first_signal_and_ends_the_wait_when_the_progr
     waited = float(sent[0].rsplit("after ", 1)[1].rstrip("s"))
     assert waited < 30, sent  # ended early, when the program exited, not at checkpoint_grace_s 60
     assert any(e.kind == "action" and "killed the process tree" in e.message for e in events)
+
+
+def test_an_attempt_running_unwatched_gets_the_first_signal_before_the_stop_kills_it(
+        daemon: DaemonProcess, daemon_env: dict[str, str], make_job, home: Path) -> None:
+    """A daemon restarted without the job's probe file cannot build its runner: the job reads
+    failed while its trainer runs on, nobody watching.  `supervise stop` reaches it there (the
+    stray stop), and the trainer must still be asked for its checkpoint first."""
+    import signal
+
+    pack = home / "mine.toml"
+    pack.write_text('name = "mine"\n[[probes]]\nid = "hello"\nkind = "info"\nregex = "hello"\n')
+    checkpoint, pid_file = home / "ckpt", home / "pids"
+    spec = _with_top_level(make_job("orphaned", TRAINER_JOB, params=f', "{checkpoint}", "{pid_file}"',
+                                    probes='["python"]'),
+                           f'probe_files = ["{pack}"]\nkill_signal_first = "USR1"\ncheckpoint_grace_s = 2\n')
+    supervise(daemon_env, "start", str(spec))
+    procs = _tree(pid_file)
+    daemon.kill(signal.SIGKILL)
+    pack.unlink()
+    daemon.start()  # recovery cannot build the runner: the job fails, its process runs on
+    client = daemon.client()
+    assert job_state(client, "orphaned") == "failed"
+    assert not _gone(procs)
+    began = time.time()
+    out = supervise(daemon_env, "stop", "orphaned")
+    assert "stopped orphaned" in out.stdout, out.stdout + out.stderr
+    assert checkpoint.exists(), "the unwatched tree was killed before the checkpoint was written"
+    assert began < float(checkpoint.read_text())
+    assert _gone(procs), "a process of the tree outlived the stop"
+    said = [e.message for e in client.events("orphaned").events if e.kind == "action"]
+    assert any(m.startswith("sent SIGUSR1 to the program (pid ") and m.endswith("(it was running unwatched)")
+               for m in said), said

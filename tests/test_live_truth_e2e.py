@@ -84,6 +84,41 @@ def test_a_frozen_bars_last_redraw_keeps_the_time_it_arrived(daemon: DaemonProce
     gate.touch()
 
 
+# A bar drawn as `print(..., end="\r")` draws it: each redraw ENDS with its carriage return, so the
+# frozen one's last byte is a `\r` the reader holds (it may be the first half of a `\r\n`).
+TRAILING_CR_BAR_JOB = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(1, 9):
+    print(f"Loading checkpoint shards: {100 * i // 8}%|###| {i}/8 [00:00<00:01, 5.0it/s]", end="\\r", flush=True)
+    time.sleep(0.05)
+    while i == 4 and not os.path.exists(gate):
+        time.sleep(0.01)
+"""
+
+
+def test_a_frozen_bar_drawn_with_trailing_carriage_returns_keeps_its_time_while_running_and_after(
+        daemon: DaemonProcess, daemon_env, make_job, home: Path) -> None:
+    gate = home / "trailing-gate"
+    spec = make_job("trailing", TRAILING_CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("trailing").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    frozen_at = time.time()
+    time.sleep(1.5)
+    first = _log_stamps(client, "trailing")
+    time.sleep(1.5)
+    second = _log_stamps(client, "trailing")
+    assert first == second, (first, second)  # the same redraw, the same time, whenever asked
+    text, ts, _ = first[-1]
+    assert "4/8" in text and ts is not None and ts <= frozen_at + 1, (first[-1], frozen_at)
+    supervise(daemon_env, "stop", "trailing")
+    ended = _log_stamps(client, "trailing")
+    frozen = {(t, at) for t, at, _ in ended if "4/8" in t}
+    assert frozen == {(text, ts)}, ended  # an ended attempt's last redraw keeps the time it arrived, not none
+
+
 def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: DaemonProcess, daemon_env, make_job,
                                                                    home: Path) -> None:
     gate = home / "piped-gate"

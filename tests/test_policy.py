@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from supervisor.core.backoff import Backoff
 from supervisor.core.events import Verdict
 from supervisor.jobs.policy import Decision, RestartPolicy
 from supervisor.spec.model import RestartSpec
@@ -80,9 +81,11 @@ def test_jitter_is_bounded_and_on_top_of_the_floor() -> None:
 
 
 def test_no_wait_below_the_floor() -> None:
-    p = policy(backoff_initial_s=30, backoff_max_s=10, backoff_jitter_s=0)  # a max below the floor
-    assert p.wait_after(1) == 30
-    assert p.wait_after(0) == 30
+    with pytest.raises(ValueError, match="backoff_max_s"):  # a spec with a max below the floor is refused
+        policy(backoff_initial_s=30, backoff_max_s=10, backoff_jitter_s=0)
+    backoff = Backoff(initial_s=30, max_s=10)  # and the waits never go below it anyway
+    assert backoff.wait(1) == 30
+    assert policy(backoff_initial_s=30, backoff_max_s=30, backoff_jitter_s=0).wait_after(0) == 30
     assert policy(backoff_initial_s=0, backoff_jitter_s=0).wait_after(5) == 0
 
 

@@ -68,4 +68,12 @@ def test_start_of_a_program_suggests_run(daemon: DaemonProcess, daemon_env, tmp_
     (tmp_path / "train.py").write_text("print('training')\n")
     result = cli(daemon_env, tmp_path, "start", "train.py")
     assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
-    assert "`supervise run NAME -- python train.py`" in result.stderr, result.stderr
+    assert "`supervise run train -- python train.py`" in result.stderr, result.stderr
+    # As a path too: it was read as a TOML spec and refused as "not valid TOML".
+    result = cli(daemon_env, tmp_path, "start", "./train.py")
+    assert result.returncode == 65 and "`supervise run train -- python ./train.py`" in result.stderr, result.stderr
+    script = tmp_path / "fine tune.sh"
+    script.write_text("#!/bin/sh\necho tuning\n")
+    result = cli(daemon_env, tmp_path, "start", str(script))
+    assert result.returncode == 65 and f"`supervise run fine-tune -- {script}`" in result.stderr, result.stderr
+    assert daemon.client().status().jobs == []

@@ -141,6 +141,13 @@ def test_durations_are_finite_and_bounded(tmp_path: Path, text: str, field: str)
     assert f"field '{field}'" in message
 
 
+def test_a_backoff_cap_below_the_first_wait_is_refused_not_ignored(tmp_path: Path) -> None:
+    message = spec_error(write(tmp_path, 'command = ["x"]\n[restart]\nbackoff_max_s = 1'))
+    assert "backoff_max_s (1s) is below backoff_initial_s (10s" in message, message
+    spec = load_spec(write(tmp_path, 'command = ["x"]\n[restart]\nbackoff_max_s = 1\nbackoff_initial_s = 0.5'))
+    assert spec.restart.backoff_max_s == 1
+
+
 def test_name_is_checked_whole_and_pack_names_are_path_safe(tmp_path: Path) -> None:
     assert "field 'name'" in spec_error(write(tmp_path, 'name = "x\\n"\ncommand = ["x"]'))
     assert "field 'name'" in spec_error(write(tmp_path, 'name = "' + "a" * 65 + '"\ncommand = ["x"]'))

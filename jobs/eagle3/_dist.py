@@ -118,6 +118,6 @@ def sum_grads(params: Sequence[torch.nn.Parameter], world: World) -> None:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
         start_i = end
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         if p.grad is None:
             p.grad = g

@@ -29,8 +29,8 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import shutil
+import signal
 import struct
 import threading
 from pathlib import Path

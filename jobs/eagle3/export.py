@@ -98,7 +98,7 @@ def _masked_freq(src: Path, token_ids: list[list[int]], masks: list[list[int]], 
     if st.is_file():
         return load_file(str(st))["token_freq"]
     freq = torch.zeros(vocab, dtype=torch.int64)
-    for ids, m in zip(token_ids, masks):
+    for ids, m in zip(token_ids, masks, strict=True):
         t = torch.tensor(ids, dtype=torch.int64)[torch.tensor(m, dtype=torch.bool)]
         freq += torch.bincount(t, minlength=vocab)[:vocab]
     return freq

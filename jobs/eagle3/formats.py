@@ -44,7 +44,7 @@ SPECFORGE_GROUP = 2000  # SpecForge's prepare_hidden_states.py default file_grou
 DATASET_FILES = ("data-00000-of-00001.arrow", "dataset_info.json", "state.json")
 
 
-class Format(str, enum.Enum):
+class Format(str, enum.Enum):  # noqa: UP042 - StrEnum is 3.11+; a job may run under vLLM's older interpreter
     SUPERVISE = "supervise"
     SPECULATORS = "speculators"
     SPECFORGE = "specforge"

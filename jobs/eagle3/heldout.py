@@ -22,7 +22,6 @@ ceiling a reduced ``--draft-vocab`` puts on acceptance. Prints one ``heldout:`` 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -80,7 +79,7 @@ def estimate(draft: Eagle3Draft, target: Target, ds: Dataset, *, steps: int = 3,
         for i in range(steps):
             valid &= mask[:, 2 + i:2 + i + m]
         counts, n = chain_counts(hits, valid)
-        hit_sums = [a + b for a, b in zip(hit_sums, counts)]
+        hit_sums = [a + b for a, b in zip(hit_sums, counts, strict=True)]
         anchors += n
         ids = batch["ids"].to(device)
         cov_in += int((draft.t2d[ids] & mask).sum())
@@ -90,7 +89,7 @@ def estimate(draft: Eagle3Draft, target: Target, ds: Dataset, *, steps: int = 3,
         agree += int(((arg[:, :-1] == ids[:, 1:]) & mask[:, 1:]).sum())
         masked_next += int(mask[:, 1:].sum())
     accept = [c / max(anchors, 1) for c in hit_sums]
-    rate = [a / p if p else 0.0 for a, p in zip(accept, [1.0] + accept[:-1])]
+    rate = [a / p if p else 0.0 for a, p in zip(accept, [1.0, *accept[:-1]], strict=True)]
     return Estimate(samples=len(ds), anchors=anchors, accept=accept, rate=rate,
                     mean_acceptance_length=1.0 + sum(accept), coverage=cov_in / max(masked, 1),
                     data_agreement=agree / max(masked_next, 1))

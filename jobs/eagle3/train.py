@@ -425,8 +425,8 @@ def evaluate(draft: Eagle3Draft, target: Target, ds: Dataset, *, steps: int = 3,
             sums[i][1] += float(accs[i]) * w
             weights[i] += w
     draft.train(was)
-    return {"loss": [x[0] / max(w, 1.0) for x, w in zip(sums, weights)],
-            "acc": [x[1] / max(w, 1.0) for x, w in zip(sums, weights)]}
+    return {"loss": [x[0] / max(w, 1.0) for x, w in zip(sums, weights, strict=True)],
+            "acc": [x[1] / max(w, 1.0) for x, w in zip(sums, weights, strict=True)]}
 
 
 # ----------------------------------------------------------------------------------------- the loop
@@ -774,7 +774,7 @@ class _Window:
     def add(self, loss: torch.Tensor, losses: list[torch.Tensor], accs: list[torch.Tensor], tokens: int) -> None:
         self.n += 1
         self.loss += float(loss.detach())
-        for i, (lo, ac) in enumerate(zip(losses, accs)):
+        for i, (lo, ac) in enumerate(zip(losses, accs, strict=True)):
             self.losses[i] += float(lo.detach())
             self.accs[i] += float(ac)
         self.tokens += tokens
@@ -783,7 +783,7 @@ class _Window:
         n = max(self.n, 1)
         tps = self.tokens / max(time.monotonic() - self.t0, 1e-9)
         extra = "".join(f" loss_{i}={lo / n:.4f} acc_{i}={ac / n:.3f}" for i, (lo, ac) in
-                        enumerate(zip(self.losses, self.accs)))
+                        enumerate(zip(self.losses, self.accs, strict=True)))
         return f"loss={self.loss / n:.4f} acc0={self.accs[0] / n:.3f} tok/s={tps:.1f}{extra}"
 
 

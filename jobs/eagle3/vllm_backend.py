@@ -95,7 +95,7 @@ def _older(v: str, than: str) -> bool:
         from packaging.version import Version
 
         return Version(v) < Version(than)
-    except Exception:
+    except (ImportError, ValueError):  # no packaging, or a version it cannot parse (InvalidVersion is a ValueError)
         return version_tuple(v) < version_tuple(than)
 
 
@@ -220,7 +220,7 @@ class VllmBackend:
         if callable(shutdown):
             try:
                 shutdown()
-            except Exception as e:  # the run's output is already on disk
+            except Exception as e:  # noqa: BLE001 - vLLM's shutdown may raise anything; the run's output is already on disk
                 self.log(f"extract warning: vLLM engine shutdown failed: {type(e).__name__}: {e}")
         del llm
 

@@ -79,17 +79,39 @@ def _parser() -> argparse.ArgumentParser:
 Command = Callable[[argparse.Namespace], int]
 
 
-def _verb(module: str, name: str) -> Command:
-    """A verb's handler, ``supervisor.cli.<module>.<name>``, imported when the verb runs: the
-    parser is built for every command, and importing every verb's module with it loaded the
-    daemon's client (httpx, the API's models) into `probe` and `completion` too, ~0.4 s of their
-    start."""
-    def run(args: argparse.Namespace) -> int:
-        handler: Command = getattr(importlib.import_module(f"supervisor.cli.{module}"), name)
-        return handler(args)
+class _Verb:
+    """A verb's handler named ``"module:function"`` (``supervisor.cli.<module>.<function>``) and
+    imported when the verb runs: the parser is built for every command, and importing every verb's
+    module with it loaded the daemon's client (httpx, the API's models) into `probe` and
+    `completion` too, ~0.4 s of their start.  A name no mypy can follow, so one test imports every
+    verb's target (tests/test_cli_imports.py)."""
 
-    run.__name__ = run.__qualname__ = name
-    return run
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.module, _, self.function = target.partition(":")
+
+    def resolve(self) -> Command:
+        handler: Command = getattr(importlib.import_module(f"supervisor.cli.{self.module}"), self.function)
+        return handler
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.resolve()(args)
+
+
+def _verb(target: str) -> Command:
+    return _Verb(target)
+
+
+def verbs() -> dict[str, _Verb]:
+    """Every verb of the parser and its lazily imported handler (for the test that imports each)."""
+    found: dict[str, _Verb] = {}
+    for action in _parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                func = sub.get_default("func")
+                if isinstance(func, _Verb):
+                    found[name] = func
+    return found
 
 
 def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], argparse.ArgumentParser]:  # type: ignore[type-arg]
@@ -103,7 +125,7 @@ def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], arg
 
 def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add = _adder(sub)
-    p = add("start", _verb("jobs", "cmd_start"), "start a job or a pipeline (a name from jobs/ or a path to a .toml file)")
+    p = add("start", _verb("jobs:cmd_start"), "start a job or a pipeline (a name from jobs/ or a path to a .toml file)")
     p.add_argument("job")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a [params] parameter (one argv item; never seen by a shell); STEP.KEY for one pipeline step")
@@ -112,7 +134,7 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
     add_field_flags(p)
 
-    p = add("run", _verb("run", "cmd_run"), "run a command as a supervised job without writing a spec: "
+    p = add("run", _verb("run:cmd_run"), "run a command as a supervised job without writing a spec: "
                                             "supervise run NAME -- CMD ARGS...")
     p.add_argument("name", type=job_name, help="the job's name (what status, logs and stop take)")
     p.add_argument("--after", action="append", default=[], metavar="JOB",
@@ -125,20 +147,20 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("argv", nargs="*", metavar="-- CMD ARGS",
                    help="the command and its arguments, after `--`, each taken literally (no shell)")
 
-    p = add("stop", _verb("jobs", "cmd_stop"), "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
+    p = add("stop", _verb("jobs:cmd_stop"), "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
 
-    p = add("hold", _verb("jobs", "cmd_hold"), "postpone any kill of a running job (a pending warn_then_kill included) until release")
+    p = add("hold", _verb("jobs:cmd_hold"), "postpone any kill of a running job (a pending warn_then_kill included) until release")
     p.add_argument("job")
 
-    p = add("stack", _verb("jobs", "cmd_stack"), "dump the Python stacks of a running job's processes now (py-spy): where it is stuck")
+    p = add("stack", _verb("jobs:cmd_stack"), "dump the Python stacks of a running job's processes now (py-spy): where it is stuck")
     p.add_argument("job")
 
-    p = add("release", _verb("jobs", "cmd_release"), "let kills of a held job come again (a pending kill counts down again from now)")
+    p = add("release", _verb("jobs:cmd_release"), "let kills of a held job come again (a pending kill counts down again from now)")
     p.add_argument("job")
 
-    p = add("restart", _verb("jobs", "cmd_restart"), "stop a job if it runs, then start it again with its stored spec and --set values")
+    p = add("restart", _verb("jobs:cmd_restart"), "stop a job if it runs, then start it again with its stored spec and --set values")
     p.add_argument("job")
     p.add_argument("--grace", type=grace_seconds, default=None, help="seconds between TERM and KILL (0 to 86400)")
     p.add_argument("--follow", "-f", action="store_true", help="follow events until the job ends")
@@ -147,30 +169,30 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                         "and a file changed since is said)")
     add_field_flags(p)
 
-    p = add("accounting", _verb("accounting", "cmd_accounting"), "one row per attempt (job, host, start, end, duration, verdict, CPU, "
+    p = add("accounting", _verb("accounting:cmd_accounting"), "one row per attempt (job, host, start, end, duration, verdict, CPU, "
                                           "peak memory, GPU-hours, exit), as sacct gives")
     add_since(p, "attempts that ran since then")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON object per line")
     fmt.add_argument("--csv", action="store_true", help="comma-separated, with a header line")
 
-    p = add("rm", _verb("jobs", "cmd_rm"), "forget a job that is not running (its attempt logs are kept unless --logs)")
+    p = add("rm", _verb("jobs:cmd_rm"), "forget a job that is not running (its attempt logs are kept unless --logs)")
     p.add_argument("job")
     p.add_argument("--logs", action="store_true", help="delete its attempt logs too")
 
-    p = add("prune", _verb("jobs", "cmd_prune"), "delete old attempt logs as the retention settings say (never a running attempt's)")
+    p = add("prune", _verb("jobs:cmd_prune"), "delete old attempt logs as the retention settings say (never a running attempt's)")
     p.add_argument("job", nargs="?", help="only this job (default: every job)")
 
-    p = add("attempts", _verb("jobs", "cmd_attempts"), "history of a job's attempts")
+    p = add("attempts", _verb("jobs:cmd_attempts"), "history of a job's attempts")
     p.add_argument("job")
     p.add_argument("--json", action="store_true")
 
-    p = add("jobs", _verb("jobs", "cmd_jobs"), "list known jobs")
+    p = add("jobs", _verb("jobs:cmd_jobs"), "list known jobs")
     p.add_argument("--json", action="store_true")
     p.add_argument("--names", action="store_true", help="only their names, one a line (nothing when no daemon answers)")
     p.add_argument("--specs", action="store_true", help="with --names: also the job specs `start` finds by name")
 
-    p = add("completion", _verb("completion", "cmd_completion"), "print a shell completion script: "
+    p = add("completion", _verb("completion:cmd_completion"), "print a shell completion script: "
                                           "eval \"$(supervise completion bash)\" in ~/.bashrc (zsh likewise; "
                                           "fish: > ~/.config/fish/completions/supervise.fish)")
     p.add_argument("shell", choices=SHELLS)
@@ -178,7 +200,7 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add = _adder(sub)
-    p = add("status", _verb("views", "cmd_status"), "show jobs: state, phase, progress, health (with JOB: exit 1 when it failed)")
+    p = add("status", _verb("views:cmd_status"), "show jobs: state, phase, progress, health (with JOB: exit 1 when it failed)")
     p.add_argument("job", nargs="?")
     p.add_argument("--json", action="store_true")
     p.add_argument("-w", "--watch", action="store_true",
@@ -186,7 +208,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--every", type=every_seconds, default=5.0, metavar="S",
                    help="with --watch and no terminal: seconds between plain status lines (0.1 to 86400)")
 
-    p = add("logs", _verb("logs", "cmd_logs"), "print an attempt's log (tqdm redraws shown as one updating line)")
+    p = add("logs", _verb("logs:cmd_logs"), "print an attempt's log (tqdm redraws shown as one updating line)")
     p.add_argument("job")
     p.add_argument("--attempt", type=attempt_number, default=None)
     p.add_argument("-f", "--follow", action="store_true")
@@ -198,7 +220,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--timestamps", action="store_true",
                    help="each line's arrival time first, to the second (as the daemon read it)")
 
-    p = add("events", _verb("logs", "cmd_events"), "events of a job (phases, progress, failures, verdicts, actions)")
+    p = add("events", _verb("logs:cmd_events"), "events of a job (phases, progress, failures, verdicts, actions)")
     p.add_argument("job")
     p.add_argument("--attempt", type=attempt_number, default=None)
     p.add_argument("-f", "--follow", action="store_true")
@@ -208,16 +230,16 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("-n", "--lines", type=line_count, default=None, metavar="N", help="only the last N events")
     p.add_argument("--json", action="store_true")
 
-    p = add("gpus", _verb("views", "cmd_gpus"), "GPU memory and processes as the daemon sees them")
+    p = add("gpus", _verb("views:cmd_gpus"), "GPU memory and processes as the daemon sees them")
     p.add_argument("--json", action="store_true")
 
-    p = add("quarantine", _verb("quarantine", "cmd_quarantine"), "GPUs and hosts jobs are kept away from (after a "
+    p = add("quarantine", _verb("quarantine:cmd_quarantine"), "GPUs and hosts jobs are kept away from (after a "
                                           "GPU fault, or repeated killed/unreachable verdicts), with their expiry")
     p.add_argument("--clear", type=quarantine_place, default=None, metavar="HOST[:GPU]",
                    help="lift that quarantine now (HOST: the host's and its GPUs')")
     p.add_argument("--json", action="store_true")
 
-    p = add("report", _verb("views", "cmd_report"), "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")
+    p = add("report", _verb("views:cmd_report"), "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")
     p.add_argument("job")
     p.add_argument("--out", type=report_out, default=None, metavar="FILE.png|FILE.html",
                    help="where to write it (default: JOB-report.png); .html embeds the picture and a table of attempts")
@@ -225,12 +247,12 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def _system_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add = _adder(sub)
-    p = add("daemon", _verb("system", "cmd_daemon"), "start the daemon (in the foreground with --foreground), or stop / restart it")
+    p = add("daemon", _verb("system:cmd_daemon"), "start the daemon (in the foreground with --foreground), or stop / restart it")
     p.add_argument("action", nargs="?", choices=["start", "stop", "restart"], default="start",
                    help="stop / restart: the jobs keep running and the next daemon re-adopts them")
     p.add_argument("--foreground", action="store_true")
 
-    p = add("probe", _verb("probe", "cmd_probe"), "replay a finished log through the probes and say what it shows (exit 1: it crashed)")
+    p = add("probe", _verb("probe:cmd_probe"), "replay a finished log through the probes and say what it shows (exit 1: it crashed)")
     p.add_argument("logfile")
     p.add_argument("--pack", action="append", default=[], help="built-in pack name (default: all)")
     p.add_argument("--pack-file", action="append", default=[], help="a user probe pack (.toml)")
@@ -238,15 +260,15 @@ def _system_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--stats", action="store_true",
                    help="also say on stderr which engine read the log (Hyperscan prefilter or RE2) and how fast")
 
-    p = add("config", _verb("system", "cmd_config"), "the daemon's settings: config file + SUPERVISE_* environment")
+    p = add("config", _verb("system:cmd_config"), "the daemon's settings: config file + SUPERVISE_* environment")
     p.add_argument("action", choices=["show"], help="show: the effective settings and where each came from")
     p.add_argument("--json", action="store_true")
 
-    p = add("doctor", _verb("system", "cmd_doctor"), "check that a host can run supervised jobs (SSH, shell tools, nvidia-smi, disk)")
+    p = add("doctor", _verb("system:cmd_doctor"), "check that a host can run supervised jobs (SSH, shell tools, nvidia-smi, disk)")
     p.add_argument("--host", default=None, metavar="ssh://[user@]host[:port]",
                    help="the remote host to check (default: this machine)")
 
-    p = add("web", _verb("system", "cmd_web"), "serve a live web page of the jobs on loopback TCP, behind a token")
+    p = add("web", _verb("system:cmd_web"), "serve a live web page of the jobs on loopback TCP, behind a token")
     p.add_argument("--port", type=int, default=8787)
     p.add_argument("--bind", default="127.0.0.1", help="loopback unless --allow-remote")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --bind")

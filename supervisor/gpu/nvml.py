@@ -43,7 +43,7 @@ class GpuDevice:
     util_pct: int | None
     temperature_c: int | None = None  # None where NVML cannot tell (MIG slices, some virtual GPUs)
     power_w: float | None = None
-    health: DeviceHealth | None = None  # ECC, pending retirements, slowdowns (gpu_health)
+    health: DeviceHealth | None = None  # ECC, pending retirements, slowdowns (gpu.health)
     pci_bus_id: str = ""  # "00000000:3B:00.0": how the kernel log names the GPU in an Xid line
 
 

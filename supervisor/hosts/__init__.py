@@ -2,27 +2,33 @@
 
     base          the protocol (`Host`, `Follower`) and its value types (launch request, process
                   handle, exit status, kill report), the detached wrapper every host runs
-    local         this machine: launch, pidfd exit, process-tree kill (psutil), GPUs (NVML)
-    local_follow  following a local log file (inotify, polling fallback)
+    registry      `connect` (host URL scheme -> module, its `_KINDS`), and one live host and GPU
+                  monitor per host name, made on first use
+    reach         before a start on an SSH host: nothing listens at the address given (said at once)
+    refollow      a log shown to a person, followed through its host's outages
+    stacks        an attempt's Python stacks, dumped with py-spy before a kill (and on demand)
+    kernel_log    the kernel log's word on OOM kills: which of a set of pids its OOM killer ended
+    local/        this machine: host (launch, pidfd exit, process-tree kill, GPUs by NVML),
+                  follow (a local log: inotify, polling fallback), cgroup (a cgroup v2 per attempt),
+                  notify (an attempt's NOTIFY_SOCKET), rss (peak memory without a cgroup's count)
+    ssh/          a box over SSH: host (the Host protocol, GPU sampling by nvidia-smi), target (an
+                  ssh:// address, the host-key policy), connection (the one connection per host),
+                  agent (the resident shell for short scripts), mux_agent (the resident agent's
+                  framed protocol), _agent_program (the agent itself, sent as text), mux (the one
+                  agent channel carrying every follow and exit watch), mux_follow (a remote log)
+    slurm/        a Slurm cluster: host (each attempt one sbatch job, the same wrapper), jobs (sbatch,
+                  scontrol, sacct, scancel and how their states map onto ours), files (where logs
+                  and exit files are read), ssh (a cluster through its login node, slurm+ssh://)
+    _remote       the POSIX scripts the SSH host runs there; _remote_parse, what they print, parsed
+    _asyncssh     asyncssh, imported once for every module that speaks SSH
+    _errors       how SSH failures read: one classifier from asyncssh's and the OS's exceptions
+    _busy         adaptive batching for log readers (the cost of following is per read)
     _inotify      the inotify watches the local followers share
-    ssh           a remote box over SSH: the Host protocol and GPU sampling (nvidia-smi)
-    ssh_target    an SSH host's address (ssh:// URL) and the host-key policy
-    ssh_connection  the one connection per SSH host: reconnects, short scripts, streams
-    ssh_agent     the resident remote shell that runs the short scripts
-    ssh_mux_agent the resident remote agent's framed protocol, its typed messages and how it starts
-    ssh_agent_program  the agent itself (ssh/_agent_program.py): the program python3 runs there, sent as text
-    ssh_mux       the one agent channel per SSH host that carries every follow and exit watch
-    ssh_mux_follow  following a remote log through that channel
-    slurm         a Slurm cluster: each attempt one sbatch job (the same wrapper), scancel, srun nvidia-smi
-    slurm_jobs    Slurm's commands (sbatch, scontrol, sacct, scancel) and how their states map onto ours
-    slurm_files   where the Slurm host reads its logs and exit files (here, on a shared file system)
-    slurm_ssh     a Slurm cluster through its login node (slurm+ssh://): commands and files over SSH
-    _remote       the POSIX scripts the SSH host runs there, and their parsers
-    registry      `connect` (host URL scheme -> module), and one live host and GPU monitor per
-                  host name, made on first use
+    _iterated     what every log follower shares: its records iterated once, and closed
 
 Both followers are byte transports around one `records.RecordBuffer` (bytes in, records out).
-A new kind of host is one new module implementing `Host`, and one line in registry's `_KINDS`.
+A new kind of host is one new subpackage implementing `Host`, and one line in registry's `_KINDS`
+(docs/guides/where-it-goes.md says which tests come with it).
 """
 
 from supervisor.hosts._remote import DOCTOR as DOCTOR_SCRIPT

@@ -1,7 +1,7 @@
 """The host interface: what the daemon needs from a machine that runs jobs.
 
-`LocalHost` (local.py) and `SshHost` (ssh.py) implement it; the daemon never touches
-processes or files of a job except through it.
+`LocalHost` (local/host.py), `SshHost` (ssh/host.py) and `SlurmHost` (slurm/host.py) implement it;
+the daemon never touches processes or files of a job except through it.
 """
 
 from __future__ import annotations
@@ -169,6 +169,12 @@ class Follower(Protocol):
     def generation(self) -> int:
         """How many times the log restarted from 0 (truncated, rotated), counted on from the
         generation it was resumed at: with ``offset``, where a restarted follower resumes."""
+        ...
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read past ``offset`` and held back (an unterminated tail, a ``\r`` that may be half
+        of a ``\r\n``): with ``offset``, how far the file had been read."""
         ...
 
     def partial_text(self, limit: int = 4096) -> str:

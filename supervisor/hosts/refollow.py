@@ -36,6 +36,10 @@ class FollowThroughOutages:
     def generation(self) -> int:
         return self._follower.generation
 
+    @property
+    def buffered(self) -> int:
+        return self._follower.buffered
+
     def partial_text(self, limit: int = 4096) -> str:
         return self._follower.partial_text(limit)
 

@@ -93,7 +93,7 @@ class Stopping:
         strays = StrayStop()
         for host in dict.fromkeys([spec.host, *spec.hosts]):  # a sharded job's shards run on several
             try:
-                found = await stop_strays(self.recorder, self.hosts.get(host).host, name,
+                found = await stop_strays(self.recorder, self.hosts.get(host).host, spec,
                                           None, spec.stop_grace_s if grace_s is None else grace_s)
             except (ConnectionLost, HostRefused) as exc:
                 raise HostError(f"cannot reach {host} to stop {name} ({exc}); its supervision is stopped, its process "

@@ -18,7 +18,9 @@ from supervisor.core.actions import AttemptAction
 from supervisor.core.events import AttemptState, Event, EventKind
 from supervisor.core.payloads import ActionData
 from supervisor.hosts.base import Host, KillReport, ProcessHandle
+from supervisor.jobs.forewarn import forewarn
 from supervisor.jobs.recorder import Recorder
+from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow, Store
 
 log = structlog.get_logger("supervise.strays")
@@ -52,12 +54,17 @@ async def alive_unwatched(store: Store, host: Host, job: str, watched: int | Non
     return found
 
 
-async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | None, grace_s: float) -> StrayStop:
-    """Kill every unwatched live attempt of ``job`` and record it (attempt stopped, an event)."""
+async def stop_strays(recorder: Recorder, host: Host, spec: JobSpec, watched: int | None,
+                      grace_s: float) -> StrayStop:
+    """Kill every unwatched live attempt of the job and record it (attempt stopped, an event).
+    A job that asked for a signal before any kill (`kill_signal_first`) gets it here too: an
+    attempt nobody watched is still a trainer with a checkpoint to save."""
     result = StrayStop()
     store = recorder.store
+    job = spec.name
     for row in await alive_unwatched(store, host, job, watched):
         handle = stray_handle(row)
+        await _forewarn_stray(recorder, host, spec, handle, row.n)
         report = await host.kill_tree(handle, grace_s)
         status = await host.exit_status(handle)
         log.warning("stopped an attempt no runner watched", job=job, attempt=row.n, outcome=report.summary())
@@ -73,6 +80,13 @@ async def stop_strays(recorder: Recorder, host: Host, job: str, watched: int | N
         result.attempts.append(row.n)
         merge_reports(result.report, report)
     return result
+
+
+async def _forewarn_stray(recorder: Recorder, host: Host, spec: JobSpec, handle: ProcessHandle, n: int) -> None:
+    done = await forewarn(spec, host, handle)
+    if done is not None:
+        recorder.events([Event(job=spec.name, attempt=n, kind=EventKind.ACTION,
+                               message=f"{done.message} (it was running unwatched)", data=done.data.to_json())])
 
 
 def merge_reports(into: KillReport, more: KillReport) -> None:

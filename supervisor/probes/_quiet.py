@@ -7,7 +7,7 @@ the time.  Here the prefilter scans the chunk's raw bytes once, and only the str
 lines it names (``plan_chunk``) are split into records and given to the engine:
 
 - each line holding a hit, and the line before it: a prefix alone on a line lends its
-  fields to the next (``_engine._lent_fields``);
+  fields to the next (``_engine.ProbeEngine._lent_fields``);
 - each line holding an ESC (the probes read a line with its ANSI codes stripped, so the raw
   bytes may hide a match) or a lone ``\\r`` (a bar's redraws: ``RedrawCoalescer`` sees
   them all, and a line's run of redraws always ends with the line, at its last record);

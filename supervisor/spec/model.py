@@ -29,7 +29,7 @@ from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
 from supervisor.spec.forewarn import first_signal_name
 from supervisor.spec.placement import Placement, check_placement, place
-from supervisor.spec.search import JOB_NAME, spec_search_path
+from supervisor.spec.search import JOB_NAME, program_not_spec, spec_search_path
 from supervisor.spec.tables import (
     AlertSpec,
     GpuSpec,
@@ -408,9 +408,8 @@ def _did_you_mean(name: str, known: list[str]) -> str:
 
 def find_spec(name_or_path: str) -> JobSpec:
     candidate = Path(name_or_path)
-    if candidate.suffix != ".toml" and candidate.is_file():  # `start train.py`: a program, not a spec
-        raise SpecError(f"{name_or_path} is a program, not a job spec (.toml); to supervise it without writing "
-                        f"one: `supervise run NAME -- python {name_or_path}`")
+    if (said := program_not_spec(name_or_path)) is not None:  # `start train.py`: a program, not a spec
+        raise SpecError(said)
     if candidate.suffix == ".toml" or os.sep in name_or_path:
         return load_spec(candidate)
     for directory in spec_search_path():

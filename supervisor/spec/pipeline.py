@@ -37,7 +37,7 @@ from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
 from supervisor.spec.model import JobSpec, _describe_validation, load_spec
-from supervisor.spec.search import spec_search_path
+from supervisor.spec.search import program_not_spec, spec_search_path
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # no '.': `{steps.S.params.P}` splits on it
 _STEP_REF = re.compile(r"\{steps\.([^{}]*)\}")
@@ -241,6 +241,8 @@ def _find_job(job: str, beside: Path) -> Path:
 def find_pipeline(name_or_path: str) -> Path | None:
     """The pipeline file `supervise start NAME` means, or None when NAME is a job (or nothing)."""
     candidate = Path(name_or_path)
+    if program_not_spec(name_or_path) is not None:
+        return None  # a program given by its path: find_spec says what to do instead
     if candidate.suffix == ".toml" or "/" in name_or_path:
         paths = [candidate]
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from supervisor.core.errors import shown
 from supervisor.core.events import Phase, Verdict
@@ -46,6 +46,16 @@ class RestartSpec(_Strict):
                                  Verdict.HUNG]
     )
     stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug (an outside kill never)
+
+    @model_validator(mode="after")
+    def _cap_not_below_floor(self) -> RestartSpec:
+        # A cap below the first wait was silently the first wait (10 s by default): a user who set
+        # `backoff_max_s = 1` saw relaunches 10-15 s apart and no word why.
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(f"backoff_max_s ({self.backoff_max_s:g}s) is below backoff_initial_s "
+                             f"({self.backoff_initial_s:g}s, the first wait): set backoff_initial_s too, "
+                             "at or below the cap")
+        return self
 
 
 class HealthSpec(_Strict):

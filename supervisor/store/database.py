@@ -129,7 +129,7 @@ class Store:
             self._migrate()
             # Then never: a lock held by another process (a `sqlite3` shell, a backup) would stop the
             # daemon's loop for as long as it is held.  Refused at once (StoreBusy), a write is kept
-            # and tried again by its caller (pending_writes), a read is answered "store busy".
+            # and tried again by its caller (store/pending.py), a read is answered "store busy".
             self._db.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc

@@ -1,4 +1,4 @@
-"""The pipelines table (its migration is in store.py): which steps a pipeline has, in order,
+"""The pipelines table (its migration is in store/schema.py): which steps a pipeline has, in order,
 the job each runs as, and which its last start skipped.  The steps' states are their jobs'."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class PipelineStore:
         self.store = store
 
     def save(self, name: str, spec_path: str, overrides: dict[str, str], steps: list[StepRow]) -> None:
-        with self.store._tx() as db:  # store.py holds the schema; the table's rows are this module's
+        with self.store._tx() as db:  # store/schema.py holds the schema; the table's rows are this module's
             db.execute("INSERT INTO pipelines(name, spec_path, overrides_json, steps_json, started) VALUES(?,?,?,?,?) "
                        "ON CONFLICT(name) DO UPDATE SET spec_path=excluded.spec_path, overrides_json=excluded.overrides_json, "
                        "steps_json=excluded.steps_json, started=excluded.started",

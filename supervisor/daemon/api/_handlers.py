@@ -1,10 +1,12 @@
-"""The route handlers (one per route), the route table and the application that serves them."""
+"""The route handlers (one per route), the route table built from them, and the application that
+serves them."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from supervisor.daemon.api._http import (
     _write_line,
 )
 from supervisor.daemon.api._openapi import openapi_schema
-from supervisor.daemon.api._routes import ROUTES
+from supervisor.daemon.api._routes import Route
 from supervisor.daemon.api._service import Service
 from supervisor.daemon.api._specs import (
     check_hosts,
@@ -232,7 +234,7 @@ class Api:
         return _json(await self.service.web.configure(await _body(request, protocol.WebRequest)))
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response(openapi_schema())
+        return web.json_response(openapi_schema(ROUTES))
 
     async def restart_job(self, request: web.Request) -> web.StreamResponse:
         """Stop the job if it runs, then start it with its stored spec (overrides included)."""
@@ -308,13 +310,43 @@ class Api:
                                                          f"{'y' if removed == 1 else 'ies'}); jobs may launch there again"))
 
 
+# The route table: each route names its handler itself (a route to a handler that does not exist cannot be
+# written), and the app and the OpenAPI document are both made from it.
+ROUTES: list[Route] = [
+    Route("GET", "/v1/ping", Api.ping, None, protocol.PingResponse),
+    Route("POST", "/v1/jobs", Api.start_job, protocol.StartRequest, protocol.StartResponse),
+    Route("GET", "/v1/jobs", Api.jobs, None, protocol.JobsResponse),
+    Route("GET", "/v1/job-names", Api.job_names, None, protocol.JobNamesResponse),
+    Route("POST", "/v1/jobs/{name}/stop", Api.stop_job, protocol.StopRequest, protocol.StopResponse),
+    Route("GET", "/v1/status", Api.status, None, protocol.StatusResponse),
+    Route("GET", "/v1/jobs/{name}/attempts", Api.attempts, None, protocol.AttemptsResponse),
+    Route("GET", "/v1/jobs/{name}/events", Api.events, None, protocol.EventsResponse),
+    Route("GET", "/v1/jobs/{name}/log", Api.logs, None, protocol.LogChunk),
+    Route("GET", "/v1/gpus", Api.gpus, None, protocol.GpusResponse),
+    Route("GET", "/v1/jobs/{name}/gpu", Api.job_gpu, None, protocol.JobGpuResponse),
+    Route("GET", "/v1/config", Api.config, None, protocol.ConfigResponse),
+    Route("POST", "/v1/web", Api.web_page, protocol.WebRequest, protocol.WebResponse),
+    Route("POST", "/v1/jobs/{name}/restart", Api.restart_job, protocol.RestartRequest, protocol.RestartResponse),
+    Route("DELETE", "/v1/jobs/{name}", Api.remove_job, None, protocol.RemoveResponse),
+    Route("POST", "/v1/prune", Api.prune, None, protocol.PruneResponse),
+    Route("POST", "/v1/daemon/stop", Api.stop_daemon, None, protocol.DaemonStopResponse),
+    Route("POST", "/v1/jobs/{name}/hold", Api.hold_job, None, protocol.HoldResponse),
+    Route("POST", "/v1/jobs/{name}/release", Api.release_job, None, protocol.HoldResponse),
+    Route("GET", "/v1/jobs/{name}/stacks", Api.job_stacks, None, protocol.StacksResponse),
+    Route("POST", "/v1/pipelines", Api.start_pipeline, protocol.PipelineStartRequest, protocol.PipelineStartResponse),
+    Route("GET", "/v1/quarantine", Api.quarantine, None, protocol.QuarantineResponse),
+    Route("POST", "/v1/quarantine/clear", Api.clear_quarantine, protocol.QuarantineClearRequest,
+          protocol.QuarantineResponse),
+]
+
+
 def build_app(service: Service) -> web.Application:
     handlers = Api(service)
     app = web.Application(middlewares=[_errors_middleware])
     app[REQUEST_TIMEOUT] = service.settings.request_timeout_s
     _streams.track(app)
-    for method, path, handler_name, _, _ in ROUTES:
-        app.router.add_route(method, path, getattr(handlers, handler_name))
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, types.MethodType(route.handler, handlers))
     app.router.add_get("/openapi.json", handlers.openapi)
     app.router.add_get("/metrics", handlers.metrics_endpoint)  # Prometheus text format
     return app

@@ -8,20 +8,21 @@ import structlog
 
 from supervisor import __version__
 from supervisor.core import protocol
-from supervisor.daemon.api._routes import ROUTES
+from supervisor.daemon.api._routes import Route
 
 log = structlog.get_logger("supervise.api")
 
 
-def openapi_schema() -> dict[str, Any]:
+def openapi_schema(routes: list[Route]) -> dict[str, Any]:
     """An OpenAPI 3.1 document generated from the route table and the protocol models."""
     paths: dict[str, Any] = {}
     error_schema = protocol.ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas: dict[str, Any] = {**error_schema.pop("$defs", {}), "ErrorBody": error_schema}
-    for method, path, handler_name, request_model, response_model in ROUTES:
-        operation: dict[str, Any] = {"operationId": handler_name, "responses": {
+    for route in routes:
+        method, path = route.method, route.path
+        operation: dict[str, Any] = {"operationId": route.operation_id, "responses": {
             "default": {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}}}
-        for model, slot in ((request_model, "request"), (response_model, "response")):
+        for model, slot in ((route.request, "request"), (route.response, "response")):
             if model is None:
                 continue
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")

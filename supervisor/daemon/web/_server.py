@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Awaitable, Callable
 from importlib import resources
 
 import structlog
@@ -18,7 +17,7 @@ from aiohttp import web
 from supervisor.core import protocol
 from supervisor.core.errors import ConfigError, NotFound, RequestRejected
 from supervisor.daemon import streams
-from supervisor.daemon.api import REQUEST_TIMEOUT, Api
+from supervisor.daemon.api import REQUEST_TIMEOUT, Api, Handler
 from supervisor.daemon.api import Service as WebService
 from supervisor.daemon.web import _auth, _config
 from supervisor.daemon.web._config import WebConfig
@@ -33,7 +32,9 @@ _PAGES = {"overview": "index.html", "job": "job.html"}
 _ASSETS = {"app.css": "text/css", "common.js": "text/javascript", "overview.js": "text/javascript",
            "job.js": "text/javascript"}
 # Actions: page verb -> the control API handler that does it (restart joins when the API has it).
-ACTIONS = {"stop": "stop_job", "restart": "restart_job", "hold": "hold_job", "release": "release_job"}
+# The page's buttons, each the control API's own handler (the same checks and answers as the CLI's verbs).
+ACTIONS: dict[str, Handler] = {"stop": Api.stop_job, "restart": Api.restart_job, "hold": Api.hold_job,
+                               "release": Api.release_job}
 
 
 def _int(request: web.Request, key: str, default: int | None, low: int, high: int) -> int | None:
@@ -114,8 +115,7 @@ class Pages:
         verb = request.match_info["verb"]
         if verb not in ACTIONS:
             raise RequestRejected(f"no action {verb[:40]!r}; the page can {', '.join(ACTIONS)}", 404)
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(self.api, ACTIONS[verb])
-        return await handler(request)
+        return await ACTIONS[verb](self.api, request)
 
 
 def build_web_app(service: WebService, config: WebConfig) -> web.Application:

@@ -2,7 +2,7 @@
 
 ``SlurmFiles`` is what ``SlurmHost`` needs of them; ``LocalFiles`` reads them on this machine,
 on a file system shared with the nodes (``slurm:``).  ``slurm+ssh://`` reads them where the
-daemon can see them too, else over its SSH host (slurm_ssh.RemoteFiles).
+daemon can see them too, else over its SSH host (slurm/ssh.py, ``RemoteFiles``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``SlurmHost("slurm:[?log_root=PATH]")`` submits with `sbatch` from this machine (it must be
 able to: Slurm's client commands on the PATH, `SLURM_CONF` or the usual config).  Where it
-runs them (``SlurmCommands``) and where it reads the attempts' files (``slurm_files``) are
-given to it: ``slurm+ssh://`` (slurm_ssh.py) runs them on a login node over SSH.  The batch
+runs them (``SlurmCommands``) and where it reads the attempts' files (``files``) are
+given to it: ``slurm+ssh://`` (slurm/ssh.py) runs them on a login node over SSH.  The batch
 script runs the same wrapper as every host (base.WRAPPER_SH), so the attempt's tag and its
 exit-status file exist on the node too; it waits for the command and exits with its code.
 Slurm's `--output` is the attempt's log (appended to, never truncated), on a file system the
@@ -11,7 +11,7 @@ daemon shares with the nodes: it is followed like a local log.  The job's name i
 attempt's tag and its id is stored with the attempt: a restarted daemon re-adopts it by id
 (by name, when the daemon died before the id was stored).
 
-State and exit come from `scontrol`/`sacct` (slurm_jobs.py says how Slurm's states map
+State and exit come from `scontrol`/`sacct` (slurm/jobs.py says how Slurm's states map
 onto ours) and from the exit file.  Stop: `scancel --batch --signal=TERM` (the batch script
 passes it on and lives on to record the exit), the grace period, then `scancel --signal=KILL --full` and a
 plain `scancel`; Slurm's process tracking reaches the whole tree on the node.  GPU memory is

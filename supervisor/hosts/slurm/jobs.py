@@ -115,7 +115,7 @@ def _int(text: str | None) -> int | None:
 
 class SlurmCommands:
     """Slurm's client commands on this machine (`slurm:`): each one process, never a shell.
-    ``run`` is the one way they are run: slurm_ssh's subclass runs them on a login node."""
+    ``run`` is the one way they are run: slurm/ssh.py's subclass runs them on a login node."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = dict(env) if env is not None else None

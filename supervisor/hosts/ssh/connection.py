@@ -1,9 +1,9 @@
 """One SSH connection per host, remade after a drop, with the channels multiplexed on it.
 
 ``SshConnection`` connects (keys, agent and ~/.ssh/config as OpenSSH would, host keys per
-ssh_target), reconnects with tenacity's waits, runs short scripts in a resident shell per
-lane (ssh_agent), gives slow ones a channel of their own, and starts long-lived scripts
-(``stream``) for the remote agent that follows the logs and watches the exits.  ``SshHost`` (ssh.py) builds on it.
+``target``), reconnects with tenacity's waits, runs short scripts in a resident shell per
+lane (``agent``), gives slow ones a channel of their own, and starts long-lived scripts
+(``stream``) for the remote agent that follows the logs and watches the exits.  ``SshHost`` (ssh/host.py) builds on it.
 """
 
 from __future__ import annotations

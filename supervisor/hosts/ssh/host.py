@@ -1,9 +1,9 @@
 """The SSH host: attempts on a remote box, launched, watched and killed over one SSH connection.
 
 ``SshHost("ssh://[user@]host[:port][?accept_new_host_key=1&log_root=PATH]")`` implements the
-``Host`` protocol (base.py) with asyncssh.  It keeps ONE connection per host, with its
+``Host`` protocol (hosts/base.py) with asyncssh.  It keeps ONE connection per host, with its
 channels multiplexed on it: a resident shell that runs the short operations (and one for
-GPU sampling), one resident agent (python3 on the box, ssh_mux) that follows every log and
+GPU sampling), one resident agent (python3 on the box, ``mux``) that follows every log and
 watches every exit of the host's attempts, and a channel of its own for a kill (it lasts its
 grace period).  A host thus carries any number of attempts on three channels plus one per
 kill in progress, well within sshd's MaxSessions (default 10).  When sshd refuses one more
@@ -43,7 +43,7 @@ Environment (read when the SshHost is made; the daemon's environment):
 
 Remote side
     Each operation is one ``/bin/sh`` script (see _remote.py), never one round trip per
-    process; short ones run in a resident shell (``_Agent``, ssh_agent.py), so the login shell and its rc
+    process; short ones run in a resident shell (``_Agent``, ssh/agent.py), so the login shell and its rc
     files start once per connection, not once per operation.  Attempts are launched with the same ``WRAPPER_SH`` as locally, so they are
     detached (own session, SIGHUP ignored) and outlive the SSH connection and the daemon.
     Start times are /proc's starttime in clock ticks, compared exactly against PID reuse.

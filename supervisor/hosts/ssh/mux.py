@@ -1,4 +1,4 @@
-"""One channel per SSH host for all of its log follows and exit watches (see ssh_mux_agent).
+"""One channel per SSH host for all of its log follows and exit watches (see ``mux_agent``).
 
 ``SshMux`` keeps the agent's channel up while anyone uses it: it starts the agent, reads its
 events and hands each to its subscriber (a follower's queue, an exit waiter's future).  When

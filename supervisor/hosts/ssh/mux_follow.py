@@ -1,4 +1,4 @@
-"""Following a remote log through the host's multiplexed agent channel (ssh_mux)."""
+"""Following a remote log through the host's multiplexed agent channel (``mux``)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,7 @@ class AttemptWatch:
             # seconds (every `status` waited behind eight of them).  Taken a step at a time, the
             # loop's work per step stays short, and other tasks run between steps.
             if arrivals is not None:  # when the read was made, not when each step of it was taken
-                note_arrival(arrivals, batch[-1], follower.partial_text(), self._arrived_at(batch[-1]))
+                note_arrival(arrivals, batch[-1], follower.buffered, self._arrived_at(batch[-1]))
             for step in _steps(batch):
                 if self._ctx.records_seen is not None:
                     self._ctx.records_seen(self._job, len(step))
@@ -435,12 +435,12 @@ class AttemptWatch:
         return await asyncio.to_thread(kernel_log.oom_killed, pids)
 
 
-def note_arrival(arrivals: ArrivalWriter, last: Record, tail: str, at: float) -> None:
-    """A read that ended with the record ``last`` and left ``tail`` unterminated after it arrived
-    ``at``.  The tail (a bar's latest redraw) arrived then too: a bar frozen there is never
-    terminated, and without a mark its line would be stamped with the time of each query."""
-    end = last.end + len(tail.encode()) if tail else last.end
-    arrivals.arrived(last.generation, end, at)
+def note_arrival(arrivals: ArrivalWriter, last: Record, held: int, at: float) -> None:
+    """A read that ended with the record ``last`` and held ``held`` bytes after it arrived ``at``.
+    The held bytes (a bar's latest redraw, its trailing ``\r`` included) arrived then too: a bar
+    frozen there is never completed, and without a mark covering every byte of it its line would
+    be stamped with the time of each query (and, once the attempt ended, with none)."""
+    arrivals.arrived(last.generation, last.end + held, at)
 
 
 def note(journal: Journal, live: Live, event: Event, now: float | None = None) -> None:
