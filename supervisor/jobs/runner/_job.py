@@ -36,7 +36,7 @@ from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
 from supervisor.jobs.runner._gpu_wait import GpuGate
 from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._keep_away import KeepAway, is_pool
+from supervisor.jobs.runner._keep_away import KeepAway
 from supervisor.jobs.runner._launch import launch
 from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
@@ -190,19 +190,9 @@ class JobRunner:
                 launching = await self.keep_away.spec_for_launch()
                 if launching is None or not await self.gpu_gate.clear():
                     return
-                try:
-                    async with self.scope.numbering():
-                        live = await launch(run, self.shard, spec=launching, ctx=self.ctx, journal=self.journal,
-                                            news=self.news, paces=self.paces)
-                except UNREACHABLE as exc:
-                    if not is_pool(self.spec):
-                        raise
-                    moving = await self._next_host_after(exc, run_attempts)
-                    if moving is None:
-                        return  # stopped during the backoff
-                    if not moving:
-                        raise
-                    continue
+                async with self.scope.numbering():
+                    live = await launch(run, self.shard, spec=launching, ctx=self.ctx, journal=self.journal,
+                                        news=self.news, paces=self.paces)
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
             try:
@@ -249,21 +239,6 @@ class JobRunner:
             if await self._sleep_unless_stopped(decision.wait_s):
                 self.journal.set_job(JobState.STOPPED, "stopped by user during backoff")
                 return
-
-    async def _next_host_after(self, exc: Exception, run_attempts: int) -> bool | None:
-        """A pool's host did not answer at launch: a strike on it, and the next launch goes to the
-        pool's next healthy host after the restart policy's backoff.  False: the policy gives up;
-        None: stopped by the user meanwhile."""
-        await self.keep_away.attempt_ended(UNREACHABLE_STRIKE, self.ctx.host.name)
-        decision = self.policy.decide(Verdict.CRASHED, run_attempts, None, None)
-        if decision.action is not ActionKind.RELAUNCH:
-            return False
-        self.journal.set_job(JobState.BACKOFF, f"{self.ctx.host.name} unreachable at launch ({exc}); "
-                                               f"launching on the next host of the pool in {decision.wait_s:.0f}s")
-        if await self._sleep_unless_stopped(decision.wait_s):
-            self.journal.set_job(JobState.STOPPED, "stopped by user during backoff")
-            return None
-        return True
 
     def _unreachable(self, exc: Exception) -> bool:
         """The attempt's host cannot be reached, and nothing says its process ended."""

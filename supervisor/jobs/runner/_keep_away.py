@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from supervisor.core.errors import ConnectionLost
 from supervisor.core.events import JobState, Verdict
 from supervisor.core.payloads import ActionData
 from supervisor.core.tasks import set_within
+from supervisor.hosts.reach import refuse_if_nothing_listens
 from supervisor.jobs.quarantine import UNREACHABLE, Quarantines
 from supervisor.jobs.runner._context import RunnerContext
 from supervisor.jobs.runner._journal import Journal
@@ -79,6 +81,7 @@ class KeepAway:
             return self._spec
         if is_pool(self._spec):
             self._move(quarantines)
+            await self._pass_over_refusing(quarantines)
         if not await self._pinned_clear(quarantines):
             return None
         return self._without_quarantined(quarantines)
@@ -101,6 +104,25 @@ class KeepAway:
         n = self._ctx.store.next_attempt_number(self._spec.name)
         self._journal.action(n, f"moved from {here} to {target}: {why}",
                              ActionData(moved_from=here, moved_to=target, until=held.until if held else None))
+
+    async def _pass_over_refusing(self, quarantines: Quarantines) -> None:
+        """A pool host where nothing listens (a refused connection, known in a moment) is a strike
+        and passed over for the next healthy one; a host that is slow to answer is left to the
+        connection's own retries (it may be rebooting)."""
+        for _ in self._spec.hosts:
+            here = self._ctx.host.name
+            try:
+                await refuse_if_nothing_listens(here)
+                return
+            except ConnectionLost as exc:
+                await quarantines.attempt_ended(here, UNREACHABLE)
+                target = self._next_healthy(here, quarantines)
+                if target is None:
+                    return
+                self._go(target)
+                n = self._ctx.store.next_attempt_number(self._spec.name)
+                self._journal.action(n, f"moved from {here} to {target}: {exc}",
+                                     ActionData(moved_from=here, moved_to=target))
 
     def move_note(self) -> str:
         """What the alert of an ended attempt adds when the relaunch will move: '; moving from A to
