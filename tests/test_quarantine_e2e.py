@@ -127,3 +127,16 @@ def test_an_xid_on_gpu_1_quarantines_it_and_the_relaunch_runs_without_it(
     assert code == 0 and "quarantine of local:1 lifted (1 entry)" in out and "nothing quarantined" in out
     wait_until(lambda: job_state(client, "pinned") == "done", timeout=30)
     assert (home / "cvd-pinned-1").exists()
+
+    # Every GPU quarantined: a `devices = "all"` job waits too (an empty CUDA_VISIBLE_DEVICES would give it none).
+    with (home / "kmsg").open("a") as log:
+        for seq, pci in ((8, "18"), (9, "28")):
+            log.write(_kmsg_record(seq, f"NVRM: Xid (PCI:0000:{pci}:00): 48, pid=1, name=x, DBE (double bit error)"))
+    wait_until(lambda: len(client.quarantine().quarantined) == 2, timeout=20)
+    started = client.start(str(_spec(home, "every")), {}).message
+    assert "waiting for GPU 0 quarantined until " in started and "; GPU 1 quarantined until " in started, started
+    assert "(every GPU of local is; `supervise quarantine --clear local` launches now)" in started
+    code, out, _ = _cli(capsys, "quarantine", "--clear", "local")
+    assert code == 0 and "quarantine of local lifted (2 entries)" in out
+    wait_until(lambda: job_state(client, "every") == "done", timeout=30)
+    assert (home / "cvd-every-1").read_text() == "<unset>"

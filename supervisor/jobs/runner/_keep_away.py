@@ -9,7 +9,7 @@
   sets CUDA_VISIBLE_DEVICES itself.
 - A job that names a quarantined GPU in `gpu.devices` waits until the quarantine ends or is
   cleared (`waiting`, said at once by `start`): it asked for that board, and another would not be
-  what it asked for.
+  what it asked for.  So does a `devices = "all"` job when every GPU of its host is quarantined.
 """
 
 from __future__ import annotations
@@ -147,15 +147,26 @@ class KeepAway:
         # In place: the runner's collaborators (alerts, gates, ending) share this context.
         self._ctx.host, self._ctx.gpu, self._ctx.notify_dir = other.host, other.gpu, other.notify_dir
 
-    async def _pinned_clear(self, quarantines: Quarantines) -> bool:
+    def _blocking(self, quarantines: Quarantines) -> dict[int, Quarantine]:
+        """The quarantined GPUs the launch must wait for: those `gpu.devices` names, or with
+        `devices = "all"` every GPU of the host when all of them are (an empty CUDA_VISIBLE_DEVICES
+        would run the job on none)."""
+        bad = quarantines.gpus(self._ctx.host.name)
         devices = self._spec.gpu.devices
-        if devices == "all":
-            return True
+        if devices != "all":
+            return {gpu: q for gpu, q in bad.items() if gpu in devices}
+        sample = self._ctx.gpu.latest()
+        if sample is None or not sample.available or not sample.devices or "CUDA_VISIBLE_DEVICES" in self._spec.env:
+            return {}
+        if all(d.index in bad for d in sample.devices):
+            return {d.index: bad[d.index] for d in sample.devices}
+        return {}
+
+    async def _pinned_clear(self, quarantines: Quarantines) -> bool:
         said: tuple[int, ...] = ()
         try:
             while True:
-                bad = quarantines.gpus(self._ctx.host.name)
-                pinned = {gpu: q for gpu, q in bad.items() if gpu in devices}
+                pinned = self._blocking(quarantines)
                 if not pinned:
                     return True
                 if tuple(sorted(pinned)) != said:
@@ -171,7 +182,9 @@ class KeepAway:
         host = self._ctx.host.name
         self.waiting = "waiting for " + "; ".join(
             f"GPU {gpu} quarantined until {until_text(q.until)} ({q.reason})" for gpu, q in sorted(pinned.items())
-        ) + f" (gpu.devices names it; `supervise quarantine --clear {host}:{min(pinned)}` launches now)"
+        ) + (f" (gpu.devices names it; `supervise quarantine --clear {host}:{min(pinned)}` launches now)"
+             if self._spec.gpu.devices != "all" else
+             f" (every GPU of {host} is; `supervise quarantine --clear {host}` launches now)")
         n = self._ctx.store.next_attempt_number(self._spec.name)
         self._journal.action(n, self.waiting, ActionData(left_out=sorted(pinned),
                                                          until=max(q.until for q in pinned.values())))
