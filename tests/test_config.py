@@ -35,6 +35,7 @@ def test_defaults_file_and_environment_in_that_order(tmp_path: Path) -> None:
         "loop_lag_interval_s": "default", "request_timeout_s": "default", "log_keep_attempts": "default",
         "log_max_bytes": "default", "kernel_log": "default", "events_per_attempt": "default",
         "quarantine_gpu_s": "default", "quarantine_host_s": "default", "quarantine_strikes": "default",
+        "cgroup_root": "default",
     }
 
 

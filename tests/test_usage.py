@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import DaemonProcess, wait_until
@@ -115,12 +116,26 @@ def test_accounting_lists_every_attempt_as_sacct_does(daemon: DaemonProcess, dae
 
 
 @pytest.mark.skipif(not CGROUPS, reason="no cgroup v2 for attempts here")
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds of ``pid`` and its children (the attempt's program and what it started)."""
+    if pid is None:
+        return 0.0
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+        return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    except psutil.Error:
+        return 0.0
+
+
 def test_a_killed_attempt_keeps_what_its_cgroup_counted(daemon: DaemonProcess, make_job: Callable[..., Path]) -> None:
     # The kill removes the cgroup: its figures are read first.
     client = daemon.client()
     client.start(str(make_job("spinner", BURNER.replace('print("burnt", flush=True)', "time.sleep(60)"))), {})
-    wait_until(lambda: client.status("spinner").jobs[0].attempt is not None
-               and time.time() - client.status("spinner").jobs[0].attempt.started > 1.5, timeout=30)
+    wait_until(lambda: client.status("spinner").jobs[0].attempt is not None, timeout=30)
+    # Until it has burnt half a second of CPU, however loaded the machine (wall time alone was not:
+    # at load 10 on two cores, 1.5 s of it gave the spinner under 0.4 s of CPU).
+    wait_until(lambda: _cpu_s(client.status("spinner").jobs[0].attempt.pid) >= 0.5, timeout=60)
     client.stop("spinner", 1.0)
     wait_until(lambda: job_state(client, "spinner") == "stopped", timeout=30)
     used = client.attempts("spinner").attempts[0].usage

@@ -252,3 +252,21 @@ def test_a_hiccup_of_a_fast_bar_is_not_slow_until_it_has_lasted_the_slow_floor()
     assert w.slow() == []
     clock.t = 5.0
     assert [key for key, _ in w.slow()] == [f"{DESC}@0"]
+
+
+def test_advances_read_together_measure_nothing_apart() -> None:
+    """The first shards of a load read in one batch (a daemon starting as the job did) share the
+    read's time: their spacing is unknown, so no 0 s interval is learned ("0.00 s/it" was shown);
+    the next distinct time measures all their items as one interval."""
+    from supervisor.watchdog._progress import Track
+
+    track = Track("vllm.shards", 0, 13, 100.0)
+    track.advance(1, 101.0)
+    track.advance(2, 101.0)  # read with the one before
+    track.advance(3, 101.0)
+    track.advance(4, 101.9)
+    assert list(track.intervals) == pytest.approx([1.0, 0.9])
+    assert list(track.per_item) == pytest.approx([1.0, 0.3])  # 0.9 s over the three items since 101.0
+    assert track.done == 4 and track.last_advance_at == 101.9
+    track.advance(5, 101.5)  # a time before the last (a backlog's estimate): no negative interval either
+    assert track.done == 5 and len(track.intervals) == 2 and track.last_advance_at == 101.9

@@ -26,6 +26,8 @@ VARIABLES = {
     "SUPERVISE_PYSPY": "the py-spy used for stack dumps (default: the PATH, then beside the daemon's interpreter)",
     "SUPERVISE_ATTEMPT": "set by supervise in every attempt's environment: the tag its processes are found by",
     "SUPERVISE_CGROUP": "set by supervise for the launch wrapper: the cgroup a local attempt enters",
+    "SUPERVISE_LIMITS": "set by supervise for the launch wrapper: the attempt's cgroup holds its spec's `[limits]`, "
+                        "so the command never runs outside it",
     "SUPERVISE_SSH_CONFIG": "the OpenSSH config file read for SSH hosts (default `~/.ssh/config`)",
     "SUPERVISE_SSH_KNOWN_HOSTS": "the known_hosts file host keys are checked against",
     "SUPERVISE_SSH_KEY": "the private key file(s) to log in with (`:`-separated)",

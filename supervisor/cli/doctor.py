@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.core.config import Paths
@@ -157,7 +158,7 @@ def _local_checks() -> list[Check]:
     else:
         checks.append(Check("MISSING", "NVML", f"{sample.reason}: GPU memory will not be watched "
                                                "(install the NVIDIA driver and nvidia-ml-py)", required=False))
-    return [*checks, _containment_check(), _pyspy_check(), _reader_check(), *_mode_checks(default_paths()),
+    return [*checks, *_containment_checks(), _pyspy_check(), _reader_check(), *_mode_checks(default_paths()),
             _web_check(default_paths())]
 
 
@@ -244,12 +245,27 @@ def _web_check(paths: Paths) -> Check:
     return Check("ok", "web page", "served as asked (or off)", required=False)
 
 
-def _containment_check() -> Check:
+def _containment_checks() -> list[Check]:
+    """How attempts are contained, and whether a spec's [limits] can be enforced (the setting cgroup_root
+    as the daemon reads it)."""
+    from supervisor.core.config import load_settings
+    from supervisor.core.resource_limits import Controller
     from supervisor.hosts.local.cgroup import ContainmentKind, detect
 
-    found = detect()
+    try:
+        configured = load_settings().settings.cgroup_root
+    except SuperviseError:
+        configured = ""  # a bad config file is the config check's to report
+    found = detect(base=Path(configured) if configured else None)
     status = "ok" if found.kind is ContainmentKind.CGROUP else "warn"
-    return Check(status, "containment", f"{found.kind.value} ({found.reason})", required=False)
+    containment = Check(status, "containment", f"{found.kind.value} ({found.reason})", required=False)
+    if found.controllers == frozenset(Controller):
+        limits = Check("ok", "limits", "[limits] enforced: memory, cpu and pids controllers for each attempt",
+                       required=False)
+    else:
+        limits = Check("warn", "limits", f"a spec with [limits] is refused here ({found.limits_note}); see the "
+                                         "setting cgroup_root", required=False)
+    return [containment, limits]
 
 
 def _mode_checks(paths: Paths) -> list[Check]:

@@ -137,6 +137,10 @@ def cmd_attempts(args: argparse.Namespace) -> int:
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
         if a.reason and a.verdict not in (None, Verdict.DONE):
             print(f"     {a.reason}")
+        if a.checkpoint:
+            print(f"     from checkpoint: {a.checkpoint}")
+        if a.params is not None:  # a `[restart.adjust]` rule changed them
+            print("     params: " + " ".join(f"{k}={v}" for k, v in sorted(a.params.items())))
         if used := _fmt.usage(a.usage):
             print(f"     used: {used}")
     return 0

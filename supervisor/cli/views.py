@@ -91,8 +91,10 @@ def status_block(job: protocol.JobStatus) -> str:
             # A done attempt went on from its failure: `recovered`, the word `probe` says it with.
             word = "recovered" if a.verdict is Verdict.DONE else "failure"
             lines.append(f"  {word} {a.failure.kind}: {a.failure.line}")
-        elif a.reason and a.verdict is not None and a.verdict not in (Verdict.DONE, Verdict.HEALTHY):
-            # No probe named a failure: the verdict's reason is the evidence (it quotes the log's last line).
+        if (a.reason and a.verdict is not None and a.verdict not in (Verdict.DONE, Verdict.HEALTHY)
+                and (a.failure is None or a.failure.line not in a.reason)):
+            # No probe named a failure, or the verdict has more to say than the failure's line (its own memory
+            # limit, whose kill the log only echoes): the verdict's reason is the evidence.
             lines.append(f"  reason {a.reason}")
         if used := _fmt.usage(a.usage):
             lines.append(f"  used {used}")

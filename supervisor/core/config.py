@@ -44,6 +44,10 @@ class DaemonSettings(BaseModel):
     gpu_interval_s: float = Field(2.0, gt=0, description="seconds between two GPU samples of a host (NVML locally, nvidia-smi over SSH)")
     gpu_store_every_s: float = Field(10.0, ge=0, description="how often a GPU sample is also written to the store (history for `supervise report`)")
     poll_interval_s: float = Field(0.5, gt=0, description="log polling period where inotify is unavailable")
+    cgroup_root: str = Field("", max_length=4096, description="a delegated cgroup v2 directory without processes of "
+                             "its own (e.g. systemd's Delegate=yes) where local attempts get their cgroups, with the "
+                             "memory, cpu and pids controllers that a spec's [limits] needs (\"\": under the "
+                             "daemon's own cgroup)")
     kernel_log: str = Field("/dev/kmsg", max_length=4096, description="the local kernel log, read for GPU Xid errors "
                             "where NVML's event set cannot report them (\"\": not read)")
     alert_urls: tuple[str, ...] = Field((), description="apprise URLs that alerts go to (in the environment: separated by "

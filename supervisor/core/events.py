@@ -126,6 +126,9 @@ class Verdict(StrEnum):
     HUNG = "hung"  # a serving engine up but doing no work: 0 tokens/s with requests running or waiting
     IDLE = "idle"  # GPUs at 0% utilisation and no progress for health.idle_s
     DIVERGED = "diverged"  # a training loss that became NaN/inf, or stays far above its median
+    # failed after its own `[limits] tasks_max` refused a fork or a thread (pids.events): it needs more
+    # tasks than its spec allows, which a relaunch would not change (its memory limit is `oom`)
+    LIMIT = "limit"
 
 
 # Log levels at which a program reports an error it means to survive.

@@ -198,6 +198,10 @@ class VerdictData:
         return {"verdict": None if self.verdict is None else self.verdict.value, **jsonable(dict(self.evidence))}
 
 
+def _str_map(value: object) -> dict[str, str] | None:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True, slots=True)
 class SlowStep:
     """A step well over what earlier attempts took (the watchdog's ``slow``): the evidence its
@@ -252,6 +256,8 @@ class ActionData:
     moved_to: str | None = None
     left_out: list[int] | None = None  # quarantined GPUs left out of CUDA_VISIBLE_DEVICES at launch
     until: float | None = None  # when the quarantine that caused it ends (wall clock)
+    checkpoint: str | None = None  # what an attempt starts from: its {last_checkpoint}
+    params: dict[str, str] | None = None  # ... and its [params], where `[restart.adjust]` changed them
 
     @classmethod
     def of(cls, event: Carries) -> ActionData:
@@ -274,7 +280,8 @@ class ActionData:
                    released=_bool(data.get("released")), woken_by=_text(data.get("woken_by")),
                    sample_ts=_number(data.get("sample_ts")), waited_s=_number(data.get("waited_s")),
                    moved_from=_text(data.get("moved_from")), moved_to=_text(data.get("moved_to")),
-                   left_out=_list(data.get("left_out")), until=_number(data.get("until")))
+                   left_out=_list(data.get("left_out")), until=_number(data.get("until")),
+                   checkpoint=_text(data.get("checkpoint")), params=_str_map(data.get("params")))
 
     def to_json(self) -> dict[str, Any]:
         slow = {"slow": True, **self.slow.to_json()} if self.slow is not None else {}
@@ -282,7 +289,8 @@ class ActionData:
             down_s=self.down_s, error=self.error, events_per_attempt=self.events_per_attempt,
             terminated=self.terminated, killed=self.killed, survivors=self.survivors, reparented=self.reparented,
             released=self.released, woken_by=self.woken_by, sample_ts=self.sample_ts, waited_s=self.waited_s,
-            moved_from=self.moved_from, moved_to=self.moved_to, left_out=self.left_out, until=self.until)})
+            moved_from=self.moved_from, moved_to=self.moved_to, left_out=self.left_out, until=self.until,
+            checkpoint=self.checkpoint, params=self.params)})
         return data
 
 

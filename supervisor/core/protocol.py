@@ -114,6 +114,10 @@ class AttemptInfo(BaseModel):
     run_attempt: int = Field(default=1, description="its place in its run (1 for the run's first attempt), against max_attempts")
     shard: int | None = Field(default=None, description="a sharded job's shard index (-1: its gather step); null: unsharded")
     usage: AttemptUsage | None = Field(default=None, description="what it used (CPU, memory, GPUs), once it ended")
+    checkpoint: str | None = Field(default=None, description="the checkpoint it started from (its {last_checkpoint}); "
+                                   "null: none")
+    params: dict[str, str] | None = Field(default=None, description="its [params] as `[restart.adjust]` changed them; "
+                                          "null: the spec's own")
 
 
 class GpuDeviceInfo(BaseModel):

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -33,6 +34,7 @@ from supervisor.daemon.gpu_faults import GpuRouter
 from supervisor.daemon.metrics import HostReading, JobReading, Metrics, serve_tcp
 from supervisor.daemon.web import WebUi
 from supervisor.hosts.base import Host
+from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.host import LocalHost
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.owner import Supervisor
@@ -70,7 +72,8 @@ class Service:
         self.quarantines = Quarantines(self.store, QuarantineRules(settings.quarantine_gpu_s, settings.quarantine_host_s,
                                                                    settings.quarantine_strikes))
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml,
-                                   kernel_log=settings.kernel_log or None)
+                                   kernel_log=settings.kernel_log or None,
+                                   containment=cgroup.detect(base=Path(settings.cgroup_root) if settings.cgroup_root else None))
         # GPU samples and faults go to the attempts using those GPUs (and faults to the metrics).
         self.hosts = Hosts(self.store, settings, local, on_sample=lambda *sampled: self._gpu_router(*sampled))
         self.alerter = Alerter(list(settings.alert_urls), min_interval_s=settings.alert_min_interval_s)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from supervisor.core.events import Record
+from supervisor.core.resource_limits import Controller, LimitHit, ResourceLimits
 from supervisor.core.usage import AttemptUsage
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.stacks import StackDump
@@ -27,7 +28,9 @@ from supervisor.hosts.stacks import StackDump
 # directory) is created under umask 077, readable by its user only; the command keeps the
 # umask the wrapper was given.  Given a cgroup (SUPERVISE_CGROUP, local attempts where
 # cgroup v2 is writable), the subshell moves itself into it first ("0": the writing
-# process), so the command and all it starts are born inside.
+# process), so the command and all it starts are born inside.  A cgroup it cannot enter leaves the
+# command contained by tag and group, unless the cgroup holds the spec's limits (SUPERVISE_LIMITS):
+# then the command never runs, and the attempt ends with status 113 and a line saying why.
 # A status that cannot be written (a full disk) is tried again each second for up to an hour:
 # the wrapper lives on meanwhile, so the daemon sees the attempt end once its true exit is known.
 # A command the shell cannot find is said in one line of our own (NOT_FOUND_LINE, exit 127), the
@@ -44,8 +47,11 @@ log=$1; status=$2; workdir=$3; shift 3
 ( umask 077 && mkdir -p "$(dirname "$log")" && : >>"$log" ) || exit 111
 cd "$workdir" 2>>"$log" || { echo "supervise: cannot enter working directory $workdir" >>"$log"; exit 112; }
 ( trap '' HUP
-  [ -z "${SUPERVISE_CGROUP:-}" ] || echo 0 >"$SUPERVISE_CGROUP/cgroup.procs" ||
-    echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2
+  if [ -n "${SUPERVISE_CGROUP:-}" ] && ! echo 0 >"$SUPERVISE_CGROUP/cgroup.procs"; then
+    if [ -n "${SUPERVISE_LIMITS:-}" ]; then
+      echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: not run without its [limits]" >&2
+      echo 113 >"$status.tmp" && mv -f "$status.tmp" "$status"; exit 113; fi
+    echo "supervise: cannot enter cgroup $SUPERVISE_CGROUP: contained by tag and group only" >&2; fi
   exec setsid sh -c 's=$1; shift; l=$1; shift; if command -v "$1" >/dev/null 2>&1; then
     sh -c "exec 2>&3 3>&-; exec \"\$@\"" supervise "$@"; rc=$?; else
     echo "supervise: command not found: $1" >&3; rc=127; fi
@@ -82,6 +88,8 @@ class LaunchRequest:
     # Options for a batch scheduler host (sbatch's, as argv items); hosts that run the command
     # themselves ignore them.
     scheduler_args: tuple[str, ...] = ()
+    # What the attempt may use, enforced in its own cgroup (local hosts; the spec refuses them elsewhere).
+    limits: ResourceLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,9 @@ class ExitStatus:
     _: KW_ONLY  # what hosts may add, named: two optional facts of one type must never swap places
     kernel_oom: str | None = None  # the kernel's report of an OOM kill in the attempt, where the host reads one
     scheduler_end: SchedulerEnd | None = None  # what a batch scheduler says ended it, if it says
+    limit_hit: LimitHit | None = None  # one of the attempt's own limits enforced by the kernel, where the host reads it
+    # How long its `cpu_max` held the attempt back (cpu.stat throttled_usec), where it has one and the host reads it.
+    cpu_throttled_s: float | None = None
     # When the command ended (wall time, this machine's clock): the wrapper wrote the status file
     # then, so its mtime says, even if no daemon watched; None where the host cannot tell.
     ended_at: float | None = None
@@ -200,6 +211,9 @@ class HostCapabilities:
 
     files_here: bool  # the attempt's log and status files are on the daemon's own filesystem
     kernel_log_here: bool  # the daemon's kernel log is the one that reports the attempt's OOM kills
+    # The cgroup controllers each attempt gets (what a spec's [limits] can use), and why any is missing.
+    cgroup_controllers: frozenset[Controller] = frozenset()
+    cgroup_note: str = "no cgroup of ours on this host"
 
 
 ON_THIS_MACHINE = HostCapabilities(files_here=True, kernel_log_here=True)

@@ -27,7 +27,7 @@ def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
         exit_code=row.exit_code, exit_signal=row.exit_signal, log_path=row.log_path, phase=row.phase,
         progress=progress, verdict=row.verdict, reason=row.reason, failure=failure, fingerprint=row.fingerprint,
         action=row.action, argv=row.argv, run=row.run, run_attempt=row.run_attempt, shard=row.shard,
-        usage=row.usage,
+        usage=row.usage, checkpoint=row.checkpoint, params=row.params,
     )
 
 

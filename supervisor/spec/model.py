@@ -6,7 +6,8 @@ value is never split and never seen by a shell, so `--set out='; rm -rf /'` is j
 odd directory name.  Built-in names: `{python}` (the job's interpreter), `{spec_dir}`
 (the directory of the spec file), `{state_dir}` (this machine's supervise state directory,
 $SUPERVISE_HOME: where the built-in jobs write by default, since their spec_dir may be a
-read-only site-packages), `{job}` and `{attempt}`.  Only plain `{name}` is
+read-only site-packages), `{job}`, `{attempt}` and `{last_checkpoint}` (the newest complete
+checkpoint `checkpoints` matches, "" when none: jobs/checkpoints.py).  Only plain `{name}` is
 substituted: a format spec or conversion (`{v:>99999999}`, `{v!r}`) is refused, and `{{`
 and `}}` stand for literal braces.
 """
@@ -34,6 +35,7 @@ from supervisor.spec.tables import (
     AlertSpec,
     GpuSpec,
     HealthSpec,
+    LimitsSpec,
     RestartSpec,
     Seconds,
     SecondsOrOff,
@@ -43,7 +45,7 @@ from supervisor.spec.tables import (
 )
 
 _PACK_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")  # looked up as <name>.toml
-_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards")
+_BUILTIN_PARAMS = ("python", "spec_dir", "state_dir", "job", "attempt", "shard", "num_shards", "last_checkpoint")
 
 class JobSpec(_Strict):
     name: str
@@ -69,10 +71,17 @@ class JobSpec(_Strict):
     kill_signal_first: str | None = None
     # How long the program has after kill_signal_first before the SIGTERM (less if it exits); 60 s when unset.
     checkpoint_grace_s: Seconds | None = None
+    # A glob (a template, as in `command`; relative to `workdir`) of the job's checkpoints, on its
+    # host: the newest complete one is `{last_checkpoint}` at each launch (jobs/checkpoints.py).
+    checkpoints: str = ""
+    # A file inside a checkpoint that says it was written whole ("COMPLETE"); empty: each counts.
+    checkpoint_complete: str = ""
     restart: RestartSpec = Field(default_factory=RestartSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     alerts: AlertSpec = Field(default_factory=AlertSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
+    # What one attempt may use (memory, CPU time, tasks), enforced in its own cgroup: local jobs only.
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)  # used where `host` is a Slurm host
     # Jobs whose current run must be `done` before this one launches (supervisor/jobs/dependencies.py).
     after: list[str] = Field(default_factory=list)
@@ -156,7 +165,30 @@ class JobSpec(_Strict):
             _template_fields(_no_nul(item))
         return value
 
-    @field_validator("python", "workdir")
+    @field_validator("checkpoint_complete")
+    @classmethod
+    def _valid_marker(cls, value: str) -> str:
+        if value and (value in (".", "..") or "/" in _no_nul(value)):
+            raise ValueError(f"{shown(value)}: a file name inside each checkpoint, without '/'")
+        return value
+
+    @model_validator(mode="after")
+    def _marker_needs_checkpoints(self) -> JobSpec:
+        if self.checkpoint_complete and not self.checkpoints:
+            raise ValueError("`checkpoint_complete` needs `checkpoints` (the glob of the checkpoints it is found in)")
+        return self
+
+    @model_validator(mode="after")
+    def _adjusted_params_exist(self) -> JobSpec:
+        # Found at `supervise check`, not at the first OOM hours into the run.
+        for verdict, rule in self.restart.adjust.items():
+            try:
+                rule.check_against(self.params)
+            except ValueError as exc:
+                raise ValueError(f"restart.adjust.{verdict.value}: {exc}") from None
+        return self
+
+    @field_validator("python", "workdir", "checkpoints")
     @classmethod
     def _valid_path_template(cls, value: str) -> str:
         _template_fields(_no_nul(value))
@@ -174,6 +206,11 @@ class JobSpec(_Strict):
             if self.kill_signal_first is not None:
                 # The signal is sent from this machine to a pid of this machine; elsewhere it would miss.
                 raise ValueError(f"host {host}: `kill_signal_first` needs a local job (the signal is sent from this machine)")
+            if self.limits.resource_limits() is not None:
+                # Enforced by a cgroup the daemon makes on this machine; Slurm has its own (--mem, --cpus-per-task).
+                hint = " (on Slurm: [slurm] extra = [\"--mem=8G\"])" if host.startswith("slurm") else ""
+                raise ValueError(f"host {host}: `[limits]` needs a local job (the attempt's cgroup is made on this "
+                                 f"machine); remove [limits]{hint}")
             if self.health.watchdog_s is not None:
                 # Its NOTIFY_SOCKET is a file on this machine: a program elsewhere could never ping it.
                 raise ValueError(f"host {host}: `health.watchdog_s` needs a local job (its NOTIFY_SOCKET is local)")
@@ -246,9 +283,9 @@ class JobSpec(_Strict):
             return expanded
         return str((self.spec_dir / expanded).resolve())
 
-    def argv(self, attempt: int) -> list[str]:
+    def argv(self, attempt: int, checkpoint: str = "") -> list[str]:
         """The command with every template expanded; each item stays one argv item."""
-        values = self._template_values(attempt)
+        values = self._template_values(attempt, checkpoint)
         return [self._expand(item, attempt, values) for item in self.command]
 
     def output_paths(self) -> list[str]:
@@ -256,10 +293,14 @@ class JobSpec(_Strict):
         values = self._template_values(0)
         return [self._expand(item, 0, values) for item in self.outputs]
 
-    def environment(self, attempt: int) -> dict[str, str]:
+    def checkpoint_glob(self) -> str:
+        """`checkpoints` expanded, "" when unset (relative: to the working directory)."""
+        return self._expand(self.checkpoints, attempt=0) if self.checkpoints else ""
+
+    def environment(self, attempt: int, checkpoint: str = "") -> dict[str, str]:
         # The values once for all entries: worked out per entry, a spec of 20,000 `env` entries
         # (near the 1 MiB limit) took 2.8 s to expand, on the daemon's loop.
-        values = self._template_values(attempt)
+        values = self._template_values(attempt, checkpoint)
         env = {key: self._expand(value, attempt, values) for key, value in self.env.items()}
         if self.unbuffered:
             env.setdefault("PYTHONUNBUFFERED", "1")
@@ -280,9 +321,10 @@ class JobSpec(_Strict):
         return "".join(text + (values[name] if name is not None else "")
                        for text, name, _, _ in string.Formatter().parse(template))
 
-    def _template_values(self, attempt: int) -> dict[str, str]:
+    def _template_values(self, attempt: int, checkpoint: str = "") -> dict[str, str]:
         """What a template's {names} stand for: the built-ins, then the parameters."""
         values = {
+            "last_checkpoint": checkpoint,
             "python": self.interpreter(),
             "spec_dir": str(self.spec_dir),
             "state_dir": str(default_paths().state_dir),

@@ -1,4 +1,4 @@
-"""The tables of a job spec: `[restart]`, `[health]`, `[alerts]`, `[gpu]` and `[slurm]`, and the
+"""The tables of a job spec: `[restart]`, `[health]`, `[alerts]`, `[gpu]`, `[limits]` and `[slurm]`, and the
 bounded value types they use (durations are finite and at most a year)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from supervisor.core.errors import shown
 from supervisor.core.events import Phase, Verdict
+from supervisor.core.resource_limits import ResourceLimits, parse_cpu, parse_memory, parse_tasks
+from supervisor.spec.adjust import AdjustRule
 
 # Durations are finite and bounded: `stop_grace_s = inf` once made `stop` wait forever.  A year
 # is far beyond any real phase deadline or backoff, and small enough for every clock computation.
@@ -46,6 +48,19 @@ class RestartSpec(_Strict):
                                  Verdict.HUNG]
     )
     stop_on_repeat: bool = True  # the same failure fingerprint twice in a row is a deterministic bug (an outside kill never)
+    # `[restart.adjust] oom = { batch_size = "x0.5", min = "8" }`: [params] changed at each relaunch
+    # after that verdict (spec/adjust.py); a relaunch with changed parameters is not "the same bug twice".
+    adjust: dict[Verdict, AdjustRule] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _adjust_only_relaunched_verdicts(self) -> RestartSpec:
+        # A rule for a verdict that is never relaunched would never apply: said, not ignored.
+        for verdict in self.adjust:
+            if verdict not in self.on and verdict is not Verdict.PREEMPTED:
+                allowed = ", ".join(v.value for v in self.on) or "nothing"
+                raise ValueError(f"adjust.{verdict.value}: {verdict.value} is not relaunched on "
+                                 f"(restart.on: {allowed}); add it to restart.on or drop the rule")
+        return self
 
     @model_validator(mode="after")
     def _cap_not_below_floor(self) -> RestartSpec:
@@ -168,6 +183,46 @@ class GpuSpec(_Strict):
     foreign_wait_s: Seconds = 300.0
     # A sharded job: each shard gets this many of `devices` (CUDA_VISIBLE_DEVICES), several shards a box.
     devices_per_shard: Annotated[int, Field(ge=1)] | None = None
+
+
+class LimitsSpec(_Strict):
+    """What one attempt may use, enforced by the kernel in the attempt's own cgroup v2 (local jobs), as
+    systemd's MemoryMax=, CPUQuota= and TasksMax=; see the guide's "Resource limits"."""
+
+    memory_max: str | int | None = None  # "8G", "512MiB" or bytes: past it the kernel's OOM killer ends a process
+    cpu_max: str | None = None  # "200%": two cores' time at most (throttled, never killed)
+    tasks_max: int | None = None  # processes and threads of the program and all it starts: a fork past it fails
+
+    @field_validator("memory_max", mode="before")
+    @classmethod
+    def _valid_memory(cls, value: object) -> object:
+        if value is not None:
+            parse_memory(value)
+        return value
+
+    @field_validator("cpu_max", mode="before")
+    @classmethod
+    def _valid_cpu(cls, value: object) -> object:
+        if value is not None:
+            parse_cpu(value)
+        return value
+
+    @field_validator("tasks_max", mode="before")
+    @classmethod
+    def _valid_tasks(cls, value: object) -> object:
+        if value is not None:
+            parse_tasks(value)
+        return value
+
+    def resource_limits(self) -> ResourceLimits | None:
+        """The limits in figures; None when the table sets none."""
+        if self.memory_max is None and self.cpu_max is None and self.tasks_max is None:
+            return None
+        return ResourceLimits(
+            memory_max_bytes=None if self.memory_max is None else parse_memory(self.memory_max),
+            cpu_max_percent=None if self.cpu_max is None else parse_cpu(self.cpu_max),
+            tasks_max=None if self.tasks_max is None else parse_tasks(self.tasks_max),
+        )
 
 
 # sbatch options the Slurm host sets itself: an `extra` item naming one would break following or

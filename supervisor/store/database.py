@@ -80,6 +80,8 @@ class AttemptRow:
     scheduler_id: str | None = None  # a batch scheduler's id for it (a Slurm job id)
     shard: int | None = None  # a sharded job's shard index (-1: its gather step); None: unsharded
     usage: AttemptUsage | None = None  # what it used (CPU, memory, GPUs), stored as it ended
+    checkpoint: str | None = None  # the checkpoint it was given as {last_checkpoint} (None: none)
+    params: dict[str, str] | None = None  # its [params] as a `[restart.adjust]` rule changed them (None: the spec's)
 
     @property
     def action_kind(self) -> ActionKind | None:
@@ -273,10 +275,11 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, pid, pgid, "
-                "start_time, started, state, log_offset, run, shard) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "start_time, started, state, log_offset, run, shard, checkpoint, params_json) "
+                "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.job, row.n, row.tag, row.host, json.dumps(row.argv), row.workdir, row.log_path,
                  row.status_path, row.pid, row.pgid, row.start_time, row.started, row.state, row.log_offset,
-                 row.run, row.shard),
+                 row.run, row.shard, row.checkpoint, None if row.params is None else json.dumps(row.params)),
             )
 
     def update_attempt(self, job: str, n: int, **fields: Any) -> None:
@@ -440,7 +443,7 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         reason=row["reason"], failure=_failure(load(row["failure_json"])), fingerprint=row["fingerprint"],
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
         log_generation=row["log_generation"], scheduler_id=row["scheduler_id"], shard=row["shard"],
-        usage=_usage(row["usage_json"]),
+        usage=_usage(row["usage_json"]), checkpoint=row["checkpoint"], params=load(row["params_json"]),
     )
 
 

@@ -169,6 +169,12 @@ MIGRATIONS: tuple[str, ...] = (
           AND ((pct IS NOT NULL AND pct IS prev_pct) OR (pct IS NULL AND bucket IS prev_bucket))
     );
     """,
+    # What an attempt started from (jobs/checkpoints.py, spec/adjust.py): the checkpoint that was its
+    # {last_checkpoint}, and its [params] where a `[restart.adjust]` rule changed them; NULL: none / the spec's.
+    """
+    ALTER TABLE attempts ADD COLUMN checkpoint TEXT;
+    ALTER TABLE attempts ADD COLUMN params_json TEXT;
+    """,
     # GPUs and hosts kept away from (supervisor/jobs/quarantine.py): a GPU after a hardware fault, a
     # host after repeated `killed`/`unreachable` verdicts, until `until` (wall clock) or a
     # `supervise quarantine --clear`.  gpu NULL: the whole host.  One row per GPU or host.

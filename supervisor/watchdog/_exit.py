@@ -6,6 +6,7 @@ import signal as signal_module
 from typing import Any
 
 from supervisor.core.events import Phase, Verdict
+from supervisor.core.resource_limits import LimitHit, LimitKind
 from supervisor.watchdog._conditions import Judgement
 from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._rules import failure_evidence
@@ -16,9 +17,11 @@ _SHUTDOWN_SIGNALS = (int(signal_module.SIGTERM), int(signal_module.SIGINT))
 
 
 def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_by_us: bool,
-               last_unhealthy: Judgement | None, kernel_oom: str | None = None) -> Judgement:
+               last_unhealthy: Judgement | None, kernel_oom: str | None = None,
+               limit_hit: LimitHit | None = None) -> Judgement:
     """``last_unhealthy``: what ``check()`` last found wrong while it ran, if anything;
-    ``kernel_oom``: what the kernel said of an OOM kill of the attempt (None: nothing)."""
+    ``kernel_oom``: what the kernel said of an OOM kill of the attempt (None: nothing);
+    ``limit_hit``: one of the attempt's own `[limits]` that the kernel enforced (None: none)."""
     signal = _exit_signal(returncode, signal)
     evidence = _exit_evidence(facts, returncode, signal)
     failure = facts.primary_failure
@@ -38,6 +41,10 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
         # Exit 0 straight after a failure is a shutdown, not success: `vllm serve` exits 0
         # after "Worker proc VllmWorker-1 died unexpectedly" and EngineDeadError (seen on 2 H200s).
         return Judgement(Verdict.CRASHED, f"exited 0 right after a failure: {failure.line}", evidence)
+    if limit_hit is not None and not killed_by_us:
+        # The kernel's own count in the attempt's cgroup: said before what the log reads (a DataLoader's
+        # "worker killed", a Python MemoryError), which is only the echo of it.
+        return _limit_judgement(limit_hit, how, evidence)
     if oom is not None:
         return Judgement(Verdict.OOM, f"CUDA out of memory ({how}): {oom.line}", evidence)
     if (signal in _SHUTDOWN_SIGNALS and not killed_by_us and facts.advanced_since_failure and facts.fatal is None
@@ -60,6 +67,13 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
     # message): its last line is the best pointer there is.
     ends = f"; the log ends: {tail[-1]}" if tail else "; the log is empty"
     return Judgement(Verdict.CRASHED, f"{how}, no error line recognised in the log{ends}", evidence)
+
+
+def _limit_judgement(hit: LimitHit, how: str, evidence: dict[str, Any]) -> Judgement:
+    figures = {**evidence, "limit": hit.kind.value, "limit_value": hit.limit, "limit_events": hit.events}
+    if hit.kind is LimitKind.MEMORY:
+        return Judgement(Verdict.OOM, f"killed by {hit.describe()}; {how}", figures)
+    return Judgement(Verdict.LIMIT, f"{how} after {hit.describe()}", figures)
 
 
 def _exit_evidence(facts: Facts, returncode: int | None, signal: int | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from supervisor.core.events import Event, Failure, Phase, Record, Verdict
+from supervisor.core.resource_limits import LimitHit
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, Judgement
 from supervisor.watchdog._exit import judge_exit
@@ -231,10 +232,12 @@ class Watchdog:
     # ---- judgement at exit ------------------------------------------------------------
 
     def exited(self, returncode: int | None, signal: int | None, killed_by_us: bool,
-               kernel_oom: str | None = None) -> Judgement:
+               kernel_oom: str | None = None, limit_hit: LimitHit | None = None) -> Judgement:
         """Judge how the process ended; ``check()`` returns this from now on.  ``kernel_oom``: the
-        kernel's report of an OOM kill of the attempt, if it made one."""
-        self._final = judge_exit(self._facts, returncode, signal, killed_by_us, self._last_unhealthy, kernel_oom)
+        kernel's report of an OOM kill of the attempt, if it made one; ``limit_hit``: one of its own
+        `[limits]` the kernel enforced, if any."""
+        self._final = judge_exit(self._facts, returncode, signal, killed_by_us, self._last_unhealthy, kernel_oom,
+                                 limit_hit)
         return self._final
 
     def _now(self, now: float | None) -> float:

@@ -48,6 +48,12 @@ class Track:
     # Sorted copies of the two windows: the daemon asks for the bound after every event.
     _intervals_sorted: list[float] = field(default_factory=list)
     _per_item_sorted: list[float] = field(default_factory=list)
+    # The count at ``last_advance_at``: advances read in one batch share its time, and the items
+    # between two distinct times are what one measured interval covers.
+    _done_at_last_time: int = -1
+
+    def __post_init__(self) -> None:
+        self._done_at_last_time = self.done
 
     @property
     def finished(self) -> bool:
@@ -59,11 +65,17 @@ class Track:
         return not (self.finished or self.retired)
 
     def advance(self, done: int, at: float) -> None:
-        interval = at - self.last_advance_at
-        _push(self.intervals, self._intervals_sorted, interval)
-        _push(self.per_item, self._per_item_sorted, interval / (done - self.done))
+        """The bar reached ``done`` at ``at``.  Advances that arrive in one read carry the read's
+        time: how they were spaced is not known, so they measure nothing apart (a daemon that read
+        the first five shards of a load together learned "0.00 s/it" and showed it); the next
+        distinct time measures them all as one interval over their items."""
+        if at > self.last_advance_at:
+            interval = at - self.last_advance_at
+            _push(self.intervals, self._intervals_sorted, interval)
+            _push(self.per_item, self._per_item_sorted, interval / (abs(done - self._done_at_last_time) or 1))
+            self.last_advance_at = at
+            self._done_at_last_time = done
         self.done = done
-        self.last_advance_at = at
 
     def median_interval(self) -> float | None:
         return _median(self._intervals_sorted)

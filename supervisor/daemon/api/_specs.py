@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from supervisor.core import protocol
 from supervisor.core.errors import ConnectionLost, HostError, SpecError
 from supervisor.core.overrides import FieldOverrides
+from supervisor.core.resource_limits import refusal
 from supervisor.daemon.api._http import _checked_name
 from supervisor.hosts.reach import refuse_if_nothing_listens
 from supervisor.jobs.dependencies import with_after
@@ -46,6 +47,13 @@ def check_hosts(spec: JobSpec, hosts: Hosts) -> None:
             hosts.check(host)  # parses an ssh:// address (connecting is the runner's job, with retries)
         except (HostError, SpecError) as exc:  # SpecError: a scheme no host kind has
             raise SpecError(f"{spec.spec_path}: field '{field}': {exc}") from exc
+    limits = spec.limits.resource_limits()
+    if limits is not None:  # the spec allows [limits] on local jobs only: the local host's cgroups say
+        capabilities = hosts.local.host.capabilities
+        refused = refusal(limits, capabilities.cgroup_controllers, capabilities.cgroup_note)
+        if refused is not None:
+            # 69, not 65: the spec is sound and would run on a host that gives attempts these controllers.
+            raise HostError(f"could not start {spec.name}: {refused}")
 
 
 def start_notes(spec: JobSpec, stored: dict[str, Any] | None) -> list[str]:

@@ -8,11 +8,19 @@ attempt runs in ``<own cgroup>/supervise/<tag>``: the launch wrapper moves itsel
 before it starts the command, so every descendant is born inside, and a stop ends them all
 by writing ``cgroup.kill``.  Elsewhere the tag and the process group remain the only means
 (``Containment.kind`` says which is in force; ``supervise doctor`` prints it).
+
+Limits (a spec's `[limits]`, core/resource_limits.py) need more: the memory, cpu and pids controllers
+enabled for the attempts' cgroups.  cgroup v2 enables a controller for a cgroup's children only where
+that cgroup holds no process of its own, so under the daemon's own cgroup (which holds the daemon)
+they are there only if someone enabled them above; the setting ``cgroup_root`` names a delegated
+cgroup without processes (systemd's Delegate=yes, or one an administrator made) where the daemon
+enables them itself.  ``Containment.controllers`` says which it got.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import time
@@ -20,9 +28,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from supervisor.core.resource_limits import Controller, LimitHit, LimitKind, ResourceLimits, refusal
 from supervisor.core.usage import AttemptUsage
 
 CGROUP_VAR = "SUPERVISE_CGROUP"  # the attempt's cgroup, for the launch wrapper to enter
+LIMITS_VAR = "SUPERVISE_LIMITS"  # set: the cgroup holds the spec's limits, and the command must not run outside it
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -36,22 +46,41 @@ class Containment:
     kind: ContainmentKind
     reason: str  # what was found, in words
     root: Path | None = None  # where attempts' cgroups are made (kind CGROUP)
+    # The controllers enabled for the attempts' cgroups (what `[limits]` can use), and why not the others.
+    controllers: frozenset[Controller] = frozenset()
+    controllers_note: str = ""
 
     def cgroup_of(self, tag: str) -> Path | None:
         """The cgroup of the attempt tagged ``tag`` (None without cgroup containment)."""
         return None if self.root is None else self.root / _UNSAFE.sub("_", tag)
 
+    @property
+    def limits_note(self) -> str:
+        """Why some limits' controllers are missing here ("" when none is)."""
+        return self.controllers_note if self.root is not None else self.reason
 
-def detect(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/self/cgroup")) -> Containment:
+    def limits_refusal(self, limits: ResourceLimits) -> str | None:
+        return refusal(limits, self.controllers, self.limits_note)
+
+
+def detect(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/self/cgroup"),
+           base: Path | None = None) -> Containment:
     """Which containment this process can give its children, tried for real: a cgroup is made
-    and removed under its own, since permissions alone do not say (delegation, read-only mounts)."""
+    and removed under its own (or under ``base``, the setting cgroup_root), since permissions alone
+    do not say (delegation, read-only mounts)."""
     mount = _cgroup2_mount(mounts)
     if mount is None:
         return Containment(ContainmentKind.TAG, "no cgroup v2 hierarchy is mounted: processes are found by tag and group")
-    relative = _own_cgroup(own)
-    if relative is None:
-        return Containment(ContainmentKind.TAG, "this process has no cgroup v2 entry: processes are found by tag and group")
-    root = mount / relative.lstrip("/") / "supervise"
+    configured = base is not None
+    if base is None:
+        relative = _own_cgroup(own)
+        if relative is None:
+            return Containment(ContainmentKind.TAG, "this process has no cgroup v2 entry: processes are found by tag and group")
+        base = mount / relative.lstrip("/")
+    elif not (base / "cgroup.controllers").is_file():
+        return Containment(ContainmentKind.TAG, f"cgroup_root {base} is not a cgroup v2 directory: processes are found "
+                                                "by tag and group")
+    root = base / "supervise"
     probe = root / f"probe-{os.getpid()}"
     try:
         root.mkdir(exist_ok=True)
@@ -65,7 +94,36 @@ def detect(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/sel
         return Containment(ContainmentKind.TAG, "this kernel has no cgroup.kill (Linux < 5.14): processes are found "
                                                 "by tag and group")
     sweep(root)
-    return Containment(ContainmentKind.CGROUP, f"cgroup v2: every local attempt in its own cgroup under {root}", root)
+    controllers, note = _enable_controllers(base, root, configured)
+    return Containment(ContainmentKind.CGROUP, f"cgroup v2: every local attempt in its own cgroup under {root}", root,
+                       controllers, note)
+
+
+def _enable_controllers(base: Path, root: Path, configured: bool) -> tuple[frozenset[Controller], str]:
+    """Enable the limits' controllers for ``root``'s children, and for ``root`` in ``base`` where
+    ``base`` is the configured cgroup_root (the kernel allows it only where ``base`` holds no process;
+    the daemon's own cgroup is never changed: it may be the machine's root, where the change would
+    reach every service).  Returns those in force, and a note on the missing ones."""
+    for parent in (base, root) if configured else (root,):
+        available = _words(parent / "cgroup.controllers")
+        for controller in Controller:
+            if controller.value in available and controller.value not in _words(parent / "cgroup.subtree_control"):
+                with contextlib.suppress(OSError):  # EBUSY: processes of its own; EACCES: not delegated
+                    (parent / "cgroup.subtree_control").write_text(f"+{controller.value}")
+    enabled = frozenset(c for c in Controller if c.value in _words(root / "cgroup.subtree_control"))
+    missing = [c.value for c in Controller if c not in enabled]
+    if not missing:
+        return enabled, ""
+    held = "holds processes of its own" if _words(base / "cgroup.procs") else "has no more delegated to it"
+    offered = " ".join(sorted(_words(base / "cgroup.controllers"))) or "no controller"
+    return enabled, f"{', '.join(missing)} not enabled for {root}: {base} offers {offered} and {held}"
+
+
+def _words(file: Path) -> set[str]:
+    try:
+        return set(file.read_text().split())
+    except OSError:
+        return set()
 
 
 # An attempt's cgroup is made a moment before its wrapper enters it: one younger than this may be
@@ -113,8 +171,62 @@ def _own_cgroup(own: Path) -> str | None:
     return next((line[3:] for line in lines if line.startswith("0::")), None)
 
 
-def create(path: Path) -> None:
+def create(path: Path, limits: ResourceLimits | None = None) -> None:
+    """Make the attempt's cgroup, with its limits written before anything enters it (OSError if
+    a limit cannot be: an attempt never runs without the limits its spec asked for)."""
     path.mkdir(parents=False, exist_ok=True)
+    if limits is None:
+        return
+    try:
+        for name, value in limits.cgroup_files().items():
+            file = path / name
+            if not file.exists():  # the kernel makes a controller's files with the cgroup, or none
+                if name == "memory.swap.max":
+                    continue  # a kernel without swap accounting: memory.max alone bounds it
+                raise FileNotFoundError(errno.ENOENT, f"no {name}: its controller is not enabled here", str(file))
+            file.write_text(value)
+    except OSError:
+        remove(path)
+        raise
+
+
+def limit_hit(path: Path | None) -> LimitHit | None:
+    """Whether the attempt's own limits ended it: its OOM killer at the cgroup's own memory.max
+    (memory.events ``oom``, counted where the limit was reached, so a machine-wide OOM or a parent's
+    limit is not taken for the job's), else a fork refused at pids.max (pids.events ``max``).
+    The figures are read back from the cgroup, so they are the ones in force."""
+    if path is None:
+        return None
+    memory_max = _number(path / "memory.max", 1)
+    events = _events(path / "memory.events")
+    if memory_max is not None and events.get("oom", 0) > 0:
+        return LimitHit(LimitKind.MEMORY, memory_max, events.get("oom_kill", 0))
+    pids_max = _number(path / "pids.max", 1)
+    refused = _events(path / "pids.events").get("max", 0)
+    if pids_max is not None and refused > 0:
+        return LimitHit(LimitKind.TASKS, pids_max - 1, refused)  # the wrapper's shell is not the job's
+    return None
+
+
+def cpu_throttled_s(path: Path | None) -> float | None:
+    """How long the cgroup's cpu.max held its processes back (cpu.stat ``throttled_usec``); None where
+    it has no CPU limit (cpu.max "max ...") or no cpu controller."""
+    if path is None:
+        return None
+    try:
+        quota = (path / "cpu.max").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    throttled = _events(path / "cpu.stat").get("throttled_usec")
+    return None if quota == "max" or throttled is None else throttled / 1e6
+
+
+def _events(file: Path) -> dict[str, int]:
+    try:
+        lines = file.read_text().splitlines()
+    except OSError:
+        return {}
+    return {key: int(value) for key, _, value in (line.partition(" ") for line in lines) if value.strip().isdigit()}
 
 
 def members(path: Path | None) -> set[int]:

@@ -42,7 +42,7 @@ from supervisor.hosts.base import (
     shown_command,
 )
 from supervisor.hosts.local import cgroup
-from supervisor.hosts.local.cgroup import CGROUP_VAR, Containment
+from supervisor.hosts.local.cgroup import CGROUP_VAR, LIMITS_VAR, Containment
 from supervisor.hosts.local.follow import LogFollower
 from supervisor.hosts.local.rss import RssPeaks
 from supervisor.hosts.stacks import StackDump
@@ -63,6 +63,8 @@ class LocalHost:
         ``kernel_log``: read for Xids where NVML's event set cannot report them (None: not read)."""
         self.log_root = log_root
         self.containment = containment if containment is not None else cgroup.detect()
+        self.capabilities = replace(ON_THIS_MACHINE, cgroup_controllers=self.containment.controllers,
+                                    cgroup_note=self.containment.limits_note)
         self.poll_interval_s = poll_interval_s
         self._gpus = NvmlSampler(nvml=nvml, kernel_log=None if kernel_log is None else KmsgReader(kernel_log))
         self._usage: dict[str, AttemptUsage] = {}  # by tag: read as each attempt's cgroup went, until asked
@@ -77,9 +79,12 @@ class LocalHost:
     async def launch(self, request: LaunchRequest) -> ProcessHandle:
         env = {**os.environ, **request.env, TAG_VAR: request.tag}
         env.pop(CGROUP_VAR, None)
-        group = self._make_cgroup(request.tag)
+        env.pop(LIMITS_VAR, None)
+        group = self._make_cgroup(request)
         if group is not None:
             env[CGROUP_VAR] = str(group)
+            if request.limits is not None:
+                env[LIMITS_VAR] = "1"
         Path(request.log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(request.status_path)  # a stale status must never be read as this attempt's
@@ -107,13 +112,19 @@ class LocalHost:
             log_path=request.log_path, status_path=request.status_path,
         )
 
-    def _make_cgroup(self, tag: str) -> Path | None:
-        group = self.containment.cgroup_of(tag)
+    def _make_cgroup(self, request: LaunchRequest) -> Path | None:
+        limits = request.limits
+        refusal = None if limits is None else self.containment.limits_refusal(limits)
+        if refusal is not None:  # checked at `start`; here for a relaunch by a daemon started elsewhere since
+            raise LaunchError(refusal)
+        group = self.containment.cgroup_of(request.tag)
         if group is None:
             return None
         try:
-            cgroup.create(group)
+            cgroup.create(group, limits)
         except OSError as exc:  # e.g. the hierarchy was remounted read-only since start-up
+            if limits is not None:  # never run without the limits the spec asked for
+                raise LaunchError(f"cannot set the limits ({limits.describe()}) in {group}: {exc.strerror}") from exc
             log.warning("cannot make the attempt's cgroup; contained by tag and group only", cgroup=str(group),
                         error=exc.strerror)
             return None
@@ -131,10 +142,15 @@ class LocalHost:
             if sampler is not None:
                 await cancel_and_wait(sampler)
         oom_kills = cgroup.oom_kills(group)  # read before the cgroup goes, with its memory.events
+        hit = cgroup.limit_hit(group)
+        throttled = cgroup.cpu_throttled_s(group)
         self._keep_usage(handle, cgroup.usage(group))
         cgroup.remove(group)  # only once empty: an escaped process keeps it
         status = await self.exit_status(handle)
         status = status if status is not None else ExitStatus(returncode=None, signal=None)
+        status = replace(status, cpu_throttled_s=throttled)
+        if hit is not None:
+            return replace(status, limit_hit=hit)
         if oom_kills:
             return replace(status, kernel_oom=f"cgroup memory.events: oom_kill {oom_kills}")
         return status

@@ -21,7 +21,7 @@ from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
 
-_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.DONE}
+_FINAL_VERDICTS = {Verdict.CRASHED, Verdict.OOM, Verdict.KILLED, Verdict.LIMIT, Verdict.DONE}
 
 
 def gpu_baseline(ctx: RunnerContext) -> dict[int, int]:

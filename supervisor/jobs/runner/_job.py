@@ -26,6 +26,7 @@ from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.policy import Policy, RestartPolicy
 from supervisor.jobs.quarantine import UNREACHABLE as UNREACHABLE_STRIKE
+from supervisor.jobs.runner import _start_point as start_point
 from supervisor.jobs.runner._adopting import Anchor, Readoption
 from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
@@ -43,6 +44,7 @@ from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._program import learn_program_pid
 from supervisor.jobs.runner._queued import wait_while_queued
 from supervisor.jobs.runner._scope import JobScope, Scope
+from supervisor.jobs.runner._start_point import StartPoint
 from supervisor.jobs.runner._unreachable import UNREACHABLE, wait_for_host
 from supervisor.jobs.runner._watching import AttemptWatch
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
@@ -179,6 +181,7 @@ class JobRunner:
         if resume is None and self.spec.after and not await wait_for_after(self.spec.after, self.ctx.store, self.journal,
                                                                              self.ctx.alerter, self._stop_requested):
             return
+        start: StartPoint | None = None  # the next launch's checkpoint and parameters, once a relaunch decided them
         while True:
             run_attempts += 1
             catch_up = None  # a re-adopted attempt's: what its watch catches up on
@@ -190,9 +193,11 @@ class JobRunner:
                 launching = await self.keep_away.spec_for_launch()
                 if launching is None or not await self.gpu_gate.clear():
                     return
+                if start is None:
+                    start = await start_point.first(self.spec, self.ctx)
                 async with self.scope.numbering():
                     live = await launch(run, self.shard, spec=launching, ctx=self.ctx, journal=self.journal,
-                                        news=self.news, paces=self.paces)
+                                        news=self.news, paces=self.paces, start=start)
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
             try:
@@ -214,7 +219,10 @@ class JobRunner:
                 self.journal.set_job(JobState.DONE, judgement.reason)
                 await self.alerts.done(live, judgement)
                 return
-            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint, previous_fp,
+            start = await start_point.after(self.spec, self.ctx, live, judgement.verdict)
+            # From an older checkpoint or with other parameters, a repeated failure proves nothing yet.
+            decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint,
+                                          None if start.new_ground else previous_fp,
                                           live.failure.kind if live.failure else None)
             await self.ending.kill_what_is_left(live, judgement)
             released = await self.ending.gpus_released(live)
@@ -225,8 +233,9 @@ class JobRunner:
             relaunch = decision.action is ActionKind.RELAUNCH
             action = AttemptAction.relaunch(decision.wait_s) if relaunch else AttemptAction.give_up(decision.reason)
             await self.ending.record(live, judgement, action)
-            said = action.text + (self.keep_away.move_note() if relaunch else "")
-            await self.alerts.end(live, judgement, said, None if relaunch else decision.reason)
+            next_action = action.text + (f"; {start.describe()}" if relaunch and start.describe() else "")
+            next_action += self.keep_away.move_note() if relaunch else ""
+            await self.alerts.end(live, judgement, next_action, None if relaunch else decision.reason)
             if not relaunch:
                 self.journal.set_job(JobState.FAILED, decision.reason)
                 return

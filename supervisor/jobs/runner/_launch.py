@@ -11,7 +11,7 @@ import uuid
 from supervisor.core.actions import AttemptAction
 from supervisor.core.errors import LaunchError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
-from supervisor.core.payloads import LaunchedData
+from supervisor.core.payloads import ActionData, LaunchedData
 from supervisor.hosts.base import LaunchRequest
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._context import Live, RunnerContext
@@ -19,6 +19,7 @@ from supervisor.jobs.runner._ending import gpu_baseline
 from supervisor.jobs.runner._journal import Journal
 from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
+from supervisor.jobs.runner._start_point import StartPoint
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow
 from supervisor.store.event_cap import EventCap
@@ -26,32 +27,38 @@ from supervisor.store.pending import when_free
 
 
 async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerContext, journal: Journal,
-                 news: StartNews, paces: Paces) -> Live:
-    """The next attempt of run ``run`` (of shard ``shard``, for a shard's runner), launched."""
+                 news: StartNews, paces: Paces, start: StartPoint | None = None) -> Live:
+    """The next attempt of run ``run`` (of shard ``shard``, for a shard's runner), launched from
+    ``start`` (its checkpoint and parameters; None: no checkpoint, the spec's parameters)."""
     store = ctx.store
+    start = start or StartPoint()
+    own = spec
+    spec = start.spec_for(spec)
     await journal.writes.drained()  # the previous attempt's end is stored before the next is numbered
     n = store.next_attempt_number(spec.name)
     log_path, status_path = await ctx.host.log_paths(spec.name, n)
     tag = f"{spec.name}.{n}.{uuid.uuid4().hex[:10]}"
-    argv = spec.argv(n)
+    argv = spec.argv(n, start.checkpoint)
     workdir = spec.resolved_workdir()
     row = AttemptRow(
         job=spec.name, n=n, tag=tag, host=ctx.host.name, argv=argv, workdir=workdir,
         log_path=log_path, status_path=status_path, pid=None, pgid=None, start_time=None,
         started=time.time(), ended=None, state=AttemptState.LAUNCHING, exit_code=None, exit_signal=None,
         log_offset=0, phase=None, progress=None, verdict=None, reason=None, failure=None,
-        fingerprint=None, action=None, run=run, shard=shard,
+        fingerprint=None, action=None, run=run, shard=shard, checkpoint=start.checkpoint or None,
+        params=None if spec is own else dict(spec.params),
     )
     await when_free(lambda: store.add_attempt(row))  # saved before launch: a crash here leaves a visible 'launching' row
     journal.set_job(JobState.RUNNING, f"attempt {n}")
     baseline = gpu_baseline(ctx)
     sock = None
     try:
-        env = await asyncio.to_thread(spec.environment, n)  # a spec's `env` may be 1 MiB: off the loop
+        env = await asyncio.to_thread(spec.environment, n, start.checkpoint)  # a spec's `env` may be 1 MiB: off the loop
         sock = heartbeat.bind(ctx, tag)
         env.update(heartbeat.environment(sock, spec))  # the daemon's own NOTIFY_SOCKET is never passed on
         request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
-                                status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args())
+                                status_path=status_path, tag=tag, scheduler_args=spec.slurm.sbatch_args(),
+                                limits=spec.limits.resource_limits())
         handle = await ctx.host.launch(request)
     except Exception as exc:  # re-raised as a SuperviseError
         # Whatever failed, the attempt ends here: a row left `launching` would be taken for
@@ -70,5 +77,8 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
     journal.record(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",
                    LaunchedData(handle.pid, argv, log_path, ctx.host.name, handle.scheduler_id))
+    if said := "; ".join(filter(None, (start.describe(), start.note))):
+        journal.action(n, f"attempt {n} starts {said}" if start.describe() else f"attempt {n}: {said}",
+                       ActionData(checkpoint=start.checkpoint or None, params=start.params))
     return Live(row=row, handle=handle, watchdog=paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
                 gpu_baseline=baseline, notify=sock)

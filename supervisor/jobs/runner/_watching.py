@@ -414,7 +414,10 @@ class AttemptWatch:
         self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
                              ExitedData(status.returncode, status.signal))
         judgement = scheduler_judgement(status) or live.watchdog.exited(
-            status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status))
+            status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status), status.limit_hit)
+        if status.cpu_throttled_s is not None:  # its cpu_max never ends it, but how much it held it back is evidence
+            judgement = replace(judgement, evidence={**judgement.evidence,
+                                                     "cpu_throttled_s": round(status.cpu_throttled_s, 3)})
         if not read_to_end:  # judged on part of its log: the verdict says so
             judgement = replace(judgement, reason=f"{judgement.reason}; its log was not read to its end (read to "
                                                   f"byte {offset:,}, then reading stopped moving for {DRAIN_STALL_S:.0f}s)",
