@@ -71,8 +71,9 @@ def test_a_killed_attempt_moves_the_relaunch_to_the_next_host_of_the_pool(
     [held] = client.quarantine().quarantined
     assert (held.place, held.reason, held.until - held.since) == (sshd_server.url, "the last attempt there ended "
                                                                                    "killed", 900.0)
-    # `status` shows the host of the attempt; `quarantine` the host kept away from.
-    assert "host local" in supervise(daemon_env, "status", "pool").stdout
+    # `attempts` shows each attempt's host once they differ.
+    shown = supervise(daemon_env, "attempts", "pool").stdout.splitlines()
+    assert f"     host: {sshd_server.url}" in shown and "     host: local" in shown, shown
 
     # `host` beside a pool: a spec error in one line, exit 65, the daemon answers on.
     spec = home / "both.toml"

@@ -58,7 +58,7 @@ class RunnerContext:
     # where a program could not reach it.
     notify_dir: Path | None = None
     quarantines: Quarantines | None = None  # the GPUs and hosts kept away from (None: none are)
-    # Another host's context: where a job with a host pool moves (runner/_placement.py).
+    # Another host's context: where a job with a host pool moves (runner/_keep_away.py).
     context_for: Callable[[str], RunnerContext] | None = None
 
 
