@@ -55,3 +55,11 @@ def test_every_verb_names_a_handler_that_exists() -> None:
         if not callable(handler):
             broken.append(f"{name} -> {verb.target}: not callable")
     assert not broken, broken
+
+
+def test_completion_loads_no_pydantic() -> None:
+    """The settings and the job spec's overrides (pydantic models) are loaded by the verbs that use them."""
+    program = _PROGRAM.replace('"httpx", ', '"httpx", "pydantic", ')
+    out = subprocess.run([sys.executable, "-c", program, "completion", "bash"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 0, "loaded": []}

@@ -98,3 +98,41 @@ def test_distinct_bars_past_the_cap_store_a_bounded_number_of_rows(home: Path, d
         assert progress[-1].data["done"] == 1  # the last bar's end is kept
     finally:
         daemon.close()
+
+
+# A vLLM server's access log: one info line per request, 3,000 of them in bursts (many to a read),
+# then a failed request and a traceback-free end.
+ACCESS_LOG = """\
+import sys, time
+out = sys.stdout
+out.write("INFO:     Application startup complete.\\n")
+for burst in range(30):
+    out.write("".join(f'INFO:     127.0.0.1:{40000 + burst * 100 + i} - "POST /v1/completions HTTP/1.1" 200 OK\\n'
+                      for i in range(100)))
+    out.flush()
+    time.sleep(0.02)
+out.write('INFO:     127.0.0.1:39999 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\\n')
+out.flush()
+"""
+
+
+def test_access_log_lines_past_the_cap_are_counted_and_not_stored(home: Path, daemon_env, make_job,
+                                                                  monkeypatch) -> None:
+    """Past the cap, a request line the watchdog already took in the same read is only counted (no
+    event is made of it): the stored history is as the cap says, said once, and the job judged done."""
+    (home / "config.toml").write_text("events_per_attempt = 100\n")
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    daemon = DaemonProcess(home, daemon_env)
+    daemon.start()
+    try:
+        client = daemon.client()
+        client.start(str(make_job("server", ACCESS_LOG, probes='["python", "vllm", "uvicorn"]')), {})
+        wait_until(lambda: job_state(client, "server") in {"done", "failed", "backoff"}, timeout=60)
+        assert job_state(client, "server") == "done"
+        events = client.events("server", attempt=1).events
+        info = [e for e in events if e.kind == "info"]
+        assert 90 <= len(info) <= 100, len(info)  # the cap: no request line stored past it
+        said = [e for e in events if e.kind == "action" and "events_per_attempt" in e.message]
+        assert len(said) == 1, [(e.kind, e.message) for e in events if e.kind != "info"]
+    finally:
+        daemon.close()

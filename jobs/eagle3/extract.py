@@ -21,7 +21,8 @@ Lines for the supervisor's probes (each flushed):
 ``extract phase: {model_init|extracting|verify}``, the weight loader's own bar (transformers:
 ``Loading weights``; vLLM: ``Loading safetensors checkpoint shards``),
 ``extract progress: {done}/{total} samples, {tok_s:.1f} tok/s`` after each batch,
-``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end. A full disk gives
+``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end; with ``--disk-budget``,
+``extract paused: ...`` and ``extract resumed after ...`` around each wait (eagle3.budget). A full disk gives
 ``extract error: disk full writing {path}: free space and relaunch; finished samples are kept``
 and exit code 75; NaN or Inf in a captured batch gives ``extract error: non-finite hidden states in
 sample {i} at layer {k}: ...`` and exit code 65 (eagle3.finite); samples that failed for good (vLLM backend) give
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _io, draft_export, finite, formats, shards, staging
+from . import _io, budget, draft_export, finite, formats, shards, staging
 from . import data as data_mod
 from .tiny_model import DEFAULT_PROMPTS
 
@@ -131,6 +132,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--shard", type=int, default=0, help="this shard's index, 0..N-1 (eagle3.shards)")
     ap.add_argument("--num-shards", type=int, default=1,
                     help="N > 1: extract only this shard's batches (batch k when k %% N == --shard); then `gather`")
+    ap.add_argument("--disk-budget", default="", metavar="SIZE",
+                    help="pause while the sample files training has not consumed yet would pass SIZE (e.g. 2GiB, "
+                         "500MB; empty: no budget); for a pipeline with `eagle3.train --order stream` (eagle3.budget)")
     g = ap.add_argument_group("vllm backend")
     g.add_argument("--tensor-parallel-size", type=int, default=1)
     g.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -153,6 +157,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ap.error(str(e))
     if args.num_shards > 1 and args.format is not formats.Format.SUPERVISE:
         ap.error("--num-shards writes --format supervise only; convert the gathered output with eagle3.export")
+    try:
+        args.disk_budget = budget.parse_size(args.disk_budget) if args.disk_budget.strip() else None
+    except ValueError as e:
+        ap.error(str(e))
+    if args.disk_budget is not None:
+        # Training consumes hs_{i}.safetensors in index order from one directory, and deletes what it consumed.
+        if args.num_shards > 1:
+            ap.error("--disk-budget works with one extraction process (no --num-shards): training consumes the "
+                     "samples in index order, which shards write out of order")
+        if args.format is not formats.Format.SUPERVISE:
+            ap.error("--disk-budget writes --format supervise only (the files `eagle3.train --order stream` reads)")
+        if args.verify:
+            ap.error("--disk-budget cannot --verify: the samples it would recompute are deleted once consumed")
     if args.verify and args.format is formats.Format.SPECFORGE:
         ap.error("--verify compares the stored pre-norm layers, which --format specforge does not keep: "
                  "extract in another format and verify there (eagle3.export converts it afterwards)")
@@ -178,14 +195,23 @@ class Job:
         self.tokens_run = 0
         self.samples_run = 0
         self.t_loop: float | None = None
+        self.budget: budget.Budget | None = None  # set with --disk-budget
 
     def path(self, i: int) -> Path:
         return self.writer.path(i)
 
     def scan(self) -> set[int]:
         """Finished samples: their file exists and is complete with the expected shapes."""
-        self.done = {i for i in self.part if self.writer.complete(i, self.samples[i].seq_len)}
+        # Samples training consumed under a disk budget are finished too: their files are gone for good.
+        through = budget.Ledger.read(self.out).through
+        self.done = {i for i in self.part if i < through or self.writer.complete(i, self.samples[i].seq_len)}
         return self.done
+
+    def wait_for_room(self, batch: Sequence[int]) -> None:
+        """Under --disk-budget, return once ``batch`` may be written (eagle3.budget); at once otherwise."""
+        todo = [i for i in batch if i not in self.done]
+        if self.budget is not None and todo:
+            self.budget.wait_for_room(todo, [self.samples[i].seq_len for i in todo], lambda: self.done, self.path)
 
     def is_done(self, i: int) -> bool:
         return i in self.done
@@ -283,6 +309,11 @@ def _manifest(args: argparse.Namespace, model_dir: str, cfg: dict[str, Any], job
         m["sglang_aux_layer_ids"] = draft_export.renumber(job.layer_ids[:-1], "vllm", "sglang")
     if verify is not None:
         m["verify"] = verify
+    if args.disk_budget is not None:
+        m["disk_budget"] = args.disk_budget
+        m["consumed_through"] = budget.Ledger.read(job.out).through
+        if job.budget is not None:
+            m["peak_unconsumed_bytes"] = job.budget.peak
     if args.num_shards > 1:  # the set's size, and this shard's part of it (gather merges the parts)
         m["num_samples"] = len(job.samples)
         m["shard"] = {"index": args.shard, "num_shards": args.num_shards, "samples": job.total,
@@ -419,6 +450,8 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
     writer.masks_elsewhere = True  # prepared.safetensors (a shard: its partial, gather's) holds every loss mask
     part = shards.select([s.index for s in samples], args.shard, args.num_shards, args.batch_size)
     job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer, part)
+    if args.disk_budget is not None:
+        job.budget = budget.Budget(out, args.disk_budget, 2 * len(layer_ids) * hidden + 9, say)
     masked, every = data_mod.token_frequencies([samples[i] for i in part], vocab)
     manifest_path = out / "manifest.json"
     if sharded:  # the files describing the whole set are `gather`'s to write

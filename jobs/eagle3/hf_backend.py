@@ -172,6 +172,7 @@ class HFBackend:
         todo_at = {k for k, i in enumerate(part) if i in todo_set}
         for chunk in chunks_to_run(len(part), job.batch_size, todo_at):
             samples = [job.samples[part[k]] for k in chunk]
+            job.wait_for_room([s.index for s in samples])
             t0 = time.monotonic()
             tokens = [s.token_ids for s in samples]
             hs = self.forward(tokens, job.layer_ids, job.num_layers)

@@ -33,6 +33,10 @@ an EAGLE-3 speculator (``llama_eagle3.py``: ``fc``, ``midlayer.*``, ``norm``, ``
 usable checkpoint (model, optimiser, scheduler, data position in the seeded per-epoch permutation,
 RNG states) and gives the same weights as an uninterrupted run.
 
+Reading order (``--order``): ``shuffled`` (a seeded permutation per epoch), ``index`` (sample 0, 1, ...), or
+``stream``: index order on an extraction still being written by ``eagle3.extract --disk-budget``, one epoch, each
+sample released (recorded in ``consumed.json``, then deleted) once a saved checkpoint holds it (eagle3.budget).
+
 Lines for the supervisor's probes (each flushed)::
 
     train phase: model_init | training
@@ -42,6 +46,8 @@ Lines for the supervisor's probes (each flushed)::
     train checkpoint {path} is unusable ({why}); falling back to the previous one
     train done: {steps} steps
     train loss is not finite at step {step}        (then FloatingPointError: non-zero exit)
+    train waiting: sample {i} not extracted yet     (--order stream)
+    train released: samples 0..{k} consumed ({n} bytes freed)
 
 Test hooks (environment variables; for tests only, never set in production):
 
@@ -67,7 +73,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import _dist, _io, draft_shape, formats
+from . import _dist, _io, budget, draft_shape, formats
 from ._ckpt import Checkpoints
 from .draft import DraftConfig, Eagle3Draft, draft_vocab, export_tensors
 
@@ -155,9 +161,25 @@ def _manifest(root: Path, fmt: formats.Format, reader: formats.Reader,
     return manifest
 
 
-def open_dataset(root: str | os.PathLike[str], max_len: int, layer_ids_flag: str | None = None) -> Dataset:
+def _await_manifest(root: Path) -> None:
+    """--order stream may start before extraction: wait for its manifest (written after token_freq)."""
+    if (root / "manifest.json").is_file():
+        return
+    _dist.say_once(f"train waiting: no manifest.json in {root} yet (the extraction has not started)")
+    while not (root / "manifest.json").is_file():
+        time.sleep(budget.POLL_S * 4)
+
+
+def open_dataset(root: str | os.PathLike[str], max_len: int, layer_ids_flag: str | None = None,
+                 stream: bool = False) -> Dataset:
+    """The extraction output in ``root``; with ``stream``, one still being written (every sample counts,
+    present or not: :func:`await_samples` waits for each before it is read)."""
     root = Path(root)
+    if stream:
+        _await_manifest(root)
     fmt = formats.detect(root)
+    if stream and fmt is not formats.Format.SUPERVISE:
+        raise DataError(f"--data {root}: --order stream reads the supervise layout only ({fmt.value} found)")
     try:
         reader = formats.Reader(root, fmt)
     except formats.FormatError as e:
@@ -174,6 +196,8 @@ def open_dataset(root: str | os.PathLike[str], max_len: int, layer_ids_flag: str
         raise DataError(f"--data {root}: {len(aux_pos)} auxiliary layers ({layer_ids[:-1]}); EAGLE-3 (and vLLM's "
                         f"fc of 3·hidden inputs) needs exactly 3 besides the last layer {num_layers}")
     n = int(manifest["num_samples"])
+    if stream:
+        return Dataset(root, reader, manifest, list(range(n)), layer_ids, aux_pos, len(layer_ids) - 1, hidden, max_len)
     present = []
     for i in range(n):
         h = reader.header(i)
@@ -228,7 +252,10 @@ def token_frequencies(root: Path, vocab: int, ds: Dataset | None = None) -> torc
     return freq[:vocab]
 
 
-def permutation(n: int, seed: int, epoch: int) -> list[int]:
+def permutation(n: int, seed: int, epoch: int, order: str = "shuffled") -> list[int]:
+    """The dataset positions of an epoch: seeded and shuffled, or (``index``, ``stream``) in index order."""
+    if order != "shuffled":
+        return list(range(n))
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=g).tolist()
 
@@ -524,7 +551,17 @@ def run_fingerprint(args: argparse.Namespace, ds: Dataset, cfg: DraftConfig, tot
         "batch_size": args.batch_size, "total_steps": total, "lr": args.lr, "warmup_steps": args.warmup_steps,
         "min_lr_ratio": args.min_lr_ratio, "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
         "ttt_steps": args.ttt_steps, "ttt_decay": args.ttt_decay,
+        # Only where it is not the default, so that checkpoints of earlier runs still resume. Streaming reads the
+        # index order too: a run may go on with or without the budget.
+        **({"order": "index"} if args.order != "shuffled" else {}),
     }
+
+
+def _extraction_status(root: Path) -> str | None:
+    try:
+        return str(json.loads((root / "manifest.json").read_text()).get("status"))
+    except (OSError, ValueError):
+        return None
 
 
 def export_draft(out: Path, draft: Eagle3Draft, info: dict[str, Any]) -> None:
@@ -565,6 +602,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--num-kv-heads", type=int, help="draft key/value heads (default: the target's; 8 for MLA)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads for torch (default 0: torch's own choice; 1 is often faster on a busy CPU)")
+    ap.add_argument("--order", choices=("shuffled", "index", "stream"), default="shuffled",
+                    help="reading order: shuffled (seeded, every epoch), index (sample 0, 1, ...), or stream: index "
+                         "order while eagle3.extract --disk-budget writes --data, one epoch, each sample released "
+                         "(deleted) once a checkpoint holds it (eagle3.budget)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--save-every", type=int, default=200)
@@ -577,6 +618,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if args.max_steps is not None and args.max_steps < 1:
         ap.error("--max-steps must be positive")
+    if args.order == "stream" and (args.epochs != 1 or args.max_steps is not None):
+        # Fewer steps would leave samples nobody consumes, and extraction paused on them for good.
+        ap.error("--order stream trains exactly one epoch (each sample is deleted once read): give --epochs 1 and "
+                 "no --max-steps; more epochs need every sample kept (--order index on a complete extraction)")
     return args
 
 
@@ -606,7 +651,7 @@ def setup(args: argparse.Namespace, world: _dist.World | None = None) -> Setup:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device, world)
     amp = pick_amp(args.dtype, device)
-    ds = open_dataset(args.data, args.max_len, args.layer_ids)
+    ds = open_dataset(args.data, args.max_len, args.layer_ids, stream=args.order == "stream")
     model_dir = args.target_model or ds.manifest.get("model")
     if not model_dir:
         raise DataError(f"--data {args.data}: no manifest names the target model; pass --target-model")
@@ -682,6 +727,14 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
         step, epoch, index = int(state["step"]), int(state["data"]["epoch"]), int(state["data"]["index"])
         set_rng_state(state["rng"], device)
         say(f"train resumed from step {step} ({path})")
+    stream = args.order == "stream"
+    if stream and world.main:
+        ledger = budget.sweep(ds.root, ds.path)
+        at = len(ds) if epoch else index
+        if ledger.through > at:
+            raise DataError(f"{budget.Ledger.path(ds.root)}: samples up to {ledger.through} were consumed and "
+                            f"deleted, but the checkpoint resumed reads from sample {at}: the newer checkpoint "
+                            "that held them is gone; the pipeline must start over in new directories")
 
     say(f"train config: {len(ds)} samples, {su.steps_per_epoch} steps/epoch, {total} steps, draft vocab "
         f"{su.cfg.draft_vocab_size} of {target.vocab} (covers {su.coverage:.1%} of the loss-masked tokens), "
@@ -694,7 +747,7 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
     draft.train()
     steps = args.ttt_steps
     window = _Window(steps)
-    perm = permutation(len(ds), args.seed, epoch)
+    perm = permutation(len(ds), args.seed, epoch, args.order)
 
     def checkpoint() -> None:
         if not world.main:
@@ -704,11 +757,45 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
                  "run": fingerprint}
         path = store.save(step, state)
         say(f"train checkpoint saved: step {step} path {path}")
+        if stream:  # what the saved checkpoint has read is never read again: its files go
+            ledger = budget.release(ds.root, len(ds) if epoch else index, ds.path)
+            say(f"train released: samples 0..{ledger.through - 1} consumed ({ledger.released_bytes} bytes freed)")
+
+    def await_samples(chosen: list[int]) -> None:
+        """--order stream: wait until extraction has written every sample of the batch. Where extraction is
+        paused on its disk budget, what was read so far is checkpointed and released first, then the sample
+        asked for, so that neither side waits on the other for good."""
+        nonlocal last_saved
+        missing = [ds.indices[j] for j in chosen if ds.reader.header(ds.indices[j]) is None]
+        if not missing:
+            return
+        say(f"train waiting: sample {missing[0]} not extracted yet")
+        asked = False
+        t_check = time.monotonic()
+        while missing:
+            if world.main and not asked and budget.paused(ds.root):
+                if step != last_saved:
+                    checkpoint()
+                    last_saved = step
+                budget.want(ds.root, missing[0])
+                asked = True
+            time.sleep(budget.POLL_S)
+            missing = [i for i in missing if ds.reader.header(i) is None]
+            if missing and time.monotonic() - t_check > 1.0:
+                t_check = time.monotonic()
+                status = _extraction_status(ds.root)
+                if status not in ("running", None) and ds.reader.header(missing[0]) is None:
+                    raise DataError(f"--data {ds.root}: the extraction ended ({status}) without sample "
+                                    f"{missing[0]}; relaunch it, then this job")
+        if asked:
+            budget.want(ds.root, None)
 
     last_saved = step if loaded is not None else -1
     first_step = step
     while step < total:
         chosen = perm[index:index + args.batch_size]
+        if stream:
+            await_samples(chosen)
         mine = chosen[world.rank::world.size]
         weight = 1.0 if mine else 0.0  # a rank without a sample (a short last batch) adds nothing
         batch = ds.batch(mine or chosen[:1])
@@ -733,7 +820,7 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
         index += len(chosen)
         if index >= len(ds):
             epoch, index = epoch + 1, 0
-            perm = permutation(len(ds), args.seed, epoch)
+            perm = permutation(len(ds), args.seed, epoch, args.order)
         tokens = _dist.all_sum(batch["lengths"].sum() * int(weight), world)
         window.add(stats[0], list(stats[1:1 + steps]), list(stats[1 + steps:]), int(tokens))
         if step % args.log_every == 0 or step == total or step == first_step + 1:

@@ -341,6 +341,7 @@ class VllmBackend:
               sp: Any, pool: ThreadPoolExecutor) -> list[int]:
         while queue:
             batch = [queue.popleft() for _ in range(min(job.batch_size, len(queue)))]
+            job.wait_for_room(batch)
             prompts = [self.api.TokensPrompt(prompt_token_ids=job.samples[i].token_ids) for i in batch]
             t0 = time.monotonic()
             outputs = self.llm.generate(prompts, sp)

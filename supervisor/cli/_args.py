@@ -10,14 +10,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from supervisor.core.config import default_paths
 from supervisor.core.limits import MAX_GRACE_S
-from supervisor.core.overrides import FieldOverrides
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 if TYPE_CHECKING:
     from supervisor.cli.client import Client
+    from supervisor.core.overrides import FieldOverrides
 
 N = TypeVar("N", int, float)
 
@@ -25,6 +24,7 @@ N = TypeVar("N", int, float)
 def client() -> Client:
     """A client of the running daemon, started when none runs."""
     from supervisor.cli.client import Client  # loaded by the verbs that talk to the daemon only
+    from supervisor.core.config import default_paths  # pydantic: not imported by `probe`, which reads a log offline
 
     c = Client(default_paths())
     c.ensure_daemon()
@@ -131,6 +131,8 @@ def add_field_flags(p: argparse.ArgumentParser) -> None:
 
 
 def field_overrides(args: argparse.Namespace) -> FieldOverrides:
+    from supervisor.core.overrides import FieldOverrides  # pydantic: see client()
+
     return FieldOverrides(host=args.host, python=args.python, workdir=args.workdir, shards=args.shards)
 
 

@@ -13,6 +13,16 @@ chunk over budget has its events kept, and the pack that costs the most on it is
 for this attempt: the other packs, and supervision, go on.  A pack whose matching raises
 (a crafted line, a pattern the literal extractor cannot take) is disabled the same way and
 the chunk matched again without it.  Each disabled pack is reported once (``PackDisabled``).
+
+A busy log is read a line or two at a time, and handing such a read to the worker and back
+costs two thread wake-ups, about 50 us of CPU on 2 vCPUs, against a few us to match it: most of
+the daemon's cost per followed line at 8 x 1000 lines/s (tests/perf/RESULTS.md §39).  So a small
+read (``_INLINE_BYTES``) is matched on the loop once the attempt's matcher has shown, over
+``_INLINE_AFTER_BYTES`` matched in the worker, what its packs cost a byte: when a read of that
+size is then expected to take at most ``_INLINE_READ_S`` (a line or two of built-in packs: ~0.1 ms;
+a costly user pack's read stays in the worker), while the worker is idle (calls stay in order) and
+no other attempt's chunk is being matched (the lane).  A read matched on the loop that
+took over ``_INLINE_HOLD_S`` sends every later read of the attempt back to the worker.
 """
 
 from __future__ import annotations
@@ -42,6 +52,10 @@ _SAMPLE_BYTES = 4 << 10  # how much of a chunk each pack is timed on, to find th
 # a backlog, each matching in its own thread at once: `status` p50 537 ms; taking turns: 48 ms
 # (tests/perf/RESULTS.md §18b).
 _LANE = threading.Lock()
+_INLINE_BYTES = 4 << 10  # a read this small may be matched on the loop (see the module's doc)
+_INLINE_AFTER_BYTES = 64 << 10  # matched in the worker first, to measure what the packs cost
+_INLINE_READ_S = 0.001  # the most a read matched on the loop is expected to take, at the cost measured so far
+_INLINE_HOLD_S = 0.005  # a read on the loop that took longer ends matching on the loop for the attempt
 
 T = TypeVar("T")
 
@@ -69,17 +83,27 @@ class _Worker:
         self._calls: queue.SimpleQueue[
             tuple[Callable[[], Any], asyncio.AbstractEventLoop | None, asyncio.Future[Any] | None] | None]
         self._calls = queue.SimpleQueue()
+        # Each counter is written by one thread only: calls sent (the caller's), calls served (the worker's).
+        self.sent = 0
+        self.served = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """Every call sent has been served (a call given up on by its caller included)."""
+        return self.served == self.sent
 
     async def call(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self.sent += 1
         self._calls.put((fn, loop, future))
         return await future
 
     def post(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` in turn, nobody waiting for it (it must contain its own errors)."""
+        self.sent += 1
         self._calls.put((fn, None, None))
 
     def close(self) -> None:
@@ -92,6 +116,7 @@ class _Worker:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
             except Exception as exc:  # noqa: BLE001 - contained: see the module's doc
                 outcome = (None, exc)
+            self.served += 1
             if loop is None or future is None:  # posted: nobody waits
                 continue
             try:
@@ -123,6 +148,10 @@ class Matcher:
         # output is matched at once, and the compile's cost is the attempt's, not its lines'.
         self._early = Matched()  # what building it disabled, handed out with the first feed
         self._early_unused = True
+        # What matching has cost so far (CPU seconds over bytes): whether a small read may be matched on the loop.
+        self._cost_s = 0.0
+        self._cost_bytes = 0
+        self._inline_off = False  # a read matched on the loop took too long: the worker's from then on
         self._worker.post(self._build_early)
 
     @property
@@ -134,7 +163,24 @@ class Matcher:
         return self._engine is not None and self._engine.has_open_traceback
 
     async def feed(self, records: Sequence[Record]) -> Matched:
+        if self._may_match_here(records) and _LANE.acquire(blocking=False):
+            started = time.thread_time()
+            try:
+                return self._feed(records, in_lane=True)
+            finally:
+                _LANE.release()
+                if time.thread_time() - started > _INLINE_HOLD_S:
+                    self._inline_off = True
         return await self._worker.call(lambda: self._feed(records))
+
+    def matches_on_the_loop(self, size: int) -> bool:
+        """Whether a read of ``size`` bytes is matched on the loop now (see the module's doc)."""
+        return (not self._inline_off and size <= _INLINE_BYTES and self._cost_bytes >= _INLINE_AFTER_BYTES
+                and self._cost_s * size <= _INLINE_READ_S * self._cost_bytes)
+
+    def _may_match_here(self, records: Sequence[Record]) -> bool:
+        return (bool(records) and self._engine is not None and self._worker.idle
+                and self.matches_on_the_loop(records[-1].end - records[0].offset))
 
     async def flush(self) -> Matched:
         return await self._worker.call(self._flush)
@@ -154,13 +200,16 @@ class Matcher:
         except Exception as exc:  # noqa: BLE001 - every pack failed: the first feed raises it again
             log.warning("the probe engine could not be built", error=repr(exc))
 
-    def _feed(self, records: Sequence[Record]) -> Matched:
+    def _feed(self, records: Sequence[Record], *, in_lane: bool = False) -> Matched:
         out, self._early = self._early, Matched()
         if self._early_unused and records and records[0].offset != self._start:
             self._engine = None  # the log restarted before its first line was read: built again there
         self._early_unused = False
         for chunk in _chunks(records):
-            self._feed_chunk(chunk, out)
+            if in_lane:
+                self._feed_chunk_in_lane(chunk, out)
+            else:
+                self._feed_chunk(chunk, out)
         return out
 
     def _feed_chunk(self, chunk: Sequence[Record], out: Matched) -> None:
@@ -183,6 +232,8 @@ class Matcher:
                 continue
             out.events.extend(events)
             spent = time.thread_time() - started
+            self._cost_s += spent
+            self._cost_bytes += chunk[-1].end - chunk[0].offset
             budget = _budget(chunk)
             if spent > budget and self.packs:
                 size_kib = (chunk[-1].end - chunk[0].offset) / 1024

@@ -44,6 +44,11 @@ class EventCap:
         self.stored += kept
         return kept
 
+    def drop(self) -> None:
+        """A bulk line past the cap, counted without an event made of it (``admits`` says False
+        for every such line)."""
+        self.dropped += 1
+
     def notice(self) -> str | None:
         """The one message saying the cap was reached, the first time it is asked after it was."""
         if self._said or not self.dropped:

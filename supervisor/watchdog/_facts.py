@@ -137,15 +137,20 @@ class Facts:
     def pinged(self, at: float) -> None:
         self.pinged_at = at if self.pinged_at is None else max(self.pinged_at, at)
 
-    def observe(self, event: Event, at: float) -> None:
+    def observe(self, event: Event, at: float) -> bool:
+        """Fold one event in.  Returns False only when the event was a plain info line (no
+        failure, no heartbeat) that changed nothing here: then the same line again at the same
+        time changes nothing either (a vLLM server's access log, one line per request)."""
         # Every probe event comes from a record, so it is output too.  The batch it came in may
         # have been dated later than it (a log read back after a daemon restart): never earlier.
+        changed = at > self.last_output_at or at != self.last_active_at
         self.last_output_at = max(self.last_output_at, at)
         payload = ProbeFields.of(event)
         # The probes' own rules read the pack's named captures, so they get them as captured.
         fields = payload.fields
         if event.kind == EventKind.INFO and payload.heartbeat:
             self.heartbeat = (at, event.message)
+            changed = True
         else:
             self.last_active_at = at
         # Any event that implies a phase enters it, as the offline replay reads it (``entered_phase``).
@@ -154,9 +159,10 @@ class Facts:
         implied = implied_phase(kind, own, self.phase)
         if implied is not None:
             # A failure's fallback phase (start-up) says nothing of bars drawn before it: they go on being watched.
-            self._enter_phase(implied, at, recovers=entering_recovers(kind, fields), named=own is not None)
+            changed |= self._enter_phase(implied, at, recovers=entering_recovers(kind, fields), named=own is not None)
         if not self.advanced_since_failure and goes_on_serving(fields):
             self._advanced()  # a request answered after the failure: it was one call's, the server goes on
+            changed = True
         if event.kind in (EventKind.METRIC, EventKind.PROGRESS) and fields:
             self.engine.observe(fields, at)
             self.loss.observe(fields, at)
@@ -175,12 +181,14 @@ class Facts:
             self._failure(failure, at)
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
+        return changed or event.kind is not EventKind.INFO or event.failure is not None
 
-    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, named: bool = True) -> None:
-        # Forward only, and no `done` straight after a failure: the rule the replay shares.
+    def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, named: bool = True) -> bool:
+        """Whether the phase was entered (forward only, and no `done` straight after a failure:
+        the rule the replay shares)."""
         phase = entered_phase(self.phase, implied, recovered=self.advanced_since_failure)
         if phase is None:
-            return
+            return False
         self.phase = phase
         self.phase_named = named
         self.phase_entered_at = self.moved_at = at
@@ -192,6 +200,7 @@ class Facts:
         # a healthy run forever.
         for track in self.tracks.values() if named else ():
             track.retired = True
+        return True
 
     def _failure(self, failure: Failure, at: float) -> None:
         if failure.fatal and self.fatal is None:

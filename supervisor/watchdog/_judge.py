@@ -133,10 +133,12 @@ class Watchdog:
         self._made = None
         self._facts.gpu.sampled(devices, busy, self._now(now))
 
-    def observe(self, event: Event, now: float | None = None) -> None:
-        """A probe event: a phase, a progress step, a failure (``event.failure``), a heartbeat."""
+    def observe(self, event: Event, now: float | None = None) -> bool:
+        """A probe event: a phase, a progress step, a failure (``event.failure``), a heartbeat.
+        Returns False when it changed nothing the rules read (see ``Facts.observe``): the
+        same event again at the same time need not be fed."""
         self._made = None
-        self._facts.observe(event, self._now(now))
+        return self._facts.observe(event, self._now(now))
 
     # ---- judgement while running ---------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Arrival stampers for the benchmarks: note ``time.time()`` the moment something shows up.
 
     _stamp.py stdin OUT              lines on stdin (a shell pipeline's output)
-    _stamp.py events HOME JOB OUT    progress events streamed by the daemon (`supervise events -f`)
-    _stamp.py commits DB OUT         progress events as they become visible in the store to
+    _stamp.py events HOME JOB OUT    progress and metric events streamed by the daemon (`supervise events -f`)
+    _stamp.py commits DB OUT         progress and metric events as they become visible in the store to
                                      another reader (inotify on the WAL file, then a query)
 
 Each writes ``OUT.ready`` once it listens, keeps ``arrival<TAB>text`` lines in memory and
@@ -47,7 +47,7 @@ def from_events(home: str, job: str, out: Path) -> None:
 
     client = Client(Paths(Path(home)), timeout_s=60)
     ready(out)
-    for event in client.follow_events(job, kinds=["progress"]):
+    for event in client.follow_events(job, kinds=["progress", "metric"]):
         arrivals.append((time.time(), event.message))
 
 
@@ -75,7 +75,7 @@ def from_commits(db_path: str, out: Path) -> None:
             time.sleep(0.0001)
         now = time.time()
         for row_id, kind, message in rows:
-            if kind == "progress":
+            if kind in ("progress", "metric"):
                 arrivals.append((now, message))
             last = row_id
 

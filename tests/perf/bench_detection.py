@@ -4,17 +4,21 @@
 
 One real daemon runs one job: a writer (tests/perf/_writer.py) that puts ``time.time()`` at the
 start of every line and writes it with a flush, ``--rate`` lines a second for ``--seconds``.
-Every line is a transformers shard bar (``Loading checkpoint shards:  50%|###| k/N [..]``),
-which the ``transformers`` pack turns into a progress event.  While it writes, in the same
-run, the same log is read by:
+Every tenth line is a transformers loss line (a metric event, stored every time); the others
+are one transformers shard bar (``Loading checkpoint shards:  50%|###| k/N [..]``), which the
+daemon stores at its milestones (its first line and each whole percent; progress is state, a
+redraw between milestones is no row of its own).  The lines compared are the ones the daemon
+surfaces: those it stored as rows of their own.  While it writes, in the same run, the same
+log is read by:
 
 - the daemon, seen three ways: the stored event's ``ts`` (set when the event object is
   created, just before the transaction that stores it commits: a lower bound on "stored");
   the stored row becoming visible to another process (a reader woken by inotify on the
   store's WAL file, which then queries the table: "stored and committed");
   the event arriving on the daemon's event stream (``supervise events -f``: "published");
-- ``tail -n +1 -F LOG | grep --line-buffered 'Loading checkpoint shards'`` piped into a reader
-  that stamps each arrival: the best a shell can do;
+- ``tail -n +1 -F LOG | grep --line-buffered -e 'Loading checkpoint shards' -e "'loss'"`` piped
+  into a reader that stamps each arrival: the best a shell can do.  Its latency is taken over
+  the same lines as the daemon's (and, on a row of its own, over every line it passed);
 - ``while :; do sleep N; tail -n 1 LOG; done`` for each N of ``--polls``: what users do
   today.  A poll shows the newest line; every line written before that line counts as seen
   at that poll (progress is cumulative), so latency = poll time - write time.
@@ -49,7 +53,8 @@ from _harness import (
     write_go,
 )
 
-PATTERN = "Loading checkpoint shards"
+PATTERNS = ("Loading checkpoint shards", "'loss'")
+LOSS_EVERY = 10  # every tenth line a loss line: a metric event stored each time
 
 
 def read_arrivals(path: Path) -> list[tuple[float, str]]:
@@ -106,7 +111,7 @@ def main() -> int:
         home = daemon.home
         go = home / "go"
         spec = daemon.spec("detect", [PY, str(WRITER), "--rate", str(args.rate), "--lines", str(lines),
-                                      "--event-every", "1", "--go", str(go)],
+                                      "--event-every", "1", "--loss-every", str(LOSS_EVERY), "--go", str(go)],
                            extra="[restart]\nmax_attempts = 1\n")
         started = daemon.start_jobs([spec])[0]
         log = started.log_path
@@ -119,8 +124,8 @@ def main() -> int:
 
         helper([PY, str(STAMP), "events", str(home), "detect", str(outs["events"])])
         helper([PY, str(STAMP), "commits", str(daemon.paths.db), str(outs["commits"])])
-        helper(["sh", "-c", 'tail -n +1 -F "$1" 2>/dev/null | grep --line-buffered "$2" | "$3" "$4" stdin "$5"',
-                "sh", log, PATTERN, PY, str(STAMP), str(outs["tailgrep"])])
+        helper(["sh", "-c", 'tail -n +1 -F "$1" 2>/dev/null | grep --line-buffered -e "$2" -e "$3" | "$4" "$5" stdin "$6"',
+                "sh", log, *PATTERNS, PY, str(STAMP), str(outs["tailgrep"])])
         for p in polls:
             helper(["sh", "-c", 'while :; do sleep "$1"; tail -n 1 "$2"; done | "$3" "$4" stdin "$5"',
                     "sh", f"{p:g}", log, PY, str(STAMP), str(outs[f"poll{p:g}"])])
@@ -130,37 +135,50 @@ def main() -> int:
         daemon.wait_finished(["detect"], timeout=args.seconds * 3 + 30)
         time.sleep(max(polls, default=0) + 0.5)  # the slowest poll loop shows the last line too
         db = daemon.db()
-        stored = db.execute("SELECT ts, message FROM events WHERE job='detect' AND kind='progress'").fetchall()
+        stored = db.execute("SELECT ts, message FROM events WHERE job='detect' AND kind IN ('progress', 'metric')"
+                            ).fetchall()
         for proc in helpers:
             kill_group(proc)
         log_text = Path(log).read_text(errors="replace")
-        written = [s for s in (stamp_of(x) for x in log_text.splitlines() if PATTERN in x) if s is not None]
+        written = [s for s in (stamp_of(x) for x in log_text.splitlines() if any(p in x for p in PATTERNS))
+                   if s is not None]
         verdict = db.execute("SELECT message FROM events WHERE job='detect' AND kind='verdict'").fetchone()
         db.close()
 
+        # The lines the daemon surfaced: each stored as a row of its own (a bar's milestones, every
+        # loss line).  Every reader is measured on these same lines.
+        surfaced = {s for _, m in stored if (s := stamp_of(m)) is not None}
+        grep_all = per_line(read_arrivals(outs["tailgrep"]))
         results: list[tuple[str, dict[float, float]]] = [
             ("daemon: event `ts` (created just before its commit)", {s: ts - s for ts, m in stored if (s := stamp_of(m)) is not None}),
             ("daemon: stored row visible to another reader", per_line(read_arrivals(outs["commits"]))),
             ("daemon: published on `events -f` stream", per_line(read_arrivals(outs["events"]))),
-            ("`tail -F` \\| `grep --line-buffered`", per_line(read_arrivals(outs["tailgrep"]))),
+            ("`tail -F` \\| `grep --line-buffered`", grep_all),
         ]
         results += [(f"`sleep {p:g} && tail -n 1` loop", per_poll(read_arrivals(outs[f"poll{p:g}"]), written)) for p in polls]
+        results = [(label, {s: v for s, v in seen.items() if s in surfaced}) for label, seen in results]
 
     base = percentile(list(results[3][1].values()), 99)
     rows = []
     for label, seen in results:
         values = list(seen.values())
         p99 = percentile(values, 99)
-        rows.append([label, f"{len(values)}/{len(written)}", ms(percentile(values, 50)), ms(p99),
+        rows.append([label, f"{len(values)}/{len(surfaced)}", ms(percentile(values, 50)), ms(p99),
                      ms(max(values, default=float("nan"))), f"{p99 / base:.1f}x" if base > 0 else "-"])
-    print(f"\nwriter: {len(written)} shard-bar lines at {args.rate:g} lines/s for {args.seconds:g} s; "
-          f"job verdict: {verdict[0] if verdict else '?'}\n")
-    print(table(["reader", "lines seen", "p50 ms", "p99 ms", "max ms", "p99 vs `tail -F \\| grep`"], rows))
+    every = list(grep_all.values())
+    rows.append(["`tail -F` \\| `grep`, every line it passed (bar redraws too)", f"{len(every)}/{len(written)}",
+                 ms(percentile(every, 50)), ms(percentile(every, 99)), ms(max(every, default=float("nan"))), "-"])
+    metrics = sum(1 for x in log_text.splitlines() if PATTERNS[1] in x)
+    print(f"\nwriter: {lines} lines at {args.rate:g} lines/s for {args.seconds:g} s: {len(written) - metrics} redraws of "
+          f"one shard bar, {metrics} loss lines; the daemon surfaced {len(surfaced)} of them as rows of their own "
+          f"(the bar's milestones, every loss line); job verdict: {verdict[0] if verdict else '?'}\n")
+    print(table(["reader (over the lines the daemon surfaced)", "lines seen", "p50 ms", "p99 ms", "max ms",
+                 "p99 vs `tail -F \\| grep`"], rows))
     for index in (0, 1, 2):
         p99 = percentile(list(results[index][1].values()), 99)
         ratio = p99 / base if base > 0 else float("inf")
-        print(f"\ntarget (daemon p99 within 3x of `tail -F | grep`), {results[index][0]}: "
-              f"{ratio:.1f}x -> {'met' if ratio <= 3 else 'MISSED'}")
+        print(f"\ntarget (daemon p99 within 2x of `tail -F | grep` on the same lines), {results[index][0]}: "
+              f"{ratio:.1f}x -> {'met' if ratio <= 2 else 'MISSED'}")
     return 0
 
 

@@ -16,6 +16,13 @@ failed (a staged file gone), launches that died by themselves.
 
 ``--baseline-jobs DIR`` runs the same schedule with another jobs/ tree (e.g. ``git archive 486a804 jobs``).
 Prints one markdown row per seed.
+
+``--daemon``: the shards run under a real supervise daemon instead (one job, ``shards = N``, its ``gather``
+step, relaunches by its ``[restart]`` policy), and the random actions are of two kinds: SIGKILL of a running
+shard's process group (the pid from the daemon's status), and SIGKILL of the daemon itself, restarted 0..1 s
+later, which re-adopts the shards that ran on meanwhile. Actions come every 0.3..``--max-kill-s`` s until
+``--max-kills`` of them; the run ends when the job is done (its gather included), and the output is compared
+with the lone run as above. Relaunches are the daemon's: counted from its attempts.
 """
 
 from __future__ import annotations
@@ -152,6 +159,138 @@ def run(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: d
     return res
 
 
+SPEC = """\
+name = "shardkills"
+workdir = "{repo}"
+command = ["{{python}}", "{runner}", "--model", "{model}", "--prompts", "{prompts}", "--out", "{out}",
+           "--batch-size", "{batch}", "--file-timeout", "1", "--shard", "{{shard}}", "--num-shards", "{{num_shards}}"]
+gather = ["{{python}}", "-m", "eagle3.extract", "gather", "--out", "{out}"]
+shards = {shards}
+stop_grace_s = 2
+[env]
+PYTHONPATH = "{repo}/jobs"
+PYTHONUNBUFFERED = "1"
+HF_HUB_OFFLINE = "1"
+OMP_NUM_THREADS = "1"
+FAKE_VLLM_STEP_S = "{step_s}"
+[restart]
+max_attempts = 40
+backoff_initial_s = 0.1
+backoff_max_s = 0.5
+backoff_jitter_s = 0
+"""
+
+
+@dataclass
+class DaemonOutcome:
+    seed: int
+    shard_kills: int = 0
+    daemon_restarts: int = 0
+    launches: int = 0
+    failed_requests: int = 0
+    samples_checked: int = 0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def run_daemon(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: dict[str, bytes],
+               step_s: float, max_kill_s: float, max_kills: int) -> DaemonOutcome:
+    """One run under a real daemon, with random shard SIGKILLs and daemon SIGKILL + restarts (see the module)."""
+    import shutil
+
+    sys.path.insert(0, str(REPO))
+    from supervisor.cli.client import Client
+    from supervisor.core.config import Paths
+    from supervisor.core.events import JobState
+
+    rng = random.Random(seed)
+    home = Path(tempfile.mkdtemp(prefix="sk-", dir="/tmp"))  # short: a Unix socket path lies under it
+    out = home / "out"
+    spec = home / "shardkills.toml"
+    spec.write_text(SPEC.format(repo=REPO, runner=RUNNER, model=model, prompts=prompts, out=out, batch=BATCH,
+                                shards=shards, step_s=step_s))
+    denv = {**os.environ, "SUPERVISE_HOME": str(home), "PYTHONPATH": str(REPO)}
+    res = DaemonOutcome(seed)
+    paths = Paths(home)
+    logs: list[Path] = []
+
+    def start_daemon() -> subprocess.Popen[bytes]:
+        log = (home / "daemon.log").open("ab")
+        d = subprocess.Popen([sys.executable, "-m", "supervisor.daemon.process"], env=denv, stdout=log,
+                             stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            c = Client(paths, timeout_s=30)
+            try:
+                if c.accepting() and c.ping() is not None:
+                    return d
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            finally:
+                c.close()
+            if time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not come up in 30 s")
+            time.sleep(0.1)
+
+    daemon = start_daemon()
+    client = Client(paths, timeout_s=30)
+    t0 = time.monotonic()
+    client.start(str(spec), {})
+    actions, next_at, state = 0, t0 + rng.uniform(0.3, max_kill_s), None
+    try:
+        while time.monotonic() - t0 < 900:
+            st = client.status("shardkills").jobs[0]
+            state = st.state
+            if state in (JobState.DONE, JobState.FAILED, JobState.STOPPED, JobState.CANCELLED):
+                break
+            now = time.monotonic()
+            if actions < max_kills and now >= next_at:
+                actions += 1
+                next_at = now + rng.uniform(0.3, max_kill_s)
+                if rng.random() < 0.35:  # the daemon: SIGKILL, then a restart that re-adopts the shards
+                    client.close()
+                    daemon.send_signal(signal.SIGKILL)
+                    daemon.wait()
+                    time.sleep(rng.uniform(0.0, 1.0))
+                    daemon = start_daemon()
+                    client = Client(paths, timeout_s=30)
+                    res.daemon_restarts += 1
+                else:
+                    live = [sh.attempt.pid for sh in (st.shards.shards if st.shards else [])
+                            if sh.shard >= 0 and sh.attempt is not None and sh.attempt.pid and sh.attempt.ended is None]
+                    if live:
+                        try:
+                            os.killpg(rng.choice(live), signal.SIGKILL)
+                            res.shard_kills += 1
+                        except ProcessLookupError:  # it ended just now
+                            pass
+            time.sleep(0.05)
+        res.seconds = time.monotonic() - t0
+        if state is not JobState.DONE:
+            res.problems.append(f"job {state} after {res.seconds:.0f} s")
+        attempts = [a for a in client.attempts("shardkills").attempts if a.shard is not None and a.shard >= 0]
+        res.launches = len(attempts)
+        logs = [Path(a.log_path) for a in attempts if Path(a.log_path).is_file()]
+    finally:
+        client.close()
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+    res.failed_requests = sum(" failed: " in x for p in logs for x in p.read_text(errors="replace").splitlines())
+    got = {k: v for k, v in files(out).items() if ".shard-" not in k} if out.is_dir() else {}
+    hs = {k for k in got if k.startswith("hs_")}
+    res.samples_checked = sum(got.get(k) == v for k, v in reference.items() if k.startswith("hs_"))
+    if len(hs) != n:
+        res.problems.append(f"{len(hs)} of {n} samples")
+    if got != reference:
+        res.problems.append(f"{sum(got.get(k) != v for k, v in reference.items())} files differ from the lone run")
+    if not res.problems:
+        shutil.rmtree(home, ignore_errors=True)
+    else:
+        res.problems.append(f"kept in {home}")
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0-4", help="A-B or a comma list")
@@ -162,6 +301,8 @@ def main() -> int:
     ap.add_argument("--max-kill-s", type=float, default=6.0)
     ap.add_argument("--max-kills", type=int, default=8, help="kills per run at most (then it runs to its end)")
     ap.add_argument("--baseline-jobs", type=Path, help="a jobs/ tree to run instead of this checkout's")
+    ap.add_argument("--daemon", action="store_true",
+                    help="run the shards under a real supervise daemon; SIGKILL shards and the daemon at random")
     a = ap.parse_args()
     seeds = (list(range(int(a.seeds.split("-")[0]), int(a.seeds.split("-")[1]) + 1)) if "-" in a.seeds
              else [int(x) for x in a.seeds.split(",")])
@@ -172,6 +313,21 @@ def main() -> int:
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     reference = files(lone)
+    if a.daemon:
+        print(f"under a daemon; {a.samples} samples, {a.shards} shards, batch {BATCH}, step {a.step_s} s a request, "
+              f"an action every 0.3..{a.max_kill_s} s, {a.max_kills} a run (SIGKILL of a shard 0.65, of the daemon "
+              "then a restart 0.35)")
+        print("| seed | shard SIGKILLs | daemon SIGKILLs + restarts | shard launches | failed requests | seconds | "
+              "samples byte-identical | every sample once, identical |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---|")
+        bad = 0
+        for seed in seeds:
+            d = run_daemon(seed, model, prompts, a.samples, a.shards, reference, a.step_s, a.max_kill_s, a.max_kills)
+            bad += bool(d.problems)
+            print(f"| {seed} | {d.shard_kills} | {d.daemon_restarts} | {d.launches} | {d.failed_requests} | "
+                  f"{d.seconds:.1f} | {d.samples_checked}/{a.samples} | "
+                  f"{'yes' if not d.problems else '; '.join(d.problems)} |", flush=True)
+        return 1 if bad else 0
     print(f"jobs: {a.baseline_jobs or 'this checkout'}; {a.samples} samples, {a.shards} shards, batch {BATCH}, "
           f"step {a.step_s} s a request, kill chance {a.kill_p} at 0.2..{a.max_kill_s} s, at most {a.max_kills}")
     print("| seed | launches | SIGKILLs | died by themselves | failed requests | seconds | every sample, identical |")

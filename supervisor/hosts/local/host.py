@@ -134,8 +134,11 @@ class LocalHost:
         group = self.containment.cgroup_of(handle.tag)
         sampler = None
         if not cgroup.counts_memory(group):  # no memory.peak to read at the end: sampled meanwhile
+            # Each sample looks at every process on the machine: one found without the attempt's tag is
+            # not read again (its environment was fixed when it was started), by pid and start time.
+            untagged: dict[int, float] = {}
             sampler = asyncio.create_task(self._rss.sample_until_cancelled(
-                handle.tag, lambda: _attempt_processes(handle, group)), name=f"rss:{handle.tag}")
+                handle.tag, lambda: _attempt_processes(handle, group, untagged)), name=f"rss:{handle.tag}")
         try:
             await self._wait_gone(handle)
         finally:
@@ -290,10 +293,13 @@ def _alive(handle: ProcessHandle) -> bool:
     return abs(created - handle.start_time) < _START_TIME_TOLERANCE_S
 
 
-def _attempt_processes(handle: ProcessHandle, group: Path | None = None) -> list[psutil.Process]:
+def _attempt_processes(handle: ProcessHandle, group: Path | None = None,
+                       untagged: dict[int, float] | None = None) -> list[psutil.Process]:
     """Every live process of the attempt: the wrapper's group and tree, every process carrying
     the attempt's tag, which finds workers that escaped the group and were re-parented to init,
-    and every process in the attempt's cgroup, which nothing escapes."""
+    and every process in the attempt's cgroup, which nothing escapes.  ``untagged``: processes
+    (pid: start time) an earlier call of the same caller found without the tag, whose
+    environment is not read again; those found now are added to it."""
     found: dict[int, psutil.Process] = {}
     for pid in cgroup.members(group):
         with contextlib.suppress(psutil.Error):
@@ -309,15 +315,29 @@ def _attempt_processes(handle: ProcessHandle, group: Path | None = None) -> list
                 found[child.pid] = child
     spared = _self_and_ancestors()
     wrapper_alive = handle.pid in found
+    present: set[int] = set()
     for proc in psutil.process_iter(["pid"]):
+        present.add(proc.pid)
         if proc.pid in found or proc.pid in spared:
             continue
         try:
             in_group = wrapper_alive and os.getpgid(proc.pid) == handle.pgid
-            if (in_group or _has_tag(proc, handle.tag)) and proc.status() != psutil.STATUS_ZOMBIE:
+            if not in_group and untagged is not None:
+                started = proc.create_time()
+                if untagged.get(proc.pid) == started:
+                    continue
+                if not _has_tag(proc, handle.tag):
+                    untagged[proc.pid] = started
+                    continue
+            elif not (in_group or _has_tag(proc, handle.tag)):
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
                 found[proc.pid] = proc
         except (psutil.Error, OSError):
             continue
+    if untagged is not None:  # kept to the processes there are
+        for gone in [pid for pid in untagged if pid not in present]:
+            del untagged[gone]
     return [p for p in found.values() if p.pid not in spared]
 
 

@@ -84,11 +84,13 @@ class Alerts:
         # What an alert says of the attempt (its GPUs, its failure) is the same for every event of
         # one read: made once for them, not once per redraw of a busy bar.
         about = self.about(live)
+        # The watchdog has taken every event of the read by now: its latest bar is the same for each.
+        bar = live.watchdog.progress if any(e.kind is EventKind.PROGRESS for e in events) else None
         for event in events:
             due = []
             if event.phase is not None:  # a phase line, or a progress line that implies its phase
                 due.append(milestones.phase(about, event.phase, elapsed))
-            step = BarStep.of(ProbeFields.of(event).progress, live.watchdog.progress) \
+            step = BarStep.of(ProbeFields.of(event).progress, bar) \
                 if event.kind is EventKind.PROGRESS else None
             if step is not None:
                 due.append(milestones.progress(about, step, elapsed, self._ctx.clock()))

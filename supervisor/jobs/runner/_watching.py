@@ -320,14 +320,30 @@ class AttemptWatch:
         else:
             now = live.watchdog.last_output_at
         events = []
-        for event in (_from_probe(self._job, live.row.n, pe) for pe in probe_events):
+        cap = live.event_cap
+        # A plain info line that changed nothing in the watchdog (an access-log line of a server
+        # already serving), and then the same line again in this read: the watchdog is not fed it
+        # (it would change nothing either: same content, same time), and past the event cap, where
+        # it would not be stored, it is only counted: no event is made of it.
+        unchanged: ProbeEvent | None = None
+        for pe in probe_events:
+            if unchanged is not None and backlog is None and _same_info(pe, unchanged):
+                if cap.reached:
+                    cap.drop()
+                    continue
+                event = _from_probe(self._job, live.row.n, pe)
+                event.generation = live.row.log_generation
+                events.append(event)
+                continue
+            event = _from_probe(self._job, live.row.n, pe)
             event.generation = live.row.log_generation
             at = now
             if backlog is not None and event.offset is not None and backlog.covers(event.offset, event.generation):
                 event.ts = backlog.wall_at(event.offset)  # stored with when it was written, not read
                 at = clock_at(clock, event.ts)
             before = live.watchdog.phase
-            note(self._journal, live, event, at)
+            changed = note(self._journal, live, event, at)
+            unchanged = None if changed else pe
             entered = live.watchdog.phase
             if entered is not None and entered is not before and event.kind is not EventKind.PHASE:
                 events.append(implied_phase(event, entered))  # the phase first: its line began it
@@ -446,14 +462,24 @@ def note_arrival(arrivals: ArrivalWriter, last: Record, held: int, at: float) ->
     arrivals.arrived(last.generation, last.end + held, at)
 
 
-def note(journal: Journal, live: Live, event: Event, now: float | None = None) -> None:
-    """Feed the watchdog one event (a fault in it is contained: supervision goes on)."""
+def note(journal: Journal, live: Live, event: Event, now: float | None = None) -> bool:
+    """Feed the watchdog one event (a fault in it is contained: supervision goes on).  Returns
+    False when the event changed nothing the watchdog judges by (``Watchdog.observe``)."""
+    changed = True
     try:
-        live.watchdog.observe(event, now)
+        changed = live.watchdog.observe(event, now)
     except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
         _contained(journal, live, f"the watchdog could not take an event of probe {event.probe}", exc)
     if event.failure is not None:
         live.failure = live.watchdog.failure  # the root cause, not the latest echo of it
+    return changed
+
+
+def _same_info(pe: ProbeEvent, before: ProbeEvent) -> bool:
+    """Whether ``pe`` is, to the watchdog, the same plain info line as ``before`` (its text may
+    differ: the watchdog reads an info line's probe, phase and fields, and a heartbeat's text)."""
+    return (pe.kind is ProbeKind.INFO and pe.failure is None and pe.probe == before.probe
+            and pe.phase is before.phase and pe.fields == before.fields and not pe.fields.get("heartbeat"))
 
 
 def _contained(journal: Journal, live: Live, what: str, exc: Exception) -> None:
