@@ -17,6 +17,7 @@ from supervisor.gpu.health import GpuFault
 from supervisor.hosts import stacks
 from supervisor.hosts.base import StackDumper
 from supervisor.hosts.stacks import StackDump, stacks_data
+from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner._context import Live, RunnerContext, gpu_summary
 from supervisor.jobs.runner._gate import KillGate, Step
 from supervisor.jobs.runner._journal import Journal
@@ -174,15 +175,22 @@ class Alerts:
         if not isinstance(host, StackDumper):
             dump = StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
         else:
+            taking = asyncio.ensure_future(asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
+                                                            stacks.PER_PROCESS_S + 30))
             try:
-                dump = await asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
-                                              stacks.PER_PROCESS_S + 30)
+                # The flight recorder and nvidia-smi -q are taken meanwhile, each bounded well within this.
+                dump = await forensics.taken_with(self._ctx, live, taking)
             except (SuperviseError, TimeoutError) as exc:
                 dump = StackDump((), f"no stacks: {exc or 'timed out'}")
         live.stacks = dump
         self._journal.record(live.row.n, EventKind.STACKS,
                              f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
                              stacks_data(dump))
+
+    @property
+    def held(self) -> bool:
+        """Whether kills are held now (`supervise hold`, or a disk hold)."""
+        return self._held
 
     def hold(self, live: Live | None) -> str:
         """Postpone any kill of this job (``live``: its attempt running now, if any) until ``release``."""

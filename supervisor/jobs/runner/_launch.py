@@ -13,6 +13,7 @@ from supervisor.core.errors import LaunchError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
 from supervisor.core.payloads import ActionData, LaunchedData
 from supervisor.hosts.base import LaunchRequest
+from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._ending import gpu_baseline
@@ -54,6 +55,7 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     sock = None
     try:
         env = await asyncio.to_thread(spec.environment, n, start.checkpoint)  # a spec's `env` may be 1 MiB: off the loop
+        env.update(await asyncio.to_thread(forensics.prepare, spec, argv, log_path))
         sock = heartbeat.bind(ctx, tag)
         env.update(heartbeat.environment(sock, spec))  # the daemon's own NOTIFY_SOCKET is never passed on
         request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,

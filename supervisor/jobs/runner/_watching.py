@@ -26,6 +26,7 @@ from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._disk import DiskWatch
 from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
 from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
@@ -70,6 +71,7 @@ class AttemptWatch:
                  paces: Paces, packs: Sequence[Pack], stopped: asyncio.Event, catch_up: CatchUp | None = None) -> None:
         self.live = live
         self._job = spec.name
+        self._spec = spec
         self._ctx = ctx
         self._journal = journal
         self._alerts = alerts
@@ -102,6 +104,9 @@ class AttemptWatch:
         beat = Heartbeat(live, self._journal, self._ctx.clock)
         if live.notify is not None:
             live.notify.start(beat.message)
+        disk = DiskWatch(live, spec=self._spec, ctx=self._ctx, journal=self._journal, alerts=self._alerts,
+                         stopped=self._stopped)
+        disk.start()
         reader = asyncio.create_task(self._read(), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self._ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
         reader_reported = False
@@ -142,6 +147,7 @@ class AttemptWatch:
                     self._alerts.record_verdict(live, judgement)
                     return judgement
         finally:
+            await disk.close()
             if live.notify is not None:
                 live.notify.close()
             beat.close()
