@@ -71,7 +71,9 @@ class Supervisor:
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> Runner:
         """Give the job a new runner and start it (``resume``: re-adopt that attempt)."""
         try:
-            runner: Runner = ShardedJob(spec, self.context) if spec.shards > 1 else JobRunner(spec, self.context(spec.host))
+            # A pool's re-adopted attempt is watched where it runs; a new one is placed by the runner.
+            host = resume.host if resume is not None and spec.shards == 1 and spec.hosts else spec.host
+            runner: Runner = ShardedJob(spec, self.context) if spec.shards > 1 else JobRunner(spec, self.context(host))
         except SuperviseError as exc:
             # No runner will ever move this job on: its state must say so, not stay `starting`.
             self.recorder.job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")

@@ -190,4 +190,17 @@ MIGRATIONS: tuple[str, ...] = (
         ELSE 'none'
     END;
     """,
+    # GPUs and hosts kept away from (supervisor/jobs/quarantine.py): a GPU after a hardware fault, a
+    # host after repeated `killed`/`unreachable` verdicts, until `until` (wall clock) or a
+    # `supervise quarantine --clear`.  gpu NULL: the whole host.  One row per GPU or host.
+    """
+    CREATE TABLE IF NOT EXISTS quarantine (
+        host TEXT NOT NULL,
+        gpu INTEGER,
+        reason TEXT NOT NULL,
+        since REAL NOT NULL,
+        until REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX IF NOT EXISTS quarantine_one_per_place ON quarantine(host, COALESCE(gpu, -1));
+    """,
 )
