@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from supervisor.core.events import JobState
-from supervisor.store.paces import PaceStore, spec_fingerprint
+from supervisor.jobs.paces import PaceStore, spec_fingerprint
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import Store
 

@@ -1,9 +1,9 @@
-"""The progress sieve: which progress lines of an attempt are stored (supervisor/store/milestones.py)."""
+"""The progress sieve: which progress lines of an attempt are stored (supervisor/jobs/milestones.py)."""
 
 from __future__ import annotations
 
 from supervisor.core.events import Event, EventKind
-from supervisor.store.milestones import ProgressMilestones
+from supervisor.jobs.milestones import ProgressMilestones
 
 
 def _bar(done: int, total: int | None = None, offset: int = 0, desc: str | None = None,
@@ -101,8 +101,9 @@ def test_other_events_and_uncounted_progress_are_always_kept() -> None:
 
 
 def test_the_store_replaces_a_bars_latest_row_in_the_same_write(tmp_path) -> None:
-    from supervisor.store.database import Store
     from test_store import attempt
+
+    from supervisor.store.database import Store
 
     store = Store(tmp_path / "s.db")
     store.upsert_job("j", {}, "running")

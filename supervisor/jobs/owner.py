@@ -29,6 +29,7 @@ from supervisor.core.errors import (
 from supervisor.core.events import EventKind, JobState
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.dependencies import check_after
+from supervisor.jobs.pending import when_free
 from supervisor.jobs.pipelines import Pipelines
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.recovery import Recovery
@@ -40,7 +41,6 @@ from supervisor.jobs.views import job_status
 from supervisor.spec.model import JobSpec
 from supervisor.store import arrivals
 from supervisor.store.database import AttemptRow
-from supervisor.store.pending import when_free
 from supervisor.store.retention import Retention, prune_events, prune_logs, remove_logs
 
 _LAUNCH_WITHIN_S = 60.0

@@ -24,8 +24,8 @@ import structlog
 from supervisor.core import protocol
 from supervisor.core.events import Verdict
 from supervisor.gpu.health import FaultKind, GpuFault
+from supervisor.jobs.pending import when_free
 from supervisor.store.database import Store
-from supervisor.store.pending import when_free
 from supervisor.store.quarantine import Quarantine, QuarantineStore
 
 log = structlog.get_logger("supervise.quarantine")

@@ -110,7 +110,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN shard INTEGER;
     """,
-    # Each bar's intervals as an attempt measured them (store/paces.py): the next attempt of the
+    # Each bar's intervals as an attempt measured them (jobs/paces.py): the next attempt of the
     # same job, spec and host kind starts its stall bounds from them.
     """
     CREATE TABLE bar_paces (
@@ -138,7 +138,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN usage_json TEXT;
     """,
-    # Progress as milestones (store/milestones.py): a bar's rows thinned to its first and last,
+    # Progress as milestones (jobs/milestones.py): a bar's rows thinned to its first and last,
     # each change of its whole percent (a bar with a total) or one per 30 s (one without).  A bar
     # is told by its probe, its description and its writer's prefix fields, per attempt.
     """

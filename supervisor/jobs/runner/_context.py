@@ -18,13 +18,13 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
 from supervisor.hosts.local.notify import NotifySocket
 from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
+from supervisor.jobs.event_cap import EventCap
+from supervisor.jobs.milestones import ProgressMilestones
 from supervisor.jobs.quarantine import Quarantines
 from supervisor.jobs.recorder import Recorder
 from supervisor.notify.alerts import Alerter
 from supervisor.store.database import AttemptRow, Store
-from supervisor.store.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
-from supervisor.store.event_cap import EventCap
-from supervisor.store.milestones import ProgressMilestones
 from supervisor.watchdog import Watchdog
 
 

@@ -24,6 +24,7 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
 from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.policy import Policy, RestartPolicy
 from supervisor.jobs.quarantine import UNREACHABLE as UNREACHABLE_STRIKE
 from supervisor.jobs.runner import _start_point as start_point
@@ -51,7 +52,6 @@ from supervisor.jobs.snapshot import RunnerSnapshot, watching
 from supervisor.probes import load_packs
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow
-from supervisor.store.pending import PendingWrites
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
