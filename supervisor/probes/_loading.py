@@ -10,12 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor.core.errors import ProbePackError
-from supervisor.core.textfile import read_toml
+from supervisor.core.textfile import decode_text, parse_toml, read_bytes
+from supervisor.probes import _packcache
 from supervisor.probes._pack import Pack, parse_pack
 from supervisor.resources import probes_dir
 
 PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
 BUILTIN_DIR = probes_dir()
+PACK_CACHE_ENV = "SUPERVISE_PACK_CACHE"  # "off": every pack validated at every load
+_CACHE = _packcache.PackCache()  # this process's view of the kept packs
 
 
 def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.PathLike[str]] = ()) -> list[Pack]:
@@ -91,4 +94,20 @@ def _read_unchanged_pack(path: str, inode: int, size: int, mtime_ns: int) -> Pac
 
 
 def _read_pack(path: Path) -> Pack:
-    return parse_pack(read_toml(path, "probe pack", ProbePackError), str(path))
+    """The pack at ``path``: kept from an earlier validation of the same bytes at the same path
+    (``_packcache``), else validated here and kept."""
+    data = read_bytes(path, "probe pack", ProbePackError)
+    source = str(path)
+    if os.environ.get(PACK_CACHE_ENV, "").strip().lower() in ("off", "0", "no", "false"):
+        return _parse(data, path)
+    name = _packcache.key(source, data)
+    pack = _CACHE.get(name)
+    if pack is None:
+        pack = _parse(data, path)
+        _CACHE.put(name, pack)
+    return pack
+
+
+def _parse(data: bytes, path: Path) -> Pack:
+    text = decode_text(data, path, "probe pack", ProbePackError)
+    return parse_pack(parse_toml(text, path, "probe pack", ProbePackError), str(path))
