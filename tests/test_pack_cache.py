@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from supervisor.core.errors import ProbePackError
-from supervisor.probes import _loading, _packcache
+from supervisor.probes import _kept, _loading, _packcache
 from supervisor.probes._pack import Pack
 
 PACK = """name = "mine"
@@ -106,13 +106,14 @@ def test_an_edited_pack_is_validated_again_and_a_bad_one_never_kept(cache: Path,
 
 
 def _entries(cache: Path) -> dict[str, Any]:
-    data = cache.read_bytes()
-    return dict(json.loads(data[data.index(b"\n", len(b"supervise-packs-1\n")) + 1 :]))
+    _magic, _code, _digest, payload = cache.read_bytes().split(b"\n", 3)
+    return dict(json.loads(payload))
 
 
-def _write(cache: Path, entries: dict[str, Any]) -> None:
+def _write(cache: Path, entries: dict[str, Any], code: str | None = None) -> None:
     payload = json.dumps(entries).encode()
-    cache.write_bytes(b"supervise-packs-1\n" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    cache.write_bytes(b"supervise-packs-1\n" + (code or _kept.code_digest()).encode() + b"\n"
+                      + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
 
 
 def test_a_corrupt_or_foreign_cache_is_ignored(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,6 +121,7 @@ def test_a_corrupt_or_foreign_cache_is_ignored(cache: Path, tmp_path: Path, monk
     path.write_text(PACK)
     expected = _loading.load_packs([], [path])
     good = cache.read_bytes()
+    _entries_of_good = _entries(cache)
     (name,) = _entries(cache)
     entry = _entries(cache)[name]
     wrong_type = json.loads(json.dumps(entry))
@@ -131,7 +133,7 @@ def test_a_corrupt_or_foreign_cache_is_ignored(cache: Path, tmp_path: Path, monk
         ("garbage", b"\x00\xff" * 100), ("empty", b""), ("cut short", good[: len(good) // 2]),
         ("altered payload", altered), ("another format", b"supervise-packs-0\n" + good[18:]),
         ("an entry of the wrong type", {name: wrong_type}), ("a value of the wrong shape", {name: wrong_shape}),
-        ("not an object", []), ("a link to /dev/zero", "/dev/zero"), ("a FIFO", "fifo"),
+        ("not an object", []), ("written by other code", "other code"), ("a link to /dev/zero", "/dev/zero"), ("a FIFO", "fifo"),
     ]
     for what, content in cases:
         cache.unlink(missing_ok=True)
@@ -141,6 +143,10 @@ def test_a_corrupt_or_foreign_cache_is_ignored(cache: Path, tmp_path: Path, monk
             cache.symlink_to("/dev/zero")
         elif content == "fifo":
             os.mkfifo(cache)
+        elif content == "other code":
+            other = json.loads(json.dumps(_entries_of_good))
+            other[name]["priority"] = 99  # a valid pack, kept by other code: not read
+            _write(cache, other, code="0" * 64)
         else:
             _write(cache, content)
         fresh(monkeypatch)
