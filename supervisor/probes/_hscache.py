@@ -112,7 +112,7 @@ def store(hyperscan: Any, name: str, db: Any, seconds: float) -> None:
     try:
         payload = hyperscan.dumpb(db)
         folder = cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the other caches in it
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".hs-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:
