@@ -29,13 +29,16 @@ def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.Path
     directory; the first hit wins.  ``paths`` are pack files loaded as given; a pack file
     whose ``name`` equals a named pack replaces it.  The result is sorted by priority.
     """
-    explicit = [load_pack_file(Path(p)) for p in paths]
-    overridden = {pack.name for pack in explicit}
-    dirs = search_dirs()
-    if names is None:
-        found = _all_packs(dirs)
-    else:
-        found = [_find_pack(name, dirs) for name in dict.fromkeys(names) if name not in overridden]
+    try:
+        explicit = [load_pack_file(Path(p)) for p in paths]
+        overridden = {pack.name for pack in explicit}
+        dirs = search_dirs()
+        if names is None:
+            found = _all_packs(dirs)
+        else:
+            found = [_find_pack(name, dirs) for name in dict.fromkeys(names) if name not in overridden]
+    finally:
+        _CACHE.save()  # the packs validated here, in one write (also when a later one failed)
     packs = [p for p in found if p.name not in overridden] + explicit
     _check_unique(packs)
     return sorted(packs, key=lambda p: (p.priority, p.name))
@@ -78,7 +81,8 @@ def _check_unique(packs: list[Pack]) -> None:
 
 def load_pack_file(path: Path) -> Pack:
     """Read and validate one pack file; a file unchanged since it was last read is not read again
-    (every job's runner loads its packs, on the loop, after `start` validated them)."""
+    (every job's runner loads its packs, on the loop, after `start` validated them).  A pack
+    validated here is kept on disk by the next ``load_packs``."""
     try:
         st = path.stat()
     except OSError:

@@ -56,8 +56,11 @@ class PackCache:
             return None
 
     def put(self, name: str, pack: Pack) -> None:
-        """Keep ``pack`` as ``name`` (best effort: a write that fails is left undone)."""
+        """Keep ``pack`` as ``name`` (written by ``save``)."""
         self._file.put(name, _encode(pack))
+
+    def save(self) -> None:
+        """Write the packs put since the last save, in one write (best effort)."""
         self._file.save()
 
 
