@@ -204,6 +204,31 @@ def run_cli_probe(path: Path, size: int, mode: str) -> Timing:
                   f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB", engine=True)
 
 
+_STAGES = """\
+import json, time
+t0 = time.process_time()
+import supervisor.cli, supervisor.probes
+t1 = time.process_time()
+from supervisor.probes import ProbeEngine, load_packs
+packs = load_packs()
+t2 = time.process_time()
+ProbeEngine(packs)
+t3 = time.process_time()
+print(json.dumps({"imports": t1 - t0, "load_packs": t2 - t1, "engine": t3 - t2}))
+"""
+
+
+def startup_stages(cwd: Path, env: dict[str, str], runs: int) -> dict[str, float]:
+    """Median CPU seconds of a start's stages, in-process: the imports, loading the packs, building the engine."""
+    seen: dict[str, list[float]] = {}
+    for _ in range(runs):
+        result = subprocess.run([sys.executable, "-c", _STAGES], capture_output=True, text=True, cwd=cwd, env=env,
+                                check=True)
+        for stage, seconds in json.loads(result.stdout).items():
+            seen.setdefault(stage, []).append(seconds)
+    return {stage: sorted(values)[len(values) // 2] for stage, values in seen.items()}
+
+
 def run_startup(runs: int, other: Path | None) -> None:
     """``supervise probe --json`` on a one-line log, ``runs`` times each way, alternating (see the
     module's docstring); one cache folder, private to the run."""
@@ -213,8 +238,8 @@ def run_startup(runs: int, other: Path | None) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(folder / "cache"), "PYTHONPATH": str(ROOT)}
     probe = [sys.executable, "-m", "supervisor.cli", "probe", "--json", str(log)]
     kept = folder / "cache" / "supervise"
-    if other is not None:
-        compileall.compile_dir(str(other / "supervisor"), quiet=1)
+    for tree in (ROOT, *([other] if other is not None else [])):  # as pip leaves a wheel: compiled
+        compileall.compile_dir(str(tree / "supervisor"), quiet=1)
     ways: list[tuple[str, list[str], Path, dict[str, str], bool]] = [
         ("`python -c pass` (the interpreter alone)", [sys.executable, "-c", "pass"], ROOT, env, False),
         ("this tree, packs and regex answers kept", probe, ROOT, env, False),
@@ -245,6 +270,12 @@ def run_startup(runs: int, other: Path | None) -> None:
         ordered, walls = sorted(cpu[label]), sorted(wall[label])
         print(f"| {label} | {ordered[runs // 2]:.3f} | {ordered[min(runs - 1, (runs * 9) // 10)]:.3f} | "
               f"{walls[runs // 2]:.3f} | {ordered[runs // 2] / base:.2f}x |")
+    print("\nstages, in-process CPU s medians (imports of the CLI and the probes / load_packs / the engine built):")
+    for label, _command, cwd, environment, cold in ways[1:]:
+        if cold:
+            continue
+        stages = startup_stages(cwd, environment, runs)
+        print(f"- {label}: " + " / ".join(f"{stage} {seconds:.3f}" for stage, seconds in stages.items()))
     median = base
     print(f"\ntarget start-up <= {TARGET_STARTUP_S:.2f} s CPU: {median:.3f} s -> {'met' if median <= TARGET_STARTUP_S else 'MISSED'}")
     for path in sorted(folder.rglob("*"), reverse=True):
