@@ -172,3 +172,26 @@ def test_the_cache_keeps_the_latest_packs_only(cache: Path, tmp_path: Path, monk
     fresh(monkeypatch)
     no_validation(monkeypatch)
     assert _loading.load_packs([], [path])[0].priority == _packcache.KEEP + 4
+
+
+def test_pack_cache_off_validates_every_pack_at_every_load(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _loading.load_packs()
+    assert cache.is_file()
+    validations: list[str] = []
+    real = _loading.parse_pack
+
+    def counted(raw: dict[str, Any], source: str) -> Pack:
+        validations.append(source)
+        return real(raw, source)
+
+    monkeypatch.setattr(_loading, "parse_pack", counted)
+    for value in ("off", "OFF ", "0", "no", "false"):
+        monkeypatch.setenv(_loading.PACK_CACHE_ENV, value)
+        fresh(monkeypatch)
+        packs = _loading.load_packs()
+        assert len(validations) == len(packs), value
+        validations.clear()
+    monkeypatch.setenv(_loading.PACK_CACHE_ENV, "on")  # anything else: the cache is used
+    fresh(monkeypatch)
+    _loading.load_packs()
+    assert validations == []
