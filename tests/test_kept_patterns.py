@@ -108,3 +108,12 @@ def test_a_folder_that_cannot_be_written_costs_only_the_work(tmp_path: Path, mon
     fresh(monkeypatch)
     engine = ProbeEngine(_loading.load_packs())
     assert events(engine)
+
+
+def test_a_probe_without_an_optional_tail_is_compiled_once(kept_file: Path) -> None:
+    engine = ProbeEngine(_loading.load_packs())
+    probes = engine._probes
+    once = [cp for cp in probes if _engine._bar_form(cp.probe.regex) == cp.probe.regex]
+    assert once and all(cp.bar_regex is cp.regex for cp in once)
+    twice = [cp for cp in probes if cp not in once]
+    assert twice and all(cp.bar_regex is not cp.regex for cp in twice)  # e.g. Megatron's iteration line
