@@ -1,8 +1,8 @@
 """Validated probe packs kept on disk between processes.
 
 Validating the built-in packs (TOML, pydantic's models, every regex compiled and measured by
-RE2) took 0.1 s, and importing pydantic 0.2-0.4 s more on a loaded machine, at every
-``supervise probe``, ``doctor`` and daemon start.  A pack validated once is kept in one file,
+RE2) took 0.05 s of CPU, and importing pydantic for it more, at every ``supervise probe``,
+``doctor`` and daemon start (RESULTS §39).  A pack validated once is kept in one file,
 ``packs.cache`` beside the Hyperscan databases (``_hscache.cache_dir``), under a key that
 digests what its validation read: the pack file's path (its ``source``) and bytes; the file is
 read back only by the code that wrote it (``_kept.code_digest``).  A pack whose key is found
