@@ -23,6 +23,8 @@ VARIABLES = {
                             "built-in pack of the same name",
     "SUPERVISE_PREFILTER": "`off`: the probes read logs with RE2 alone, without the Hyperscan prefilter (the events "
                            "are the same, only slower); `supervise doctor` says which engine reads",
+    "SUPERVISE_PACK_CACHE": "`off`: every probe pack is validated at every load, none taken from the cache folder "
+                            "(`$XDG_CACHE_HOME/supervise/packs.cache`); the packs are the same either way",
     "SUPERVISE_PYSPY": "the py-spy used for stack dumps (default: the PATH, then beside the daemon's interpreter)",
     "SUPERVISE_NVIDIA_SMI": "the nvidia-smi whose `-q` report is kept at a hang verdict on this machine (default: the PATH's)",
     "SUPERVISE_ATTEMPT": "set by supervise in every attempt's environment: the tag its processes are found by",

@@ -22,7 +22,11 @@ MAX_INPUT_BYTES = 1 << 20
 
 def read_toml(path: Path, what: str, error: type[SuperviseError], limit: int = MAX_INPUT_BYTES) -> dict[str, Any]:
     """The TOML document at ``path``; ``what`` ("job spec", "probe pack") names it in errors."""
-    text = read_text(path, what, error, limit)
+    return parse_toml(read_text(path, what, error, limit), path, what, error)
+
+
+def parse_toml(text: str, path: Path, what: str, error: type[SuperviseError]) -> dict[str, Any]:
+    """The TOML document ``text``, read from ``path``."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -32,6 +36,19 @@ def read_toml(path: Path, what: str, error: type[SuperviseError], limit: int = M
 
 
 def read_text(path: Path, what: str, error: type[SuperviseError], limit: int = MAX_INPUT_BYTES) -> str:
+    return decode_text(read_bytes(path, what, error, limit), path, what, error)
+
+
+def decode_text(data: bytes, path: Path, what: str, error: type[SuperviseError]) -> str:
+    """``data``, read from ``path``, as UTF-8 text."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: {what} is not UTF-8 text") from None
+
+
+def read_bytes(path: Path, what: str, error: type[SuperviseError], limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -39,13 +56,9 @@ def read_text(path: Path, what: str, error: type[SuperviseError], limit: int = M
     except ValueError:  # an embedded NUL: no such path can exist
         raise error(f"cannot read {what}: its path contains a NUL character") from None
     try:
-        data = _read_regular(fd, path, what, error, limit)
+        return _read_regular(fd, path, what, error, limit)
     finally:
         os.close(fd)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise error(f"{path}: {what} is not UTF-8 text") from None
 
 
 def _read_regular(fd: int, path: Path, what: str, error: type[SuperviseError], limit: int) -> bytes:

@@ -76,6 +76,11 @@ def _key_digest(name: str) -> bytes:
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()
 
 
+def read_file(path: Path, limit: int) -> bytes | None:
+    """The regular file at ``path`` whole, or None (see ``_read``): for the other caches here."""
+    return _read(path, limit)
+
+
 def _read(path: Path, limit: int, *, prefix: bool = False) -> bytes | None:
     """A regular file whole (marked used now), or None: never through a link, never waiting (a
     FIFO, a device), never a file larger than ``limit``.  ``prefix``: its first ``limit`` bytes."""
@@ -107,7 +112,7 @@ def store(hyperscan: Any, name: str, db: Any, seconds: float) -> None:
     try:
         payload = hyperscan.dumpb(db)
         folder = cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the other caches in it
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".hs-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:

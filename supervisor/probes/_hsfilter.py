@@ -37,6 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from supervisor.probes import _hscache
+from supervisor.probes._kept import kept, of
 from supervisor.probes._syntax import _tokens, operand_start, top_level
 
 try:  # optional: wheels exist for x86-64 Linux only
@@ -57,6 +58,11 @@ MAX_MATCHES_PER_RECORD = 32  # see HsScanner
 _FOLDS_TO_ASCII = ("\u212a", "\u017f")
 
 
+def _form_of(raw: Any) -> str | None:
+    return None if raw is None else str(of(raw, str))
+
+
+@kept("hs_form", lambda form: form, _form_of)
 def hs_form(pattern: str) -> str | None:
     """``pattern`` for Hyperscan's prefilter (assertions dropped), or None if it cannot
     be given one that matches at least wherever RE2 does."""
@@ -117,6 +123,7 @@ def _trim(form: str, tokens: list[Any], base: int) -> str:
     return form[base : tokens[-1].end] if tokens else ""
 
 
+@kept("folds_case", lambda folds: folds, lambda raw: bool(of(raw, bool)))
 def _folds_case(pattern: str) -> bool:
     """Whether some part of ``pattern`` is case-insensitive (``(?i)``, ``(?si:...)``...)."""
     return any(t.ci for t in _tokens(pattern))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
+from supervisor.probes._kept import kept, of
 from supervisor.probes._syntax import Literal, _Node, _parse, _tokens
 
 _MAX_ALTERNATIVES = 24  # beyond this an alternation is not worth a prefilter entry
@@ -114,7 +116,18 @@ def _repeated_exact(node: _Node) -> list[Literal] | None:
     return _info(node.children[0]).exact
 
 
+def _literals_of(raw: Any) -> tuple[Literal, ...] | None:
+    if raw is None:
+        return None
+    found = []
+    for item in of(raw, list):
+        text, ci = of(item, list)
+        found.append((of(text, str), of(ci, bool)))
+    return tuple(found)
+
+
 @functools.lru_cache(maxsize=4096)  # pure, and asked again for every engine built
+@kept("required_literals", lambda found: None if found is None else [list(f) for f in found], _literals_of)
 def required_literals(pattern: str) -> tuple[Literal, ...] | None:
     """Literals one of which occurs in every match of ``pattern``; None when none is known.
 

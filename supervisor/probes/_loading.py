@@ -10,12 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor.core.errors import ProbePackError
-from supervisor.core.textfile import read_toml
+from supervisor.core.textfile import decode_text, parse_toml, read_bytes
+from supervisor.probes import _packcache
 from supervisor.probes._pack import Pack, parse_pack
 from supervisor.resources import probes_dir
 
 PROBE_PATH_ENV = "SUPERVISE_PROBE_PATH"
 BUILTIN_DIR = probes_dir()
+PACK_CACHE_ENV = "SUPERVISE_PACK_CACHE"  # "off": every pack validated at every load
+_CACHE = _packcache.PackCache()  # this process's view of the kept packs
 
 
 def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.PathLike[str]] = ()) -> list[Pack]:
@@ -26,13 +29,16 @@ def load_packs(names: Sequence[str] | None = None, paths: Sequence[str | os.Path
     directory; the first hit wins.  ``paths`` are pack files loaded as given; a pack file
     whose ``name`` equals a named pack replaces it.  The result is sorted by priority.
     """
-    explicit = [load_pack_file(Path(p)) for p in paths]
-    overridden = {pack.name for pack in explicit}
-    dirs = search_dirs()
-    if names is None:
-        found = _all_packs(dirs)
-    else:
-        found = [_find_pack(name, dirs) for name in dict.fromkeys(names) if name not in overridden]
+    try:
+        explicit = [load_pack_file(Path(p)) for p in paths]
+        overridden = {pack.name for pack in explicit}
+        dirs = search_dirs()
+        if names is None:
+            found = _all_packs(dirs)
+        else:
+            found = [_find_pack(name, dirs) for name in dict.fromkeys(names) if name not in overridden]
+    finally:
+        _CACHE.save()  # the packs validated here, in one write (also when a later one failed)
     packs = [p for p in found if p.name not in overridden] + explicit
     _check_unique(packs)
     return sorted(packs, key=lambda p: (p.priority, p.name))
@@ -75,7 +81,8 @@ def _check_unique(packs: list[Pack]) -> None:
 
 def load_pack_file(path: Path) -> Pack:
     """Read and validate one pack file; a file unchanged since it was last read is not read again
-    (every job's runner loads its packs, on the loop, after `start` validated them)."""
+    (every job's runner loads its packs, on the loop, after `start` validated them).  A pack
+    validated here is kept on disk by the next ``load_packs``."""
     try:
         st = path.stat()
     except OSError:
@@ -91,4 +98,20 @@ def _read_unchanged_pack(path: str, inode: int, size: int, mtime_ns: int) -> Pac
 
 
 def _read_pack(path: Path) -> Pack:
-    return parse_pack(read_toml(path, "probe pack", ProbePackError), str(path))
+    """The pack at ``path``: kept from an earlier validation of the same bytes at the same path
+    (``_packcache``), else validated here and kept."""
+    data = read_bytes(path, "probe pack", ProbePackError)
+    source = str(path)
+    if os.environ.get(PACK_CACHE_ENV, "").strip().lower() in ("off", "0", "no", "false"):
+        return _parse(data, path)
+    name = _packcache.key(source, data)
+    pack = _CACHE.get(name)
+    if pack is None:
+        pack = _parse(data, path)
+        _CACHE.put(name, pack)
+    return pack
+
+
+def _parse(data: bytes, path: Path) -> Pack:
+    text = decode_text(data, path, "probe pack", ProbePackError)
+    return parse_pack(parse_toml(text, path, "probe pack", ProbePackError), str(path))

@@ -66,68 +66,22 @@ and what is wrong.  A pack that would cost too much to match is refused too (``_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import re2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from supervisor.core.errors import ProbePackError, one_line, shown
 from supervisor.core.events import FailureKind, Phase, ProbeKind
 from supervisor.probes import _limits
 
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from supervisor.probes._packdef import ClassifyDef, FrameDef, PackDef, ProbeDef
+
 FIELD_TYPES = ("int", "float", "str", "bool", "duration", "rate")
 AUTO_FAILURE = "auto"
 _RE2_MAX_MEM = 64 << 20
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-_ID = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
-
-
-class ProbeDef(_Strict):
-    id: str = Field(pattern=_ID)
-    regex: str
-    kind: str
-    phase: str | None = None
-    failure: str | None = None
-    consequence: bool = False
-    fatal: bool = False
-    fields: dict[str, str] = Field(default_factory=dict)
-    constants: dict[str, str | int | float | bool] = Field(default_factory=dict, alias="set")
-    description: str = ""
-
-
-class PrefixDef(_Strict):
-    id: str = Field(pattern=_ID)
-    regex: str
-    description: str = ""
-
-
-class ClassifyDef(_Strict):
-    failure: str
-    regex: str
-    description: str = ""
-
-
-class FrameDef(_Strict):
-    phase: str
-    regex: str
-    description: str = ""
-
-
-class PackDef(_Strict):
-    name: str = Field(pattern=_ID)
-    description: str = ""
-    priority: int = 50
-    tracebacks: bool = False
-    prefixes: list[PrefixDef] = Field(default_factory=list)
-    headers: list[PrefixDef] = Field(default_factory=list)
-    classify: list[ClassifyDef] = Field(default_factory=list)
-    frames: list[FrameDef] = Field(default_factory=list)
-    probes: list[ProbeDef] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -183,6 +137,12 @@ class Pack:
 
 def parse_pack(raw: dict[str, Any], source: str) -> Pack:
     """Validate a pack already read from TOML; ``source`` names it in error messages."""
+    # pydantic (0.2-0.4 s to import on a loaded machine) is imported only when a pack is
+    # validated: a start whose packs are unchanged takes them from the cache (``_packcache``).
+    from pydantic import ValidationError
+
+    from supervisor.probes._packdef import PackDef
+
     try:
         spec = PackDef.model_validate(raw)
     except ValidationError as exc:

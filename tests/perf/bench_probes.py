@@ -23,6 +23,12 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
 - ``supervise probe --json`` on a log where most lines match no probe (``--quiet-mb``, one line in
   ``--quiet-every`` a shard bar's), beside grep and the Hyperscan ceiling on it: what a long job's log
   mostly is, and where the offline reader skips lines unsplit (``probes/_quiet.py``);
+- ``supervise probe --json`` start-up (``--startup N``: only this, N runs of each, alternating) on a
+  one-line log: the interpreter alone (``python -c pass``, the floor), this tree with what it keeps
+  between processes in place (the validated packs, what it works out of each regex, the Hyperscan
+  database), the same with the packs and the regex answers deleted before each run (the Hyperscan
+  database kept: how every start went before they were kept), and ``--startup-tree DIR`` (another
+  checkout, e.g. main exported) with the same cache folder; CPU and wall medians, the load average;
 - the offline replay on a log of bar runs (``--bars-mb``: tqdm bars piped to a file, one
   ``\n``-ended line a draw, and Megatron ``iteration N/ M`` lines), with the fold of a bar's run
   (``_barfold``) and without it (every line through the engine and the summary), in-process.
@@ -66,6 +72,7 @@ TARGET_VS_GREP_C = 8.0
 TARGET_RSS_MB = 200.0
 TARGET_VS_CEILING = 3.0
 TARGET_LIVE_US = 1.0
+TARGET_STARTUP_S = 0.15  # issue 56: `supervise probe` start-up, CPU seconds
 LIVE_BATCH = 20
 # Runs a command as this helper's only child and prints the child's CPU time and peak RSS.
 _MEASURE = """\
@@ -180,10 +187,10 @@ def warm_start() -> None:
     print("start-up warmed: the package's bytecode compiled, the packs' Hyperscan database cached\n")
 
 
-def measure_child(command: list[str]) -> dict[str, float]:
+def measure_child(command: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> dict[str, float]:
     """CPU seconds, wall seconds and peak RSS of ``command`` (output discarded)."""
     result = subprocess.run([sys.executable, "-c", _MEASURE, *command], capture_output=True, text=True,
-                            cwd=ROOT, check=True)
+                            cwd=cwd, check=True, env=env)
     measured = json.loads(result.stdout)
     if measured["rc"] not in (0, 1):  # 1: the log shows a crash
         raise SystemExit(f"{' '.join(command)} failed: {measured['err']}")
@@ -195,6 +202,85 @@ def run_cli_probe(path: Path, size: int, mode: str) -> Timing:
     return Timing(f"`supervise probe --json` (offline, full event output), {mode}", measured["wall"], measured["cpu"],
                   size,
                   f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB", engine=True)
+
+
+_STAGES = """\
+import json, time
+t0 = time.process_time()
+import supervisor.cli, supervisor.probes
+t1 = time.process_time()
+from supervisor.probes import ProbeEngine, load_packs
+packs = load_packs()
+t2 = time.process_time()
+ProbeEngine(packs)
+t3 = time.process_time()
+print(json.dumps({"imports": t1 - t0, "load_packs": t2 - t1, "engine": t3 - t2}))
+"""
+
+
+def startup_stages(cwd: Path, env: dict[str, str], runs: int) -> dict[str, float]:
+    """Median CPU seconds of a start's stages, in-process: the imports, loading the packs, building the engine."""
+    seen: dict[str, list[float]] = {}
+    for _ in range(runs):
+        result = subprocess.run([sys.executable, "-c", _STAGES], capture_output=True, text=True, cwd=cwd, env=env,
+                                check=True)
+        for stage, seconds in json.loads(result.stdout).items():
+            seen.setdefault(stage, []).append(seconds)
+    return {stage: sorted(values)[len(values) // 2] for stage, values in seen.items()}
+
+
+def run_startup(runs: int, other: Path | None) -> None:
+    """``supervise probe --json`` on a one-line log, ``runs`` times each way, alternating (see the
+    module's docstring); one cache folder, private to the run."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    log = folder / "one.log"
+    log.write_text("hello\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(folder / "cache"), "PYTHONPATH": str(ROOT)}
+    probe = [sys.executable, "-m", "supervisor.cli", "probe", "--json", str(log)]
+    kept = folder / "cache" / "supervise"
+    for tree in (ROOT, *([other] if other is not None else [])):  # as pip leaves a wheel: compiled
+        compileall.compile_dir(str(tree / "supervisor"), quiet=1)
+    ways: list[tuple[str, list[str], Path, dict[str, str], bool]] = [
+        ("`python -c pass` (the interpreter alone)", [sys.executable, "-c", "pass"], ROOT, env, False),
+        ("this tree, packs and regex answers kept", probe, ROOT, env, False),
+        ("this tree, packs and regex answers worked out (Hyperscan database kept)", probe, ROOT, env, True),
+    ]
+    if other is not None:
+        ways.append((f"{other} (same cache folder)", probe, other, {**env, "PYTHONPATH": str(other)}, False))
+    for _label, command, cwd, environment, _cold in ways[1:]:
+        measure_child(command, cwd, environment)  # the first start compiles and keeps what it keeps
+    cpu: dict[str, list[float]] = {label: [] for label, *_ in ways}
+    wall: dict[str, list[float]] = {label: [] for label, *_ in ways}
+    load_before = os.getloadavg()
+    for _ in range(runs):
+        for label, command, cwd, environment, cold in ways:
+            if cold:
+                for name in ("packs.cache", "patterns.cache"):
+                    (kept / name).unlink(missing_ok=True)
+            measured = measure_child(command, cwd, environment)
+            cpu[label].append(measured["cpu"])
+            wall[label].append(measured["wall"])
+    load_after = os.getloadavg()
+    print(f"`supervise probe --json` start-up on a one-line log, {runs} runs each, alternating; load average "
+          f"{load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end\n")
+    print("| start | CPU s median | CPU s p90 | wall s median | vs this tree (CPU) |")
+    print("|---|---:|---:|---:|---:|")
+    base = sorted(cpu[ways[1][0]])[runs // 2]
+    for label, *_ in ways:
+        ordered, walls = sorted(cpu[label]), sorted(wall[label])
+        print(f"| {label} | {ordered[runs // 2]:.3f} | {ordered[min(runs - 1, (runs * 9) // 10)]:.3f} | "
+              f"{walls[runs // 2]:.3f} | {ordered[runs // 2] / base:.2f}x |")
+    print("\nstages, in-process CPU s medians (imports of the CLI and the probes / load_packs / the engine built):")
+    for label, _command, cwd, environment, cold in ways[1:]:
+        if cold:
+            continue
+        stages = startup_stages(cwd, environment, runs)
+        print(f"- {label}: " + " / ".join(f"{stage} {seconds:.3f}" for stage, seconds in stages.items()))
+    median = base
+    print(f"\ntarget start-up <= {TARGET_STARTUP_S:.2f} s CPU: {median:.3f} s -> {'met' if median <= TARGET_STARTUP_S else 'MISSED'}")
+    for path in sorted(folder.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    folder.rmdir()
 
 
 def _hyperscan_db(hyperscan: Any) -> Any:
@@ -332,7 +418,14 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="write the log and patterns here and keep them")
     parser.add_argument("--grep-default", action="store_true",
                         help="also grep in the default locale (UTF-8: 5-6x slower than the C locale)")
+    parser.add_argument("--startup", type=int, metavar="N",
+                        help="measure only `supervise probe` start-up, N runs of each way")
+    parser.add_argument("--startup-tree", type=Path, metavar="DIR",
+                        help="with --startup: also start the checkout at DIR (e.g. main, exported)")
     args = parser.parse_args()
+    if args.startup:
+        run_startup(args.startup, args.startup_tree)
+        return 0
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-probes-"))
     workdir.mkdir(parents=True, exist_ok=True)
     log, patterns, redraws = workdir / "big.log", workdir / "patterns.txt", workdir / "redraws.log"
