@@ -27,8 +27,9 @@ FLOOR_S = 8
 # Not shorter: before their first line (torchrun, importing torch on 2 busy cores) the jobs print nothing, and
 # silence before any phase is bounded by silence_s too. tests/test_watchdog_paused.py holds a wait to 3 s of it.
 SILENCE_S = 30
-# After each training step (test hook): under the floor, and each pause of the extraction lasts longer than it.
-STEP_DELAY_S = 5.0
+# After each training step (test hook). Training takes one sample a step and extraction writes four a batch, so a
+# step stays well under the floor while each pause (four steps and a checkpoint) lasts well over it.
+STEP_DELAY_S = 1.5
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def _told(client) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # two model loads on 2 busy cores and three 5 s steps: about a minute
+@pytest.mark.timeout(300)  # two model loads on 2 busy cores and eight 1.5 s steps: about a minute
 def test_a_paused_extraction_longer_than_the_stall_floor_is_not_killed_and_status_says_why(
         daemon, home: Path, tmp_path: Path) -> None:
     from conftest import wait_until
@@ -70,13 +71,13 @@ def test_a_paused_extraction_longer_than_the_stall_floor_is_not_killed_and_statu
     from supervisor.cli.views import status_block
     from supervisor.core.events import JobState
 
-    prompts = home / "prompts-12.jsonl"
-    prompts.write_text("".join((REPO / "jobs" / "data" / "prompts.jsonl").read_text().splitlines(keepends=True)[:12]))
+    prompts = home / "prompts-8.jsonl"
+    prompts.write_text("".join((REPO / "jobs" / "data" / "prompts.jsonl").read_text().splitlines(keepends=True)[:8]))
     client = daemon.client()
-    # A budget below one batch: extraction writes a batch, then pauses until training has consumed it.
+    # A budget below one sample: extraction writes a batch, then pauses until training has consumed it.
     client.start_pipeline(str(_specs(tmp_path)), {"disk_budget": "1kB", "extract.prompts": str(prompts),
                                                   "extract.wait_report_s": "0.5", "train.wait_report_s": "0.5",
-                                                  "train.log_every": "1"})
+                                                  "train.batch_size": "1", "train.log_every": "1"})
     seen: dict[str, str] = {}
 
     def ended():
@@ -101,5 +102,5 @@ def test_a_paused_extraction_longer_than_the_stall_floor_is_not_killed_and_statu
                      r"waiting \d+s for training to release samples", seen["extract"]), seen
     assert "verdict healthy" in seen["extract"]
     data = home / "out" / "eagle3-budget" / "extract"
-    assert budget.Ledger.read(data).through == 12 and not list(data.glob("hs_*.safetensors"))
+    assert budget.Ledger.read(data).through == 8 and not list(data.glob("hs_*.safetensors"))
     assert client.ping() is not None
