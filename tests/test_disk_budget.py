@@ -339,3 +339,15 @@ def test_a_bad_budget_under_the_daemon_fails_the_job_in_one_line_and_the_daemon_
     assert all(a.exit_code == 2 for a in attempts), [a.exit_code for a in attempts]
     assert not (home / "out" / "x").exists()  # nothing written
     assert client.ping() is not None  # the daemon lives on
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "1e9"])
+def test_bad_wait_report_intervals_are_refused_in_one_line(capsys, tmp_path, value):
+    from eagle3 import extract, train
+
+    says = f"--wait-report-s {value!r}: give seconds between 0.1 and 3600 (default 15)"
+    assert says in _refused(capsys, extract.parse_args, ["--out", str(tmp_path), "--wait-report-s", value])
+    assert says in _refused(capsys, train.parse_args, ["--data", str(tmp_path), "--out", str(tmp_path / "o"),
+                                                       "--order", "stream", "--epochs", "1", "--wait-report-s", value])
+    assert not list(tmp_path.iterdir())  # nothing written
+    assert extract.parse_args(["--out", str(tmp_path), "--wait-report-s", "0.5"]).wait_report_s == 0.5

@@ -40,6 +40,10 @@ LEDGER = "consumed.json"
 LEDGER_FORMAT = "eagle3-consumed/1"
 PAUSED = ".extract-paused"  # present while extraction waits on its budget (written by extraction only)
 POLL_S = 0.05
+# A wait is said at once and then every REPORT_S (``--wait-report-s``): a supervisor reads these lines as a known
+# wait (probes/extract.toml and train.toml: ``paused`` heartbeats), where a silent wait reads as a stall. Well
+# under supervise's default stall floor (120 s); a floor or ``silence_s`` set below it needs a shorter interval.
+REPORT_S = 15.0
 HEADER_BYTES = 1024  # a sample file's safetensors header and alignment, over its tensors' bytes (about 300 here)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -130,6 +134,49 @@ def want(root: Path, sample: int | None) -> None:
         Ledger(old.through, sample, old.released_bytes).write(root)
 
 
+def parse_report_s(text: str) -> float:
+    """``--wait-report-s``: seconds between two lines of one wait; ValueError with what to write instead."""
+    try:
+        secs = float(text)
+    except ValueError:
+        secs = float("nan")
+    if not 0.1 <= secs <= 3600:  # nan fails too
+        raise ValueError(f"--wait-report-s {text!r}: give seconds between 0.1 and 3600 (default {REPORT_S:g}), "
+                         "under the supervisor's stall floor and silence_s")
+    return secs
+
+
+class Waiting:
+    """One wait, said at once and then every ``every_s`` while it lasts (see REPORT_S)."""
+
+    def __init__(self, say: Callable[[str], None], every_s: float):
+        self.say = say
+        self.every_s = every_s
+        self.began = time.monotonic()
+        self._said_at: float | None = None
+
+    @property
+    def waited_s(self) -> float:
+        return time.monotonic() - self.began
+
+    def tick(self, line: Callable[[float], str]) -> None:
+        """Say ``line(seconds waited)`` if the interval has passed since the last one (or none was said)."""
+        now = time.monotonic()
+        if self._said_at is None or now - self._said_at >= self.every_s:
+            self._said_at = now
+            self.say(line(now - self.began))
+
+
+def human(n: int) -> str:
+    """Bytes for a reader: 1.2 GiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
 def paused(root: Path) -> bool:
     """Whether extraction says it waits on its budget (a stale mark after a kill costs one early checkpoint)."""
     return (root / PAUSED).exists()
@@ -145,8 +192,10 @@ def _size(path: Path) -> int:
 class Budget:
     """Extraction's side: before each batch, wait while the unconsumed files and the batch would pass it."""
 
-    def __init__(self, root: Path, limit: int, bytes_per_token: int, say: Callable[[str], None]):
+    def __init__(self, root: Path, limit: int, bytes_per_token: int, say: Callable[[str], None],
+                 report_s: float = REPORT_S):
         self.root = root
+        self.report_s = report_s
         self.limit = limit
         self.bytes_per_token = bytes_per_token  # the hidden states' share; the header and ids are small
         self.say = say
@@ -172,19 +221,22 @@ class Budget:
         """Return once ``batch`` may be written: room under the budget, nothing unconsumed, or training waits
         for one of its samples."""
         need = sum(seq_lens) * self.bytes_per_token + len(batch) * HEADER_BYTES
-        paused_at: float | None = None
+        wait: Waiting | None = None
         while True:
             used, ledger = self.unconsumed(done(), paths)
             if used == 0 or used + need <= self.limit or (ledger.waiting_for is not None
                                                            and ledger.waiting_for in batch):
                 break
-            if paused_at is None:
-                paused_at = time.monotonic()
+            if wait is None:
+                wait = Waiting(self.say, self.report_s)
                 _io.atomic_write_bytes(f"{os.getpid()} {batch[0]}\n".encode(), self.root / PAUSED)
-                self.say(f"extract paused: {used} bytes not consumed yet, the next batch needs about {need}, "
-                         f"budget {self.limit}")
+            # Said again while it lasts: the supervisor takes a silent wait for a stall (REPORT_S).
+            wait.tick(lambda secs, used=used: (
+                f"extract paused: {used} bytes not consumed yet, the next batch needs about {need}, budget "
+                f"{self.limit} ({human(used)} unconsumed, {human(self.limit)} budget); waiting {secs:.0f}s for "
+                "training to release samples"))
             time.sleep(POLL_S)
-        if paused_at is not None:
+        if wait is not None:
             _unlink(self.root / PAUSED)
-            self.say(f"extract resumed after {time.monotonic() - paused_at:.1f}s: training consumed through "
+            self.say(f"extract resumed after {wait.waited_s:.1f}s: training consumed through "
                      f"sample {ledger.through}")

@@ -22,7 +22,8 @@ Lines for the supervisor's probes (each flushed):
 ``Loading weights``; vLLM: ``Loading safetensors checkpoint shards``),
 ``extract progress: {done}/{total} samples, {tok_s:.1f} tok/s`` after each batch,
 ``extract done: {n} samples, {tokens} tokens in {secs:.1f}s`` at the end; with ``--disk-budget``,
-``extract paused: ...`` and ``extract resumed after ...`` around each wait (eagle3.budget). A full disk gives
+``extract paused: ...`` every ``--wait-report-s`` during each wait and ``extract resumed after ...`` at its end
+(eagle3.budget). A full disk gives
 ``extract error: disk full writing {path}: free space and relaunch; finished samples are kept``
 and exit code 75; NaN or Inf in a captured batch gives ``extract error: non-finite hidden states in
 sample {i} at layer {k}: ...`` and exit code 65 (eagle3.finite); samples that failed for good (vLLM backend) give
@@ -135,6 +136,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--disk-budget", default="", metavar="SIZE",
                     help="pause while the sample files training has not consumed yet would pass SIZE (e.g. 2GiB, "
                          "500MB; empty: no budget); for a pipeline with `eagle3.train --order stream` (eagle3.budget)")
+    ap.add_argument("--wait-report-s", default=str(budget.REPORT_S), metavar="S",
+                    help="while paused on --disk-budget, say so every S seconds (default %(default)s; keep it under "
+                         "the supervisor's stall floor and silence_s)")
     g = ap.add_argument_group("vllm backend")
     g.add_argument("--tensor-parallel-size", type=int, default=1)
     g.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -159,6 +163,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ap.error("--num-shards writes --format supervise only; convert the gathered output with eagle3.export")
     try:
         args.disk_budget = budget.parse_size(args.disk_budget) if args.disk_budget.strip() else None
+        args.wait_report_s = budget.parse_report_s(args.wait_report_s)
     except ValueError as e:
         ap.error(str(e))
     if args.disk_budget is not None:
@@ -451,7 +456,7 @@ def _run_locked(args: argparse.Namespace, out: Path, t_start: float, vllm_api: A
     part = shards.select([s.index for s in samples], args.shard, args.num_shards, args.batch_size)
     job = Job(out, samples, layer_ids, num_layers, hidden, args.batch_size, writer, part)
     if args.disk_budget is not None:
-        job.budget = budget.Budget(out, args.disk_budget, 2 * len(layer_ids) * hidden + 9, say)
+        job.budget = budget.Budget(out, args.disk_budget, 2 * len(layer_ids) * hidden + 9, say, args.wait_report_s)
     masked, every = data_mod.token_frequencies([samples[i] for i in part], vocab)
     manifest_path = out / "manifest.json"
     if sharded:  # the files describing the whole set are `gather`'s to write

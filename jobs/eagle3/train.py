@@ -46,7 +46,8 @@ Lines for the supervisor's probes (each flushed)::
     train checkpoint {path} is unusable ({why}); falling back to the previous one
     train done: {steps} steps
     train loss is not finite at step {step}        (then FloatingPointError: non-zero exit)
-    train waiting: sample {i} not extracted yet     (--order stream)
+    train waiting: sample {i} not extracted yet (...; {s}s)   (--order stream; every --wait-report-s)
+    train waited {s:.1f}s for its samples                    (--order stream)
     train released: samples 0..{k} consumed ({n} bytes freed)
 
 Test hooks (environment variables; for tests only, never set in production):
@@ -161,22 +162,22 @@ def _manifest(root: Path, fmt: formats.Format, reader: formats.Reader,
     return manifest
 
 
-def _await_manifest(root: Path) -> None:
+def _await_manifest(root: Path, report_s: float = budget.REPORT_S) -> None:
     """--order stream may start before extraction: wait for its manifest (written after token_freq)."""
-    if (root / "manifest.json").is_file():
-        return
-    _dist.say_once(f"train waiting: no manifest.json in {root} yet (the extraction has not started)")
+    wait = budget.Waiting(_dist.say_once, report_s)
     while not (root / "manifest.json").is_file():
+        wait.tick(lambda secs: f"train waiting: no manifest.json in {root} yet (the extraction has not started; "
+                               f"{secs:.0f}s)")
         time.sleep(budget.POLL_S * 4)
 
 
 def open_dataset(root: str | os.PathLike[str], max_len: int, layer_ids_flag: str | None = None,
-                 stream: bool = False) -> Dataset:
+                 stream: bool = False, report_s: float = budget.REPORT_S) -> Dataset:
     """The extraction output in ``root``; with ``stream``, one still being written (every sample counts,
     present or not: :func:`await_samples` waits for each before it is read)."""
     root = Path(root)
     if stream:
-        _await_manifest(root)
+        _await_manifest(root, report_s)
     fmt = formats.detect(root)
     if stream and fmt is not formats.Format.SUPERVISE:
         raise DataError(f"--data {root}: --order stream reads the supervise layout only ({fmt.value} found)")
@@ -606,6 +607,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="reading order: shuffled (seeded, every epoch), index (sample 0, 1, ...), or stream: index "
                          "order while eagle3.extract --disk-budget writes --data, one epoch, each sample released "
                          "(deleted) once a checkpoint holds it (eagle3.budget)")
+    ap.add_argument("--wait-report-s", default=str(budget.REPORT_S), metavar="S",
+                    help="--order stream: while waiting for a sample, say so every S seconds (default %(default)s; "
+                         "keep it under the supervisor's stall floor and silence_s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--save-every", type=int, default=200)
@@ -613,6 +617,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.threads < 0:
         ap.error("--threads must not be negative")
+    try:
+        args.wait_report_s = budget.parse_report_s(args.wait_report_s)
+    except ValueError as e:
+        ap.error(str(e))
     for name in ("epochs", "batch_size", "max_len", "ttt_steps", "draft_vocab", "log_every", "save_every", "keep"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be positive")
@@ -651,7 +659,8 @@ def setup(args: argparse.Namespace, world: _dist.World | None = None) -> Setup:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device, world)
     amp = pick_amp(args.dtype, device)
-    ds = open_dataset(args.data, args.max_len, args.layer_ids, stream=args.order == "stream")
+    ds = open_dataset(args.data, args.max_len, args.layer_ids, stream=args.order == "stream",
+                      report_s=args.wait_report_s)
     model_dir = args.target_model or ds.manifest.get("model")
     if not model_dir:
         raise DataError(f"--data {args.data}: no manifest names the target model; pass --target-model")
@@ -769,10 +778,13 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
         missing = [ds.indices[j] for j in chosen if ds.reader.header(ds.indices[j]) is None]
         if not missing:
             return
-        say(f"train waiting: sample {missing[0]} not extracted yet")
+        wait = budget.Waiting(say, args.wait_report_s)
         asked = False
         t_check = time.monotonic()
         while missing:
+            # Said again while it lasts: the supervisor takes a silent wait for a stall (budget.REPORT_S).
+            wait.tick(lambda secs, i=missing[0]: (
+                f"train waiting: sample {i} not extracted yet (extraction paused or behind; {secs:.0f}s)"))
             if world.main and not asked and budget.paused(ds.root):
                 if step != last_saved:
                     checkpoint()
@@ -789,6 +801,7 @@ def _train(args: argparse.Namespace, out: Path, world: _dist.World) -> Path:
                                     f"{missing[0]}; relaunch it, then this job")
         if asked:
             budget.want(ds.root, None)
+        say(f"train waited {wait.waited_s:.1f}s for its samples")
 
     last_saved = step if loaded is not None else -1
     first_step = step

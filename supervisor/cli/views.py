@@ -76,6 +76,8 @@ def status_block(job: protocol.JobStatus) -> str:
         lines.append(f"  phase {a.phase or '-'}  verdict {a.verdict or (Verdict.HEALTHY if live else a.state)}")
         if live and job.status_line:
             lines.append(f"  status {job.status_line}")
+        if live and job.paused is not None:
+            lines.append(f"  paused {_fmt.duration(job.paused.for_s)} (a known wait, not a stall): {job.paused.line}")
         if job.stacks:
             lines.append(f"  {job.stacks[:300]}")
         nv = job.next_verdict

@@ -132,6 +132,12 @@ class ProbeFields(NamedTuple):
         """A "still waiting" line: output, but no sign of work."""
         return bool(self.fields.get("heartbeat"))
 
+    @property
+    def paused(self) -> bool:
+        """A "still waiting" line that says the program waits by design on something outside it (a
+        pipeline's other step): its bars are not stalled while such lines keep coming."""
+        return bool(self.fields.get("paused"))
+
     def figures(self) -> list[tuple[str, Any]]:
         """The figures printed beside a count (tokens/s, loss, rate), as captured."""
         return [(name, self.fields[name]) for name in _FIGURES if name in self.fields]

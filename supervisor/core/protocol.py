@@ -181,6 +181,11 @@ class StallBoundInfo(BaseModel):
     history_runs: int | None = None
 
 
+class PausedInfo(BaseModel):
+    line: str = Field(description="the latest line saying what it waits for")
+    for_s: float = Field(description="how long it has waited so")
+
+
 class JobStatus(BaseModel):
     name: str
     state: JobState
@@ -197,6 +202,8 @@ class JobStatus(BaseModel):
     shards: ShardsStatus | None = Field(default=None, description="a sharded job's shards (null: unsharded)")
     program_pid: int | None = Field(default=None, description="the running attempt's program (the child of its "
                                                               "wrapper shell, whose pid is attempt.pid)")
+    paused: PausedInfo | None = Field(default=None, description="the running attempt waits by design, as its "
+                                      "`paused` lines say (a pipeline's other step): not a stall while they come")
     status_line: str | None = Field(default=None, description="the running attempt's latest `STATUS=` sent to its "
                                                               "NOTIFY_SOCKET (sd_notify)")
     stacks: str | None = Field(default=None, description="the latest attempt's processes' innermost frames, dumped "

@@ -46,6 +46,7 @@ class RunnerSnapshot:
     known_pids: frozenset[int] = frozenset()  # every pid the attempt was seen with (its tree, reparented workers)
     program_pid: int | None = None  # the program the attempt's wrapper runs, once seen
     status_line: str | None = None  # the latest STATUS= it sent to its NOTIFY_SOCKET
+    paused: protocol.PausedInfo | None = None  # a wait it announces ("paused" lines): not progress, not a stall
     shard: int | None = None  # a shard's runner: its index (sharding.GATHER_SHARD for the gather step)
     shards: tuple[RunnerSnapshot, ...] = ()  # a sharded job: each shard's runner as it stands
 
@@ -60,7 +61,9 @@ def watching(job: str, attempt: int, watchdog: Watchdog, now: float, *, last_out
     upcoming = None if first is None else protocol.NextVerdict(
         verdict=first.verdict, in_s=first.deadline - now, reason=first.describe(first.deadline)[0], bound_s=first.bound_s,
         bound_source=None if first.source is None else str(first.source))
+    wait = watchdog.paused
     return RunnerSnapshot(
+        paused=None if wait is None else protocol.PausedInfo(line=wait[1], for_s=max(0.0, now - wait[0])),
         job=job, attempt=attempt, phase=watchdog.phase,
         progress=None if bar is None else bar.standing(),
         progress_still_s=None if bar is None else max(0.0, now - bar.last_advance_at),

@@ -55,6 +55,8 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
         and snapshot.attempt == latest.n else None,
         status_line=snapshot.status_line if snapshot is not None and latest is not None
         and snapshot.attempt == latest.n else None,
+        paused=snapshot.paused if snapshot is not None and latest is not None
+        and snapshot.attempt == latest.n else None,
         last_output_age_s=last_output_age, stall_bounds=bounds, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
         shards=(shards_status(row.shards, row.state, store.attempts(row.name), snapshot, attempt_info)
                 if row.shards > 1 else None),

@@ -36,6 +36,15 @@ _PROBE_KINDS = frozenset(k.value for k in ProbeKind)
 _MAX_FAILURES_KEPT = 20
 
 
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """A wait the program announces and repeats (``paused`` heartbeats): neither progress nor a stall."""
+
+    since: float  # the first line of this wait
+    latest: float  # the latest one: the stall clocks count from here while it lasts
+    line: str
+
+
 @dataclass
 class Facts:
     """One attempt's folded events.  Times are the watchdog's clock."""
@@ -45,6 +54,11 @@ class Facts:
     # Output other than "still waiting" lines, and the latest of those lines.
     last_active_at: float = field(init=False)
     heartbeat: tuple[float, str] | None = None
+    # A known wait (``paused`` heartbeats, e.g. an extraction waiting on its disk budget): since when, the
+    # latest such line's time and text; None once anything else happens (a step, a phase, an info line).
+    paused: Paused | None = None
+    # When the latest such wait ended (the line after it): the stall clocks count from there, not from before it.
+    wait_ended_at: float | None = None
     # The latest `WATCHDOG=1` the program sent to its NOTIFY_SOCKET: alive, though it may print nothing.
     pinged_at: float | None = None
     # When a new daemon began to listen for them (re-adopted): pings sent before were never heard.
@@ -150,9 +164,13 @@ class Facts:
         fields = payload.fields
         if event.kind == EventKind.INFO and payload.heartbeat:
             self.heartbeat = (at, event.message)
+            if payload.paused:
+                self.paused = Paused(at if self.paused is None else self.paused.since, at, event.message)
             changed = True
         else:
             self.last_active_at = at
+            if self.paused is not None:
+                self.paused, self.wait_ended_at = None, at
         # Any event that implies a phase enters it, as the offline replay reads it (``entered_phase``).
         kind = ProbeKind(event.kind.value) if event.kind.value in _PROBE_KINDS else ProbeKind.INFO
         own = event.phase or payload.phase

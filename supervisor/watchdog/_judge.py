@@ -94,6 +94,13 @@ class Watchdog:
         return self._facts.last_output_at
 
     @property
+    def paused(self) -> tuple[float, str] | None:
+        """A wait the program announces (``paused`` heartbeats): when it began (clock time) and its
+        latest line; None when it is not waiting so."""
+        p = self._facts.paused
+        return None if p is None else (p.since, p.line)
+
+    @property
     def failures(self) -> list[Failure]:
         """The first failures logged, in order."""
         return list(self._facts.failures)

@@ -35,7 +35,7 @@ def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
         found.extend(rule(health, facts))
     found.extend(hung_engine(health, facts.engine))
     found.extend(diverged(health, facts.loss))
-    found.extend(idle(health, facts.gpu, facts.moved_at, facts.engine.without_work))
+    found.extend(idle(health, facts.gpu, _still_since(facts, facts.moved_at), facts.engine.without_work))
     return found
 
 
@@ -47,6 +47,9 @@ def healthy(facts: Facts, at: float) -> Judgement:
         total = progress.total if progress.total is not None else "?"
         where += f", {label(progress.probe)} {progress.done}/{total}"
         evidence.update(probe=progress.probe, done=progress.done, total=progress.total)
+    if facts.paused is not None:
+        where += f", paused for {format_duration(at - facts.paused.since)}: {facts.paused.line}"
+        evidence.update(paused_s=round(at - facts.paused.since, 3), paused=facts.paused.line)
     return Judgement(Verdict.HEALTHY, where, evidence)
 
 
@@ -59,14 +62,20 @@ def failure_evidence(failure: Failure, failures_seen: int) -> dict[str, Any]:
 
 def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
     bound, how, source = _stall_bound(health, facts.phase, track, facts.history.get(track.key))
+    since = _still_since(facts, track.last_advance_at)
     # The deadline is computed once, here, and compared with >= everywhere, so the
     # daemon waking exactly at next_check_at() sees the violation (no float slack).
-    deadline = track.last_advance_at + bound
+    deadline = since + bound
+    paused = facts.paused
 
     def describe(at: float) -> tuple[str, dict[str, Any]]:
-        stalled = at - track.last_advance_at
+        stalled = at - since
         median = track.median_interval()
-        reason = f"{_where(track)}, no progress for {format_duration(stalled)} ({how})"
+        if paused is not None and since == paused.latest > track.last_advance_at:  # its "paused" lines stopped
+            reason = (f"{_where(track)}, paused and no word of it for {format_duration(stalled)} ({how}); "
+                      f"last: {paused.line}")
+        else:
+            reason = f"{_where(track)}, no progress for {format_duration(stalled)} ({how})"
         evidence: dict[str, Any] = {
             "probe": track.probe,
             "bar": track.bar,
@@ -80,7 +89,15 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
         }
         return reason, evidence
 
-    return Condition(deadline, Verdict.STALLED, describe, track.last_advance_at, source, bar=track)
+    return Condition(deadline, Verdict.STALLED, describe, since, source, bar=track)
+
+
+def _still_since(facts: Facts, moved_at: float) -> float:
+    """Where a clock of standing still starts: the last move, or, while the program says it waits by design
+    (``paused`` heartbeats), its latest such line (a wait is judged only once those lines stop), or the end of
+    such a wait (the time waited is not the bar's)."""
+    since = moved_at if facts.wait_ended_at is None else max(moved_at, facts.wait_ended_at)
+    return since if facts.paused is None else max(since, facts.paused.latest)
 
 
 def _where(track: Track) -> str:
@@ -143,7 +160,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
     stall, _, _ = _stall_bound(health, facts.phase, track, history)
     if after >= stall:
         return None
-    since = track.last_advance_at
+    since = _still_since(facts, track.last_advance_at)
 
     def describe(at: float) -> tuple[str, dict[str, Any]]:
         taken = at - since
