@@ -144,7 +144,7 @@ class AlertSink(BaseHTTPRequestHandler):
 
     received: list[dict] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         type(self).received.append(json.loads(body))
         self.send_response(200)

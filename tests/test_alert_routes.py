@@ -12,18 +12,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_until
+
 from supervisor.core.alert_routes import AlertKind, parse_route
-from supervisor.notify.alerts import Alert, Alerter, shown_route
 from supervisor.core.config import Paths, load_settings
 from supervisor.core.errors import ConfigError
+from supervisor.notify.alerts import Alert, Alerter, shown_route
 
 
 class PathSink(BaseHTTPRequestHandler):
     received: list[tuple[str, str]] = []  # (path, title)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         type(self).received.append((self.path, body["title"]))
         self.send_response(200)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
-from supervisor.store.arrivals import ArrivalWriter, Arrivals, marks_path
+
+from supervisor.store.arrivals import Arrivals, ArrivalWriter, marks_path
 
 SLOW_JOB = """\
 import time

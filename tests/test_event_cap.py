@@ -8,8 +8,8 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 
-from supervisor.store.event_cap import EventCap
 from supervisor.core.events import Event, EventKind
+from supervisor.store.event_cap import EventCap
 
 
 def _event(kind: EventKind, n: int) -> Event:

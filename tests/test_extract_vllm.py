@@ -12,12 +12,14 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-import torch  # noqa: E402
-from extract_helpers import build_test_model  # noqa: E402
-from fakes.fake_vllm import make_api  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from extract_helpers import build_test_model
+from fakes.fake_vllm import make_api
+from safetensors.torch import load_file
 
-from eagle3 import extract, formats, vllm_backend  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import extract, formats, vllm_backend
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +55,9 @@ def fails_for(plan):
 
 def sample_tokens(model_dir, n):
     """Token ids of the first n samples, as the job prepares them."""
-    from transformers import AutoTokenizer
-
     from eagle3 import data
     from extract_helpers import PROMPTS
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     return [tuple(s.token_ids) for s in data.prepare(data.load_records(PROMPTS, n), tok, 2048)]

@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 import pytest
 import structlog
 
-from supervisor.hosts import _inotify
 from supervisor.core.events import Record
-from supervisor.hosts.local.follow import LogFollower
 from supervisor.core.records import MAX_RECORD_BYTES
+from supervisor.hosts import _inotify
+from supervisor.hosts.local.follow import LogFollower
 
 T = TypeVar("T")
 

@@ -9,9 +9,9 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import HANG_AFTER_FAILURE_JOB, AlertSink
+
 from supervisor.cli.client import Client
 
 CORPUS = REPO / "tests" / "data" / "corpus"

@@ -13,8 +13,8 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import REPO, supervise
 
-from supervisor.core import protocol
 from supervisor.cli.client import Client
+from supervisor.core import protocol
 from supervisor.core.errors import SpecError
 from supervisor.core.events import EventKind, JobState
 

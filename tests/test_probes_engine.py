@@ -9,9 +9,9 @@ import pytest
 from probe_helpers import events_of
 
 from supervisor.core.events import FailureKind, Outcome, Phase, ProbeEvent, ProbeKind, Record
+from supervisor.core.records import split_records
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._replay import build_report
-from supervisor.core.records import split_records
 
 PACKS = load_packs()
 CORPUS = Path(__file__).parent / "data" / "corpus"

@@ -23,15 +23,15 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from conftest import REPO, DaemonProcess, wait_until
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
 from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service as DriverService
-from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from conftest import REPO, DaemonProcess, wait_until
-from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
 from supervisor.core import protocol
 from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.cgroup import ContainmentKind
@@ -421,7 +421,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
     seen: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         _Recorder.seen.append(str(self.headers))
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
@@ -553,7 +553,7 @@ class _Impostor(http.server.BaseHTTPRequestHandler):
 
     seen: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         _Impostor.seen.append(f"GET {self.path}\n{self.headers}")
         if self.path.startswith("/api/hello"):
             body, kind = json.dumps({"instance": "ab" * 16, "proof": "00" * 32}).encode(), "application/json"
@@ -567,7 +567,7 @@ class _Impostor(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.do_GET()
 
     def log_message(self, *args: object) -> None:

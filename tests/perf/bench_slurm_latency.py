@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from slurm import SlurmCluster  # noqa: E402
+
 from supervisor.hosts.base import LaunchRequest  # noqa: E402
 from supervisor.hosts.slurm.host import SlurmHost  # noqa: E402
 

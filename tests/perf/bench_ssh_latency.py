@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from _harness import percentile  # noqa: E402
 from sshd import SshServer  # noqa: E402
+
 from supervisor.cli.client import Client  # noqa: E402
 from supervisor.core.config import Paths  # noqa: E402
 

@@ -10,9 +10,16 @@ also holds what runs beside the line (the exit watch, the cgroup read), so the c
 upper bound.  Prints the files and those entered more than once (a call into the file after a
 call elsewhere).
 """
-import asyncio, shutil, sys, tempfile, threading, textwrap, time
+import asyncio
+import shutil
+import sys
+import tempfile
+import textwrap
+import threading
+import time
 from collections import Counter
 from pathlib import Path
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from supervisor.cli.client import Client
