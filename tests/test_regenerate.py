@@ -12,11 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from extract_helpers import REPO, build_test_model, cli_env, run_main  # noqa: E402
+from extract_helpers import REPO, build_test_model, cli_env, run_main
 
 # eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
 # isort: split
-from eagle3 import regenerate  # noqa: E402
+from eagle3 import regenerate
 
 RECORDS = [
     {"messages": [{"role": "user", "content": "What is the capital of France?"},

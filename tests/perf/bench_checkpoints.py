@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _harness import percentile  # noqa: E402
-from sshd import SshServer  # noqa: E402
+from _harness import percentile
+from sshd import SshServer
 
 
 def _tree(root: Path, n: int) -> None:
