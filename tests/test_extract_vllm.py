@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def prepared(out):
     man = json.loads((out / "manifest.json").read_text())
     p = load_file(str(out / "prepared.safetensors"))
     off = p["offsets"].tolist()
-    spans = zip(off[:-1], off[1:], strict=True)
+    spans = pairwise(off)
     return man, [(p["token_ids"][a:b].tolist(), p["loss_mask"][a:b].tolist()) for a, b in spans]
 
 
