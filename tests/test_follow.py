@@ -473,7 +473,7 @@ def writer_expected() -> list[str]:
         texts.append(f"step {i}")
         if i % 10 == 0:
             texts += ["", f"shard {i}: 0%", f"shard {i}: 50%", f"shard {i}: 100%"]
-    return texts + ["Traceback tail without newline"]
+    return [*texts, "Traceback tail without newline"]
 
 
 @mode_param

@@ -33,7 +33,7 @@ def traceback_lines(prefix: str, exc_line: str, frames: int = 2) -> list[str]:
     lines = [f"{prefix}Traceback (most recent call last):"]
     for i in range(frames):
         lines += [f'{prefix}  File "/srv/app/mod{i}.py", line {10 + i}, in f{i}', f"{prefix}    call_{i}()"]
-    return lines + [f"{prefix}{exc_line}"]
+    return [*lines, f"{prefix}{exc_line}"]
 
 
 # ---- prefixes, ANSI, redraws ----------------------------------------------------------

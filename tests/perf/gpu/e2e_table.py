@@ -50,7 +50,7 @@ def main(out: Path, labels: list[str] | None = None) -> int:
               "tok/s quarter (×) | acceptance | mean acc. length |", "|---|---|---|---|---|---|---|---|"]
     base = bench["none"]
     if not base:
-        print("\n".join(lines + ["(no baseline run)"]))
+        print("\n".join([*lines, "(no baseline run)"]))
         return 1
     for i, s in enumerate(base["settings"]):
         row = [f"batch {s['batch']}, T={s['temperature']}", f"{s['tok_s']:.0f}"]
