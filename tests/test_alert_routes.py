@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from conftest import wait_until
@@ -21,7 +22,7 @@ from supervisor.notify.alerts import Alert, Alerter, shown_route
 
 
 class PathSink(BaseHTTPRequestHandler):
-    received: list[tuple[str, str]] = []  # (path, title)
+    received: ClassVar[list[tuple[str, str]]] = []  # (path, title)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))

@@ -280,7 +280,7 @@ def test_prompts_sharing_an_opening_get_every_token_s_hidden_state(tmp_path, mod
     rc, lines = run(capsys, api, "--model", model_dir, "--out", out, "--prompts", prompts)
     assert rc == 0, lines
     assert api.llms[0].kwargs["enable_prefix_caching"] is False
-    man, samples = prepared(out)
+    _man, samples = prepared(out)
     for i, (ids, _) in enumerate(samples):
         hs = load_file(str(out / f"hs_{i}.safetensors"))
         assert hs["hidden_states"].shape[0] == len(ids) == hs["token_ids"].shape[0]

@@ -97,7 +97,7 @@ def test_relaunch_waits_for_gpu_memory_release(tmp_path: Path) -> None:
     with in_process_daemon(nvml) as client:
         client.start(str(spec), {})
         wait_until(lambda: client.status("gpu").jobs[0].state == "failed", timeout=60)
-        first, second = client.attempts("gpu").attempts
+        _first, second = client.attempts("gpu").attempts
         # The job's python process is the wrapper's child: find the pid the fake saw die first.
         freed_at = min(nvml.died_at.values()) + FREE_LAG_S  # the fake's (monotonic) clock
         launched_second = second.started  # wall clock

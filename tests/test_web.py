@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import psutil
@@ -277,7 +278,7 @@ def test_token_file_is_private_and_a_remote_bind_needs_the_flag(web: Web) -> Non
     with socket.socket() as holder:  # another program holds the port asked for
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        with pytest.raises(ConfigError, match="is taken by another process.*supervise web --port"):
+        with pytest.raises(ConfigError, match=r"is taken by another process.*supervise web --port"):
             web.daemon.client().web(protocol.WebRequest(port=holder.getsockname()[1]))
     assert web.get("/", token=web.token).status_code == 200  # the page served before still is
     assert json.loads(path.read_text())["token"] == web.token
@@ -419,7 +420,7 @@ def test_stuck_load_then_relaunch_on_the_job_page(home: Path, daemon_env: dict[s
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Another program's server on another port of the same host: what the browser sends it."""
 
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
         _Recorder.seen.append(str(self.headers))
@@ -551,7 +552,7 @@ class _Impostor(http.server.BaseHTTPRequestHandler):
     """A program that took the page's port while the daemon was down: it answers everything
     (the handshake with a made-up proof, the stream with a quick reconnect) and records it all."""
 
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
         _Impostor.seen.append(f"GET {self.path}\n{self.headers}")
