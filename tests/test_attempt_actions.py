@@ -12,7 +12,8 @@ import pytest
 from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.events import AttemptState, JobState
 from supervisor.jobs.shard_views import shard_rows
-from supervisor.store.database import AttemptRow, Store
+from supervisor.store.attempt_writes import AttemptEnd
+from supervisor.store.database import SCHEMA_VERSION, AttemptRow, Store
 
 
 def _row(n: int, shard: int | None = None) -> AttemptRow:
@@ -21,6 +22,14 @@ def _row(n: int, shard: int | None = None) -> AttemptRow:
                       state=AttemptState.RUNNING, exit_code=None, exit_signal=None, log_offset=0, phase=None,
                       progress=None, verdict=None, reason=None, failure=None, fingerprint=None, action=None,
                       shard=shard)
+
+
+def _as_before_the_kind_column(db: sqlite3.Connection) -> None:
+    """The store as the version before ``action_kind`` leaves it (the column's values are filled by
+    the last migration, which the next open runs again over these rows)."""
+    db.execute("UPDATE attempts SET action_kind = NULL")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    db.commit()
 
 
 def test_the_sentences_stored_are_those_stored_before() -> None:
@@ -54,10 +63,10 @@ def test_old_rows_read_as_the_kind_their_sentence_begins_with(tmp_path: Path) ->
     for n in range(1, len(OLD_ROWS) + 2):
         store.add_attempt(_row(n))
     store.close()
-    db = sqlite3.connect(tmp_path / "s.db")  # written as text, the way every version has stored it
+    db = sqlite3.connect(tmp_path / "s.db")  # written as text, the way every version before the kind's column has
     db.executemany("UPDATE attempts SET action=?, state='ended', ended=2 WHERE job='j' AND n=?",
                    [(text, n) for n, (text, _) in enumerate(OLD_ROWS, 1)])
-    db.commit()
+    _as_before_the_kind_column(db)
     db.close()
     rows = Store(tmp_path / "s.db").attempts("j")
     assert [r.action for r in rows] == [text for text, _ in OLD_ROWS] + [None]  # the API shows the sentence
@@ -68,7 +77,8 @@ def test_the_store_writes_an_action_as_its_sentence(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     store.upsert_job("j", {"name": "j"}, JobState.RUNNING)
     store.add_attempt(_row(1))
-    store.update_attempt("j", 1, state=AttemptState.ENDED, action=AttemptAction.give_up("launch failed"))
+    store.end_attempt(AttemptEnd(state=AttemptState.ENDED, action=AttemptAction.give_up("launch failed"), reason="x"),
+                      [], job="j", n=1)
     row = store.attempt("j", 1)
     assert (row.action, row.action_kind) == ("give up: launch failed", ActionKind.GIVE_UP)
 
@@ -86,7 +96,7 @@ def test_a_shard_whose_old_row_says_relaunch_is_in_backoff(tmp_path: Path, job_s
     db.executemany("UPDATE attempts SET action=?, state=?, ended=2 WHERE job='j' AND n=?",
                    [("relaunch in 2.0s", "ended", 1), ("give up: attempt 3/3 failed", "ended", 2),
                     ("stopped by user", "stopped", 3)])
-    db.commit()
+    _as_before_the_kind_column(db)
     db.close()
     attempts = Store(tmp_path / "s.db").attempts("j")
     assert [s.state for s in shard_rows(3, job_state, attempts)] == [relaunching, JobState.FAILED, JobState.STOPPED]

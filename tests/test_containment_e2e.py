@@ -17,8 +17,11 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
 from test_full_disk import small_home  # noqa: F401 - the 4 MiB tmpfs fixture
 
+from supervisor.core.actions import AttemptAction
 from supervisor.core.config import Paths
+from supervisor.core.events import AttemptState, Verdict
 from supervisor.spec.model import load_spec
+from supervisor.store.attempt_writes import AttemptEnd, ExitCode
 from supervisor.store.database import AttemptRow, Store
 
 # Valid RE2 within the load-time bounds (program size 9,906, fanout bucket under 8), yet about
@@ -201,7 +204,8 @@ def test_recovery_never_overwrites_a_newer_attempt(home: Path, daemon_env: dict[
 
     store.add_attempt(row(1, "launching", None))
     store.add_attempt(row(2, "running", None))
-    store.update_attempt("older", 2, state="ended", exit_code=0, verdict="done", action="none: job done")
+    store.end_attempt(AttemptEnd(state=AttemptState.ENDED, exit=ExitCode(0, None), verdict=Verdict.DONE,
+                                 action=AttemptAction.none("job done"), reason="exited 0"), [], job="older", n=2)
     store.close()
     daemon = DaemonProcess(home, daemon_env)
     daemon.start()

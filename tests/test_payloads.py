@@ -31,6 +31,7 @@ from supervisor.core.payloads import (
 )
 from supervisor.core.progress import BarProgress, Progress
 from supervisor.spec.model import HealthSpec
+from supervisor.store.attempt_writes import AttemptUpdate
 from supervisor.store.database import AttemptRow, Store
 from supervisor.store.milestones import ProgressMilestones
 from supervisor.watchdog import Watchdog
@@ -211,7 +212,7 @@ def test_an_attempts_stored_progress_reads_back_typed_whatever_its_shape(tmp_pat
     read = [a.progress for a in store.attempts("j")]
     assert read == [BarProgress("p.bar", 3, 8, 0.5, 2.5, "Loading"), BarProgress("p.bar", 3, None, None, None),
                     None, None, None]
-    store.update_attempt("j", 5, progress=read[0])
+    store.update_attempt("j", 5, AttemptUpdate(progress=read[0]))
     assert store.attempt("j", 5).progress == read[0]
     store.close()
     db = sqlite3.connect(tmp_path / "s.db")

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core.actions import ActionKind
 from supervisor.core.errors import NotFound, StoreError
 from supervisor.core.events import AttemptState, Event, EventKind, Failure, FailureKind, JobState, Phase
+from supervisor.store.attempt_writes import AttemptUpdate
 from supervisor.store.database import SCHEMA_VERSION, AttemptRow, Store
 
 
@@ -42,7 +44,7 @@ def test_events_with_offset_are_stored_once(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     store.upsert_job("j", {"name": "j"}, "running")
     store.add_attempt(attempt())
-    first = store.record_events([probe_event(0), probe_event(10)], offset=20, attempt_fields={"phase": "config"})
+    first = store.record_events([probe_event(0), probe_event(10)], offset=20, update=AttemptUpdate(phase=Phase.CONFIG))
     assert all(e.id for e in first)
     again = store.record_events([probe_event(10), probe_event(30)], offset=40)
     assert again[0].id is None and again[1].id is not None  # re-read stretch: the duplicate is ignored
@@ -74,7 +76,7 @@ def test_state_survives_reopen(tmp_path: Path) -> None:
     store.upsert_job("j", {"name": "j"}, "running")
     store.add_attempt(attempt())
     oom = Failure(FailureKind.CUDA_OOM, "torch.OutOfMemoryError: CUDA out of memory.", "fp", "Traceback ...", "ERROR")
-    store.update_attempt("j", 1, pid=123, failure=oom)
+    store.update_attempt("j", 1, AttemptUpdate(pid=123, failure=oom))
     store.close()
     again = Store(tmp_path / "s.db")
     row = again.live_attempts()[0]
@@ -176,10 +178,36 @@ def test_migration_derives_each_old_attempts_run_once(tmp_path: Path) -> None:
     assert [(r.job, r.n, r.run, r.run_attempt) for r in resumed] == [("a", 5, 3, 2)]
     assert resumed[0].state is AttemptState.RUNNING and store.job("b").state is JobState.FAILED
     # Derived once: a later action of any kind changes no run.
-    store.update_attempt("a", 3, action="relaunch in 1.0s")
     store.close()
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.execute("UPDATE attempts SET action='relaunch in 1.0s', action_kind='relaunch' WHERE job='a' AND n=3")
+    db.commit()
+    db.close()
     again = Store(tmp_path / "s.db")
     assert [r.run for r in again.attempts("a")] == [1, 1, 2, 3, 3]
+
+
+def test_migration_reads_each_old_attempts_action_kind_once(tmp_path: Path) -> None:
+    """A store from schema 1 on: each ended attempt's kind of action read from its sentence into its
+    own column, once; a sentence no version wrote reads as none, an attempt not ended as no kind."""
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.executescript(_V1_TABLES)
+    db.execute("INSERT INTO jobs VALUES('a', '{}', 'failed', '', 0, 0)")
+    sentences = ["relaunch in 1.0s", "relaunch", "give up: attempt 2/2 failed", "stopped by user", "none: job done",
+                 "requeued by a version from the future", "", None]
+    for n, sentence in enumerate(sentences, 1):
+        db.execute("INSERT INTO attempts(job, n, tag, host, argv_json, workdir, log_path, status_path, started, state, "
+                   "action) VALUES('a', ?, ?, 'local', '[]', '/', '/l', '/s', 0, ?, ?)",
+                   (n, f"a{n}", "running" if sentence is None else "ended", sentence))
+    db.commit()
+    db.close()
+    rows = Store(tmp_path / "s.db").attempts("a")
+    assert [r.action for r in rows] == sentences  # the sentence stays as it was: the API shows it
+    assert [r.action_kind for r in rows] == [ActionKind.RELAUNCH, ActionKind.RELAUNCH, ActionKind.GIVE_UP,
+                                             ActionKind.STOP, ActionKind.NONE, ActionKind.NONE, ActionKind.NONE, None]
+    db = sqlite3.connect(tmp_path / "s.db")
+    assert db.execute("SELECT action_kind FROM attempts WHERE n=3").fetchone()[0] == "give_up"  # stored, not re-read
+    db.close()
 
 
 def test_run_numbers_are_stored_as_given(tmp_path: Path) -> None:

@@ -7,16 +7,18 @@ import json
 import sqlite3
 from pathlib import Path
 
-from supervisor.store.database import SCHEMA_VERSION, Store
+from supervisor.store.database import Store
 from supervisor.store.schema import MIGRATIONS
+
+_THINNING = 9  # the thinning migration's entry: it takes a store from version 9 to 10
 
 
 def _old_store(path: Path) -> sqlite3.Connection:
     """A store at the version before the thinning migration (every earlier migration applied)."""
     db = sqlite3.connect(path)
-    for migration in MIGRATIONS[:SCHEMA_VERSION - 1]:
+    for migration in MIGRATIONS[:_THINNING]:
         db.executescript(migration)
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    db.execute(f"PRAGMA user_version={_THINNING}")
     db.execute("INSERT INTO jobs(name, spec_json, state, created, updated) VALUES('j', '{}', 'done', 0, 0)")
     return db
 

@@ -24,6 +24,7 @@ VARIABLES = {
     "SUPERVISE_PREFILTER": "`off`: the probes read logs with RE2 alone, without the Hyperscan prefilter (the events "
                            "are the same, only slower); `supervise doctor` says which engine reads",
     "SUPERVISE_PYSPY": "the py-spy used for stack dumps (default: the PATH, then beside the daemon's interpreter)",
+    "SUPERVISE_NVIDIA_SMI": "the nvidia-smi whose `-q` report is kept at a hang verdict on this machine (default: the PATH's)",
     "SUPERVISE_ATTEMPT": "set by supervise in every attempt's environment: the tag its processes are found by",
     "SUPERVISE_CGROUP": "set by supervise for the launch wrapper: the cgroup a local attempt enters",
     "SUPERVISE_LIMITS": "set by supervise for the launch wrapper: the attempt's cgroup holds its spec's `[limits]`, "

@@ -61,6 +61,8 @@ def status_block(job: protocol.JobStatus) -> str:
         return sharded_block(job, job.shards)
     a = job.attempt
     lines = [f"{job.name}: {job.state}  ({job.reason})" if job.reason else f"{job.name}: {job.state}"]
+    if job.spec_error:  # stored by another version, say: it cannot be relaunched until started from its file
+        lines.append(f"  spec no longer validates: {job.spec_error}; `supervise start` its spec file")
     if a is not None:
         # Only a job being watched has a verdict in the making, a rate and an ETA; an ended
         # attempt shows how it ended, never the last healthy reading.

@@ -19,6 +19,7 @@ where they enter, with ``raise X from exc`` so the cause stays in tracebacks.
     │   ├── DaemonNotRunning   no daemon answers on the socket
     │   ├── RequestRejected    the daemon refused the request itself (carries its status code)
     │   └── InternalError      a bug in the daemon (its log has the traceback)
+    │       └── TransitionRefused  a write that would take an attempt out of its stored end
     ├── NotFound               an unknown job or attempt
     └── AlreadyRunning         `start` of a job that is running (or waiting to relaunch)
 
@@ -100,6 +101,11 @@ class RequestRejected(DaemonError):
 
 class InternalError(DaemonError):
     exit_code = 70  # EX_SOFTWARE
+
+
+class TransitionRefused(InternalError):
+    """A write that would take an attempt out of an end already stored (ended, stopped): a defect
+    in its writer, never the user's doing; what is stored stays as it was."""
 
 
 class NotFound(SuperviseError):

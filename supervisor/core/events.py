@@ -96,6 +96,7 @@ class EventKind(StrEnum):
     GPU_WAIT = "gpu_wait"  # the launch waits for GPU memory other processes hold (data: the holders)
     GPU_FAULT = "gpu_fault"  # a fault on a GPU the attempt uses: Xid, ECC, pending retirement, slowdown
     STRAGGLER = "straggler"  # one rank's bar well behind its peers' (a warning, never a kill; data: which, how far)
+    DISK_LOW = "disk_low"  # the output folder's free space under disk.warn_free_mib or min_free_mib (data: how much)
     STACKS = "stacks"  # the Python stacks of the attempt's processes, dumped before a kill (data: each process's)
     STATE = "state"  # the job's state changed (data: state, reason); numbered with the job's latest attempt
 

@@ -406,6 +406,9 @@ class StacksData:
     note: str
     processes: tuple[ProcessStackData, ...]
     left_out: int = 0  # the attempt's processes not dumped (past the cap on how many are)
+    flight_recorder: str = ""  # a torch distributed job's flight recorder, in one line: which rank is behind
+    dumps: tuple[str, ...] = ()  # its ranks' flight recorder dump files
+    gpu_report: str = ""  # where `nvidia-smi -q` taken at the verdict went, or why it was not
 
     @classmethod
     def of(cls, event: Carries) -> StacksData:
@@ -414,14 +417,21 @@ class StacksData:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StacksData:
         processes = _list(data.get("processes")) or []
+        dumps = _list(data.get("dumps")) or []
         return cls(_text(data.get("note")) or "",
                    tuple(ProcessStackData.from_json(p) for p in processes if isinstance(p, Mapping)),
-                   _int(data.get("left_out")) or 0)
+                   _int(data.get("left_out")) or 0, _text(data.get("flight_recorder")) or "",
+                   tuple(d for d in dumps if isinstance(d, str)), _text(data.get("gpu_report")) or "")
 
     def to_json(self) -> dict[str, Any]:
         shown: dict[str, Any] = {"note": self.note, "processes": [p.to_json() for p in self.processes]}
         if self.left_out:  # said only where processes were left out: a whole dump's payload is as it was
             shown["left_out"] = self.left_out
+        if self.flight_recorder:  # likewise: only a torch distributed job's dump says these
+            shown["flight_recorder"] = self.flight_recorder
+            shown["dumps"] = list(self.dumps)
+        if self.gpu_report:
+            shown["gpu_report"] = self.gpu_report
         return shown
 
 
@@ -496,8 +506,29 @@ class UntypedData:
         return dict(self.fields)
 
 
+@dataclass(frozen=True, slots=True)
+class DiskLowData:
+    """The watched folder's free space fell under a bound of ``[disk]``, and what was done."""
+
+    path: str | None
+    free_mib: int | None
+    total_mib: int | None
+    warn_free_mib: int | None
+    min_free_mib: int | None
+    action: str | None  # "warned", "held", "stopped"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DiskLowData:
+        return cls(_text(data.get("path")), _int(data.get("free_mib")), _int(data.get("total_mib")),
+                   _int(data.get("warn_free_mib")), _int(data.get("min_free_mib")), _text(data.get("action")))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "free_mib": self.free_mib, "total_mib": self.total_mib,
+                "warn_free_mib": self.warn_free_mib, "min_free_mib": self.min_free_mib, "action": self.action}
+
+
 AnyPayload = (ProbeFields | LaunchedData | ExitedData | VerdictData | ActionData | AlertData | RestartData
-              | GpuWaitData | GpuFaultData | StacksData | StateData | StragglerData | UntypedData)
+              | GpuWaitData | GpuFaultData | StacksData | StateData | StragglerData | DiskLowData | UntypedData)
 
 _BY_KIND: dict[EventKind, Any] = {
     EventKind.PHASE: ProbeFields, EventKind.PROGRESS: ProbeFields, EventKind.FAILURE: ProbeFields,
@@ -505,7 +536,7 @@ _BY_KIND: dict[EventKind, Any] = {
     EventKind.LAUNCHED: LaunchedData, EventKind.EXITED: ExitedData, EventKind.VERDICT: VerdictData,
     EventKind.ACTION: ActionData, EventKind.GPU: UntypedData, EventKind.ALERT: AlertData,
     EventKind.DAEMON_RESTARTED: RestartData, EventKind.GPU_WAIT: GpuWaitData, EventKind.GPU_FAULT: GpuFaultData,
-    EventKind.STRAGGLER: StragglerData,
+    EventKind.STRAGGLER: StragglerData, EventKind.DISK_LOW: DiskLowData,
     EventKind.STACKS: StacksData, EventKind.STATE: StateData,
 }
 

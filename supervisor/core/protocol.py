@@ -201,6 +201,8 @@ class JobStatus(BaseModel):
                                                               "NOTIFY_SOCKET (sd_notify)")
     stacks: str | None = Field(default=None, description="the latest attempt's processes' innermost frames, dumped "
                                                          "before it was killed (`supervise stack JOB` for a running one)")
+    spec_error: str | None = Field(default=None, description="why the job's stored spec no longer validates (a spec "
+                                                             "stored by another version); null: it validates")
 
 
 class PipelineStepStatus(BaseModel):

@@ -38,7 +38,6 @@ from prometheus_client.registry import Collector
 
 from supervisor import __version__
 from supervisor.core.events import Event, EventKind, FailureKind, JobState, Phase
-from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.payloads import VerdictData
 from supervisor.core.progress import BarProgress
 from supervisor.gpu.nvml import GpuSample
@@ -189,7 +188,7 @@ class Metrics:
             if sample is None or not sample.available or not sample.processes:
                 continue
             for job in jobs:
-                if job.job.spec.get("host", LOCAL_HOST) != reading.name:
+                if job.job.host != reading.name:
                     continue
                 pids = await _job_pids(job, reading.host)
                 for proc in sample.processes:
@@ -263,7 +262,7 @@ class _StateCollector(Collector):
         for reading in jobs:
             job, row = reading.job, reading.latest
             attempts.add_metric([job.name], row.n if row else 0)
-            max_attempts.add_metric([job.name], job.spec.get("restart", {}).get("max_attempts", 1))
+            max_attempts.add_metric([job.name], job.max_attempts)
             for name in JobState:
                 state.add_metric([job.name, name.value], 1.0 if job.state is name else 0.0)
             if row is None:

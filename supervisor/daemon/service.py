@@ -187,7 +187,7 @@ class Service:
             return None
 
     def _shard_rows(self, job: JobRow) -> tuple[ShardRows, ...]:
-        shards = job.spec.get("shards", 1)
+        shards = job.shards
         return tuple(shard_rows(shards, job.state, self.store.attempts(job.name))) if shards > 1 else ()
 
     def alert_counts(self) -> AlertCounts:

@@ -59,6 +59,11 @@ class StackDump:
     processes: tuple[ProcessStack, ...]
     note: str = ""  # one line when no stack could be taken at all: py-spy missing, ptrace refused
     found: int = 0  # the attempt's processes, dumped or not (0: as many as were dumped)
+    # Taken beside the stacks at a hang verdict (jobs/runner/_forensics.py): the flight recorder's
+    # one line and its ranks' dump files (a torch distributed job), and where nvidia-smi -q went.
+    flight_recorder: str = ""
+    dumps: tuple[str, ...] = ()
+    gpu_report: str = ""
 
     @property
     def python(self) -> tuple[ProcessStack, ...]:
@@ -70,11 +75,13 @@ class StackDump:
         return max(0, self.found - len(self.processes))
 
     def summary(self, frames: int = 3) -> str:
-        """One line: each Python process's innermost frames (py-spy prints the innermost first)."""
+        """One line: the flight recorder's word first (which rank is behind), then each Python
+        process's innermost frames (py-spy prints the innermost first)."""
+        extra = "".join(f"{said}; " for said in (self.flight_recorder, self.gpu_report) if said)
         if not self.python:
-            return self.note or "no Python process to dump"
+            return extra + (self.note or "no Python process to dump")
         parts = [f"pid {p.pid} ({p.name[:40]}): " + " < ".join(first_frames(p.stack or "", frames)) for p in self.python]
-        return "; ".join(parts) + (f" ({self.counted()})" if self.left_out else "")
+        return extra + "; ".join(parts) + (f" ({self.counted()})" if self.left_out else "")
 
     def counted(self) -> str:
         """How many processes were dumped of how many, and why not all."""
@@ -86,7 +93,7 @@ class StackDump:
 def stacks_data(dump: StackDump) -> StacksData:
     """A dump as an event's payload: what `events`, the page and `stack` show."""
     return StacksData(dump.note, tuple(ProcessStackData(p.pid, p.name, p.stack, p.error) for p in dump.processes),
-                      dump.left_out)
+                      dump.left_out, dump.flight_recorder, dump.dumps, dump.gpu_report)
 
 
 def first_frames(stack: str, n: int = 3) -> list[str]:

@@ -83,7 +83,7 @@ def _exists(store: Store, name: str) -> bool:
 
 def _stored_after(store: Store, name: str) -> list[str]:
     try:
-        return [str(n) for n in store.job(name).spec.get("after", [])]
+        return store.job(name).after
     except NotFound:
         return []
 

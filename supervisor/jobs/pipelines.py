@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from supervisor.core import protocol
 from supervisor.core.errors import AlreadyRunning, HostError, NotFound, SpecError
 from supervisor.core.events import JobState, Verdict
@@ -93,22 +91,21 @@ class Pipelines:
     def _done_with_same_inputs(self, step: ResolvedStep) -> bool:
         try:
             row = self.store.job(step.job)
-            return row.state is JobState.DONE and fingerprint(JobSpec.model_validate(row.spec)) == fingerprint(step.spec)
-        except (NotFound, ValidationError, SpecError):
+            return row.state is JobState.DONE and row.spec is not None and fingerprint(row.spec) == fingerprint(step.spec)
+        except (NotFound, SpecError):
             return False
 
     def resume_waiting(self) -> list[str]:
         """After a daemon restart: every job still waiting for its `after` gets its runner back."""
         notes = []
         for row in self.store.jobs():
-            if row.state not in _WAITING or not row.spec.get("after") or row.name in self.runners:
+            if row.state not in _WAITING or not row.after or row.name in self.runners:
                 continue
             if (latest := self.store.latest_attempt(row.name)) is not None and latest.state.active:
                 continue  # recovery re-adopted it
-            try:
-                spec = JobSpec.model_validate(row.spec)
-            except ValidationError as exc:
-                self.recorder.job_state(row.name, JobState.FAILED, f"spec unreadable on recovery: {exc.errors()[0]['msg']}")
+            spec = row.spec
+            if spec is None:
+                self.recorder.job_state(row.name, JobState.FAILED, f"spec unreadable on recovery: {row.spec_error}")
                 continue
             self.start_runner(spec)
             notes.append(f"{row.name}: waiting again for {', '.join(spec.after)}")

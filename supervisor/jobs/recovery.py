@@ -6,14 +6,11 @@ Each outcome is a note (said in the log and in `supervise status`)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import structlog
-from pydantic import ValidationError
 
-from supervisor.core.errors import SuperviseError
+from supervisor.core.errors import SpecError, SuperviseError
 from supervisor.core.events import AttemptState, JobState
 from supervisor.core.host_url import is_local
 from supervisor.hosts.base import ExitStatus, ProcessHandle
@@ -22,6 +19,7 @@ from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import JobRunner
 from supervisor.jobs.sharding import ShardedJob
 from supervisor.spec.model import JobSpec
+from supervisor.store.attempt_writes import AttemptEnd, ExitCode
 from supervisor.store.database import AttemptRow
 
 _TAKEN_UP = (JobState.RUNNING, JobState.BACKOFF)  # a sharded job's states that a restarted daemon goes on with
@@ -61,9 +59,13 @@ class Recovery:
 
     async def _recover_one(self, row: AttemptRow) -> str:
         try:
-            spec = JobSpec.model_validate(self.store.job(row.job).spec)
-        except (ValidationError, SuperviseError) as exc:
-            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, reason=f"spec unreadable on recovery: {exc}")
+            job = self.store.job(row.job)
+            spec, why = job.spec, job.spec_error or ""
+        except SuperviseError as exc:
+            spec, why = None, str(exc)
+        if spec is None:
+            self.recorder.attempt_ended(row.job, row.n, AttemptEnd(state=AttemptState.LOST,
+                                                                   reason=f"spec unreadable on recovery: {why}"))
             return f"{row.job}#{row.n}: lost (spec unreadable)"
         handle = ProcessHandle(pid=row.pid or 0, start_time=row.start_time, pgid=row.pgid or row.pid or 0,
                                tag=row.tag, log_path=row.log_path, status_path=row.status_path,
@@ -84,8 +86,8 @@ class Recovery:
             # A newer attempt ran after it: its result and the job's state are the newer one's.
             return self._recover_superseded(row, alive, status)
         if row.pid is None or (not alive and status is None and row.state is AttemptState.LAUNCHING):
-            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, ended=time.time(),
-                                      reason="the daemon stopped while launching it")
+            self.recorder.attempt_ended(row.job, row.n, AttemptEnd(state=AttemptState.LOST,
+                                                                   reason="the daemon stopped while launching it"))
             self.recorder.job_state(row.job, JobState.FAILED, "attempt lost during launch; start the job again")
             return f"{row.job}#{row.n}: lost during launch"
         # Alive, or ended while we were away: either way the runner drains the log from the
@@ -99,28 +101,30 @@ class Recovery:
         alone, said here and by `status`; `supervise stop` reaches it."""
         if alive:
             return f"{row.job}#{row.n}: still alive but superseded by a newer attempt; `supervise stop {row.job}` ends it"
-        fields: dict[str, Any] = {"state": AttemptState.LOST, "ended": time.time()}
         if status is not None:
-            fields.update(exit_code=status.returncode, exit_signal=status.signal, state=AttemptState.ENDED,
-                          reason=f"ended unsupervised: the command {status.describe()}")
+            end = AttemptEnd(state=AttemptState.ENDED, exit=ExitCode(status.returncode, status.signal),
+                             reason=f"ended unsupervised: the command {status.describe()}")
         else:
-            fields["reason"] = "lost: no process and no exit status (the daemon stopped while it launched)"
-        self.store.update_attempt(row.job, row.n, **fields)
-        return f"{row.job}#{row.n}: superseded by a newer attempt; marked {fields['state']}"
+            end = AttemptEnd(state=AttemptState.LOST,
+                             reason="lost: no process and no exit status (the daemon stopped while it launched)")
+        self.recorder.attempt_ended(row.job, row.n, end)
+        return f"{row.job}#{row.n}: superseded by a newer attempt; marked {end.state}"
 
     def _recover_shard(self, row: AttemptRow) -> str:
         """A shard's attempt: its job's coordinator re-adopts it with the job's other live shards."""
         where = f"{row.job}#{row.n} (shard {row.shard})"
         if row.pid is None:  # the daemon stopped while launching it: the shard launches again
-            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, ended=time.time(),
-                                      reason="the daemon stopped while launching it")
+            self.recorder.attempt_ended(row.job, row.n, AttemptEnd(state=AttemptState.LOST,
+                                                                   reason="the daemon stopped while launching it"))
             return f"{where}: lost during launch; its shard launches again"
         try:
-            spec = JobSpec.model_validate(self.store.job(row.job).spec)
+            spec = self.store.job(row.job).spec
+            if spec is None:
+                raise SpecError(f"its stored spec no longer validates ({self.store.job(row.job).spec_error})")
             job = self.sharded(spec)
             job.resume[row.shard if row.shard is not None else 0] = row
-        except (ValidationError, SuperviseError) as exc:
-            self.store.update_attempt(row.job, row.n, state=AttemptState.LOST, reason=f"not re-adopted: {exc}")
+        except SuperviseError as exc:
+            self.recorder.attempt_ended(row.job, row.n, AttemptEnd(state=AttemptState.LOST, reason=f"not re-adopted: {exc}"))
             return f"{where}: lost ({exc})"
         if not job.running:
             job.start(job.resume)  # the resume map fills before the loop runs: recovery does not await
@@ -131,13 +135,15 @@ class Recovery:
         backoff, the others done, or the gather not launched yet): their run goes on."""
         notes = []
         for job in self.store.jobs():
-            if job.spec.get("shards", 1) <= 1 or job.state not in _TAKEN_UP or job.name in self.runners:
+            if job.shards <= 1 or job.state not in _TAKEN_UP or job.name in self.runners:
                 continue
             if not any(a.shard is not None for a in self.store.attempts(job.name)):
                 continue  # never launched: `start` failed before any shard, nothing to go on with
             try:
-                sharded = self.sharded(JobSpec.model_validate(job.spec))
-            except (ValidationError, SuperviseError) as exc:
+                if job.spec is None:
+                    raise SpecError(f"its stored spec no longer validates ({job.spec_error})")
+                sharded = self.sharded(job.spec)
+            except SuperviseError as exc:
                 self.recorder.job_state(job.name, JobState.FAILED, f"not taken up again on recovery: {exc}")
                 notes.append(f"{job.name}: not taken up again ({exc})")
                 continue

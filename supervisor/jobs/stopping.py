@@ -8,7 +8,7 @@ import functools
 from collections.abc import Mapping
 
 from supervisor.core import protocol
-from supervisor.core.errors import ConnectionLost, HostError, HostRefused, NotFound, RequestRejected
+from supervisor.core.errors import ConnectionLost, HostError, HostRefused, NotFound, RequestRejected, SpecError
 from supervisor.core.events import JobState
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.registry import Hosts
@@ -19,7 +19,6 @@ from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import JobRunner
 from supervisor.jobs.sharding import ShardedJob
 from supervisor.jobs.strays import StrayStop, merge_reports, stop_strays, stray_handle
-from supervisor.spec.model import JobSpec
 from supervisor.store.pending import when_free
 
 # A verb's write waits this long for a lock another process holds, then answers "store busy" (74).
@@ -89,7 +88,10 @@ class Stopping:
         before = runner.snapshot() if runner is not None else None  # the pids the runner saw: NVML may list them after the kill
         unended = [stray_handle(row) for row in self.store.attempts(name) if row.pid and row.state.active]
         report = await runner.stop(grace_s) if runner is not None and running else KillReport()
-        spec = JobSpec.model_validate(job.spec)
+        spec = job.spec
+        if spec is None:  # its runner (if any) is stopped; where its strays run is the spec's to say
+            raise SpecError(f"job '{name}': its stored spec no longer validates ({job.spec_error}); its supervision is "
+                            f"stopped, a process it left may still run: `supervise start` its spec file, then stop it")
         strays = StrayStop()
         for host in dict.fromkeys([spec.host, *spec.hosts]):  # a sharded job's shards run on several
             try:

@@ -9,7 +9,6 @@ whose process (pid and start time) is still there is killed, tree and all.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import structlog
@@ -21,6 +20,7 @@ from supervisor.hosts.base import Host, KillReport, ProcessHandle
 from supervisor.jobs.forewarn import forewarn
 from supervisor.jobs.recorder import Recorder
 from supervisor.spec.model import JobSpec
+from supervisor.store.attempt_writes import FINAL_STATES, AttemptEnd, ExitCode
 from supervisor.store.database import AttemptRow, Store
 
 log = structlog.get_logger("supervise.strays")
@@ -68,15 +68,18 @@ async def stop_strays(recorder: Recorder, host: Host, spec: JobSpec, watched: in
         report = await host.kill_tree(handle, grace_s)
         status = await host.exit_status(handle)
         log.warning("stopped an attempt no runner watched", job=job, attempt=row.n, outcome=report.summary())
-        reason = "stopped by user; it was running unwatched"
-        store.update_attempt(job, row.n, state=AttemptState.STOPPED, ended=time.time(), action=AttemptAction.stopped(), reason=reason,
-                             exit_code=status.returncode if status else None,
-                             exit_signal=status.signal if status else None)
-        recorder.events([Event(job=job, attempt=row.n, kind=EventKind.ACTION,
-                                   message=f"stopped by user (it was running unwatched): {report.summary()}",
-                                   data=ActionData(terminated=[p for p, _ in report.terminated],
-                                                   killed=[p for p, _ in report.killed],
-                                                   survivors=[p for p, _ in report.survivors]).to_json())])
+        told = Event(job=job, attempt=row.n, kind=EventKind.ACTION,
+                     message=f"stopped by user (it was running unwatched): {report.summary()}",
+                     data=ActionData(terminated=[p for p, _ in report.terminated],
+                                     killed=[p for p, _ in report.killed],
+                                     survivors=[p for p, _ in report.survivors]).to_json())
+        if row.state in FINAL_STATES:  # its end is stored already (a survivor of its kill): the stop is told
+            recorder.events([told])
+        else:
+            end = AttemptEnd(state=AttemptState.STOPPED, action=AttemptAction.stopped(),
+                             reason="stopped by user; it was running unwatched",
+                             exit=ExitCode(status.returncode, status.signal) if status else ExitCode(None, None))
+            recorder.attempt_ended(job, row.n, end, told)
         result.attempts.append(row.n)
         merge_reports(result.report, report)
     return result

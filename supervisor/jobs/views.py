@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
-
-from pydantic import ValidationError
 
 from supervisor.core import protocol
 from supervisor.core.errors import SpecError
 from supervisor.core.events import Event, EventKind
-from supervisor.core.host_url import LOCAL_HOST
 from supervisor.gpu.nvml import GpuSample
 from supervisor.jobs.shard_views import shards_status
 from supervisor.jobs.snapshot import RunnerSnapshot
@@ -47,22 +43,21 @@ def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> pr
             last_output_age = time.time() - snapshot.last_output
         if snapshot.next_relaunch_at is not None:
             next_relaunch = max(0.0, snapshot.next_relaunch_at - time.time())
-    spec: dict[str, Any] = row.spec
     attempt = attempt_info(latest) if latest else None
     if (attempt is not None and snapshot is not None and snapshot.attempt == attempt.n
             and snapshot.progress is not None):  # watched now: its bar as it stands now, its ETA counted down
         attempt.progress = protocol.ProgressInfo.watched(snapshot.progress, snapshot.progress_still_s)
-    return protocol.JobStatus(outputs=_outputs(spec), stacks=_stacks_before_kill(store, latest),
-        name=row.name, state=row.state, reason=row.reason, host=spec.get("host", LOCAL_HOST),
-        max_attempts=spec.get("restart", {}).get("max_attempts", 1),
+    return protocol.JobStatus(outputs=_outputs(row.spec), stacks=_stacks_before_kill(store, latest),
+        name=row.name, state=row.state, reason=row.reason, host=row.host, max_attempts=row.max_attempts,
+        spec_error=row.spec_error,
         attempt=attempt,
         program_pid=snapshot.program_pid if snapshot is not None and latest is not None
         and snapshot.attempt == latest.n else None,
         status_line=snapshot.status_line if snapshot is not None and latest is not None
         and snapshot.attempt == latest.n else None,
         last_output_age_s=last_output_age, stall_bounds=bounds, next_relaunch_in_s=next_relaunch, next_verdict=next_verdict,
-        shards=(shards_status(spec["shards"], row.state, store.attempts(row.name), snapshot, attempt_info)
-                if spec.get("shards", 1) > 1 else None),
+        shards=(shards_status(row.shards, row.state, store.attempts(row.name), snapshot, attempt_info)
+                if row.shards > 1 else None),
     )
 
 
@@ -74,12 +69,12 @@ def _stacks_before_kill(store: Store, latest: AttemptRow | None) -> str | None:
     return found[0].message if found else None
 
 
-def _outputs(stored: dict[str, Any]) -> list[str]:
-    if not stored.get("outputs"):  # validating a whole spec (up to 1 MiB) on each status, for nothing
+def _outputs(spec: JobSpec | None) -> list[str]:
+    if spec is None or not spec.outputs:  # a spec that no longer validates: no outputs to show
         return []
     try:
-        return JobSpec.model_validate(stored).output_paths()
-    except (ValidationError, SpecError):  # a spec stored by an older version: no outputs to show
+        return spec.output_paths()
+    except SpecError:
         return []
 
 

@@ -128,6 +128,13 @@ def straggler(at: Attempt, said: str, process: str, pid: int | None, stack: str 
                  kind=AlertKind.SLOW)
 
 
+def disk_low(at: Attempt, said: str, action: str, next_action: str) -> Alert:
+    """The output folder's free space is low: a warning, or the attempt held or stopped for it."""
+    return Alert(job=at.job, attempt=at.n, title=f"{at.job}: {said}", what=f"disk low (attempt {at.n}: {action})",
+                 evidence=said, gpu=at.gpu, next_action=next_action, key=f"{at.job}:disk_low:{action}",
+                 kind=AlertKind.WARNING)
+
+
 def where(progress: ProgressState | None, phase: Phase | None) -> str:
     """Where the attempt stands, for a title: "at shard 12/64", "in phase weight_loading"."""
     if progress is not None and progress.total:

@@ -19,7 +19,7 @@ import re
 import string
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -28,6 +28,7 @@ from supervisor.core.errors import SpecError, one_line, shown
 from supervisor.core.host_url import LOCAL_HOST, is_local
 from supervisor.core.overrides import OVERRIDABLE, FieldOverrides
 from supervisor.core.textfile import read_toml
+from supervisor.spec.disk import DiskSpec
 from supervisor.spec.forewarn import first_signal_name
 from supervisor.spec.placement import Placement, check_placement, place
 from supervisor.spec.search import JOB_NAME, program_not_spec, spec_search_path
@@ -71,6 +72,10 @@ class JobSpec(_Strict):
     kill_signal_first: str | None = None
     # How long the program has after kill_signal_first before the SIGTERM (less if it exits); 60 s when unset.
     checkpoint_grace_s: Seconds | None = None
+    # PyTorch's flight recorder per attempt, dumped before a hang's kill (local jobs): "auto" where the
+    # command runs torchrun / python -m torch.distributed.run, "on" for a launcher not seen as such.
+    flight_recorder: Literal["auto", "on", "off"] = "auto"
+    disk: DiskSpec = Field(default_factory=DiskSpec)  # the output folder's free space, watched (spec/disk.py)
     # A glob (a template, as in `command`; relative to `workdir`) of the job's checkpoints, on its
     # host: the newest complete one is `{last_checkpoint}` at each launch (jobs/checkpoints.py).
     checkpoints: str = ""
@@ -163,6 +168,12 @@ class JobSpec(_Strict):
             _template_fields(_no_nul(item))
         return value
 
+    @field_validator("disk")
+    @classmethod
+    def _valid_disk_path(cls, value: DiskSpec) -> DiskSpec:
+        _template_fields(value.path)
+        return value
+
     @field_validator("checkpoint_complete")
     @classmethod
     def _valid_marker(cls, value: str) -> str:
@@ -204,6 +215,9 @@ class JobSpec(_Strict):
             if self.kill_signal_first is not None:
                 # The signal is sent from this machine to a pid of this machine; elsewhere it would miss.
                 raise ValueError(f"host {host}: `kill_signal_first` needs a local job (the signal is sent from this machine)")
+            if self.flight_recorder == "on":
+                # Its dump files and pipes are on that machine: this daemon could neither ask for nor read them.
+                raise ValueError(f"host {host}: `flight_recorder = \"on\"` needs a local job (its dumps are read here)")
             if self.limits.resource_limits() is not None:
                 # Enforced by a cgroup the daemon makes on this machine; Slurm has its own (--mem, --cpus-per-task).
                 hint = " (on Slurm: [slurm] extra = [\"--mem=8G\"])" if host.startswith("slurm") else ""
@@ -285,6 +299,14 @@ class JobSpec(_Strict):
         """The declared outputs with their templates expanded."""
         values = self._template_values(0)
         return [self._expand(item, 0, values) for item in self.outputs]
+
+    def disk_folder(self) -> str:
+        """The folder whose free space is watched: ``disk.path``, else the first output, else the
+        working directory; relative to the working directory."""
+        chosen = self.disk.path or (self.outputs[0] if self.outputs else "")
+        if not chosen:
+            return self.resolved_workdir()
+        return os.path.join(self.resolved_workdir(), self._expand(chosen, 0))
 
     def checkpoint_glob(self) -> str:
         """`checkpoints` expanded, "" when unset (relative: to the working directory)."""
@@ -400,6 +422,17 @@ def load_spec(path: Path) -> JobSpec:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(_describe_validation(path, exc)) from exc
+
+
+def parse_stored(data: Any) -> JobSpec | str:
+    """A spec as the store keeps it (JSON data), parsed: the spec, or why it no longer validates
+    (one line: a spec stored by another version, a field since removed)."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        return one_line("; ".join(_describe_error(error) for error in exc.errors()), 300)
+    except SpecError as exc:  # a check past the fields' own (placement)
+        return str(exc)
 
 
 def _describe_validation(path: Path | str, exc: ValidationError) -> str:

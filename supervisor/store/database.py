@@ -21,8 +21,8 @@ from typing import Any
 
 import structlog
 
-from supervisor.core.actions import ActionKind, AttemptAction
-from supervisor.core.errors import NotFound, StoreBusy, StoreError
+from supervisor.core.actions import ActionKind
+from supervisor.core.errors import NotFound, StoreBusy, StoreError, TransitionRefused
 from supervisor.core.events import (
     AttemptState,
     Event,
@@ -33,9 +33,12 @@ from supervisor.core.events import (
     Verdict,
     failure_kind,
 )
+from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.progress import BarProgress
 from supervisor.core.usage import AttemptUsage
+from supervisor.spec.model import JobSpec, parse_stored
 from supervisor.store import migration_notice
+from supervisor.store.attempt_writes import FINAL_STATES, KEEP, AttemptEnd, AttemptUpdate
 from supervisor.store.migration_notice import MigrationNotice
 from supervisor.store.schema import MIGRATIONS as _MIGRATIONS
 
@@ -73,7 +76,7 @@ class AttemptRow:
     reason: str | None
     failure: Failure | None
     fingerprint: str | None
-    action: str | None
+    action: str | None  # the sentence, as `attempts` and the API show it
     run: int = 1  # +1 at each `supervise start`; relaunches stay in their run
     run_attempt: int = 1  # its place in its run (read from the store, never written)
     log_generation: int = 0  # the log generation ``log_offset`` is in (see events.Record)
@@ -82,12 +85,7 @@ class AttemptRow:
     usage: AttemptUsage | None = None  # what it used (CPU, memory, GPUs), stored as it ended
     checkpoint: str | None = None  # the checkpoint it was given as {last_checkpoint} (None: none)
     params: dict[str, str] | None = None  # its [params] as a `[restart.adjust]` rule changed them (None: the spec's)
-
-    @property
-    def action_kind(self) -> ActionKind | None:
-        """What was done when it ended (None: it has not ended), read from ``action``."""
-        found = AttemptAction.read(self.action)
-        return None if found is None else found.kind
+    action_kind: ActionKind | None = None  # what was done when it ended (None: it has not ended)
 
 
 @dataclass(frozen=True)
@@ -110,11 +108,49 @@ class EventQuery:
 @dataclass
 class JobRow:
     name: str
-    spec: dict[str, Any]
+    stored: dict[str, Any]  # the spec as stored (JSON): what a change to it is measured against
     state: JobState
     reason: str
     created: float
     updated: float
+    spec: JobSpec | None = None  # parsed once, as the row was read; None: it no longer validates
+    spec_error: str | None = None  # why it no longer validates (shown by `status`); None: it does
+
+    # What the views, the metrics and recovery ask of every job, its spec readable or not: of a
+    # spec that no longer validates, what it stored, where that has the shape a spec gives it.
+
+    @property
+    def host(self) -> str:
+        if self.spec is not None:
+            return self.spec.host
+        stored = self._stored("host")
+        return stored if isinstance(stored, str) else LOCAL_HOST
+
+    @property
+    def shards(self) -> int:
+        if self.spec is not None:
+            return self.spec.shards
+        stored = self._stored("shards")
+        return stored if isinstance(stored, int) else 1
+
+    @property
+    def max_attempts(self) -> int:
+        if self.spec is not None:
+            return self.spec.restart.max_attempts
+        restart = self._stored("restart")
+        stored = restart["max_attempts"] if isinstance(restart, dict) and "max_attempts" in restart else None
+        return stored if isinstance(stored, int) else 1
+
+    @property
+    def after(self) -> list[str]:
+        """The jobs it runs after (a spec that no longer validates still waits on those it stored)."""
+        if self.spec is not None:
+            return list(self.spec.after)
+        stored = self._stored("after")
+        return [str(name) for name in stored] if isinstance(stored, list) else []
+
+    def _stored(self, key: str) -> object:
+        return self.stored.get(key)
 
 
 class Store:
@@ -128,6 +164,7 @@ class Store:
             # NORMAL is durable against a killed process (the WAL is in the OS); only power loss can drop the tail.
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")  # at start-up, nothing is served yet: waiting is fine
+            self._specs: dict[str, tuple[str, JobSpec | str]] = {}
             self._migrate()
             # Then never: a lock held by another process (a `sqlite3` shell, a backup) would stop the
             # daemon's loop for as long as it is held.  Refused at once (StoreBusy), a write is kept
@@ -150,6 +187,7 @@ class Store:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
         store._db.row_factory = sqlite3.Row
         store._db.execute("PRAGMA busy_timeout=0")
+        store._specs = {}
         return store
 
     def close(self) -> None:
@@ -230,18 +268,27 @@ class Store:
                 (name, json.dumps(spec), state, reason, now, now),
             )
 
-    def set_job_state(self, name: str, state: JobState, reason: str = "") -> None:
-        with self._tx() as db:
-            db.execute("UPDATE jobs SET state=?, reason=?, updated=? WHERE name=?", (state, reason, time.time(), name))
-
     def job(self, name: str) -> JobRow:
         rows = self._read("SELECT * FROM jobs WHERE name=?", (name,))
         if not rows:
             raise NotFound(f"no job named '{name}'; `supervise jobs` lists the known ones")
-        return _job_row(rows[0])
+        return self._job_row(rows[0])
 
     def jobs(self) -> list[JobRow]:
-        return [_job_row(r) for r in self._read("SELECT * FROM jobs ORDER BY name")]
+        return [self._job_row(r) for r in self._read("SELECT * FROM jobs ORDER BY name")]
+
+    def _job_row(self, row: sqlite3.Row) -> JobRow:
+        """A job's row with its spec parsed: once for each spec stored (a spec may be 1 MiB, and
+        `status` reads every job's row each time), kept while the stored text stays the same."""
+        name, text = row["name"], row["spec_json"]
+        stored = json.loads(text)
+        kept = self._specs.get(name)
+        if kept is None or kept[0] != text:
+            kept = self._specs[name] = (text, parse_stored(stored))
+        parsed = kept[1]
+        return JobRow(name, stored, JobState(row["state"]), row["reason"], row["created"], row["updated"],
+                      spec=parsed if isinstance(parsed, JobSpec) else None,
+                      spec_error=parsed if isinstance(parsed, str) else None)
 
     def job_names(self) -> list[str]:
         return [str(r["name"]) for r in self._read("SELECT name FROM jobs ORDER BY name")]
@@ -254,6 +301,7 @@ class Store:
             db.execute("DELETE FROM attempts WHERE job=?", (name,))
             db.execute("DELETE FROM bar_paces WHERE job=?", (name,))
             db.execute("DELETE FROM jobs WHERE name=?", (name,))
+        self._specs.pop(name, None)
 
     def delete_events(self, job: str, attempts: Iterable[int], kinds: Iterable[str]) -> int:
         """Delete the events of these kinds of these attempts of a job; how many went."""
@@ -282,10 +330,30 @@ class Store:
                  row.run, row.shard, row.checkpoint, None if row.params is None else json.dumps(row.params)),
             )
 
-    def update_attempt(self, job: str, n: int, **fields: Any) -> None:
-        if fields:
+    def update_attempt(self, job: str, n: int, update: AttemptUpdate) -> None:
+        """Store what ``update`` gives of a live attempt's row (nothing else of it changes)."""
+        columns = _update_columns(update)
+        if columns:
             with self._tx() as db:
-                self._update_in_tx(db, job, n, fields)
+                _set_columns(db, job, n, columns)
+
+    def attempt_running(self, job: str, n: int, update: AttemptUpdate) -> None:
+        """The attempt was launched: running, with its process (``update``).  Refused
+        (TransitionRefused) for an attempt whose end is stored already."""
+        with self._tx() as db:
+            _refuse_after_end(db, job, n, AttemptState.RUNNING)
+            _set_columns(db, job, n, {**_update_columns(update), "state": AttemptState.RUNNING.value})
+
+    def end_attempt(self, end: AttemptEnd, events: Iterable[Event], *, job: str, n: int) -> list[Event]:
+        """The attempt's end and the events that tell it, in one transaction (its time stamped
+        now unless ``end`` gives it).  Refused (TransitionRefused, nothing stored) for an attempt
+        whose end is stored already: an end is written once."""
+        stored = list(events)
+        with self._tx() as db:
+            _refuse_after_end(db, job, n, end.state)
+            _set_columns(db, job, n, _end_columns(end, time.time()))
+            _insert_events(db, stored)
+        return stored
 
     def attempt(self, job: str, n: int) -> AttemptRow:
         rows = self._read(f"{_ATTEMPTS} WHERE a.job=? AND a.n=?", (job, n))
@@ -307,12 +375,11 @@ class Store:
 
     # -- events -----------------------------------------------------------------------
 
-    def record_events(self, events: Iterable[Event], *, offset: int | None = None,
-                      attempt_fields: dict[str, Any] | None = None, replaced: Iterable[int] = (),
-                      job_state: tuple[JobState, str] | None = None) -> list[Event]:
-        """Store events (assigning ids) and, in the same transaction, the attempt's new log
-        offset and any derived fields (phase, progress); ``replaced``: ids of progress events
-        the new ones stand in for (a bar's latest line, store/milestones.py), deleted;
+    def record_events(self, events: Iterable[Event], *, offset: int | None = None, update: AttemptUpdate | None = None,
+                      replaced: Iterable[int] = (), job_state: tuple[JobState, str] | None = None) -> list[Event]:
+        """Store events (assigning ids) and, in the same transaction, what they bring their
+        attempt to (its new log ``offset``; ``update``: its phase, progress); ``replaced``: ids of progress
+        events the new ones stand in for (a bar's latest line, store/milestones.py), deleted;
         ``job_state``: the job's new state and reason (nothing is stored for a job forgotten)."""
         stored = list(events)
         with self._tx() as db:
@@ -321,40 +388,13 @@ class Store:
                     (*job_state, time.time(), stored[0].job)).rowcount:
                 return []
             db.executemany("DELETE FROM events WHERE id = ? AND kind = 'progress'", [(i,) for i in replaced])
-            for event in stored:
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "
-                    "message, data_json) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                    (event.job, event.attempt, event.ts, event.kind.value, event.probe,
-                     event.phase.value if event.phase else None, event.offset, event.generation, event.message,
-                     json.dumps(_event_data(event), default=str)),
-                )
-                event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
-            if stored and (offset is not None or attempt_fields):
-                job, n = stored[0].job, stored[0].attempt
-                fields = dict(attempt_fields or {})
-                if offset is not None:
-                    fields["log_offset"] = offset
-                self._update_in_tx(db, job, n, fields)
+            _insert_events(db, stored)
+            columns = _update_columns(update) if update is not None else {}
+            if offset is not None:
+                columns["log_offset"] = offset
+            if stored and columns:
+                _set_columns(db, stored[0].job, stored[0].attempt, columns)
         return stored
-
-    def _update_in_tx(self, db: sqlite3.Connection, job: str, n: int, fields: dict[str, Any]) -> None:
-        sets, values = [], []
-        for key, value in fields.items():
-            column = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}.get(key, key)
-            if isinstance(value, Failure):
-                value = value.to_json()
-            if isinstance(value, AttemptAction):
-                value = value.text
-            if isinstance(value, BarProgress):
-                value = value.to_json()
-            if isinstance(value, AttemptUsage):
-                value = value.model_dump(mode="json")
-            if column.endswith("_json") and value is not None:
-                value = json.dumps(value)
-            sets.append(f"{column}=?")
-            values.append(value)
-        db.execute(f"UPDATE attempts SET {', '.join(sets)} WHERE job=? AND n=?", (*values, job, n))
 
     def events(self, job: str, *, attempt: int | None = None, after_id: int = 0,
                kinds: list[str] | None = None, min_attempt: int | None = None, limit: int = 10_000,
@@ -424,9 +464,72 @@ def _busy(exc: sqlite3.Error) -> bool:
         "database is locked" in str(exc)
 
 
-def _job_row(row: sqlite3.Row) -> JobRow:
-    return JobRow(row["name"], json.loads(row["spec_json"]), JobState(row["state"]), row["reason"], row["created"],
-                  row["updated"])
+def _insert_events(db: sqlite3.Connection, events: list[Event]) -> None:
+    """Insert events, each given its id (None: the same probe line was stored already)."""
+    for event in events:
+        cur = db.execute(
+            "INSERT OR IGNORE INTO events(job, attempt, ts, kind, probe, phase, log_offset, log_generation, "
+            "message, data_json) VALUES(?,?,?,?,?,?,?,?,?,?)",
+            (event.job, event.attempt, event.ts, event.kind.value, event.probe,
+             event.phase.value if event.phase else None, event.offset, event.generation, event.message,
+             json.dumps(_event_data(event), default=str)),
+        )
+        event.id = cur.lastrowid if cur.rowcount else None  # None: already stored
+
+
+SqlValue = str | int | float | None
+
+# Each AttemptUpdate field's column: its own name, but for the values stored as JSON.
+_JSON_COLUMNS = {"progress": "progress_json", "failure": "failure_json", "usage": "usage_json"}
+_UPDATE_COLUMNS = tuple((name, _JSON_COLUMNS.get(name, name)) for name in AttemptUpdate.__dataclass_fields__)
+
+
+def _update_columns(update: AttemptUpdate) -> dict[str, SqlValue]:
+    """The columns an update writes (the fields it gives), with their stored values."""
+    found: dict[str, SqlValue] = {}
+    for name, column in _UPDATE_COLUMNS:
+        value = getattr(update, name)
+        if value is not KEEP:
+            found[column] = _stored(value)
+    return found
+
+
+def _end_columns(end: AttemptEnd, now: float) -> dict[str, SqlValue]:
+    """The columns an end writes: its exit status only where it is known (else what is stored stays)."""
+    found: dict[str, SqlValue] = {
+        "state": end.state.value, "ended": end.at if end.at is not None else now, "reason": end.reason,
+        "verdict": end.verdict.value if end.verdict is not None else None,
+        "action": end.action.text if end.action is not None else None,
+        "action_kind": end.action.kind.value if end.action is not None else None,
+    }
+    if end.exit is not None:
+        found["exit_code"], found["exit_signal"] = end.exit.code, end.exit.signal
+    return found
+
+
+def _stored(value: object) -> SqlValue:
+    if isinstance(value, Failure | BarProgress):
+        return json.dumps(value.to_json())
+    if isinstance(value, AttemptUsage):
+        return json.dumps(value.model_dump(mode="json"))
+    if isinstance(value, Phase | Verdict):
+        return value.value
+    assert value is None or isinstance(value, str | int | float)
+    return value
+
+
+def _set_columns(db: sqlite3.Connection, job: str, n: int, columns: dict[str, SqlValue]) -> None:
+    """One attempt's columns (names from attempt_writes.py's values, never from a caller)."""
+    if columns:
+        sets = ", ".join(f"{column}=?" for column in columns)
+        db.execute(f"UPDATE attempts SET {sets} WHERE job=? AND n=?", (*columns.values(), job, n))
+
+
+def _refuse_after_end(db: sqlite3.Connection, job: str, n: int, to: AttemptState) -> None:
+    """TransitionRefused if the attempt's stored state is an end (ended, stopped): none is left."""
+    row = db.execute("SELECT state FROM attempts WHERE job=? AND n=?", (job, n)).fetchone()
+    if row is not None and AttemptState(row[0]) in FINAL_STATES:
+        raise TransitionRefused(f"attempt {n} of job '{job}' is {row[0]} already: it cannot become {to.value}")
 
 
 def _attempt_row(row: sqlite3.Row) -> AttemptRow:
@@ -444,7 +547,17 @@ def _attempt_row(row: sqlite3.Row) -> AttemptRow:
         action=row["action"], run=row["run"], run_attempt=row["run_attempt"],
         log_generation=row["log_generation"], scheduler_id=row["scheduler_id"], shard=row["shard"],
         usage=_usage(row["usage_json"]), checkpoint=row["checkpoint"], params=load(row["params_json"]),
+        action_kind=_action_kind(row["action_kind"]),
     )
+
+
+def _action_kind(text: str | None) -> ActionKind | None:
+    if text is None:
+        return None
+    try:
+        return ActionKind(text)
+    except ValueError:  # a kind written by a later version: nothing this one acts on
+        return ActionKind.NONE
 
 
 def _usage(text: str | None) -> AttemptUsage | None:

@@ -175,4 +175,19 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE attempts ADD COLUMN checkpoint TEXT;
     ALTER TABLE attempts ADD COLUMN params_json TEXT;
     """,
+    # What was done when an attempt ended, as its own column (core/actions.py's ActionKind), read
+    # once from the sentence each version stored in `action` (its first words name the kind).  Two
+    # steps: the column, then its values (a step that may run again over its own result).
+    """
+    ALTER TABLE attempts ADD COLUMN action_kind TEXT;
+    """,
+    """
+    UPDATE attempts SET action_kind = CASE
+        WHEN action IS NULL THEN NULL
+        WHEN substr(action, 1, 8) = 'relaunch' THEN 'relaunch'
+        WHEN substr(action, 1, 7) = 'give up' THEN 'give_up'
+        WHEN substr(action, 1, 15) = 'stopped by user' THEN 'stop'
+        ELSE 'none'
+    END;
+    """,
 )

@@ -8,7 +8,7 @@ line and exits 1; every call into a module under supervisor/ is recorded (sys.se
 every thread) from just before the line is written until the attempt has ended.  The window
 also holds what runs beside the line (the exit watch, the cgroup read), so the count is an
 upper bound.  Prints the files and those entered more than once (a call into the file after a
-call elsewhere).
+call elsewhere), and how many times the watch (`_watching.py`) and the store (`store/*`) are entered.
 """
 import asyncio
 import shutil
@@ -100,6 +100,8 @@ def report(name, seg):
     seq = [f for k, f in enumerate(files) if k == 0 or files[k - 1] != f]
     c = Counter(seq)
     print(f"{name}: {len(set(files))} files; entered more than once: {[(f, n) for f, n in c.items() if n > 1]}")
+    store = sum(n for f, n in c.items() if f.startswith("store/"))
+    print(f"    jobs/runner/_watching.py entered {c['jobs/runner/_watching.py']} times; the store (store/*) entered {store} times")
     print("   ", sorted(set(files)))
 stored = span(lambda t: t[1] == "hosts/local/follow.py" and t[2] == "_pump", lambda t: t[1] == "store/database.py" and t[2] == "record_events")
 report("follower -> stored event", stored)

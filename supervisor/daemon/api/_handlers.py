@@ -75,7 +75,7 @@ class Api:
 
     async def _start_notes(self, spec: JobSpec) -> list[str]:
         try:
-            stored = self.service.store.job(spec.name).spec
+            stored = self.service.store.job(spec.name).stored
         except NotFound:
             stored = None  # a new job
         # In a thread: a spec may be up to 1 MiB (comparing two such is slow), packs are files.
@@ -209,7 +209,7 @@ class Api:
         name = _path_name(request)
         job = self.service.store.job(name)
         attempts = self.service.store.attempts(name)
-        host = job.spec.get("host", LOCAL_HOST)
+        host = job.host
         since = attempts[0].started if attempts else job.created
         live = any(a.ended is None for a in attempts)
         until = time.time() if live or not attempts else max(a.ended or a.started for a in attempts)
@@ -238,8 +238,8 @@ class Api:
         """Stop the job if it runs, then start it with its stored spec (overrides included)."""
         name = request.match_info["name"]
         body = await _body(request, protocol.RestartRequest)
-        stored = self.service.store.job(name).spec
-        spec = stored_spec(stored, name)
+        row = self.service.store.job(name)
+        spec, stored = stored_spec(row), row.stored
         if body.reload:  # the file as it is now: a bad one is refused before the job is stopped
             spec = await asyncio.to_thread(reloaded_spec, spec, body.fields)
             check_hosts(spec, self.service.hosts)

@@ -9,8 +9,6 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from supervisor.core import protocol
 from supervisor.core.errors import ConnectionLost, HostError, SpecError
 from supervisor.core.overrides import FieldOverrides
@@ -22,6 +20,7 @@ from supervisor.probes import load_packs
 from supervisor.spec.command_check import check_local_command
 from supervisor.spec.model import JobSpec, load_spec
 from supervisor.spec.notes import changed_fields, idle_learned_min, spec_change, unreachable_health
+from supervisor.store.database import JobRow
 
 if TYPE_CHECKING:
     from supervisor.hosts.registry import Hosts
@@ -107,9 +106,8 @@ def load_checked_spec(body: protocol.StartRequest) -> JobSpec:
     return spec
 
 
-def stored_spec(spec: dict[str, Any], name: str) -> JobSpec:
-    try:
-        return JobSpec.model_validate(spec)
-    except ValidationError as exc:
-        raise SpecError(f"job '{name}': its stored spec no longer validates ({exc.errors()[0]['msg']}); "
-                        f"`supervise start` its spec file") from exc
+def stored_spec(row: JobRow) -> JobSpec:
+    if row.spec is None:
+        raise SpecError(f"job '{row.name}': its stored spec no longer validates ({row.spec_error}); "
+                        f"`supervise start` its spec file")
+    return row.spec

@@ -60,7 +60,7 @@ def replay(db: Path, job: str | None, after: int, limit: int = REPLAYED) -> Repl
     """Stored events past ``after`` (one job's, or every job's merged), bounded as above."""
     store = Store.reader(db)
     try:
-        names = [job] if job is not None else [row.name for row in store.jobs()]
+        names = [job] if job is not None else store.job_names()
         found: dict[int, Event] = {}
         stored: Counter[str] = Counter()
         for name in names:

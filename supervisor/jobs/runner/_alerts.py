@@ -17,6 +17,7 @@ from supervisor.gpu.health import GpuFault
 from supervisor.hosts import stacks
 from supervisor.hosts.base import StackDumper
 from supervisor.hosts.stacks import StackDump, stacks_data
+from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner._context import Live, RunnerContext, gpu_summary
 from supervisor.jobs.runner._gate import KillGate, Step
 from supervisor.jobs.runner._journal import Journal
@@ -24,6 +25,7 @@ from supervisor.notify import notices
 from supervisor.notify.alerts import Alert
 from supervisor.notify.notices import BarStep, Milestones
 from supervisor.spec.model import JobSpec
+from supervisor.store.attempt_writes import AttemptUpdate
 from supervisor.watchdog import Judgement
 
 # A warning about these says "it may be stuck": the stacks are dumped with it, as before a kill (a
@@ -113,7 +115,7 @@ class Alerts:
     # ---- verdicts, and the gate before a kill ----------------------------------------------
 
     def record_verdict(self, live: Live, judgement: Judgement) -> None:
-        self._journal.update(live.row.n, verdict=judgement.verdict.value, reason=judgement.reason)
+        self._journal.update(live.row.n, AttemptUpdate(verdict=judgement.verdict, reason=judgement.reason))
         self._journal.record(live.row.n, EventKind.VERDICT,
                              f"{judgement.verdict.value}: {judgement.reason}",
                              VerdictData(judgement.verdict, judgement.evidence))
@@ -142,7 +144,7 @@ class Alerts:
                 self.send_soon(live, notices.warning(self.about(live), judgement, where, next_action))
         elif step is Step.RECOVERED and episode is not None:
             pending = kill_pending
-            self._journal.update(live.row.n, verdict=None, reason=None)
+            self._journal.update(live.row.n, AttemptUpdate(verdict=None, reason=None))
             self._journal.action(live.row.n, f"moving again {where}: {'kill cancelled' if pending else 'warning over'}",
                                  ActionData())
             self._journal.set_job(JobState.RUNNING, f"attempt {live.row.n}")
@@ -174,15 +176,22 @@ class Alerts:
         if not isinstance(host, StackDumper):
             dump = StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
         else:
+            taking = asyncio.ensure_future(asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
+                                                            stacks.PER_PROCESS_S + 30))
             try:
-                dump = await asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
-                                              stacks.PER_PROCESS_S + 30)
+                # The flight recorder and nvidia-smi -q are taken meanwhile, each bounded well within this.
+                dump = await forensics.taken_with(self._ctx, live, taking)
             except (SuperviseError, TimeoutError) as exc:
                 dump = StackDump((), f"no stacks: {exc or 'timed out'}")
         live.stacks = dump
         self._journal.record(live.row.n, EventKind.STACKS,
                              f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
                              stacks_data(dump))
+
+    @property
+    def held(self) -> bool:
+        """Whether kills are held now (`supervise hold`, or a disk hold)."""
+        return self._held
 
     def hold(self, live: Live | None) -> str:
         """Postpone any kill of this job (``live``: its attempt running now, if any) until ``release``."""

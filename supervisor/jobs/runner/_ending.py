@@ -17,6 +17,7 @@ from supervisor.jobs.runner._context import Live, RunnerContext, describe_exit
 from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._journal import Journal
 from supervisor.spec.model import JobSpec
+from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate, ExitCode
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
@@ -57,7 +58,7 @@ class Ending:
             status = await host.exit_status(live.handle)
             if status is not None:
                 live.exit_status = status
-                self._journal.update(live.row.n, exit_code=status.returncode, exit_signal=status.signal)
+                self._journal.update(live.row.n, AttemptUpdate(exit_code=status.returncode, exit_signal=status.signal))
         self._journal.action(live.row.n, f"killed the process tree: {report.summary()}",
                              ActionData(terminated=report.terminated, killed=report.killed,
                                         survivors=report.survivors, reparented=report.reparented))
@@ -100,31 +101,31 @@ class Ending:
             except (SuperviseError, OSError) as exc:
                 log.warning("cannot read what the attempt used", job=self._spec.name, attempt=live.row.n, error=str(exc))
         live.row.usage = live.gpu_meter.usage().with_host(from_host)
-        self._journal.update(live.row.n, usage=live.row.usage)
+        self._journal.update(live.row.n, AttemptUpdate(usage=live.row.usage))
 
     async def record_stopped(self, live: Live) -> None:
         """The attempt ended by the user's stop: no verdict (a stop is no judgement on the job)."""
         await self.record_usage(live)
-        stopped = AttemptAction.stopped()
-        self._journal.update(live.row.n, state=AttemptState.STOPPED, ended=live.ended_at(), action=stopped, verdict=None,
-                             reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
-        self._journal.action(live.row.n, stopped.text, ActionData())
+        stopped, n = AttemptAction.stopped(), live.row.n
+        end = AttemptEnd(state=AttemptState.STOPPED, at=live.ended_at(), action=stopped,
+                         reason=f"stopped by user; the command {describe_exit(live.exit_status)}")
+        self._journal.ended(n, end, self._journal.event(n, EventKind.ACTION, stopped.text, ActionData()))
 
     async def record_unwatched(self, live: Live, status: ExitStatus, reason: str, *, stopped: bool) -> None:
         """The attempt's exit, awaited alone once supervising it failed (``reason``): no verdict."""
         live.exit_status = status
         await self.record_usage(live)
         n = live.row.n
-        self._journal.update(n, exit_code=status.returncode, exit_signal=status.signal,
-                             state=AttemptState.STOPPED if stopped else AttemptState.ENDED, ended=live.ended_at(),
-                             action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
-                             reason=f"{reason}; the command {status.describe()}")
-        self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
-                             ExitedData(status.returncode, status.signal))
+        end = AttemptEnd(state=AttemptState.STOPPED if stopped else AttemptState.ENDED, at=live.ended_at(),
+                         action=AttemptAction.stopped() if stopped else AttemptAction.none("supervision failed"),
+                         exit=ExitCode(status.returncode, status.signal), reason=f"{reason}; the command {status.describe()}")
+        self._journal.ended(n, end, self._journal.event(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
+                                                        ExitedData(status.returncode, status.signal)))
 
     async def record(self, live: Live, judgement: Judgement, action: AttemptAction) -> None:
         """The attempt ended, judged, and what follows."""
         await self.record_usage(live)
-        self._journal.update(live.row.n, state=AttemptState.ENDED, ended=live.ended_at(), action=action,
-                             verdict=judgement.verdict.value, reason=judgement.reason)
-        self._journal.action(live.row.n, action.text, ActionData())
+        n = live.row.n
+        end = AttemptEnd(state=AttemptState.ENDED, at=live.ended_at(), action=action, verdict=judgement.verdict,
+                         reason=judgement.reason)
+        self._journal.ended(n, end, self._journal.event(n, EventKind.ACTION, action.text, ActionData()))

@@ -13,6 +13,7 @@ from supervisor.core.errors import LaunchError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
 from supervisor.core.payloads import ActionData, LaunchedData
 from supervisor.hosts.base import LaunchRequest
+from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._ending import gpu_baseline
@@ -21,6 +22,7 @@ from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
 from supervisor.jobs.runner._start_point import StartPoint
 from supervisor.spec.model import JobSpec
+from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate
 from supervisor.store.database import AttemptRow
 from supervisor.store.event_cap import EventCap
 from supervisor.store.pending import when_free
@@ -54,6 +56,7 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     sock = None
     try:
         env = await asyncio.to_thread(spec.environment, n, start.checkpoint)  # a spec's `env` may be 1 MiB: off the loop
+        env.update(await asyncio.to_thread(forensics.prepare, spec, argv, log_path))
         sock = heartbeat.bind(ctx, tag)
         env.update(heartbeat.environment(sock, spec))  # the daemon's own NOTIFY_SOCKET is never passed on
         request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
@@ -66,13 +69,13 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
         if sock is not None:
             sock.close()
         error = exc if isinstance(exc, SuperviseError) else LaunchError(f"launch of {argv[0]} failed: {exc!r}")
-        journal.update(n, state=AttemptState.ENDED, ended=time.time(), verdict=Verdict.CRASHED.value,
-                       reason=str(error), action=AttemptAction.give_up("launch failed"))
+        journal.ended(n, AttemptEnd(state=AttemptState.ENDED, verdict=Verdict.CRASHED, reason=str(error),
+                                    action=AttemptAction.give_up("launch failed"), at=time.time()))
         raise error from exc
     row.pid, row.pgid, row.start_time, row.state = handle.pid, handle.pgid, handle.start_time, AttemptState.RUNNING
     row.scheduler_id = handle.scheduler_id
-    journal.update(n, pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time, state=AttemptState.RUNNING,
-                   scheduler_id=handle.scheduler_id)
+    journal.launched(n, AttemptUpdate(pid=handle.pid, pgid=handle.pgid, start_time=handle.start_time,
+                                      scheduler_id=handle.scheduler_id))
     news.running(row)
     what = f"pid {handle.pid}" if handle.scheduler_id is None else f"scheduler job {handle.scheduler_id}"
     journal.record(n, EventKind.LAUNCHED, f"attempt {n} launched: {what}",

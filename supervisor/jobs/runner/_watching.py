@@ -12,7 +12,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 import structlog
 
@@ -26,6 +25,7 @@ from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
 from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._disk import DiskWatch
 from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
 from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
@@ -37,6 +37,7 @@ from supervisor.notify import notices
 from supervisor.probes import Pack
 from supervisor.spec.model import JobSpec
 from supervisor.store.arrivals import ArrivalWriter, marks_path
+from supervisor.store.attempt_writes import KEEP, AttemptUpdate
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
@@ -70,6 +71,7 @@ class AttemptWatch:
                  paces: Paces, packs: Sequence[Pack], stopped: asyncio.Event, catch_up: CatchUp | None = None) -> None:
         self.live = live
         self._job = spec.name
+        self._spec = spec
         self._ctx = ctx
         self._journal = journal
         self._alerts = alerts
@@ -102,6 +104,9 @@ class AttemptWatch:
         beat = Heartbeat(live, self._journal, self._ctx.clock)
         if live.notify is not None:
             live.notify.start(beat.message)
+        disk = DiskWatch(live, spec=self._spec, ctx=self._ctx, journal=self._journal, alerts=self._alerts,
+                         stopped=self._stopped)
+        disk.start()
         reader = asyncio.create_task(self._read(), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self._ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
         reader_reported = False
@@ -142,6 +147,7 @@ class AttemptWatch:
                     self._alerts.record_verdict(live, judgement)
                     return judgement
         finally:
+            await disk.close()
             if live.notify is not None:
                 live.notify.close()
             beat.close()
@@ -373,21 +379,19 @@ class AttemptWatch:
         live = self.live
         latest, replaced = live.stored_progress.to_save()  # each bar's latest line, in place of the one before
         state = live.watchdog.state()  # one look per batch: what to store, and when to look again
-        fields: dict[str, Any] = {"phase": state.phase.value if state.phase else None,
-                                  "log_generation": live.row.log_generation}
-        if state.progress is not None:
-            fields["progress"] = state.progress.standing()
-        if state.failure is not None:
-            fields["failure"] = state.failure
-            fields["fingerprint"] = state.failure.fingerprint
+        failure = state.failure
+        update = AttemptUpdate(log_offset=offset, phase=state.phase, log_generation=live.row.log_generation,
+                               progress=KEEP if state.progress is None else state.progress.standing(),
+                               failure=KEEP if failure is None else failure,
+                               fingerprint=KEEP if failure is None else failure.fingerprint)
         recorder = self._journal.recorder
         if events or latest:
             # Milestones only are published: a bar's latest line stands for its end until the next
             # write replaces it, so that a follower of the bus (events -f, the page) is not sent each one.
-            recorder.events(events, unpublished=latest, offset=offset, attempt_fields=fields, replaced=replaced)
+            recorder.events(events, unpublished=latest, update=update, replaced=replaced)
             live.stored_progress.saved()
         else:
-            recorder.store.update_attempt(self._job, live.row.n, log_offset=offset, **fields)
+            recorder.store.update_attempt(self._job, live.row.n, update)
         live.row.log_offset = offset
         # Wake the watch loop only if the watchdog now wants to look earlier than planned:
         # progress only pushes deadlines later, and a wake-up per batch is costly on busy logs.
@@ -426,7 +430,7 @@ class AttemptWatch:
         self._journal.writes.submit(lambda: self._save(events, offset, force=True))
         live.exit_status = status
         n = live.row.n
-        self._journal.update(n, exit_code=status.returncode, exit_signal=status.signal)
+        self._journal.update(n, AttemptUpdate(exit_code=status.returncode, exit_signal=status.signal))
         self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
                              ExitedData(status.returncode, status.signal))
         judgement = scheduler_judgement(status) or live.watchdog.exited(
