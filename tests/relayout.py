@@ -45,13 +45,13 @@ MOVES: dict[str, str] = {
     # store: what is kept
     "store": "store.database",
     "store_schema": "store.schema",
-    "pace_store": "store.paces",
+    "pace_store": "jobs.paces",
     "pipeline_store": "store.pipelines",
-    "pending_writes": "store.pending",
-    "progress_milestones": "store.milestones",
+    "pending_writes": "jobs.pending",
+    "progress_milestones": "jobs.milestones",
     "retention": "store.retention",
     "arrivals": "store.arrivals",
-    "event_cap": "store.event_cap",  # how many of an attempt's log events are kept as rows
+    "event_cap": "jobs.event_cap",  # how many of an attempt's log events are kept as rows
     # notify: telling people
     "alerts": "notify.alerts",
     "notices": "notify.notices",

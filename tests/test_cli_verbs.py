@@ -244,9 +244,6 @@ def test_an_attempt_number_below_one_is_a_usage_error(daemon: DaemonProcess, dae
         assert supervise(daemon_env, verb, "one", "--attempt", "1").returncode == 0
 
 
-_SCHEMA_9 = 9  # the schema before the migration that thins progress rows (the long one)
-
-
 def test_a_long_store_migration_is_said_in_the_daemon_log_and_by_the_waiting_cli(home: Path,
                                                                                  daemon_env: dict[str, str]) -> None:
     """An old store (schema 9) holding 300,000 progress rows: the daemon started by the first CLI
@@ -254,24 +251,28 @@ def test_a_long_store_migration_is_said_in_the_daemon_log_and_by_the_waiting_cli
     import json as _json
     import sqlite3
 
-    from supervisor.store.database import SCHEMA_VERSION, Store
+    from supervisor.store.database import SCHEMA_VERSION
+    from supervisor.store.schema import MIGRATIONS
+
+    # From the version before the thinning migration (the long one); later ones run after it.
+    before = next(i for i, m in enumerate(MIGRATIONS) if "DELETE FROM events WHERE id IN" in m)
 
     paths = Paths(home)
-    Store(paths.db).close()
     db = sqlite3.connect(paths.db)
+    for migration in MIGRATIONS[:before]:  # a store as that version left it (later tables and columns absent)
+        db.executescript(migration)
     rows = ((f"job{n % 50}", 1, 1_000.0 + n, "progress", "tqdm.bar", f"{n}",
              _json.dumps({"done": n, "total": 300_000, "desc": f"bar{n % 7}"}), n) for n in range(300_000))
     db.executemany("INSERT INTO events(job, attempt, ts, kind, probe, message, data_json, log_offset) "
                    "VALUES(?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    db.execute("ALTER TABLE attempts DROP COLUMN action_kind")  # what schema 9 does not have yet
-    db.execute(f"PRAGMA user_version={_SCHEMA_9}")
+    db.execute(f"PRAGMA user_version={before}")
     db.commit()
     db.close()
     try:
         out = supervise(daemon_env, "status", check=False)
         assert out.returncode == 0, out.stderr
         said = [line for line in out.stderr.splitlines() if "migrating its store" in line]
-        assert len(said) == 1 and f"from schema {_SCHEMA_9} to {SCHEMA_VERSION} (300,000 events)" in said[0], \
+        assert len(said) == 1 and f"from schema {before} to {SCHEMA_VERSION} (300,000 events)" in said[0], \
             out.stderr
         logged = paths.daemon_log.read_text()
         assert '"migrating the store"' in logged and '"events": 300000' in logged, logged[-2000:]

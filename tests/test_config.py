@@ -34,6 +34,7 @@ def test_defaults_file_and_environment_in_that_order(tmp_path: Path) -> None:
         "alert_urls": file, "alert_min_interval_s": "env SUPERVISE_ALERT_MIN_INTERVAL_S", "metrics_addr": file,
         "loop_lag_interval_s": "default", "request_timeout_s": "default", "log_keep_attempts": "default",
         "log_max_bytes": "default", "kernel_log": "default", "events_per_attempt": "default",
+        "quarantine_gpu_s": "default", "quarantine_host_s": "default", "quarantine_strikes": "default",
         "cgroup_root": "default",
     }
 
@@ -56,6 +57,9 @@ def test_existing_environment_names_still_work(tmp_path: Path) -> None:
     ('metrics_addr = "192.168.1.5:9464"', "is not a loopback address"),
     ('metrics_addr = "localhost"', "is not host:port"),
     ("events_per_attempt = 5", "key 'events_per_attempt': Input should be greater than or equal to 100"),
+    ("quarantine_gpu_s = -1", "key 'quarantine_gpu_s': Input should be greater than or equal to 0"),
+    ('quarantine_host_s = "1h"', "key 'quarantine_host_s': Input should be a valid number"),
+    ("quarantine_strikes = 0", "key 'quarantine_strikes': Input should be greater than or equal to 1"),
 ])
 def test_malformed_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
     (tmp_path / "config.toml").write_text(text + "\n")

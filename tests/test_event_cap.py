@@ -9,7 +9,7 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 
 from supervisor.core.events import Event, EventKind
-from supervisor.store.event_cap import EventCap
+from supervisor.jobs.event_cap import EventCap
 
 
 def _event(kind: EventKind, n: int) -> Event:

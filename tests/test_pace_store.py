@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from supervisor.core.events import JobState
+from supervisor.jobs.paces import PaceStore, spec_fingerprint
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import Store
-from supervisor.store.paces import PaceStore, spec_fingerprint
 
 BAR = "vllm.shards|Loading safetensors checkpoint shards"
 

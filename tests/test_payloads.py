@@ -30,10 +30,10 @@ from supervisor.core.payloads import (
     payload_of,
 )
 from supervisor.core.progress import BarProgress, Progress
+from supervisor.jobs.milestones import ProgressMilestones
 from supervisor.spec.model import HealthSpec
 from supervisor.store.attempt_writes import AttemptUpdate
 from supervisor.store.database import AttemptRow, Store
-from supervisor.store.milestones import ProgressMilestones
 from supervisor.watchdog import Watchdog
 
 # Rows as stores hold them today (what each producer wrote before payloads were typed), with keys

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from supervisor.core.errors import StoreError
-from supervisor.store.pending import PendingWrites
+from supervisor.jobs.pending import PendingWrites
 
 
 def test_a_write_now_waits_its_turn_behind_kept_writes() -> None:

@@ -1,9 +1,9 @@
-"""The progress sieve: which progress lines of an attempt are stored (supervisor/store/milestones.py)."""
+"""The progress sieve: which progress lines of an attempt are stored (supervisor/jobs/milestones.py)."""
 
 from __future__ import annotations
 
 from supervisor.core.events import Event, EventKind
-from supervisor.store.milestones import ProgressMilestones
+from supervisor.jobs.milestones import ProgressMilestones
 
 
 def _bar(done: int, total: int | None = None, offset: int = 0, desc: str | None = None,

@@ -10,15 +10,16 @@ from pathlib import Path
 from supervisor.store.database import Store
 from supervisor.store.schema import MIGRATIONS
 
-_THINNING = 9  # the thinning migration's entry: it takes a store from version 9 to 10
+# The thinning migration's index: later migrations are appended after it.
+THINNING = next(i for i, m in enumerate(MIGRATIONS) if "DELETE FROM events WHERE id IN" in m)
 
 
 def _old_store(path: Path) -> sqlite3.Connection:
     """A store at the version before the thinning migration (every earlier migration applied)."""
     db = sqlite3.connect(path)
-    for migration in MIGRATIONS[:_THINNING]:
+    for migration in MIGRATIONS[:THINNING]:
         db.executescript(migration)
-    db.execute(f"PRAGMA user_version={_THINNING}")
+    db.execute(f"PRAGMA user_version={THINNING}")
     db.execute("INSERT INTO jobs(name, spec_json, state, created, updated) VALUES('j', '{}', 'done', 0, 0)")
     return db
 

@@ -6,9 +6,9 @@ says when an event changed nothing (``Watchdog.observe``); skipping the repeats 
 from __future__ import annotations
 
 from supervisor.core.events import EventKind, Failure, FailureKind, Phase, ProbeEvent, ProbeKind
+from supervisor.jobs.event_cap import EventCap
 from supervisor.jobs.runner._watching import _from_probe, _same_info
 from supervisor.spec.tables import HealthSpec
-from supervisor.store.event_cap import EventCap
 from supervisor.watchdog import Watchdog
 
 _ACCESS = {"serving": True, "client": "127.0.0.1", "method": "POST", "path": "/v1/completions", "status": 200}

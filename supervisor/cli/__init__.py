@@ -6,6 +6,7 @@ when none runs), except `probe`, which reads a log offline, and `daemon --foregr
     system    daemon (run, stop, restart), config, doctor, web
     probe     reading a finished log offline (no daemon, so none of the client is imported)
     views     status (and its live view), gpus, report
+    quarantine  the GPUs and hosts kept away from, and lifting a quarantine
 
 Exit codes (docs/reference/exit-codes.md): 0 success; 1 the job failed / gave up; 2 usage; 65 bad spec or
 probe pack; 66 unknown job; 69 daemon or host unavailable; 70 internal error in the daemon;
@@ -31,6 +32,7 @@ from supervisor.cli._args import (
     grep_pattern,
     job_name,
     line_count,
+    quarantine_place,
     report_out,
 )
 from supervisor.cli.completion import SHELLS
@@ -229,6 +231,12 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--json", action="store_true")
 
     p = add("gpus", _verb("views:cmd_gpus"), "GPU memory and processes as the daemon sees them")
+    p.add_argument("--json", action="store_true")
+
+    p = add("quarantine", _verb("quarantine:cmd_quarantine"), "GPUs and hosts jobs are kept away from (after a "
+                                          "GPU fault, or repeated killed/unreachable verdicts), with their expiry")
+    p.add_argument("--clear", type=quarantine_place, default=None, metavar="HOST[:GPU]",
+                   help="lift that quarantine now (HOST: the host's and its GPUs')")
     p.add_argument("--json", action="store_true")
 
     p = add("report", _verb("views:cmd_report"), "a picture of a job's history: attempts, phases, progress, GPU memory, watchdog actions")

@@ -106,6 +106,13 @@ def gpu_list(text: str) -> list[int] | None:
     return devices
 
 
+def quarantine_place(text: str) -> str:
+    """`quarantine --clear`: HOST or HOST:GPU (local, local:1, ssh://box); another is a usage error."""
+    if not text.strip() or len(text) > 1000 or any(ord(c) < 32 for c in text):
+        raise argparse.ArgumentTypeError(f"expected HOST or HOST:GPU (e.g. local or local:1), got {text[:40]!r}")
+    return text.strip()
+
+
 def whole_number(text: str) -> int:
     """`--shards`: a whole number (its range is the spec's, so `--shards 0` is a spec error, exit 65)."""
     try:

@@ -154,6 +154,13 @@ class Client:
     def stacks(self, job: str) -> protocol.StacksResponse:
         return self._call("GET", f"/v1/jobs/{job}/stacks", protocol.StacksResponse)
 
+    def quarantine(self) -> protocol.QuarantineResponse:
+        return self._call("GET", "/v1/quarantine", protocol.QuarantineResponse)
+
+    def clear_quarantine(self, place: str) -> protocol.QuarantineResponse:
+        return self._call("POST", "/v1/quarantine/clear", protocol.QuarantineResponse,
+                          protocol.QuarantineClearRequest(place=place))
+
     def hold(self, job: str) -> protocol.HoldResponse:
         return self._call("POST", f"/v1/jobs/{job}/hold", protocol.HoldResponse)
 

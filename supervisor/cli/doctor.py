@@ -48,9 +48,11 @@ class Check:
 
 def doctor_command(host: str | None) -> int:
     if host in (None, "", LOCAL_HOST):
-        checks = _local_checks()
+        checks = [*_local_checks(), *_quarantine_checks(None)]
     else:
         checks = asyncio.run(_remote_checks(host))
+        if not any(c.unreachable for c in checks):
+            checks += _quarantine_checks(host)
     if any(c.unreachable for c in checks):
         # One line and the table's "host unavailable", as any verb that cannot reach a host says it.
         print(next(c for c in checks if c.unreachable).line(), flush=True)
@@ -203,6 +205,27 @@ def _remote_kernel_log_check(v: dict[str, str], where: str, command: str) -> lis
                                           "errors are not seen there; ECC, pending pages and slowdowns still are "
                                           "(let the user read the kernel log, or set SUPERVISE_SSH_KERNEL_LOG to a "
                                           "command that can, e.g. `sudo -n dmesg`)", required=False)]
+
+
+def _quarantine_checks(host: str | None) -> list[Check]:
+    """The GPUs and hosts the daemon keeps jobs away from (all of them, or ``host``'s), each with
+    its expiry: a warning each, never a failure (they expire, or `--clear` lifts them)."""
+    from supervisor.cli.client import Client
+    from supervisor.cli.quarantine import quarantine_lines
+    from supervisor.core.config import default_paths
+
+    client = Client(default_paths(), timeout_s=10)
+    try:
+        held = client.quarantine().quarantined
+    except SuperviseError:
+        return [Check("skipped", "quarantine", "the daemon is not running", required=False)]
+    finally:
+        client.close()
+    mine = [q for q in held if host is None or q.host == host]
+    if not mine:
+        return [Check("ok", "quarantine", "no GPU or host quarantined", required=False)]
+    return [Check("warn", "quarantine", f"{line}; `supervise quarantine --clear {q.place}` lifts it", required=False)
+            for q, line in zip(mine, quarantine_lines(mine), strict=True)]
 
 
 def _web_check(paths: Paths) -> Check:

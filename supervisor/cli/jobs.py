@@ -126,6 +126,7 @@ def cmd_attempts(args: argparse.Namespace) -> int:
         return 0
     # A sharded job's attempts are numbered across its shards: which shard each ran is a column of its own.
     sharded = any(a.shard is not None for a in response.attempts)
+    moved = len({a.host for a in response.attempts}) > 1  # a host pool, or a `--host` changed: each attempt's host
     shard_head = f"{'shard':>6}" if sharded else ""
     print(f"{'#':>3}{shard_head}  {'started':<19} {'duration':>9}  {'phase':<18} {'progress':<12} {'verdict':<8} "
           f"{'fingerprint':<12} action")
@@ -137,6 +138,8 @@ def cmd_attempts(args: argparse.Namespace) -> int:
               f"{a.verdict or a.state:<8} {(a.fingerprint or '-')[:12]:<12} {a.action or ''}")
         if a.reason and a.verdict not in (None, Verdict.DONE):
             print(f"     {a.reason}")
+        if moved:
+            print(f"     host: {a.host}")
         if a.checkpoint:
             print(f"     from checkpoint: {a.checkpoint}")
         if a.params is not None:  # a `[restart.adjust]` rule changed them

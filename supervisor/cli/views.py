@@ -6,6 +6,7 @@ import argparse
 
 from supervisor.cli._args import client as _client
 from supervisor.cli.pipelines import pipeline_block
+from supervisor.cli.quarantine import quarantine_lines
 from supervisor.core import formatting as _fmt
 from supervisor.core import protocol
 from supervisor.core.events import AttemptState, JobState, Verdict
@@ -30,6 +31,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             if job.name not in in_pipelines:  # shown as a pipeline's step above
                 print(status_block(job))
         print(_gpu_line(status.gpu, status.gpu_note))
+        for line in quarantine_lines(status.quarantined):
+            print(line)
         if status.web_note:
             print(status.web_note)
     # Like `systemctl is-failed`: a script can ask `supervise status JOB` whether the job failed.

@@ -66,6 +66,14 @@ class DaemonSettings(BaseModel):
                                     "not stored (one action event says so; each bar's latest count, phases and failures still are)")
     log_max_bytes: int = Field(0, ge=0, description="per job, older attempt logs are deleted until the job's logs "
                                                     "fit in this many bytes (0: no limit; the running attempt's log is kept)")
+    quarantine_gpu_s: float = Field(3600.0, ge=0, le=365 * 86400, description="how long a GPU is kept away from "
+                                    "after a hardware fault (an Xid such as 48, 79 or 94, uncorrected ECC): "
+                                    "`devices = \"all\"` jobs launch without it (0: off)")
+    quarantine_host_s: float = Field(900.0, ge=0, le=365 * 86400, description="how long a host is kept away from "
+                                     "after quarantine_strikes attempts in a row there end killed or "
+                                     "unreachable: jobs with a host pool go elsewhere (0: off)")
+    quarantine_strikes: int = Field(2, ge=1, le=1000, description="attempts in a row ending killed or unreachable "
+                                       "on one host that quarantine it")
 
     @field_validator("alert_urls", mode="before")
     @classmethod

@@ -252,6 +252,10 @@ class ActionData:
     woken_by: str | None = None  # what ended a wait for GPUs
     sample_ts: float | None = None
     waited_s: float | None = None
+    moved_from: str | None = None  # a job with a host pool moved away from this host (jobs/quarantine.py)
+    moved_to: str | None = None
+    left_out: list[int] | None = None  # quarantined GPUs left out of CUDA_VISIBLE_DEVICES at launch
+    until: float | None = None  # when the quarantine that caused it ends (wall clock)
     checkpoint: str | None = None  # what an attempt starts from: its {last_checkpoint}
     params: dict[str, str] | None = None  # ... and its [params], where `[restart.adjust]` changed them
 
@@ -275,6 +279,8 @@ class ActionData:
                    survivors=_list(data.get("survivors")), reparented=_list(data.get("reparented")),
                    released=_bool(data.get("released")), woken_by=_text(data.get("woken_by")),
                    sample_ts=_number(data.get("sample_ts")), waited_s=_number(data.get("waited_s")),
+                   moved_from=_text(data.get("moved_from")), moved_to=_text(data.get("moved_to")),
+                   left_out=_list(data.get("left_out")), until=_number(data.get("until")),
                    checkpoint=_text(data.get("checkpoint")), params=_str_map(data.get("params")))
 
     def to_json(self) -> dict[str, Any]:
@@ -283,6 +289,7 @@ class ActionData:
             down_s=self.down_s, error=self.error, events_per_attempt=self.events_per_attempt,
             terminated=self.terminated, killed=self.killed, survivors=self.survivors, reparented=self.reparented,
             released=self.released, woken_by=self.woken_by, sample_ts=self.sample_ts, waited_s=self.waited_s,
+            moved_from=self.moved_from, moved_to=self.moved_to, left_out=self.left_out, until=self.until,
             checkpoint=self.checkpoint, params=self.params)})
         return data
 

@@ -238,6 +238,28 @@ class PipelineStartResponse(BaseModel):
     message: str
 
 
+class QuarantineInfo(BaseModel):
+    """A GPU or host jobs are kept away from (jobs/quarantine.py), until its expiry."""
+
+    host: str
+    gpu: int | None = Field(description="the GPU's index; null: the whole host")
+    place: str = Field(description="HOST or HOST:GPU, as `supervise quarantine --clear` takes it")
+    reason: str
+    since: float
+    until: float
+
+
+class QuarantineResponse(BaseModel):
+    """`supervise quarantine`: what is quarantined now; after a `--clear`, what that did."""
+
+    quarantined: list[QuarantineInfo]
+    message: str = ""
+
+
+class QuarantineClearRequest(BaseModel):
+    place: str = Field(max_length=1000, description="HOST or HOST:GPU (local, local:1, ssh://box)")
+
+
 class StatusResponse(BaseModel):
     jobs: list[JobStatus]
     daemon_pid: int
@@ -246,6 +268,7 @@ class StatusResponse(BaseModel):
     gpu_note: str = ""
     pipelines: list[PipelineStatus] = Field(default_factory=list)
     web_note: str = Field(default="", description="why the web page asked for is not served ('' when it is, or is off)")
+    quarantined: list[QuarantineInfo] = Field(default_factory=list, description="GPUs and hosts jobs are kept away from now")
 
 
 class StartResponse(BaseModel):

@@ -38,6 +38,7 @@ from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.host import LocalHost
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.owner import Supervisor
+from supervisor.jobs.quarantine import QuarantineRules, Quarantines
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import GpuView, RunnerContext
 from supervisor.jobs.shard_views import ShardRows, shard_rows
@@ -67,6 +68,9 @@ class Service:
         self.store = Store(paths.db)
         self.bus = EventBus()
         self.recorder = Recorder(self.store, self.bus)  # every event and job state: stored, then published
+        # GPUs and hosts kept away from (stored: a restart keeps them).
+        self.quarantines = Quarantines(self.store, QuarantineRules(settings.quarantine_gpu_s, settings.quarantine_host_s,
+                                                                   settings.quarantine_strikes))
         local = host or LocalHost(paths.logs, poll_interval_s=settings.poll_interval_s, nvml=nvml,
                                    kernel_log=settings.kernel_log or None,
                                    containment=cgroup.detect(base=Path(settings.cgroup_root) if settings.cgroup_root else None))
@@ -83,7 +87,7 @@ class Service:
         self.bus.subscribe(self._prune_on_launch)
         self.metrics = Metrics(self)  # reads job_readings() and host_readings()
         self.bus.subscribe(self.metrics.on_events)
-        self._gpu_router = GpuRouter(lambda: self.jobs.runners.values(), self.metrics)
+        self._gpu_router = GpuRouter(lambda: self.jobs.runners.values(), self.metrics, self.quarantines)
         self._metrics_runner: web.AppRunner | None = None
         self.web = WebUi(self)  # off until `supervise web`; then back at every start (state_dir/web.json)
 
@@ -96,7 +100,8 @@ class Service:
                              alerter=self.alerter, gpu=GpuView(gpu.sample, lambda: gpu.latest, gpu.next_sample),
                              records_seen=self.metrics.records_seen, down_since=self.down_since,
                              arrivals=self.paths.arrivals, events_per_attempt=self.settings.events_per_attempt,
-                             notify_dir=self.paths.notify if slot.host is self.hosts.local.host else None)
+                             notify_dir=self.paths.notify if slot.host is self.hosts.local.host else None,
+                             quarantines=self.quarantines, context_for=self.context)
 
     def _lock(self) -> None:
         """One daemon per state directory: an advisory lock held for the daemon's lifetime."""

@@ -29,6 +29,7 @@ from supervisor.core.errors import (
 from supervisor.core.events import EventKind, JobState
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.dependencies import check_after
+from supervisor.jobs.pending import when_free
 from supervisor.jobs.pipelines import Pipelines
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.recovery import Recovery
@@ -40,7 +41,6 @@ from supervisor.jobs.views import job_status
 from supervisor.spec.model import JobSpec
 from supervisor.store import arrivals
 from supervisor.store.database import AttemptRow
-from supervisor.store.pending import when_free
 from supervisor.store.retention import Retention, prune_events, prune_logs, remove_logs
 
 _LAUNCH_WITHIN_S = 60.0
@@ -71,7 +71,9 @@ class Supervisor:
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> Runner:
         """Give the job a new runner and start it (``resume``: re-adopt that attempt)."""
         try:
-            runner: Runner = ShardedJob(spec, self.context) if spec.shards > 1 else JobRunner(spec, self.context(spec.host))
+            # A pool's re-adopted attempt is watched where it runs; a new one is placed by the runner.
+            host = resume.host if resume is not None and spec.shards == 1 and spec.hosts else spec.host
+            runner: Runner = ShardedJob(spec, self.context) if spec.shards > 1 else JobRunner(spec, self.context(host))
         except SuperviseError as exc:
             # No runner will ever move this job on: its state must say so, not stay `starting`.
             self.recorder.job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")

@@ -29,6 +29,7 @@ from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.policy import Decision, Policy, RestartPolicy, names_the_program
 from supervisor.jobs.runner import JobRunner, RunnerContext, StartNews, cancel_until_done
 from supervisor.jobs.snapshot import RunnerSnapshot
@@ -36,7 +37,6 @@ from supervisor.jobs.strays import merge_reports
 from supervisor.spec.model import JobSpec
 from supervisor.spec.placement import Placement
 from supervisor.store.database import AttemptRow, Store
-from supervisor.store.pending import PendingWrites
 
 log = structlog.get_logger("supervise.sharding")
 

@@ -14,12 +14,12 @@ from supervisor.hosts.base import KillReport
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.gpu_holders import attempt_pids, still_held
 from supervisor.jobs.gpu_holders import describe as describe_held
+from supervisor.jobs.pending import when_free
 from supervisor.jobs.pipelines import Pipelines
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import JobRunner
 from supervisor.jobs.sharding import ShardedJob
 from supervisor.jobs.strays import StrayStop, merge_reports, stop_strays, stray_handle
-from supervisor.store.pending import when_free
 
 # A verb's write waits this long for a lock another process holds, then answers "store busy" (74).
 VERB_STORE_WAIT_S = 2.0

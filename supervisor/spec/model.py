@@ -91,7 +91,9 @@ class JobSpec(_Strict):
     # Jobs whose current run must be `done` before this one launches (supervisor/jobs/dependencies.py).
     after: list[str] = Field(default_factory=list)
     shards: Annotated[int, Field(ge=1, le=1024)] = 1  # > 1: one job of N shard attempts at once (sharding.py)
-    hosts: list[str] = Field(default_factory=list)  # a sharded job's hosts, shard i on hosts[i % len]
+    # A sharded job's hosts, shard i on hosts[i % len]; with one shard, a pool: the job runs on the first
+    # host not quarantined, and moves to the next after a host-level verdict (jobs/quarantine.py).
+    hosts: list[str] = Field(default_factory=list)
     gather: list[str] = Field(default_factory=list)  # argv templates run once every shard is done
     spec_path: str = ""  # filled by the loader, not by the file
     shard_index: int = 0  # filled for each shard of a sharded job, not by the file
@@ -238,6 +240,11 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _valid_placement(self) -> JobSpec:
         check_placement(self.shards, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
+        # One shard: `hosts` is a pool, the job runs on the first healthy one (runner/_keep_away.py);
+        # a `host` beside it would be ignored.  ("local", the default, cannot be told from unset.)
+        if self.shards == 1 and self.hosts and self.host != LOCAL_HOST:
+            raise ValueError(f"`host` ({shown(self.host)}) and `hosts` both set: with one shard `hosts` is a pool "
+                             "the job runs on (the first healthy host, moving on after a host fault); keep one")
         return self
 
     def for_shard(self, placement: Placement) -> JobSpec:

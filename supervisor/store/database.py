@@ -168,7 +168,7 @@ class Store:
             self._migrate()
             # Then never: a lock held by another process (a `sqlite3` shell, a backup) would stop the
             # daemon's loop for as long as it is held.  Refused at once (StoreBusy), a write is kept
-            # and tried again by its caller (store/pending.py), a read is answered "store busy".
+            # and tried again by its caller (jobs/pending.py), a read is answered "store busy".
             self._db.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
@@ -379,7 +379,7 @@ class Store:
                       replaced: Iterable[int] = (), job_state: tuple[JobState, str] | None = None) -> list[Event]:
         """Store events (assigning ids) and, in the same transaction, what they bring their
         attempt to (its new log ``offset``; ``update``: its phase, progress); ``replaced``: ids of progress
-        events the new ones stand in for (a bar's latest line, store/milestones.py), deleted;
+        events the new ones stand in for (a bar's latest line, jobs/milestones.py), deleted;
         ``job_state``: the job's new state and reason (nothing is stored for a job forgotten)."""
         stored = list(events)
         with self._tx() as db:

@@ -110,7 +110,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN shard INTEGER;
     """,
-    # Each bar's intervals as an attempt measured them (store/paces.py): the next attempt of the
+    # Each bar's intervals as an attempt measured them (jobs/paces.py): the next attempt of the
     # same job, spec and host kind starts its stall bounds from them.
     """
     CREATE TABLE bar_paces (
@@ -138,7 +138,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN usage_json TEXT;
     """,
-    # Progress as milestones (store/milestones.py): a bar's rows thinned to its first and last,
+    # Progress as milestones (jobs/milestones.py): a bar's rows thinned to its first and last,
     # each change of its whole percent (a bar with a total) or one per 30 s (one without).  A bar
     # is told by its probe, its description and its writer's prefix fields, per attempt.
     """
@@ -189,5 +189,18 @@ MIGRATIONS: tuple[str, ...] = (
         WHEN substr(action, 1, 15) = 'stopped by user' THEN 'stop'
         ELSE 'none'
     END;
+    """,
+    # GPUs and hosts kept away from (supervisor/jobs/quarantine.py): a GPU after a hardware fault, a
+    # host after repeated `killed`/`unreachable` verdicts, until `until` (wall clock) or a
+    # `supervise quarantine --clear`.  gpu NULL: the whole host.  One row per GPU or host.
+    """
+    CREATE TABLE IF NOT EXISTS quarantine (
+        host TEXT NOT NULL,
+        gpu INTEGER,
+        reason TEXT NOT NULL,
+        since REAL NOT NULL,
+        until REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX IF NOT EXISTS quarantine_one_per_place ON quarantine(host, COALESCE(gpu, -1));
     """,
 )

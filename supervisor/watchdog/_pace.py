@@ -1,7 +1,7 @@
 """What earlier attempts of the same job showed of each bar's pace: the history a stall bound
 and a ``slow`` report start from before this attempt has measured intervals of its own.
 
-The runner reads it from the store (``store.paces``) and hands it to the ``Watchdog`` as a
+The runner reads it from the store (``jobs.paces``) and hands it to the ``Watchdog`` as a
 value: the watchdog never reads the store.  A bar is known across attempts by its probe and
 description (``BarPace.key``), never by its process (pids change with every launch).
 """

@@ -16,7 +16,7 @@ from aiohttp import web
 from supervisor import __version__
 from supervisor.core import protocol
 from supervisor.core.config import config_changed, describe_settings
-from supervisor.core.errors import NotFound, RequestRejected
+from supervisor.core.errors import NotFound, RequestRejected, shown
 from supervisor.core.host_url import LOCAL_HOST
 from supervisor.daemon import streams as _streams
 from supervisor.daemon.api._http import (
@@ -47,6 +47,7 @@ from supervisor.daemon.api._stacks import job_stacks
 from supervisor.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.hosts.base import Follower
 from supervisor.hosts.refollow import FollowThroughOutages
+from supervisor.jobs.quarantine import check_place, quarantine_infos, resolve_place
 from supervisor.jobs.views import attempt_info, event_info, gpu_devices, job_status
 from supervisor.probes import load_packs
 from supervisor.spec.command_check import check_local_command
@@ -98,6 +99,7 @@ class Api:
             jobs=jobs, daemon_pid=os.getpid(), daemon_version=__version__,
             gpu=gpu_devices(sample), gpu_note="" if sample and sample.available else (sample.reason if sample else "not sampled yet"),
             pipelines=pipelines, web_note=self.service.web.problem or "",
+            quarantined=quarantine_infos(self.service.quarantines.active()),
         ))
 
     async def jobs(self, request: web.Request) -> web.StreamResponse:
@@ -283,6 +285,30 @@ class Api:
     async def job_stacks(self, request: web.Request) -> web.StreamResponse:
         return _json(await job_stacks(self.service, _path_name(request)))
 
+    async def quarantine(self, request: web.Request) -> web.StreamResponse:
+        """The GPUs and hosts jobs are kept away from now, each with its expiry."""
+        return _json(protocol.QuarantineResponse(quarantined=quarantine_infos(self.service.quarantines.active())))
+
+    async def clear_quarantine(self, request: web.Request) -> web.StreamResponse:
+        """Lift a quarantine now: HOST (the host's and its GPUs') or HOST:GPU."""
+        body = await _body(request, protocol.QuarantineClearRequest)
+        quarantines = self.service.quarantines
+        try:
+            place = check_place(body.place)
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from None
+        held = quarantines.active()
+        named = resolve_place(place, held)
+        if named is None:
+            listed = ", ".join(q.place for q in held) or "none"
+            raise NotFound(f"nothing quarantined at {shown(place)} (quarantined now: {listed}); "
+                           "`supervise quarantine` lists them")
+        removed = await quarantines.clear(*named)
+        what = named[0] if named[1] is None else f"{named[0]}:{named[1]}"
+        return _json(protocol.QuarantineResponse(quarantined=quarantine_infos(quarantines.active()),
+                                                 message=f"quarantine of {what} lifted ({removed} entr"
+                                                         f"{'y' if removed == 1 else 'ies'}); jobs may launch there again"))
+
 
 # The route table: each route names its handler itself (a route to a handler that does not exist cannot be
 # written), and the app and the OpenAPI document are both made from it.
@@ -308,6 +334,9 @@ ROUTES: list[Route] = [
     Route("POST", "/v1/jobs/{name}/release", Api.release_job, None, protocol.HoldResponse),
     Route("GET", "/v1/jobs/{name}/stacks", Api.job_stacks, None, protocol.StacksResponse),
     Route("POST", "/v1/pipelines", Api.start_pipeline, protocol.PipelineStartRequest, protocol.PipelineStartResponse),
+    Route("GET", "/v1/quarantine", Api.quarantine, None, protocol.QuarantineResponse),
+    Route("POST", "/v1/quarantine/clear", Api.clear_quarantine, protocol.QuarantineClearRequest,
+          protocol.QuarantineResponse),
 ]
 
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from supervisor.daemon.metrics import Metrics
     from supervisor.hosts.registry import Hosts
     from supervisor.jobs.owner import Supervisor
+    from supervisor.jobs.quarantine import Quarantines
     from supervisor.jobs.snapshot import RunnerSnapshot
 
 log = structlog.get_logger("supervise.api")
@@ -61,6 +62,9 @@ class Service(Protocol):
 
     @property
     def web(self) -> WebControl: ...
+
+    @property
+    def quarantines(self) -> Quarantines: ...
 
     def snapshot(self, job: str) -> RunnerSnapshot | None: ...
 

@@ -18,6 +18,7 @@ import time
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
 from supervisor.hosts.base import LogStat, LogStatReader, ProcessHandle
+from supervisor.jobs.event_cap import EventCap
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp, backlog_of
@@ -28,7 +29,6 @@ from supervisor.jobs.runner._watching import clock_at, note
 from supervisor.notify import notices
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow, EventQuery
-from supervisor.store.event_cap import EventCap
 from supervisor.watchdog import format_duration
 
 # What the watchdog folds: every phase and failure (few, and each one counts), and the latest

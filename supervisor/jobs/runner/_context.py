@@ -18,12 +18,13 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import ExitStatus, Host, ProcessHandle
 from supervisor.hosts.local.notify import NotifySocket
 from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
+from supervisor.jobs.event_cap import EventCap
+from supervisor.jobs.milestones import ProgressMilestones
+from supervisor.jobs.quarantine import Quarantines
 from supervisor.jobs.recorder import Recorder
 from supervisor.notify.alerts import Alerter
 from supervisor.store.database import AttemptRow, Store
-from supervisor.store.event_cap import DEFAULT_LIMIT as DEFAULT_EVENT_CAP
-from supervisor.store.event_cap import EventCap
-from supervisor.store.milestones import ProgressMilestones
 from supervisor.watchdog import Watchdog
 
 
@@ -56,6 +57,9 @@ class RunnerContext:
     # Where each attempt's NOTIFY_SOCKET is bound (hosts/local/notify.py); None: the host is remote,
     # where a program could not reach it.
     notify_dir: Path | None = None
+    quarantines: Quarantines | None = None  # the GPUs and hosts kept away from (None: none are)
+    # Another host's context: where a job with a host pool moves (runner/_keep_away.py).
+    context_for: Callable[[str], RunnerContext] | None = None
 
 
 @dataclass

@@ -24,7 +24,9 @@ from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
 from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump
+from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.policy import Policy, RestartPolicy
+from supervisor.jobs.quarantine import UNREACHABLE as UNREACHABLE_STRIKE
 from supervisor.jobs.runner import _start_point as start_point
 from supervisor.jobs.runner._adopting import Anchor, Readoption
 from supervisor.jobs.runner._after import wait_for_after
@@ -36,6 +38,7 @@ from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
 from supervisor.jobs.runner._gpu_wait import GpuGate
 from supervisor.jobs.runner._journal import Journal
+from supervisor.jobs.runner._keep_away import KeepAway
 from supervisor.jobs.runner._launch import launch
 from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._pacing import Paces
@@ -49,7 +52,6 @@ from supervisor.jobs.snapshot import RunnerSnapshot, watching
 from supervisor.probes import load_packs
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow
-from supervisor.store.pending import PendingWrites
 from supervisor.watchdog import Judgement
 
 log = structlog.get_logger("supervise.runner")
@@ -87,6 +89,7 @@ class JobRunner:
         self.alerts = Alerts(spec, ctx, self.journal)
         self.paces = Paces(spec, ctx, self._writes)  # each bar's pace: earlier attempts' for the watchdog, this one's kept
         self.gpu_gate = GpuGate(spec, ctx, self.journal, self._stop_requested)
+        self.keep_away = KeepAway(spec, ctx, self.journal, self._stop_requested)  # quarantined GPUs and hosts
         self.ending = Ending(spec, ctx, self.journal, self.alerts)
         self._readoption = Readoption(spec, ctx, self.journal, self.alerts, self.paces)
 
@@ -187,12 +190,13 @@ class JobRunner:
                 resume = None
                 catch_up = await self._readoption.catch_up(live, anchor)
             else:
-                if not await self.gpu_gate.clear():
+                launching = await self.keep_away.spec_for_launch()
+                if launching is None or not await self.gpu_gate.clear():
                     return
                 if start is None:
                     start = await start_point.first(self.spec, self.ctx)
                 async with self.scope.numbering():
-                    live = await launch(run, self.shard, spec=self.spec, ctx=self.ctx, journal=self.journal,
+                    live = await launch(run, self.shard, spec=launching, ctx=self.ctx, journal=self.journal,
                                         news=self.news, paces=self.paces, start=start)
             self._current = self.live = live
             finder = asyncio.create_task(learn_program_pid(self.ctx.host, live), name=f"program:{self.spec.name}")
@@ -209,6 +213,7 @@ class JobRunner:
                 await self.ending.record_stopped(live)
                 self.journal.set_job(JobState.STOPPED, "stopped by user")
                 return
+            await self.keep_away.attempt_ended(judgement.verdict.value, live.row.host)
             if judgement.verdict is Verdict.DONE:
                 await self.ending.record(live, judgement, AttemptAction.none("job done"))
                 self.journal.set_job(JobState.DONE, judgement.reason)
@@ -229,6 +234,7 @@ class JobRunner:
             action = AttemptAction.relaunch(decision.wait_s) if relaunch else AttemptAction.give_up(decision.reason)
             await self.ending.record(live, judgement, action)
             next_action = action.text + (f"; {start.describe()}" if relaunch and start.describe() else "")
+            next_action += self.keep_away.move_note() if relaunch else ""
             await self.alerts.end(live, judgement, next_action, None if relaunch else decision.reason)
             if not relaunch:
                 self.journal.set_job(JobState.FAILED, decision.reason)
@@ -256,6 +262,7 @@ class JobRunner:
         live = self._current
         assert live is not None
         self.live, self.unreachable_since = None, time.time()
+        await self.keep_away.attempt_ended(UNREACHABLE_STRIKE, live.row.host)
         if not await wait_for_host(self.ctx.host, live, exc, self.journal, self.alerts, self._stop_requested):
             self.unreachable_since = None
             return None
@@ -356,7 +363,7 @@ class JobRunner:
     @property
     def gpu_wait(self) -> str | None:
         """While the launch waits for GPUs other processes hold: for what, in one line."""
-        return self.gpu_gate.waiting
+        return self.gpu_gate.waiting or self.keep_away.waiting
 
     def hold(self) -> str:
         """Postpone any kill of this job until ``release``."""

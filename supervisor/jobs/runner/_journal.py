@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, Payload
+from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner._news import StartNews
 from supervisor.jobs.runner._scope import Scope
 from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate
-from supervisor.store.pending import PendingWrites
 
 
 class Journal:

@@ -13,6 +13,8 @@ from supervisor.core.errors import LaunchError, SuperviseError
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
 from supervisor.core.payloads import ActionData, LaunchedData
 from supervisor.hosts.base import LaunchRequest
+from supervisor.jobs.event_cap import EventCap
+from supervisor.jobs.pending import when_free
 from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._context import Live, RunnerContext
@@ -24,8 +26,6 @@ from supervisor.jobs.runner._start_point import StartPoint
 from supervisor.spec.model import JobSpec
 from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate
 from supervisor.store.database import AttemptRow
-from supervisor.store.event_cap import EventCap
-from supervisor.store.pending import when_free
 
 
 async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerContext, journal: Journal,

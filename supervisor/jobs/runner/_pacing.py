@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import structlog
 
 from supervisor.core.errors import StoreError
+from supervisor.jobs.paces import PaceStore, spec_fingerprint
+from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.notify import notices
 from supervisor.spec.model import JobSpec
-from supervisor.store.paces import PaceStore, spec_fingerprint
-from supervisor.store.pending import PendingWrites
 from supervisor.watchdog import Judgement, PaceHistory, Watchdog
 
 log = structlog.get_logger("supervise.runner")

@@ -13,10 +13,10 @@ from typing import Protocol
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import JobState
+from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.policy import Policy
 from supervisor.jobs.recorder import Recorder
 from supervisor.store.database import AttemptRow
-from supervisor.store.pending import PendingWrites
 
 
 class Scope(Protocol):

@@ -305,7 +305,7 @@ class AttemptWatch:
     def _observe(self, probe_events: list[ProbeEvent], *, output: bool = True,
                  records: int = 0, last: Record | None = None) -> list[Event]:
         """Feed the watchdog (output seen, each event) and return the events to store: all but
-        the progress redraws between a bar's milestones (store/milestones.py; ``_save`` adds
+        the progress redraws between a bar's milestones (jobs/milestones.py; ``_save`` adds
         each bar's latest line), decided here, once per event, so that a write the store refused
         is tried again with the same events.
         ``records``: how many records brought these events, ``last`` the last of them.

@@ -1,6 +1,6 @@
 """A cap on the events one attempt stores: never an unbounded history, never a silent gap.
 
-Milestones (store/milestones.py) keep a bar to about a hundred rows, but a log can hold any
+Milestones (jobs/milestones.py) keep a bar to about a hundred rows, but a log can hold any
 number of bars, metric lines (a loss per step) and info lines, each a stored event.  Once an
 attempt has stored ``limit`` events read from its log, its further progress, metric and info
 lines are no longer stored; its phases and failures always are (few, and what the verdict and
