@@ -9,6 +9,7 @@ import subprocess
 import sys
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import ClassVar
 
 from conftest import wait_until
 
@@ -142,9 +143,9 @@ class AlertSink(BaseHTTPRequestHandler):
     """A real HTTP endpoint for apprise's JSON alerts (`json://127.0.0.1:PORT`): each POST's body
     lands in ``received``, which a test resets before use."""
 
-    received: list[dict] = []
+    received: ClassVar[list[dict]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         type(self).received.append(json.loads(body))
         self.send_response(200)

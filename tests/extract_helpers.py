@@ -13,7 +13,7 @@ PROMPTS = JOBS / "data" / "prompts.jsonl"
 if str(JOBS) not in sys.path:
     sys.path.insert(0, str(JOBS))
 
-from eagle3.tiny_model import TinySpec, build  # noqa: E402
+from eagle3.tiny_model import TinySpec, build
 
 # A really tiny model for tests: 4 layers, hidden 64, about 0.4 MB in 5 shards.
 TEST_SPEC = TinySpec(num_layers=4, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,

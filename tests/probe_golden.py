@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.core.events import ProbeEvent
+from supervisor.core.records import RecordBuffer
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._replay import replay_file
-from supervisor.core.records import RecordBuffer
 
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "corpus"

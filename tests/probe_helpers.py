@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from supervisor.core.events import ProbeEvent
-from supervisor.probes import ProbeEngine, load_packs
-from supervisor.probes import _replay
-from supervisor.probes._replay import ReplayReport, build_report
 from supervisor.core.records import split_records
+from supervisor.probes import ProbeEngine, _replay, load_packs
+from supervisor.probes._replay import ReplayReport, build_report
 
 PACKS = load_packs()
 

@@ -152,7 +152,7 @@ class SshServer:
         found = []
         for child in children:
             with contextlib.suppress(psutil.Error):
-                if child.name() == "sshd" or child.cmdline()[:1] and child.cmdline()[0].startswith("sshd"):
+                if child.name() == "sshd" or (child.cmdline()[:1] and child.cmdline()[0].startswith("sshd")):
                     found.append(child)
         return found
 

@@ -10,20 +10,21 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
-
 from conftest import wait_until
+
 from supervisor.core.alert_routes import AlertKind, parse_route
-from supervisor.notify.alerts import Alert, Alerter, shown_route
 from supervisor.core.config import Paths, load_settings
 from supervisor.core.errors import ConfigError
+from supervisor.notify.alerts import Alert, Alerter, shown_route
 
 
 class PathSink(BaseHTTPRequestHandler):
-    received: list[tuple[str, str]] = []  # (path, title)
+    received: ClassVar[list[tuple[str, str]]] = []  # (path, title)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         type(self).received.append((self.path, body["title"]))
         self.send_response(200)

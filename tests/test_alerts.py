@@ -13,8 +13,8 @@ import structlog
 from aiohttp import web
 
 from supervisor.core.alert_routes import AlertKind
-from supervisor.notify.alerts import Alert, Alerter, format_body
 from supervisor.core.redact import redact_text, redact_url
+from supervisor.notify.alerts import Alert, Alerter, format_body
 
 
 class Clock:
@@ -260,8 +260,8 @@ def test_a_hanging_endpoint_never_holds_send_and_a_full_queue_drops_the_oldest()
 
 
 def test_a_verdict_alert_carries_the_first_frames_of_the_stacks_dumped_before_the_kill() -> None:
-    from supervisor.notify import notices
     from supervisor.core.events import Verdict
+    from supervisor.notify import notices
     from supervisor.watchdog import Judgement
 
     at = notices.Attempt(job="j", n=2, gpu="", stacks="pid 7 (python job.py): frozen_here (job.py:5) < <module> (job.py:9)")

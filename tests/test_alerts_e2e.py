@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import AlertSink, supervise
+
 from supervisor.cli.client import Client
 
 CRASH_LOG = REPO / "tests" / "data" / "corpus" / "device-logs" / "run-torchrun-rank1-valueerror-startup.log"
@@ -321,7 +321,7 @@ def test_a_crash_loop_is_one_verdict_alert_and_its_end_says_how_many_were_folded
 class _Hanging(BaseHTTPRequestHandler):
     """An alert endpoint that reads the request and never answers."""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         time.sleep(3600)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
-from supervisor.store.arrivals import ArrivalWriter, Arrivals, marks_path
+
+from supervisor.store.arrivals import Arrivals, ArrivalWriter, marks_path
 
 SLOW_JOB = """\
 import time
@@ -76,7 +77,7 @@ def test_marks_go_with_the_logs_retention_prunes(daemon: DaemonProcess, make_job
     wait_until(first.is_file)
     for n in range(2, 23):  # log_keep_attempts is 20: the first attempt's log and marks go
         client.start(str(spec), {})
-        wait_until(lambda: len(client.attempts("twice").attempts) == n and job_state(client, "twice") == "done",
+        wait_until(lambda n=n: len(client.attempts("twice").attempts) == n and job_state(client, "twice") == "done",
                    timeout=30)
     assert not Path(client.attempts("twice").attempts[0].log_path).exists()
     assert not first.exists() and marks_path(home / "arrivals", "twice", 22).is_file()

@@ -15,16 +15,16 @@ import pytest
 from fakes.fake_nvml import FakeNvml
 from rich.console import Console
 
-from supervisor.core import protocol
 from supervisor.cli._args import since_time
+from supervisor.cli.watch import plain_lines, render, short_name
+from supervisor.core import protocol
 from supervisor.core.errors import SpecError
 from supervisor.core.events import AttemptState
 from supervisor.gpu.nvml import NvmlSampler
-from supervisor.store.retention import Retention, select_for_pruning
+from supervisor.jobs.views import gpu_devices
 from supervisor.spec.model import load_spec
 from supervisor.store.database import AttemptRow
-from supervisor.jobs.views import gpu_devices
-from supervisor.cli.watch import plain_lines, render, short_name
+from supervisor.store.retention import Retention, select_for_pruning
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import DaemonProcess, daemons_of_this_session, wait_until
 from e2e_jobs import job_state, supervise
+
 from supervisor.cli import _parser
 from supervisor.cli.completion import script
 

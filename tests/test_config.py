@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from supervisor.core.config import DaemonSettings, Paths, load_settings
 from supervisor.core.errors import ConfigError
 
 
-def _load(home: Path, env: dict[str, str] | None = None):  # noqa: ANN202 - LoadedSettings
+def _load(home: Path, env: dict[str, str] | None = None):
     return load_settings(Paths(home), environ=env or {})
 
 
@@ -153,7 +153,7 @@ PLANTED = {
 
 
 def test_alert_url_secrets_show_nowhere_only_scheme_tags_and_host(home: Path, daemon_env: dict[str, str],
-                                                                   make_job) -> None:  # noqa: ANN001 - fixture
+                                                                   make_job) -> None:
     from conftest import DaemonProcess, wait_until
 
     (home / "config.toml").write_text(f"alert_urls = {json.dumps(list(PLANTED))}\n")

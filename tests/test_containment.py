@@ -11,8 +11,8 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import supervise
 
-from supervisor.hosts.local import cgroup
 from supervisor.hosts.base import TAG_VAR, LaunchRequest
+from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.cgroup import CGROUP_VAR, Containment, ContainmentKind
 from supervisor.hosts.local.host import LocalHost
 

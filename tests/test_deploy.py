@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 ALERTS = REPO / "deploy" / "alerts.yml"

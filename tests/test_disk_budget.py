@@ -23,7 +23,7 @@ from train_helpers import THIRD_PARTY_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from eagle3 import budget  # noqa: E402
+from eagle3 import budget
 
 N = 24  # samples of the shipped prompt set
 EXTRACT = ["--max-samples", str(N), "--batch-size", "2", "--layer-ids", "1,2,3,4", "--device", "cpu"]

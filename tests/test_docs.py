@@ -16,7 +16,7 @@ DOCS = REPO / "docs"
 GENERATE = "python docs/gen_reference.py"
 sys.path[:0] = [str(DOCS)]
 
-import gen_reference  # noqa: E402
+import gen_reference
 
 
 def test_the_site_builds_strictly_and_offline(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_the_job_requirements_say_what_command_one_does() -> None:
 def test_every_job_spec_the_docs_show_validates(tmp_path: Path) -> None:
     from supervisor.spec.model import find_spec
 
-    pages = [REPO / "README.md", *(p for p in DOCS.rglob("*.md") if not p.relative_to(DOCS).parts[0] in
+    pages = [REPO / "README.md", *(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in
                                    ("reference", "results"))]
     shown = 0
     for page in pages:

@@ -9,9 +9,11 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import PROMPTS, build_test_model  # noqa: E402
+from extract_helpers import PROMPTS, build_test_model
 
-from eagle3 import data  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import data
 
 
 @pytest.fixture(scope="module")

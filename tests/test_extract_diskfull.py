@@ -11,9 +11,11 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import build_test_model, output_files, reference_run, run_main  # noqa: E402
+from extract_helpers import build_test_model, output_files, reference_run, run_main
 
-from eagle3 import _io  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import _io
 
 N = 24
 DISK_FULL = re.compile(r"^extract error: disk full writing (\S+): free space and relaunch; finished samples are kept$",

@@ -10,11 +10,13 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-import torch  # noqa: E402
-from extract_helpers import JOBS, build_test_model, output_files  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from extract_helpers import JOBS, build_test_model, output_files
+from safetensors.torch import load_file
 
-from eagle3 import extract  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import extract
 
 PROGRESS = re.compile(r"^extract progress: (\d+)/(\d+) samples, (\d+\.\d) tok/s$")
 DONE = re.compile(r"^extract done: (\d+) samples, (\d+) tokens in (\d+\.\d)s$")

@@ -13,8 +13,7 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import (  # noqa: E402
-    REPO, build_test_model, cli_env, output_files, reference_run, run_cli, run_main)
+from extract_helpers import REPO, build_test_model, cli_env, output_files, reference_run, run_cli, run_main
 
 N = 24  # samples
 

@@ -16,12 +16,14 @@ import pytest
 
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-import extract_helpers  # noqa: E402, F401 - puts jobs/ on the path
-import torch  # noqa: E402
-from fakes.fake_vllm import default_hidden_fn, make_api  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import extract_helpers  # noqa: F401 - puts jobs/ on the path
+import torch
+from fakes.fake_vllm import default_hidden_fn, make_api
+from safetensors.torch import load_file
 
-from eagle3 import _io, export, extract, formats  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import _io, export, extract, formats
 
 HIDDEN, LAYERS, N = 512, 4, 12
 N_STORED = len(extract.default_layer_ids(LAYERS))  # [1, 2, 4]

@@ -16,12 +16,14 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-import torch  # noqa: E402
-from extract_helpers import build_test_model, run_cli  # noqa: E402  (puts jobs/ on the path)
-from fakes.fake_vllm import default_hidden_fn, make_api  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+import torch
+from extract_helpers import build_test_model, run_cli
+from fakes.fake_vllm import default_hidden_fn, make_api
+from safetensors.torch import load_file, save_file
 
-from eagle3 import extract, finite  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import extract, finite
 
 BAD_TOKEN = 77
 EX_DATAERR = 65  # the exit code of a bad capture: final, sysexits.h EX_DATAERR

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,14 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-import torch  # noqa: E402
-from extract_helpers import build_test_model  # noqa: E402
-from fakes.fake_vllm import make_api  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from extract_helpers import build_test_model
+from fakes.fake_vllm import make_api
+from safetensors.torch import load_file
 
-from eagle3 import extract, formats, vllm_backend  # noqa: E402
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import extract, formats, vllm_backend
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def prepared(out):
     man = json.loads((out / "manifest.json").read_text())
     p = load_file(str(out / "prepared.safetensors"))
     off = p["offsets"].tolist()
-    spans = zip(off[:-1], off[1:], strict=True)
+    spans = pairwise(off)
     return man, [(p["token_ids"][a:b].tolist(), p["loss_mask"][a:b].tolist()) for a, b in spans]
 
 
@@ -53,10 +56,9 @@ def fails_for(plan):
 
 def sample_tokens(model_dir, n):
     """Token ids of the first n samples, as the job prepares them."""
-    from transformers import AutoTokenizer
-
     from eagle3 import data
     from extract_helpers import PROMPTS
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     return [tuple(s.token_ids) for s in data.prepare(data.load_records(PROMPTS, n), tok, 2048)]
@@ -278,7 +280,7 @@ def test_prompts_sharing_an_opening_get_every_token_s_hidden_state(tmp_path, mod
     rc, lines = run(capsys, api, "--model", model_dir, "--out", out, "--prompts", prompts)
     assert rc == 0, lines
     assert api.llms[0].kwargs["enable_prefix_caching"] is False
-    man, samples = prepared(out)
+    _man, samples = prepared(out)
     for i, (ids, _) in enumerate(samples):
         hs = load_file(str(out / f"hs_{i}.safetensors"))
         assert hs["hidden_states"].shape[0] == len(ids) == hs["token_ids"].shape[0]

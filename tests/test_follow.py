@@ -14,16 +14,17 @@ import sys
 import textwrap
 import tracemalloc
 from collections.abc import Callable, Coroutine
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import structlog
 
-from supervisor.hosts import _inotify
 from supervisor.core.events import Record
-from supervisor.hosts.local.follow import LogFollower
 from supervisor.core.records import MAX_RECORD_BYTES
+from supervisor.hosts import _inotify
+from supervisor.hosts.local.follow import LogFollower
 
 T = TypeVar("T")
 
@@ -231,7 +232,7 @@ def test_50mb_line_without_newline_is_cut_and_memory_stays_bounded(tmp_path: Pat
         assert all(cut for _, cut, _, _ in pieces[:-1]) and not pieces[-1][1]
         assert all(size <= MAX_RECORD_BYTES for size, _, _, _ in pieces)
         assert pieces[-1][3] == follower.offset == LONG_BLOCKS * len(LONG_BLOCK)
-        assert all(a[3] == b[2] for a, b in zip(pieces, pieces[1:]))
+        assert all(a[3] == b[2] for a, b in pairwise(pieces))
         return follower.peak_buffer, peak
 
     peak_buffer, traced_peak = run(main())
@@ -472,7 +473,7 @@ def writer_expected() -> list[str]:
         texts.append(f"step {i}")
         if i % 10 == 0:
             texts += ["", f"shard {i}: 0%", f"shard {i}: 50%", f"shard {i}: 100%"]
-    return texts + ["Traceback tail without newline"]
+    return [*texts, "Traceback tail without newline"]
 
 
 @mode_param
@@ -533,11 +534,11 @@ def test_followers_share_one_inotify_instance(tmp_path: Path) -> None:
     paths = [tmp_path / f"job{i}.log" for i in range(4)]
 
     async def main() -> None:
-        followers = [LogFollower(p, **MODES["inotify"]) for p in paths + [paths[0]]]
+        followers = [LogFollower(p, **MODES["inotify"]) for p in [*paths, paths[0]]]
         collectors = [Collector(f) for f in followers]
         for p in paths:
             append(p, p.name.encode() + b"\n")
-        for c, p in zip(collectors, paths + [paths[0]]):
+        for c, p in zip(collectors, [*paths, paths[0]], strict=True):
             await c.wait_texts([p.name])
         assert inotify_fds() == 1
         # Two followers share one kernel watch on job0.log: closing one must not blind the other.

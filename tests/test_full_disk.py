@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 

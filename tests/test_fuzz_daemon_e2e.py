@@ -21,10 +21,10 @@ from conftest import DaemonProcess, wait_until
 from e2e_jobs import supervise
 from test_fuzz_inputs import FULL_SPEC, REPO, SEED, mutate
 
-from supervisor.core import protocol
-from supervisor.daemon.api._specs import load_checked_spec
 from supervisor.cli.client import Client
+from supervisor.core import protocol
 from supervisor.core.errors import ProbePackError, SpecError
+from supervisor.daemon.api._specs import load_checked_spec
 
 API_SPECS = 150  # mutated specs sent with a client (the in-process fuzz tries 400 more)
 API_PACKS = 60  # mutated packs, each named by an otherwise valid spec

@@ -95,7 +95,7 @@ def _delete(text: str, rng: random.Random) -> str:
 def _duplicate_line(text: str, rng: random.Random) -> str:
     lines = text.split("\n")
     i = rng.randrange(len(lines))
-    return "\n".join(lines[: i + 1] + [lines[i]] + lines[i + 1:])
+    return "\n".join([*lines[:i + 1], lines[i], *lines[i + 1:]])
 
 
 def _flip(text: str, rng: random.Random) -> str:

@@ -278,7 +278,7 @@ class ThreadNoting(FakeNvml):
         super().__init__()
         self.threads: set[int] = set()
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's name
+    def nvmlDeviceGetCount(self) -> int:
         self.threads.add(threading.get_ident())
         return super().nvmlDeviceGetCount()
 

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
-from supervisor.gpu.nvml import NvmlSampler, new_faults
-from supervisor.gpu.health import THROTTLE_HW_THERMAL, FaultKind
 from test_gpu_gating import ProcessBoundNvml, in_process_daemon
+
+from supervisor.gpu.health import THROTTLE_HW_THERMAL, FaultKind
+from supervisor.gpu.nvml import NvmlSampler, new_faults
 
 
 def sampler(devices: int = 2) -> tuple[NvmlSampler, FakeNvml]:

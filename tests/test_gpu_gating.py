@@ -17,13 +17,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
+
 from supervisor.cli.client import Client
 from supervisor.core.config import DaemonSettings, Paths
-from supervisor.daemon.process import Daemon
 from supervisor.core.errors import RequestRejected
+from supervisor.daemon.process import Daemon
 
 HOLD_MIB = 8000
 FREE_LAG_S = 1.5
@@ -52,11 +52,11 @@ class ProcessBoundNvml(FakeNvml):
                 self.died_at[pid] = self.clock()
                 self.exit_process(pid, free_lag_s=FREE_LAG_S)
 
-    def nvmlDeviceGetMemoryInfo(self, handle, version=None):  # noqa: N802 - pynvml's name
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
         self._sync()
         return super().nvmlDeviceGetMemoryInfo(handle, version)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
         self._sync()
         return super().nvmlDeviceGetComputeRunningProcesses(handle)
 
@@ -97,7 +97,7 @@ def test_relaunch_waits_for_gpu_memory_release(tmp_path: Path) -> None:
     with in_process_daemon(nvml) as client:
         client.start(str(spec), {})
         wait_until(lambda: client.status("gpu").jobs[0].state == "failed", timeout=60)
-        first, second = client.attempts("gpu").attempts
+        _first, second = client.attempts("gpu").attempts
         # The job's python process is the wrapper's child: find the pid the fake saw die first.
         freed_at = min(nvml.died_at.values()) + FREE_LAG_S  # the fake's (monotonic) clock
         launched_second = second.started  # wall clock

@@ -6,12 +6,13 @@ import json
 import sys
 import threading
 from http.server import ThreadingHTTPServer
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, DaemonProcess, wait_until
 from e2e_jobs import HANG_AFTER_FAILURE_JOB, AlertSink
+
 from supervisor.cli.client import Client
 
 CORPUS = REPO / "tests" / "data" / "corpus"
@@ -189,7 +190,7 @@ def test_backoff_spaces_relaunches(fast_daemon: DaemonProcess, home: Path, tmp_p
     wait_until(lambda: finished(client, "flaky"), timeout=60)
     attempts = client.attempts("flaky").attempts
     assert len(attempts) == 3
-    for before, after in zip(attempts, attempts[1:]):
+    for before, after in pairwise(attempts):
         assert after.started - (before.ended or 0) >= 0.95
 
 

@@ -13,8 +13,8 @@ from train_helpers import THIRD_PARTY_WARNINGS, make_fixture, torch_threads_kept
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from eagle3 import heldout  # noqa: E402
-from eagle3 import train as T  # noqa: E402
+from eagle3 import heldout
+from eagle3 import train as T
 
 
 @pytest.fixture(scope="module", autouse=True)

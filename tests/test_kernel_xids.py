@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_until
 from fakes.fake_nvml import FakeNvml
 from test_observe_e2e import FakeGpuDaemon
-from supervisor.gpu.nvml import NvmlSampler, new_faults
+
 from supervisor.gpu.health import FaultKind
 from supervisor.gpu.kernel_xids import KMSG, KernelXid, KmsgReader, XidCursor, parse_xid, pci_key, to_events
+from supervisor.gpu.nvml import NvmlSampler, new_faults
 
 # Xid lines as drivers 470-580 print them (NVIDIA's Xid catalogue and field reports).
 FALLEN = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."

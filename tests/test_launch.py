@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from e2e_jobs import STOPPED_JOB
+
 from supervisor.core.errors import LaunchError
 from supervisor.hosts.base import LaunchRequest, ProcessHandle
 from supervisor.hosts.local.host import LocalHost

@@ -78,7 +78,7 @@ def test_no_import_cycle() -> None:
         stack.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append([*stack[stack.index(t):], t])
             elif t not in state:
                 visit(t)
         stack.pop()
@@ -100,9 +100,9 @@ def test_runtime_import_graph_is_acyclic_too() -> None:
     def visit(m: str, path: list[str]) -> None:
         seen[m] = 1
         for t in graph[m]:
-            assert seen.get(t) != 1, "runtime import cycle: " + " -> ".join(path + [m, t])
+            assert seen.get(t) != 1, "runtime import cycle: " + " -> ".join([*path, m, t])
             if t not in seen:
-                visit(t, path + [m])
+                visit(t, [*path, m])
         seen[m] = 2
 
     for m in sorted(graph):

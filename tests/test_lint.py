@@ -1,5 +1,5 @@
-"""The guards that keep the code honest, run as part of the suite: ruff (over supervisor/ and the job
-programs in jobs/), mypy --strict and the import contracts (layers), each configured in pyproject.toml.
+"""The guards that keep the code honest, run as part of the suite: ruff (over supervisor/, the job
+programs in jobs/ and the tests themselves), mypy --strict and the import contracts (layers), each configured in pyproject.toml.
 CI installs all three with the test extra."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_finds_nothing() -> None:
-    done = _run(_tool("ruff"), "check", "--no-cache", "supervisor", "jobs")
+    done = _run(_tool("ruff"), "check", "--no-cache", "supervisor", "jobs", "tests")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 

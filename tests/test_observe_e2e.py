@@ -19,12 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import REPO, DaemonProcess, wait_until
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, DaemonProcess, wait_until
-from supervisor.core import protocol
 from supervisor.cli.watch import plain_lines
+from supervisor.core import protocol
 
 MIB = 1024 * 1024
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")

@@ -13,8 +13,8 @@ import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import REPO, supervise
 
-from supervisor.core import protocol
 from supervisor.cli.client import Client
+from supervisor.core import protocol
 from supervisor.core.errors import SpecError
 from supervisor.core.events import EventKind, JobState
 
@@ -250,7 +250,7 @@ def test_bad_pipelines_are_refused_with_one_line_and_nothing_stored(daemon: Daem
     result = supervise(daemon_env, "start", str(bad), check=False)
     assert result.returncode == 65 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     client = daemon.client()
-    with pytest.raises(SpecError, match="bad.toml"):  # straight to the daemon, not through the CLI's own check
+    with pytest.raises(SpecError, match=r"bad\.toml"):  # straight to the daemon, not through the CLI's own check
         client.start_pipeline(str(bad), {})
     status = client.status()
     assert status.pipelines == [] and status.jobs == []  # nothing stored

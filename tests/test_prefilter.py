@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.events import ProbeEvent
-from supervisor.probes import ProbeEngine, load_packs
-from supervisor.probes import _hsfilter
 from supervisor.core.records import split_records
+from supervisor.probes import ProbeEngine, _hsfilter, load_packs
 
 PACKS = load_packs()
 CORPUS = Path(__file__).parent / "data" / "corpus"

@@ -9,9 +9,9 @@ import pytest
 from probe_helpers import events_of
 
 from supervisor.core.events import FailureKind, Outcome, Phase, ProbeEvent, ProbeKind, Record
+from supervisor.core.records import split_records
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._replay import build_report
-from supervisor.core.records import split_records
 
 PACKS = load_packs()
 CORPUS = Path(__file__).parent / "data" / "corpus"
@@ -33,7 +33,7 @@ def traceback_lines(prefix: str, exc_line: str, frames: int = 2) -> list[str]:
     lines = [f"{prefix}Traceback (most recent call last):"]
     for i in range(frames):
         lines += [f'{prefix}  File "/srv/app/mod{i}.py", line {10 + i}, in f{i}', f"{prefix}    call_{i}()"]
-    return lines + [f"{prefix}{exc_line}"]
+    return [*lines, f"{prefix}{exc_line}"]
 
 
 # ---- prefixes, ANSI, redraws ----------------------------------------------------------

@@ -15,9 +15,9 @@ from probe_helpers import events_of as events_of_text
 
 from supervisor.core.errors import ProbePackError
 from supervisor.core.events import Event, EventKind, FailureKind, Phase, ProbeEvent, Verdict
+from supervisor.core.records import split_records
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.probes._pack import parse_pack
-from supervisor.core.records import split_records
 from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Watchdog
 

@@ -14,15 +14,16 @@ import json
 import random
 import re
 from pathlib import Path
-import pytest
 
+import pytest
 from probe_golden import corpus_logs, event_json, packs
 from probe_helpers import count_replay_splits
+
+from supervisor.core.events import Record
+from supervisor.core.records import RecordBuffer, split_records
 from supervisor.probes import ProbeEngine
 from supervisor.probes._barfold import RedrawCoalescer, middle_redraws
 from supervisor.probes._replay import build_report, replay_file
-from supervisor.core.events import Record
-from supervisor.core.records import RecordBuffer, split_records
 
 
 def _events(data: bytes, *, prefilter: bool, chunk: int = 997) -> str:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.events import Event, EventKind, FailureKind, Outcome, Phase
-from supervisor.probes import ProbeEngine, load_packs, replay_file
 from supervisor.core.records import Record
+from supervisor.probes import ProbeEngine, load_packs, replay_file
 from supervisor.watchdog._facts import Facts
 
 
-def replay(tmp_path: Path, lines: list[str]):  # noqa: ANN201 - a ReplayReport
+def replay(tmp_path: Path, lines: list[str]):
     log = tmp_path / "job.log"
     log.write_text("".join(line + "\n" for line in lines))
     return replay_file(log)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from probe_golden import GOLDEN, corpus_logs, snapshot
 
 STORED: dict[str, dict[str, Any]] = {

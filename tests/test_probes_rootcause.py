@@ -182,7 +182,7 @@ def test_the_watchdog_keeps_one_stall_track_per_rank() -> None:
 def test_consequence_is_for_failure_probes_and_frames_need_a_known_phase() -> None:
     with pytest.raises(ProbePackError, match="'consequence' is only for probes of kind 'failure'"):
         parse_pack({"name": "p", "probes": [{"id": "x", "kind": "phase", "regex": "a", "consequence": True}]}, "p.toml")
-    with pytest.raises(ProbePackError, match="frame rule 1 .*unknown phase 'loading'"):
+    with pytest.raises(ProbePackError, match=r"frame rule 1 .*unknown phase 'loading'"):
         parse_pack({"name": "p", "frames": [{"phase": "loading", "regex": "a"}]}, "p.toml")
     pack = parse_pack({"name": "p", "frames": [{"phase": "weight_loading", "regex": ", in load$"}],
                        "probes": [{"id": "x", "kind": "failure", "failure": "other", "regex": "a", "consequence": True}]},

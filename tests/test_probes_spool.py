@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from probe_golden import corpus_logs
 
 from supervisor.probes import _replay
 from supervisor.probes._replay import replay_file
 from supervisor.probes._spool import EventSpool
-from probe_golden import corpus_logs
 
 REPO = Path(__file__).resolve().parents[1]
 

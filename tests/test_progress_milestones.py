@@ -41,7 +41,7 @@ def test_the_same_step_drawn_again_is_not_kept_twice() -> None:
 
 def test_a_bar_without_a_total_keeps_one_line_per_interval() -> None:
     sieve = ProgressMilestones(interval_s=30)
-    kept = [e.data["done"] for t in range(0, 121) if (e := _bar(t)) and sieve.keep(e, float(t))]
+    kept = [e.data["done"] for t in range(121) if (e := _bar(t)) and sieve.keep(e, float(t))]
     assert kept == [0, 30, 60, 90, 120]
 
 
@@ -57,7 +57,7 @@ def _store(sieve: ProgressMilestones, next_id: list[int]) -> tuple[list[int], li
 
 def test_each_bars_latest_line_is_stored_in_place_of_the_one_before() -> None:
     sieve, ids = ProgressMilestones(), [100]
-    assert _kept(sieve, [_bar(i, 1000, offset=i) for i in range(0, 15)]) == [0, 10]
+    assert _kept(sieve, [_bar(i, 1000, offset=i) for i in range(15)]) == [0, 10]
     assert _store(sieve, ids) == ([14], [])  # row 101 stands for the bar's end
     assert _store(sieve, ids) == ([], [])  # nothing new: nothing written
     assert _kept(sieve, [_bar(14, 1000, offset=99)]) == []  # the same step drawn again

@@ -5,6 +5,7 @@ no stale stand-in (progress_milestones.py).  A real daemon killed with SIGKILL, 
 from __future__ import annotations
 
 import signal
+from itertools import pairwise
 from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
@@ -110,7 +111,7 @@ def test_events_after_a_restarts_catch_up_are_listed_in_log_order(daemon: Daemon
     wait_until(lambda: job_state(client, "two") == "done", timeout=60)
     progress = client.events("two", kinds=["progress"]).events
     offsets = [e.offset for e in progress]
-    inversions = sum(1 for a, b in zip(offsets, offsets[1:]) if a is not None and b is not None and b < a)
+    inversions = sum(1 for a, b in pairwise(offsets) if a is not None and b is not None and b < a)
     assert inversions == 0, (inversions, len(offsets))
     for bar, last in (("files", 20), ("steps", 100)):  # each bar's rows end at its last count
         assert [int(e.data["done"]) for e in progress if e.data.get("desc") == bar][-1] == last

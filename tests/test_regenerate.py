@@ -12,8 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from extract_helpers import REPO, build_test_model, cli_env, run_main  # noqa: E402
-from eagle3 import regenerate  # noqa: E402
+from extract_helpers import REPO, build_test_model, cli_env, run_main
+
+# eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
+# isort: split
+from eagle3 import regenerate
 
 RECORDS = [
     {"messages": [{"role": "user", "content": "What is the capital of France?"},
@@ -47,7 +50,7 @@ def test_answers_are_the_target_s_greedy_continuation_and_extract_takes_them(mod
     chat = tok(tok.apply_chat_template(RECORDS[0]["messages"][:1], tokenize=False, add_generation_prompt=True),
                add_special_tokens=False)["input_ids"]
     expected_prompts = [chat, tok("Write a haiku about rain.")["input_ids"], RECORDS[2]["token_ids"]]
-    for rec, p in zip(recs, expected_prompts):
+    for rec, p in zip(recs, expected_prompts, strict=True):
         ids, mask = rec["token_ids"], rec["loss_mask"]
         n = len(p)
         assert ids[:n] == p and mask == [0] * n + [1] * (len(ids) - n) and len(ids) > n

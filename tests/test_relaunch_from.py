@@ -102,7 +102,7 @@ def test_bad_values_are_one_line_naming_the_field(tmp_path: Path, top: str, rest
 
 def test_a_set_value_the_rule_cannot_change_is_refused(tmp_path: Path) -> None:
     spec = load_spec(_spec_text(tmp_path, restart='adjust.oom = { batch_size = "x0.5" }'))
-    with pytest.raises(SpecError, match="batch_size.*must be a number"):
+    with pytest.raises(SpecError, match=r"batch_size.*must be a number"):
         spec.with_overrides({"batch_size": "big"})
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import PROGRESS_JOB, job_state
+from test_store import attempt
 
 from supervisor.core.events import AttemptState, Event, EventKind
-from supervisor.store.retention import Retention, prune_events, prune_logs
 from supervisor.store.database import Store
-from test_store import attempt
+from supervisor.store.retention import Retention, prune_events, prune_logs
 
 KINDS = [EventKind.LAUNCHED, EventKind.PHASE, EventKind.PROGRESS, EventKind.METRIC, EventKind.FAILURE,
          EventKind.EXITED, EventKind.VERDICT, EventKind.ACTION, EventKind.ALERT]

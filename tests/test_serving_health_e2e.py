@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
+
 from supervisor.cli.client import Client
 
 # vLLM's V1 API server once ready, then its engine stuck: the throughput line every 0.2 s

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.errors import SpecError
-from supervisor.spec.pipeline import is_pipeline_file, load_pipeline, resolve
-from supervisor.spec.model import find_spec, load_spec, parse_overrides
 from supervisor.core.overrides import FieldOverrides
+from supervisor.spec.model import find_spec, load_spec, parse_overrides
+from supervisor.spec.pipeline import is_pipeline_file, load_pipeline, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 

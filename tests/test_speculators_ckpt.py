@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import extract_helpers  # noqa: E402, F401 - puts jobs/ on the path
-from eagle3 import speculators_ckpt  # noqa: E402
-from eagle3.draft import DraftConfig, Eagle3Draft, export_tensors  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+import extract_helpers  # noqa: F401 - puts jobs/ on the path
+from eagle3 import speculators_ckpt
+from eagle3.draft import DraftConfig, Eagle3Draft, export_tensors
+from safetensors.torch import load_file, save_file
 
 
 @pytest.fixture

@@ -20,11 +20,12 @@ import psutil
 import pytest
 import structlog.testing
 from e2e_jobs import STOPPED_JOB
+
 from supervisor.core.errors import ConnectionLost, HostError, LaunchError
 from supervisor.core.events import Record
-from supervisor.hosts.local.follow import LogFollower
-from supervisor.hosts.base import LaunchRequest, ProcessHandle
 from supervisor.gpu.nvml import new_faults
+from supervisor.hosts.base import LaunchRequest, ProcessHandle
+from supervisor.hosts.local.follow import LogFollower
 from supervisor.hosts.ssh.host import SshHost, parse_target
 
 if TYPE_CHECKING:

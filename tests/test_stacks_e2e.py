@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
+
 from supervisor.cli.client import Client
 from supervisor.hosts import stacks
 

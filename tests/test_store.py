@@ -222,8 +222,8 @@ def test_run_numbers_are_stored_as_given(tmp_path: Path) -> None:
 
 
 def test_a_step_after_a_cancelled_step_says_not_launched_once(tmp_path: Path) -> None:
-    from supervisor.jobs.dependencies import readiness
     from supervisor.core.events import JobState
+    from supervisor.jobs.dependencies import readiness
 
     store = Store(tmp_path / "s.db")
     store.upsert_job("p.work", {}, JobState.FAILED, "attempt 1/1 failed")

@@ -43,7 +43,7 @@ def torchrun(nproc: int, args: list[str], timeout: float = 240) -> subprocess.Co
 def same_line(got: list[float], want: list[float]) -> bool:
     """Progress values equal up to their printed rounding (losses 4 decimals, accuracies 3)."""
     return len(got) == len(want) and all(abs(g - w) <= (2e-3 if i % 2 == 0 and i else 2e-4)
-                                         for i, (g, w) in enumerate(zip(got, want)))
+                                         for i, (g, w) in enumerate(zip(got, want, strict=True)))
 
 
 def losses(stdout: str) -> dict[int, list[float]]:

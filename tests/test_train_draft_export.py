@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-import extract_helpers  # noqa: E402, F401 - puts jobs/ on the path
-from eagle3 import draft_export  # noqa: E402
-from eagle3.draft import DraftConfig  # noqa: E402
+import extract_helpers  # noqa: F401 - puts jobs/ on the path
+from eagle3 import draft_export
+from eagle3.draft import DraftConfig
 
 
 def test_renumbering_matches_specforge_s_deepseek_v3_draft_config():

@@ -11,9 +11,9 @@ from train_helpers import THIRD_PARTY_WARNINGS
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from eagle3 import draft_shape  # noqa: E402
-from eagle3 import train as T  # noqa: E402
-from eagle3.draft import Eagle3Draft  # noqa: E402
+from eagle3 import draft_shape
+from eagle3 import train as T
+from eagle3.draft import Eagle3Draft
 
 # From https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json (the keys that matter here;
 # its MoE, quantisation and auto_map keys left out).

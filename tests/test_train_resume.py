@@ -130,5 +130,5 @@ def test_non_finite_loss_stops_with_floating_point_error(data, tmp_path):
 def test_relaunch_with_other_settings_is_refused(data, tmp_path):
     out = tmp_path / "out"
     T.train(T.parse_args(train_args(data, out, "--max-steps", "2")))
-    with pytest.raises(T.OutputMismatch, match="differs in: .*lr"):
+    with pytest.raises(T.OutputMismatch, match=r"differs in: .*lr"):
         T.train(T.parse_args(train_args(data, out, "--max-steps", "2", "--lr", "1e-2")))

@@ -4,8 +4,6 @@ and the traceback written after it is still read, by a real follower of a real j
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from conftest import DaemonProcess, wait_until
 
 TRUNCATING_JOB = """\

@@ -5,10 +5,10 @@ attempt and shown by `attempts`, `status`, `accounting`, the metrics and `--json
 from __future__ import annotations
 
 import csv
-import re
 import datetime as dt
 import io
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
+from test_gpu_gating import HOLD_MIB, ProcessBoundNvml, in_process_daemon
+
 from supervisor.cli.accounting import Row, _print_table, accounting
+from supervisor.core.usage import AttemptUsage, GpuUsageMeter
 from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.cgroup import ContainmentKind
-from supervisor.core.usage import AttemptUsage, GpuUsageMeter
-from test_gpu_gating import HOLD_MIB, ProcessBoundNvml, in_process_daemon
 
 # About 0.6 s of CPU, then a child that uses some too (a cgroup counts the whole tree).
 BURNER = """\

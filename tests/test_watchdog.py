@@ -281,7 +281,7 @@ def test_progress_state_rate_and_eta() -> None:
 
 
 def test_string_fields_from_regex_captures_are_accepted() -> None:
-    w, clock = make(stall_floor_s=5)
+    w, _clock = make(stall_floor_s=5)
     w.observe(Event(job="j", attempt=1, kind=EventKind.PROGRESS, message="", probe="p.steps",
                     data={"done": "7", "total": "9"}))
     assert w.progress is not None and (w.progress.done, w.progress.total) == (7, 9)
@@ -306,7 +306,7 @@ def test_silence_in_a_listed_phase() -> None:
 
 
 def test_silence_is_not_judged_outside_the_listed_phases() -> None:
-    w, clock = make(silence_s=30, silence_phases=[Phase.RUNNING], waiting_s=None)
+    w, _clock = make(silence_s=30, silence_phases=[Phase.RUNNING], waiting_s=None)
     w.observe(phase(Phase.MODEL_INIT))
     assert w.check(1000).verdict == Verdict.HEALTHY
     assert w.next_check_at() is None

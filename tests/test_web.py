@@ -19,19 +19,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import psutil
 import pytest
+from conftest import REPO, DaemonProcess, wait_until
+from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
 from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service as DriverService
-from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from conftest import REPO, DaemonProcess, wait_until
-from e2e_jobs import CRASHING_JOB, PROGRESS_JOB, supervise
 from supervisor.core import protocol
 from supervisor.hosts.local import cgroup
 from supervisor.hosts.local.cgroup import ContainmentKind
@@ -277,7 +278,7 @@ def test_token_file_is_private_and_a_remote_bind_needs_the_flag(web: Web) -> Non
     with socket.socket() as holder:  # another program holds the port asked for
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        with pytest.raises(ConfigError, match="is taken by another process.*supervise web --port"):
+        with pytest.raises(ConfigError, match=r"is taken by another process.*supervise web --port"):
             web.daemon.client().web(protocol.WebRequest(port=holder.getsockname()[1]))
     assert web.get("/", token=web.token).status_code == 200  # the page served before still is
     assert json.loads(path.read_text())["token"] == web.token
@@ -419,9 +420,9 @@ def test_stuck_load_then_relaunch_on_the_job_page(home: Path, daemon_env: dict[s
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Another program's server on another port of the same host: what the browser sends it."""
 
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         _Recorder.seen.append(str(self.headers))
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
@@ -551,9 +552,9 @@ class _Impostor(http.server.BaseHTTPRequestHandler):
     """A program that took the page's port while the daemon was down: it answers everything
     (the handshake with a made-up proof, the stream with a quick reconnect) and records it all."""
 
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         _Impostor.seen.append(f"GET {self.path}\n{self.headers}")
         if self.path.startswith("/api/hello"):
             body, kind = json.dumps({"instance": "ab" * 16, "proof": "00" * 32}).encode(), "application/json"
@@ -567,7 +568,7 @@ class _Impostor(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.do_GET()
 
     def log_message(self, *args: object) -> None:

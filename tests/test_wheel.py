@@ -27,7 +27,6 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, _kill_leftover_jobs, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a wheel build and a venv in the first test

@@ -16,9 +16,9 @@ HERE = Path(__file__).resolve().parent
 # FAKE_VLLM_JOBS: another jobs/ tree to run (a benchmark's baseline), this checkout's by default.
 sys.path[:0] = [str(HERE.parent), os.environ.get("FAKE_VLLM_JOBS") or str(HERE.parents[1] / "jobs")]
 
-from eagle3 import extract  # noqa: E402
+from eagle3 import extract
 
-from fakes.fake_vllm import make_api  # noqa: E402
+from fakes.fake_vllm import make_api
 
 if __name__ == "__main__":
     gate = os.environ.get("FAKE_VLLM_GATE")

@@ -61,7 +61,7 @@ class FakeSamplingParams:
         self.extra = kwargs
 
 
-def FakeTokensPrompt(**kwargs: Any) -> dict[str, Any]:  # noqa: N802 - vLLM's TokensPrompt is a TypedDict
+def FakeTokensPrompt(**kwargs: Any) -> dict[str, Any]:
     return dict(kwargs)
 
 
@@ -227,7 +227,7 @@ def make_api(version: str = "0.23.0", faults: Callable[[int, list[int]], str | N
     api = SimpleNamespace(SamplingParams=FakeSamplingParams, TokensPrompt=FakeTokensPrompt,
                           __version__=version, llms=[])
 
-    def LLM(model: str, **kwargs: Any) -> FakeLLM:  # noqa: N802 - the real one is a class
+    def LLM(model: str, **kwargs: Any) -> FakeLLM:
         llm = FakeLLM(model, kwargs, faults=faults, hidden_fn=hidden_fn, gate=gate, step_s=step_s)
         api.llms.append(llm)
         return llm

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fakes.fake_nvml import FakeNvml  # noqa: E402
-from supervisor.core.config import default_paths, load_settings  # noqa: E402
-from supervisor.daemon.process import Daemon, configure_logging  # noqa: E402
+from fakes.fake_nvml import FakeNvml
+from supervisor.core.config import default_paths, load_settings
+from supervisor.daemon.process import Daemon, configure_logging
 
 FREE_LAG_S = 0.3
 
@@ -62,11 +62,11 @@ class FileNvml(FakeNvml):
                 elif gpu < len(self.devices):
                     self.start_process(pid, gpu=gpu, mib=mib)
 
-    def nvmlDeviceGetMemoryInfo(self, handle, version=None):  # noqa: N802 - pynvml's name
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
         self._sync()
         return super().nvmlDeviceGetMemoryInfo(handle, version)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
         self._sync()
         return super().nvmlDeviceGetComputeRunningProcesses(handle)
 

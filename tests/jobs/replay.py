@@ -19,18 +19,20 @@ import time
 
 def records_from_tsv(path: str) -> list[tuple[float, str]]:
     out = []
-    for line in open(path, encoding="utf-8"):
-        if not line.strip() or line.startswith("#"):
-            continue
-        stamp, _, literal = line.rstrip("\n").partition("\t")
-        if literal.startswith("#"):
-            continue
-        out.append((float(stamp), ast.literal_eval(literal)))
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip() or line.startswith("#"):
+                continue
+            stamp, _, literal = line.rstrip("\n").partition("\t")
+            if literal.startswith("#"):
+                continue
+            out.append((float(stamp), ast.literal_eval(literal)))
     return out
 
 
 def records_from_log(path: str, interval: float) -> list[tuple[float, str]]:
-    text = open(path, encoding="utf-8", errors="replace", newline="").read()
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        text = f.read()
     return [(i * interval, line) for i, line in enumerate(text.splitlines(keepends=True))]
 
 

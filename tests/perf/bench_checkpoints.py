@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _harness import percentile  # noqa: E402
-from sshd import SshServer  # noqa: E402
+from _harness import percentile
+from sshd import SshServer
 
 
 def _tree(root: Path, n: int) -> None:
@@ -84,7 +84,7 @@ async def _run(sizes: list[int], rounds: int, base: Path, server: SshServer) -> 
             remote = spec.model_copy(update={"host": server.url, "python": "python3", "workdir": str(base)})
             local_s, lags, bare_s, ssh_s, stat_s = [], [], [], [], []
             for _ in range(rounds):
-                took, lag, listing = await _timed_with_lag(lambda: checkpoints.list_complete(local, spec))
+                took, lag, listing = await _timed_with_lag(lambda spec=spec: checkpoints.list_complete(local, spec))
                 assert len(listing.complete) == n - 1  # type: ignore[attr-defined]
                 local_s.append(took)
                 lags.append(lag)

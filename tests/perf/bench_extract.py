@@ -129,9 +129,8 @@ def io_child(jobs: Path, work: Path, hidden: int, layers: int, samples: int, seq
     import random
 
     sys.path[:0] = [str(jobs), str(REPO / "tests")]
-    from fakes.fake_vllm import make_api
-
     from eagle3 import export, extract
+    from fakes.fake_vllm import make_api
 
     model = work / "model"
     model.mkdir(parents=True)

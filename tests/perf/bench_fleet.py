@@ -46,8 +46,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import PY, WRITER, Daemon, machine_note, ms, percentile, stamp_of, table, wait_until, write_go  # noqa: E402
-from sshd import SshServer  # noqa: E402
+from _harness import PY, WRITER, Daemon, machine_note, ms, percentile, stamp_of, table, wait_until, write_go
+from sshd import SshServer
 
 
 @dataclass

@@ -60,11 +60,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from supervisor.core.records import split_records  # noqa: E402
-from supervisor.probes import ProbeEngine, load_packs  # noqa: E402
-from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
-from supervisor.probes._ere import to_posix_ere  # noqa: E402
-from supervisor.probes._replay import build_report, replay_file  # noqa: E402
+from supervisor.core.records import split_records
+from supervisor.probes import ProbeEngine, load_packs
+from supervisor.probes._barfold import RedrawCoalescer
+from supervisor.probes._ere import to_posix_ere
+from supervisor.probes._replay import build_report, replay_file
 
 CORPUS = ROOT / "tests" / "data" / "corpus"
 TARGET_MB_S = 50.0

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from supervisor.core.records import RecordBuffer
 from supervisor.hosts._inotify import IN_MODIFY, parse_events
 from supervisor.probes import ProbeEngine, load_packs
-from supervisor.core.records import RecordBuffer
 
 TARGET_US = 5.0
 

@@ -47,8 +47,8 @@ from test_fuzz_daemon_e2e import LOG_FUZZ_JOB
 from test_fuzz_inputs import FULL_SPEC, SEED, mutate
 
 from supervisor.core import protocol
-from supervisor.daemon.api._handlers import load_checked_spec
 from supervisor.core.errors import ProbePackError, SpecError
+from supervisor.daemon.api._handlers import load_checked_spec
 
 FREEZE_S = 5.0
 

@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from slurm import SlurmCluster  # noqa: E402
-from supervisor.hosts.base import LaunchRequest  # noqa: E402
-from supervisor.hosts.slurm.host import SlurmHost  # noqa: E402
+from slurm import SlurmCluster
+
+from supervisor.hosts.base import LaunchRequest
+from supervisor.hosts.slurm.host import SlurmHost
 
 _JOB = "import time; print('ready', flush=True); time.sleep(600)"
 

@@ -62,7 +62,7 @@ class Sampler(threading.Thread):
             if not self.down.is_set():
                 try:
                     self._sample(n)
-                except Exception:  # noqa: BLE001, S110 - the daemon was killed mid-sample
+                except Exception:  # noqa: BLE001 - the daemon was killed mid-sample
                     pass
             n += 1
             self.stop.wait(0.5)

@@ -35,10 +35,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _harness import percentile  # noqa: E402
-from sshd import SshServer  # noqa: E402
-from supervisor.cli.client import Client  # noqa: E402
-from supervisor.core.config import Paths  # noqa: E402
+from _harness import percentile
+from sshd import SshServer
+
+from supervisor.cli.client import Client
+from supervisor.core.config import Paths
 
 WRITER = """\
 import sys, time

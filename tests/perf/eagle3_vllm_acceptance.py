@@ -69,7 +69,7 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - report and go on with the next draft
             print(f"EAGLE3 {d}: failed\n{traceback.format_exc()}", flush=True)
             continue
-        same = sum(a == b for x, y in zip(toks, plain) for a, b in zip(x, y)) / max(sum(map(len, plain)), 1)
+        same = sum(a == b for x, y in zip(toks, plain, strict=False) for a, b in zip(x, y, strict=False)) / max(sum(map(len, plain)), 1)
         drafted = m.get("spec_decode_num_draft_tokens") or 0
         accepted = m.get("spec_decode_num_accepted_tokens") or 0
         per_pos = m.get("spec_decode_num_accepted_tokens_per_pos")

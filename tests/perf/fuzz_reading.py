@@ -38,11 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from supervisor.core.events import ProbeEvent  # noqa: E402
-from supervisor.core.records import RecordBuffer, split_records  # noqa: E402
-from supervisor.jobs.matching import Matcher  # noqa: E402
-from supervisor.probes import ProbeEngine, _replay, load_packs  # noqa: E402
-from supervisor.probes._barfold import RedrawCoalescer  # noqa: E402
+from supervisor.core.events import ProbeEvent
+from supervisor.core.records import RecordBuffer, split_records
+from supervisor.jobs.matching import Matcher
+from supervisor.probes import ProbeEngine, _replay, load_packs
+from supervisor.probes._barfold import RedrawCoalescer
 
 CORPUS = ROOT / "tests" / "data" / "corpus"
 _PREFIXES = [b"(VllmWorker rank=0 pid=79) ", b"[rank1]: ", b"[default0]:", b"(EngineCore_DP0 pid=494) ",

@@ -10,9 +10,16 @@ also holds what runs beside the line (the exit watch, the cgroup read), so the c
 upper bound.  Prints the files and those entered more than once (a call into the file after a
 call elsewhere), and how many times the watch (`_watching.py`) and the store (`store/*`) are entered.
 """
-import asyncio, shutil, sys, tempfile, threading, textwrap, time
+import asyncio
+import shutil
+import sys
+import tempfile
+import textwrap
+import threading
+import time
 from collections import Counter
 from pathlib import Path
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from supervisor.cli.client import Client
@@ -54,17 +61,25 @@ async def run():
     serving = asyncio.create_task(service.serve())
     client = Client(Paths(home))
     for _ in range(500):
-        if Paths(home).pid_file.exists(): break
+        if Paths(home).pid_file.exists():
+            break
         await asyncio.sleep(0.02)
     await asyncio.to_thread(client.start, str(spec), {})
     await asyncio.sleep(0.6)
-    threading.setprofile(prof); sys.setprofile(prof); armed[0] = True
+    threading.setprofile(prof)
+    sys.setprofile(prof)
+    armed[0] = True
     for _ in range(400):
         row = service.store.latest_attempt("one")
-        if row is not None and not row.state.active: break
+        if row is not None and not row.state.active:
+            break
         await asyncio.sleep(0.02)
-    armed[0] = False; sys.setprofile(None); threading.setprofile(None)
-    client.close(); service.request_stop(); await asyncio.wait_for(serving, 30)
+    armed[0] = False
+    sys.setprofile(None)
+    threading.setprofile(None)
+    client.close()
+    service.request_stop()
+    await asyncio.wait_for(serving, 30)
 
 asyncio.run(run())
 # the line's trip: from the follower's read of it to the event's commit

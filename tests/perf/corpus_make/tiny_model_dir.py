@@ -14,7 +14,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-WORDS = "the a model learns to read logs and find where each job failed or finished".split()
+WORDS = ["the", "a", "model", "learns", "to", "read", "logs", "and", "find", "where", "each", "job", "failed", "or",
+         "finished"]
 vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>", *WORDS])}
 tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
 tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -25,7 +25,7 @@ def main(db_path: str) -> int:
         attempts = db.execute("SELECT * FROM attempts WHERE job=? ORDER BY n", (job,)).fetchall()
         events = db.execute("SELECT * FROM events WHERE job=? AND kind IN ('action','launched','exited') ORDER BY id",
                             (job,)).fetchall()
-        for prev, nxt in zip(attempts, attempts[1:] + [None]):
+        for prev, nxt in zip(attempts, [*attempts[1:], None], strict=True):
             exited = _first(events, prev["n"], "exited")
             end = exited["ts"] if exited else (prev["ended"] or 0)
             released = next((e for e in events if e["attempt"] == prev["n"] and e["kind"] == "action"

@@ -1,7 +1,12 @@
 # Copied from the project's GPU notes: writes a random-init 6.7B Llama as 13 shards (no download).
 """A ~6.7B-parameter random-init Llama written as ~1 GB safetensors shards (no download)."""
-import sys, time, torch, os
+import os
+import sys
+import time
+
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
 path = sys.argv[1]
 if os.path.exists(os.path.join(path, "config.json")):
     sys.exit(0)

@@ -21,7 +21,7 @@ def load(path: Path) -> dict | None:
 def same_tokens(a: list[dict], b: list[dict]) -> tuple[int, int]:
     """(identical completions, completions compared); token ids where the server returned them."""
     key = "token_ids" if all(o.get("token_ids") for o in a + b) else "text"
-    return sum(x[key] == y[key] for x, y in zip(a, b)), min(len(a), len(b))
+    return sum(x[key] == y[key] for x, y in zip(a, b, strict=False)), min(len(a), len(b))
 
 
 def last_step(run: Path) -> str:
@@ -50,7 +50,7 @@ def main(out: Path, labels: list[str] | None = None) -> int:
               "tok/s quarter (×) | acceptance | mean acc. length |", "|---|---|---|---|---|---|---|---|"]
     base = bench["none"]
     if not base:
-        print("\n".join(lines + ["(no baseline run)"]))
+        print("\n".join([*lines, "(no baseline run)"]))
         return 1
     for i, s in enumerate(base["settings"]):
         row = [f"batch {s['batch']}, T={s['temperature']}", f"{s['tok_s']:.0f}"]

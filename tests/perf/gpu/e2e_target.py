@@ -128,7 +128,7 @@ def synthetic_text(out: Path, docs: int) -> tuple[Any, list[int], list[int]]:
             f.write(json.dumps({"prompt": d}) + "\n")
     tok = build_tokenizer(tok_src, vocab_size=2048)
     tok_src.unlink()
-    ids = [t for enc in tok(texts, add_special_tokens=True)["input_ids"] for t in enc + [tok.eos_token_id]]
+    ids = [t for enc in tok(texts, add_special_tokens=True)["input_ids"] for t in [*enc, tok.eos_token_id]]
     return tok, ids, []
 
 
