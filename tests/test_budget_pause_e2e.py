@@ -20,7 +20,7 @@ from train_helpers import THIRD_PARTY_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in THIRD_PARTY_WARNINGS]
 
-from eagle3 import budget  # noqa: E402
+from eagle3 import budget
 
 # Above what one batch takes to compute here (a training step: a few seconds on 2 busy cores), below a pause.
 FLOOR_S = 8
