@@ -13,7 +13,8 @@ from supervisor.core.actions import ActionKind, AttemptAction
 from supervisor.core.events import AttemptState, JobState
 from supervisor.jobs.shard_views import shard_rows
 from supervisor.store.attempt_writes import AttemptEnd
-from supervisor.store.database import SCHEMA_VERSION, AttemptRow, Store
+from supervisor.store.database import AttemptRow, Store
+from supervisor.store.schema import MIGRATIONS
 
 
 def _row(n: int, shard: int | None = None) -> AttemptRow:
@@ -25,10 +26,12 @@ def _row(n: int, shard: int | None = None) -> AttemptRow:
 
 
 def _as_before_the_kind_column(db: sqlite3.Connection) -> None:
-    """The store as the version before ``action_kind`` leaves it (the column's values are filled by
-    the last migration, which the next open runs again over these rows)."""
+    """The store as the version before ``action_kind``'s values leaves it (they are filled by one
+    migration, which the next open runs again over these rows, then the later ones, each of which may
+    run again over its own result)."""
+    filling = next(i for i, m in enumerate(MIGRATIONS) if "UPDATE attempts SET action_kind" in m)
     db.execute("UPDATE attempts SET action_kind = NULL")
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    db.execute(f"PRAGMA user_version={filling}")
     db.commit()
 
 

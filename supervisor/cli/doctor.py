@@ -214,7 +214,10 @@ def _quarantine_checks(host: str | None) -> list[Check]:
     from supervisor.cli.quarantine import quarantine_lines
     from supervisor.core.config import default_paths
 
-    client = Client(default_paths(), timeout_s=10)
+    try:
+        client = Client(default_paths(), timeout_s=10)
+    except SuperviseError as exc:  # a state directory no daemon could listen in (a socket path too long)
+        return [Check("skipped", "quarantine", f"no daemon to ask: {exc}", required=False)]
     try:
         held = client.quarantine().quarantined
     except SuperviseError:
