@@ -82,6 +82,7 @@ class Outcome:
     launches: int = 0
     kills: int = 0
     self_deaths: int = 0
+    self_death_tails: list[str] = field(default_factory=list)  # the last lines of each launch that died on its own
     failed_requests: int = 0
     seconds: float = 0.0
     identical: bool = False
@@ -98,6 +99,7 @@ def run(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: d
     running: dict[int, tuple[subprocess.Popen[bytes], float | None]] = {}
     waiting: dict[int, float] = {k: 0.0 for k in range(shards)}  # shard -> when to (re)launch
     done: set[int] = set()
+    launch_of: dict[int, int] = {}  # shard -> the number of its latest launch (its log's name)
     scheduled = 0  # kills drawn (a launch may end before its kill comes)
     t0 = time.monotonic()
     deadline = t0 + 900
@@ -109,6 +111,7 @@ def run(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: d
         for k, at in list(waiting.items()):
             if now >= at:
                 del waiting[k]
+                launch_of[k] = res.launches
                 log = (logs / f"shard{k}-{res.launches}.log").open("wb")
                 p = subprocess.Popen([sys.executable, str(RUNNER), *args_of(model, prompts, out, "--shard", str(k),
                                                                           "--num-shards", str(shards))],
@@ -134,6 +137,8 @@ def run(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: d
                     done.add(k)
                 else:
                     res.self_deaths += 1
+                    tail = (logs / f"shard{k}-{launch_of[k]}.log").read_text(errors="replace")[-600:]
+                    res.self_death_tails.append(f"shard {k} exit {rc}: {tail}")
                     waiting[k] = now + rng.uniform(0.0, 0.5)
         time.sleep(0.02)
     for p, _ in running.values():
