@@ -34,7 +34,7 @@ import sys, time
 print("INFO 11-29 10:00:02 [gpu_model_runner.py:1595] Starting to load model tiny...", flush=True)
 bar = "Loading safetensors checkpoint shards"
 for i in range(1, 7):
-    time.sleep(2.5 if i == 4 else 0.15)  # shard 4 takes long: the stall gauge climbs
+    time.sleep(5.0 if i == 4 else 0.15)  # shard 4 takes long: the stall gauge climbs (with room on a busy box)
     sys.stdout.write(f"\\r{bar}: {100 * i // 6:3d}% Completed | {i}/6 [00:0{i}<00:01,  5.00it/s]")
     sys.stdout.flush()
 sys.stdout.write("\\n")

@@ -76,6 +76,20 @@ def test_a_sigkilled_rank_is_named_by_the_agent() -> None:
     assert "failed (exitcode: -9) local_rank: 0" in report.failure.line
 
 
+def test_a_peers_gloo_reset_before_the_agents_report_yields_to_the_sigkilled_rank() -> None:
+    # A real log (rank 0 SIGKILLed at step 6): rank 1's gloo "Connection reset by peer" traceback reaches the
+    # log before the agent's report of the killed rank, as it did for a two-rank train on a busy box.
+    lines = (CORPUS / "wave4-logs" / "15-slurm-torchrun-sigkill-restart-then-two-task-crash.log").read_text(
+        encoding="utf-8").splitlines()[:27]
+    assert "Connection reset by peer" in lines[24] and "failed (exitcode: -9) local_rank: 0" in lines[26]
+    events = events_of(lines)
+    reset = [e.failure for e in events if e.failure is not None and "Connection reset by peer" in e.line]
+    assert reset and all(f.consequence for f in reset)
+    report = build_report(events)
+    assert report.failure is not None and report.failure.kind is FailureKind.KILLED
+    assert "failed (exitcode: -9) local_rank: 0" in report.failure.line
+
+
 def test_nccl_watchdog_follow_ups_are_consequences_of_the_first_timeout() -> None:
     report = replay_file(CORPUS / "full-logs" / "04-deepspeed-nccl-watchdog-timeout.log")
     assert report.failure is not None and "[Rank 0] Watchdog caught collective operation timeout" in report.failure.line
