@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from conftest import DaemonProcess
+from e2e_jobs import supervise
 
-from supervisor.core.events import Event, EventKind
+from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payload_codec import REGISTRY, Read, StoredPayload, carried_by
 from supervisor.core.payloads import NO_PAYLOAD, ActionData, ProbeFields, StacksData, payload_of
 from supervisor.store.database import Store
@@ -91,3 +93,21 @@ def test_a_payload_whose_field_has_no_derived_reading_is_refused_where_it_is_dec
     assert Given.from_json({"when": [1, 1]}) == Given({1}) and Given.from_json({"when": 3}) == Given(set())
     with pytest.raises(TypeError, match="already carry"):
         carried_by(EventKind.ACTION)(Given)
+
+
+def test_a_damaged_row_is_shown_with_no_data_and_the_rest_of_the_job_still_reads(daemon: DaemonProcess,
+                                                                                   daemon_env: dict[str, str]) -> None:
+    store = Store(daemon.paths.db)
+    store.upsert_job("worn", {"name": "worn", "command": ["true"]}, JobState.DONE)
+    store.record_events([Event(job="worn", attempt=1, kind=kind, message=kind.value) for kind in
+                         (EventKind.LAUNCHED, EventKind.FAILURE, EventKind.ACTION, EventKind.EXITED)])
+    store.close()
+    with sqlite3.connect(daemon.paths.db) as db:  # as a hand edit or a damaged disk may leave them
+        for kind, text in (("launched", "not json"), ("failure", "null"), ("action", "[1, 2]")):
+            db.execute("UPDATE events SET data_json=? WHERE job='worn' AND kind=?", (text, kind))
+    db.close()
+    shown = supervise(daemon_env, "events", "worn", "--json", check=False)
+    assert shown.returncode == 0, shown.stderr
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["kind"], r["data"]) for r in rows] == [("launched", {}), ("failure", {}), ("action", {}), ("exited", {})]
+    assert daemon.client().ping().pid > 0
