@@ -1,5 +1,5 @@
 """Every stored event reads back through the one registry of payloads, from a store of every
-schema version, exactly as the hand-written codecs read it (``tests/data/payloads/readings.json``,
+schema version, exactly as the hand-written codecs read it (``tests/data/payloads/readings.jsonl``,
 written by them: rows in every shape producers wrote, every key a payload reads set to values of
 every JSON type, unknown enum values, and data that is no JSON object)."""
 
@@ -21,8 +21,8 @@ from supervisor.core.payloads import NO_PAYLOAD, ActionData, ProbeFields, Stacks
 from supervisor.store.database import Store
 from supervisor.store.schema import MIGRATIONS
 
-READINGS: list[dict[str, Any]] = json.loads(
-    (Path(__file__).parent / "data" / "payloads" / "readings.json").read_text())
+READINGS: list[dict[str, Any]] = [
+    json.loads(line) for line in (Path(__file__).parent / "data" / "payloads" / "readings.jsonl").read_text().splitlines()]
 
 
 def _store_at(path: Path, version: int) -> None:
@@ -83,6 +83,12 @@ def test_a_payload_whose_field_has_no_derived_reading_is_refused_where_it_is_dec
         @dataclass(frozen=True, slots=True)
         class Odd(StoredPayload):
             when: set[int]
+
+    with pytest.raises(TypeError, match=r"Sure\.state: a .*JobState.* may read as absent; declare it `\| None`"):
+        @carried_by()
+        @dataclass(frozen=True, slots=True)
+        class Sure(StoredPayload):
+            state: JobState
 
     @carried_by()
     @dataclass(frozen=True, slots=True)

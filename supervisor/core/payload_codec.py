@@ -220,7 +220,7 @@ def _reader(owner: type, name: str, hint: Any, optional: bool, key: str) -> Call
     """How field ``name`` of ``owner``, of type ``hint``, is read from the whole stored mapping."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     one: Callable[[object], Any]
-    zero: object = None  # what a field that cannot be absent reads as where its value is
+    zero: object = None  # what a field that cannot be absent reads as where its value is missing or wrong
     if isinstance(hint, type) and hint in _SCALARS:
         one, zero = _SCALARS[hint]
     elif isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -239,8 +239,10 @@ def _reader(owner: type, name: str, hint: Any, optional: bool, key: str) -> Call
         zero = ()
     else:
         raise TypeError(f"{owner.__name__}.{name}: no lenient reading of {hint!r} is derived; give it Read(fn)")
-    if optional or zero is None:
+    if optional:
         return lambda data: one(data.get(key))
+    if zero is None:
+        raise TypeError(f"{owner.__name__}.{name}: a {hint!r} may read as absent; declare it `| None`")
     return lambda data: one(data.get(key)) or zero
 
 

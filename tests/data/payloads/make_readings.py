@@ -1,4 +1,4 @@
-"""Writes ``readings.json``: event rows in every shape stores hold, each with how the hand-written
+"""Writes ``readings.jsonl``: event rows in every shape stores hold, each with how the hand-written
 payload codecs of main at 3824fea read it (``repr`` of the payload: types and values, 1 and 1.0 told
 apart).  Run once, before the codecs were derived; ``tests/test_payload_rows.py`` reads every row
 back from stores of every schema version and compares.  Regenerate only where a reading changes on
@@ -124,7 +124,7 @@ def reading(kind: EventKind, text: str) -> dict[str, Any]:
 
 def main() -> None:
     made = [{"kind": kind.value, "data_json": text, **reading(kind, text)} for kind, text in rows()]
-    (HERE / "readings.json").write_text(json.dumps(made, indent=0, sort_keys=True) + "\n")
+    (HERE / "readings.jsonl").write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in made))
     print(len(made), "rows")
 
 
