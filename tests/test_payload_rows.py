@@ -6,6 +6,7 @@ every JSON type, unknown enum values, and data that is no JSON object)."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,3 +118,14 @@ def test_a_damaged_row_is_shown_with_no_data_and_the_rest_of_the_job_still_reads
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
     assert [(r["kind"], r["data"]) for r in rows] == [("launched", {}), ("failure", {}), ("action", {}), ("exited", {})]
     assert daemon.client().ping().pid > 0
+
+
+def test_inside_the_process_an_events_data_is_read_through_its_payload_never_by_key() -> None:
+    """``Event.data`` is the payload's JSON, met only where events are stored and sent: a module
+    that reads it by key (``.data["x"]``, ``.data.get("x")``) reads it through its kind's payload."""
+    package = Path(__file__).resolve().parents[1] / "supervisor"
+    by_key = re.compile(r"\.data(\[|\.get\(|\.pop\()")
+    found = [f"{path.relative_to(package.parent)}:{n}: {line.strip()}"
+             for path in sorted(package.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if by_key.search(line)]
+    assert not found, "read these through the kind's payload (core/payloads.py):\n" + "\n".join(found)
