@@ -2,10 +2,13 @@
 
 A payload is a frozen dataclass that inherits ``StoredPayload`` and is declared with
 ``@carried_by(kind, ...)`` (or ``@carried_by()`` for one nested in another): the decorator reads
-its fields' types once and builds its codec, so no payload writes ``to_json``/``from_json`` by hand.
+its fields' types once and generates its ``to_json``, ``from_json`` and ``of`` (as ``dataclasses``
+generates ``__init__``; ``codec_source`` shows them), so no payload writes them by hand.  A field
+whose type has no derived reading is refused where the class is declared, in one line that says
+what to give it.
 
-Writing: the fields in their order, each under its name; an enum as its value, a nested payload as
-its JSON, a list, tuple or mapping as JSON can hold it (``jsonable``).
+Writing: the fields in their order, each under its name; an enum as its value, nested payloads as
+their JSON, a list, tuple or mapping as JSON can hold it (``jsonable``).
 
 Reading is lenient, because the rows read may have been written by any earlier version: a missing
 key reads as absent, a key the payload does not know is ignored, and a value of the wrong type or
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -162,41 +166,29 @@ _SCALARS: dict[type, tuple[Callable[[object], Any], object]] = {
 # -- the codec ---------------------------------------------------------------------------------
 
 
+class _Writes(enum.Enum):
+    """How a field's value is written."""
+
+    PLAIN = "plain"  # as it is
+    MEMBER = "member"  # an enum: its value
+    LIST = "list"  # a list or tuple of text, numbers or flags: a list of them
+    JSON = "json"  # any other list, tuple or mapping: as JSON can hold it
+    EACH = "each"  # a tuple of nested payloads: each one's JSON
+    REST = "rest"  # a mapping whose keys are written among the payload's own
+    FLAGGED = "flagged"  # a nested payload written among the payload's keys, behind its flag
+
+
 @dataclass(frozen=True, slots=True)
 class _Field:
-    """One field's plan: how it is read from the whole stored mapping, and how it is written
-    (``write`` None: the value as it is, the common case, with no call)."""
+    """One field's plan: the expression that reads it from the stored mapping (``get`` is the
+    mapping's ``get``), and how and when it is written."""
 
     name: str
     key: str
-    read: Callable[[Mapping[str, Any]], Any]
-    write: Callable[[dict[str, Any], str, Any], None] | None
+    read: str
+    writes: _Writes
     omit: Omit | None
     shown_with: str | None
-
-
-def _put_json(out: dict[str, Any], key: str, value: Any) -> None:
-    out[key] = jsonable(value)
-
-
-def _put_member(out: dict[str, Any], key: str, value: enum.Enum | None) -> None:
-    out[key] = None if value is None else value.value
-
-
-def _put_nested_each(out: dict[str, Any], key: str, value: tuple[StoredPayload, ...]) -> None:
-    out[key] = [item.to_json() for item in value]
-
-
-def _put_rest(out: dict[str, Any], _key: str, value: Mapping[str, Any]) -> None:
-    out.update(jsonable(dict(value)))
-
-
-def _flagged_put(flag_key: str) -> Callable[[dict[str, Any], str, Any], None]:
-    def put(out: dict[str, Any], _key: str, value: StoredPayload) -> None:
-        out[flag_key] = True
-        out.update(value.to_json())
-
-    return put
 
 
 def _is_stored(kind: object) -> bool:
@@ -216,16 +208,16 @@ def _unwrap(hint: Any) -> tuple[Any, tuple[Any, ...], bool]:
     return hint, markers, False
 
 
-def _reader(owner: type, name: str, hint: Any, optional: bool, key: str) -> Callable[[Mapping[str, Any]], Any]:
-    """How field ``name`` of ``owner``, of type ``hint``, is read from the whole stored mapping."""
+def _reader(owner: type, name: str, hint: Any, optional: bool) -> tuple[Callable[[object], Any], object]:
+    """How field ``name`` of ``owner``, of type ``hint``, reads one stored value, and what it reads as
+    where that value is missing or wrong and the field cannot be absent (None: it can)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     one: Callable[[object], Any]
-    zero: object = None  # what a field that cannot be absent reads as where its value is missing or wrong
+    zero: object = None
     if isinstance(hint, type) and hint in _SCALARS:
         one, zero = _SCALARS[hint]
     elif isinstance(hint, type) and issubclass(hint, enum.Enum):
-        kind = hint
-        one = lambda value: member(kind, value)  # noqa: E731 - one reader per enum field
+        one = functools.partial(member, hint)
     elif origin is list and optional:
         one = a_list  # as stored: the kill report's pairs, the quarantined GPUs
     elif origin is dict and args == (str, str):
@@ -240,35 +232,55 @@ def _reader(owner: type, name: str, hint: Any, optional: bool, key: str) -> Call
     else:
         raise TypeError(f"{owner.__name__}.{name}: no lenient reading of {hint!r} is derived; give it Read(fn)")
     if optional:
-        return lambda data: one(data.get(key))
+        return one, None
     if zero is None:
         raise TypeError(f"{owner.__name__}.{name}: a {hint!r} may read as absent; declare it `| None`")
-    return lambda data: one(data.get(key)) or zero
+    return one, zero
 
 
-def _writer(hint: Any) -> Callable[[dict[str, Any], str, Any], None] | None:
+def _writes(hint: Any) -> _Writes:
     origin = typing.get_origin(hint)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return _put_member
+        return _Writes.MEMBER
     if origin is tuple and _is_stored(typing.get_args(hint)[0]):
-        return _put_nested_each
+        return _Writes.EACH
+    if origin in (list, tuple) and typing.get_args(hint)[0] in _SCALARS:
+        return _Writes.LIST
     if origin in (list, tuple, dict) or origin is Mapping:
-        return _put_json
-    return None
+        return _Writes.JSON
+    return _Writes.PLAIN
 
 
-_OMIT_CODE = {None: 0, Omit.NONE: 1, Omit.EMPTY: 2}
+class _Source:
+    """The Python source of one payload's reader and writer, and the names it uses.  Generated once
+    per class, as ``dataclasses`` generates ``__init__``: a payload is made and written for every
+    event the supervisor records, and generated code costs what hand-written code did, where a
+    loop over the fields with a call per field cost several times as much (tests/perf/bench_payloads.py)."""
+
+    def __init__(self, cls: type) -> None:
+        self.names: dict[str, Any] = {
+            "_cls": cls,
+            "_Mapping": Mapping,
+            "_dict": dict,
+            "_list": list,
+            "_jsonable": jsonable,
+        }
+
+    def name(self, value: object) -> str:
+        """A name in the generated code's globals that holds ``value``."""
+        named = f"_v{len(self.names)}"
+        self.names[named] = value
+        return named
 
 
 class _Codec:
-    """A payload class's fields, read and written in their order."""
-
-    __slots__ = ("_cls", "_plan", "_reads", "keys")
+    """A payload class's fields, read and written in their order, as generated functions."""
 
     def __init__(self, cls: type[StoredPayload]) -> None:
         hints = typing.get_type_hints(cls, include_extras=True)
+        source = _Source(cls)
         fields: list[_Field] = []
-        rest: str | None = None
+        own: set[str] = set()  # every key a field other than the rest reads
         for spec in dataclasses.fields(cls):  # type: ignore[arg-type]  # a payload is a dataclass
             hint, markers, optional = _unwrap(hints[spec.name])
             key = next((m.key for m in markers if isinstance(m, Key)), spec.name)
@@ -277,74 +289,95 @@ class _Codec:
             flagged = next((m.key for m in markers if isinstance(m, Flagged)), None)
             custom = next((m.fn for m in markers if isinstance(m, Read)), None)
             if REST in markers:
-                rest = spec.name  # its reading is made below, once every other key is known
-                fields.append(_Field(spec.name, key, dict, _put_rest, omit, shown_with))
-            elif flagged is not None:
+                fields.append(_Field(spec.name, key, "", _Writes.REST, omit, shown_with))  # read: below
+                continue
+            if flagged is not None:
                 if not (_is_stored(hint) and optional):
                     raise TypeError(f"{cls.__name__}.{spec.name}: Flagged(...) marks an optional payload")
-                fields.append(
-                    _Field(
-                        spec.name, flagged, _flagged_read(flagged, hint), _flagged_put(flagged), Omit.NONE, shown_with
-                    )
-                )
-            elif custom is not None:
-                fields.append(_Field(spec.name, key, _custom_read(custom, key), _writer(hint), omit, shown_with))
-            else:
-                fields.append(
-                    _Field(
-                        spec.name, key, _reader(cls, spec.name, hint, optional, key), _writer(hint), omit, shown_with
-                    )
-                )
-        self.keys = frozenset(f.key for f in fields)
-        if rest is not None:
-            known = self.keys - {rest}
-            fields = [dataclasses.replace(f, read=_rest_read(known)) if f.name == rest else f for f in fields]
-        by_name = {f.name: f for f in fields}
-        self._cls = cls
-        self._reads = tuple(f.read for f in fields)
-        self._plan = tuple(
-            (
-                f.name,
-                f.key,
-                f.write,
-                _OMIT_CODE[f.omit],
-                f.shown_with,
-                _OMIT_CODE[by_name[f.shown_with].omit] if f.shown_with is not None else 0,
-            )
-            for f in fields
-        )
-
-    def read(self, data: object) -> Any:
-        found: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
-        return self._cls(*[read(found) for read in self._reads])
-
-    def write(self, payload: StoredPayload) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, key, put, omit, gate, gate_omit in self._plan:
-            value = getattr(payload, name)
-            if omit and (value is None if omit == 1 else not value):
+                nested = source.name(hint)
+                read = f"({nested}.from_json(data) if get({flagged!r}) is True else None)"
+                fields.append(_Field(spec.name, flagged, read, _Writes.FLAGGED, Omit.NONE, shown_with))
+                own.update(hint.keys, {flagged})
                 continue
-            if gate is not None and gate_omit:
-                shown = getattr(payload, gate)
-                if shown is None if gate_omit == 1 else not shown:
-                    continue
-            if put is None:
-                out[key] = value
-            else:
-                put(out, key, value)
-        return out
+            one, zero = (custom, None) if custom is not None else _reader(cls, spec.name, hint, optional)
+            read = f"{source.name(one)}(get({key!r}))"
+            if zero is not None:
+                read = f"({read} or {source.name(zero)})"
+            fields.append(_Field(spec.name, key, read, _writes(hint), omit, shown_with))
+            own.add(key)
+        known = source.name(frozenset(own))
+        fields = [
+            dataclasses.replace(f, read=f"{{k: v for k, v in data.items() if k not in {known}}}")
+            if f.writes is _Writes.REST
+            else f
+            for f in fields
+        ]
+        self.keys = frozenset(own)
+        self.source = _reading(fields) + _writing(fields)
+        exec(self.source, source.names)  # the source is made above from the class's own fields and markers
+        self.read: Callable[[object], Any] = source.names["read"]
+        self.of: Callable[[Carries], Any] = source.names["of"]
+        self.write: Callable[[StoredPayload], dict[str, Any]] = source.names["write"]
 
 
-def _custom_read(fn: Callable[[object], Any], key: str) -> Callable[[Mapping[str, Any]], Any]:
-    return lambda data: fn(data.get(key))
+def _reading(fields: list[_Field]) -> str:
+    made = ", ".join(f.read for f in fields)
+    body = (
+        "    if type(data) is not _dict and not isinstance(data, _Mapping):\n"
+        "        data = {}\n"
+        "    get = data.get\n"
+        f"    return _cls({made})\n"
+    )
+    return f"def read(data):\n{body}\ndef of(event):\n    data = event.data\n{body}\n"
 
 
-def _flagged_read(flag_key: str, nested: type[StoredPayload]) -> Callable[[Mapping[str, Any]], Any]:
-    return lambda data: nested.from_json(data) if data.get(flag_key) is True else None
+def _value(f: _Field, v: str) -> str:
+    """The expression that writes field ``f``'s value, which expression ``v`` holds."""
+    if f.writes is _Writes.MEMBER:
+        return f"(None if {v} is None else {v}.value)"
+    if f.writes is _Writes.LIST:
+        return f"(None if {v} is None else _list({v}))"
+    if f.writes is _Writes.JSON:
+        return f"_jsonable({v})"
+    if f.writes is _Writes.EACH:
+        return f"[item.to_json() for item in {v}]"
+    return v
 
 
-def _rest_read(known: frozenset[str]) -> Callable[[Mapping[str, Any]], Any]:
-    return lambda data: {k: v for k, v in data.items() if k not in known}
+def _writing(fields: list[_Field]) -> str:
+    if all(f.omit is None and f.shown_with is None and f.writes not in (_Writes.REST, _Writes.FLAGGED) for f in fields):
+        # every field always written: one dict display, as a hand-written to_json would be
+        made = ", ".join(f"{f.key!r}: {_value(f, f'self.{f.name}')}" for f in fields)
+        return f"def write(self):\n    return {{{made}}}\n"
+    by_name = {f.name: f for f in fields}
+    lines = ["def write(self):", "    out = {}"]
+    for f in fields:
+        conditions = [_shown(f.omit, "v")]
+        if f.shown_with is not None:
+            conditions.append(_shown(by_name[f.shown_with].omit, f"self.{f.shown_with}"))
+        test = " and ".join(c for c in conditions if c)
+        if f.writes is _Writes.REST:
+            put = ["out.update(_jsonable(_dict(v)))"]
+        elif f.writes is _Writes.FLAGGED:
+            put = [f"out[{f.key!r}] = True", "out.update(v.to_json())"]
+        else:
+            put = [f"out[{f.key!r}] = {_value(f, 'v')}"]
+        lines.append(f"    v = self.{f.name}")
+        if test:
+            lines.append(f"    if {test}:")
+            lines += [f"        {line}" for line in put]
+        else:
+            lines += [f"    {line}" for line in put]
+    return "\n".join([*lines, "    return out", ""])
+
+
+def _shown(omit: Omit | None, value: str) -> str:
+    """The condition under which a field of this omission whose value is ``value`` is written."""
+    if omit is Omit.NONE:
+        return f"{value} is not None"
+    if omit is Omit.EMPTY:
+        return value
+    return ""
 
 
 # -- the base class and the registry -------------------------------------------------------------
@@ -352,30 +385,26 @@ def _rest_read(known: frozenset[str]) -> Callable[[Mapping[str, Any]], Any]:
 
 class StoredPayload:
     """A payload kept as JSON: made by its producer, stored by ``to_json()``, read back by
-    ``of(event)`` or ``from_json(data)``, all derived from its fields by ``@carried_by``."""
+    ``of(event)`` or ``from_json(data)``, all three derived from its fields by ``@carried_by``
+    (which puts its generated functions in place of these)."""
 
     __slots__ = ()
 
     omit: ClassVar[Omit | None] = None  # every field's omission, where its own markers name none
-    _codec: ClassVar[_Codec]
-
-    @classmethod
-    def codec(cls) -> _Codec:
-        return cls._codec
+    keys: ClassVar[frozenset[str]] = frozenset()  # the keys it reads
+    codec_source: ClassVar[str] = ""  # the generated source of its reader and writer, to read
 
     @classmethod
     def of(cls, event: Carries) -> Self:
         """The payload of ``event`` (a stored event, or the API's)."""
-        payload: Self = cls._codec.read(event.data)
-        return payload
+        raise TypeError(f"{cls.__name__} has no codec: declare it with @carried_by")
 
     @classmethod
     def from_json(cls, data: object) -> Self:
-        payload: Self = cls._codec.read(data)
-        return payload
+        raise TypeError(f"{cls.__name__} has no codec: declare it with @carried_by")
 
     def to_json(self) -> dict[str, Any]:
-        return self._codec.write(self)
+        raise TypeError(f"{type(self).__name__} has no codec: declare it with @carried_by")
 
 
 _P = TypeVar("_P", bound=StoredPayload)
@@ -399,7 +428,11 @@ def carried_by(*kinds: EventKind) -> Callable[[type[_P]], type[_P]]:
     def derive(cls: type[_P]) -> type[_P]:
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"{cls.__name__}: a payload is a dataclass (put @carried_by above @dataclass)")
-        cls._codec = _Codec(cls)
+        codec = _Codec(cls)
+        cls.keys, cls.codec_source = codec.keys, codec.source
+        setattr(cls, "from_json", staticmethod(codec.read))  # noqa: B010 - over the base's, which mypy reads
+        setattr(cls, "of", staticmethod(codec.of))  # noqa: B010
+        setattr(cls, "to_json", codec.write)  # noqa: B010
         register(cls, *kinds)
         return cls
 
