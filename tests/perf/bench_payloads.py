@@ -5,7 +5,7 @@
 One process: this tree's ``supervisor/core/payloads.py`` and the one of ``--before``'s tree, loaded
 beside it as a module of its own (its imports, ``core/events.py`` and ``core/progress.py``, are this
 tree's: the comparison holds where those are the same).  Each case is timed with ``timeit`` in
-blocks of 2,000 calls, after's block and before's alternating ``--repeats`` times, so that a
+blocks of 2,000 calls, in CPU time, after's block and before's alternating ``--repeats`` times, so that a
 loaded machine disturbs both alike; the table gives each side's best block and median block in µs
 per call.  A pydantic model of the same fields (made, then ``model_dump``; read by
 ``model_validate``) is timed beside them: the comparator the choice of a generated dataclass codec
@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import statistics
 import sys
+import time
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -107,7 +108,9 @@ def load(tree: Path) -> ModuleType:
 
 
 def per_call(call: Callable[[], object], number: int = 2_000) -> float:
-    return timeit.timeit(call, number=number) / number * 1e6
+    # CPU time, not wall time: on a shared machine a block preempted halfway would count the other
+    # processes' time as its own.
+    return timeit.Timer(call, timer=time.process_time).timeit(number) / number * 1e6
 
 
 def main() -> None:
@@ -128,7 +131,7 @@ def main() -> None:
         model = f"{min(times['pydantic']):.2f}" if times["pydantic"] else "-"
         rows.append(f"| {name} | {now:.2f} | {was:.2f} | {now - was:+.2f} | {now / was:.2f}× | "
                     f"{statistics.median(times['after']):.2f} | {statistics.median(times['before']):.2f} | {model} |")
-    print(f"Python {sys.version.split()[0]}; {args.repeats} alternating blocks of 2,000 calls per case; µs per call\n")
+    print(f"Python {sys.version.split()[0]}; {args.repeats} alternating blocks of 2,000 calls per case; CPU µs per call\n")
     print("| case | after best | before best | after − before | after / before | after median | before median "
           "| pydantic best |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
