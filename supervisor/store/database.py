@@ -591,9 +591,19 @@ def _event_data(event: Event) -> dict[str, Any]:
     return stored
 
 
+def _stored_data(text: str) -> dict[str, Any]:
+    """A row's data as a mapping: text that is no JSON object (a damaged row, a hand edit) reads as
+    no data, so that the event is still read and shown, its payload read as absent."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _event(row: sqlite3.Row) -> Event:
     kind = EventKind(row["kind"])
-    data = json.loads(row["data_json"])
+    data = _stored_data(row["data_json"])
     failure = None
     if kind is EventKind.FAILURE:
         found = {key: data.pop(key) for key in _FAILURE_KEYS if key in data}

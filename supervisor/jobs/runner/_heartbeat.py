@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated
 
 import structlog
 
 from supervisor.core.events import Event, EventKind
+from supervisor.core.payload_codec import Key, StoredPayload, carried_by
 from supervisor.hosts.local.notify import NotifyMessage, NotifySocket, notify_address
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._journal import Journal
@@ -27,15 +28,13 @@ STATUS_EVERY_S = 10.0
 PROBE = "sd_notify"  # the stored events' probe: they come from the socket, not the log
 
 
+@carried_by()  # among an info event's fields (the kind's payload is ProbeFields): read by this module alone
 @dataclass(frozen=True, slots=True)
-class NotifyData:
+class NotifyData(StoredPayload):
     """An sd_notify event's payload: which assignment, and the status line for ``STATUS``."""
 
-    said: str  # "READY", "STATUS", or "WATCHDOG" (the first ping only)
+    said: Annotated[str, Key("sd_notify")]  # "READY", "STATUS", or "WATCHDOG" (the first ping only)
     status: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sd_notify": self.said, "status": self.status}
 
 
 def bind(ctx: RunnerContext, tag: str) -> NotifySocket | None:
@@ -65,7 +64,7 @@ def environment(sock: NotifySocket | None, spec: JobSpec) -> dict[str, str]:
 
 def pings(events: list[Event]) -> bool:
     """Whether an attempt's stored events say it was heard pinging (its first ping's event)."""
-    return any(e.probe == PROBE and e.data.get("sd_notify") == "WATCHDOG" for e in events)
+    return any(e.probe == PROBE and NotifyData.of(e).said == "WATCHDOG" for e in events)
 
 
 class Heartbeat:

@@ -508,7 +508,7 @@ def implied_phase(event: Event, phase: Phase) -> Event:
     `status` names, not only those a phase line announced."""
     return Event(job=event.job, attempt=event.attempt, kind=EventKind.PHASE, message=event.message, ts=event.ts,
                  probe=event.probe, phase=phase, offset=event.offset, generation=event.generation,
-                 data={"implied_by": event.kind.value})
+                 data=ProbeFields({"implied_by": event.kind.value}).to_json())
 
 
 def _from_probe(job: str, n: int, pe: ProbeEvent) -> Event:
