@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from supervisor.core.events import Verdict
-from supervisor.jobs.runner._gate import KillGate, Step
+from supervisor.jobs.runner._verdict import KillGate, Step
 from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Judgement
 

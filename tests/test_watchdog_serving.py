@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from supervisor.core.events import Event, EventKind, Phase, Verdict
 from supervisor.core.records import Record
-from supervisor.jobs.runner._gate import KillGate, Step
+from supervisor.jobs.runner._verdict import KillGate, Step
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Watchdog

@@ -13,7 +13,7 @@ from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts.base import KillReport
 from supervisor.hosts.stacks import StackDump
-from supervisor.jobs.runner._news import StartNews
+from supervisor.jobs.runner import StartNews
 from supervisor.jobs.snapshot import RunnerSnapshot
 
 

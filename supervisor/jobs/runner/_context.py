@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,38 +63,162 @@ class RunnerContext:
     context_for: Callable[[str], RunnerContext] | None = None
 
 
-@dataclass
-class Live:
-    """Live handles of the attempt being watched (never saved: the store has the saved state)."""
+# An attempt's live state, split by owner: each part below is assigned in its owner's module
+# only (tests/test_live_owners.py), and ``Live`` gives every reader the whole, read-only.
+
+@dataclass(frozen=True)
+class Handles:
+    """What an attempt is, set at its launch (``_launch``) or adoption (``_adopting``), never
+    replaced: its row, its process, what its GPU memory is measured against."""
 
     row: AttemptRow
     handle: ProcessHandle
-    watchdog: Watchdog
-    killed_by_us: bool = False
-    last_output: float | None = None
-    events_seen: int = 0
-    failure: Failure | None = None  # the root cause of the failures logged
-    known_pids: set[int] = field(default_factory=set)
-    exit_status: ExitStatus | None = None
-    check_at: float | None = None  # when the watch loop will next ask the watchdog
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    contained: set[str] = field(default_factory=set)  # faults already reported (once each)
-    stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
-    stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
-    pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
-    gpu_meter: GpuUsageMeter = field(default_factory=GpuUsageMeter)  # its GPU memory and GPU-seconds
-    program_pid: int | None = None  # the program the wrapper runs, once seen (_program.py)
-    # Which progress lines are stored (its milestones); the watchdog sees them all.
-    stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
-    event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
     # GPU memory in use on each device when it was launched (or adopted): what its release is measured against.
     gpu_baseline: dict[int, int] = field(default_factory=dict)
     notify: NotifySocket | None = None  # its NOTIFY_SOCKET, bound before launch (or at adoption)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the watch loop (anyone may set it)
+    gpu_meter: GpuUsageMeter = field(default_factory=GpuUsageMeter)  # its GPU memory and GPU-seconds
+
+
+@dataclass
+class Reading:
+    """What the watch has read of the attempt (owner: ``_watching``)."""
+
+    watchdog: Watchdog
+    event_cap: EventCap = field(default_factory=EventCap)  # how many of its log's events it stores
+    # Which progress lines are stored (its milestones); the watchdog sees them all.
+    stored_progress: ProgressMilestones = field(default_factory=ProgressMilestones)
+    last_output: float | None = None
+    failure: Failure | None = None  # the root cause of the failures logged
+    check_at: float | None = None  # when the watch loop will next ask the watchdog
+    contained: set[str] = field(default_factory=set)  # faults already reported (once each)
+
+
+@dataclass
+class Kill:
+    """The kill and the stacks that go with it (owner: ``_verdict``)."""
+
+    killed_by_us: bool = False
+    stacks: StackDump | None = None  # dumped at a warning or before the kill, for the alert
+    stacks_pending: asyncio.Task[None] | None = None  # a warning's dump under way (a kill waits for it)
+
+
+@dataclass
+class End:
+    """How the attempt's command ended, once known (owner: ``_ending``)."""
+
+    exit_status: ExitStatus | None = None
+
+
+@dataclass
+class Processes:
+    """The attempt's processes as the runner has seen them (owner: ``_job``)."""
+
+    known_pids: set[int] = field(default_factory=set)
+    pids_read_at: float | None = None  # when the attempt's process tree was last read (GPU samples)
+    program_pid: int | None = None  # the program the wrapper runs, once seen
+
+
+@dataclass
+class Notified:
+    """What the attempt said on its NOTIFY_SOCKET (owner: ``_heartbeat``)."""
+
     status_line: str | None = None  # the latest STATUS= it sent there
+
+
+@dataclass
+class Live:
+    """Live handles and state of the attempt being watched (never saved: the store has the saved
+    state).  Its parts are written by their owners; what is read is read here."""
+
+    handles: Handles
+    reading: Reading
+    kill: Kill = field(default_factory=Kill)
+    end: End = field(default_factory=End)
+    procs: Processes = field(default_factory=Processes)
+    notified: Notified = field(default_factory=Notified)
+
+    @classmethod
+    def of(cls, row: AttemptRow, handle: ProcessHandle, watchdog: Watchdog, *, event_cap: EventCap,
+           gpu_baseline: dict[int, int], notify: NotifySocket | None) -> Live:
+        return cls(Handles(row, handle, gpu_baseline, notify), Reading(watchdog, event_cap))
+
+    @property
+    def row(self) -> AttemptRow:
+        return self.handles.row
+
+    @property
+    def handle(self) -> ProcessHandle:
+        return self.handles.handle
+
+    @property
+    def gpu_baseline(self) -> dict[int, int]:
+        return self.handles.gpu_baseline
+
+    @property
+    def notify(self) -> NotifySocket | None:
+        return self.handles.notify
+
+    @property
+    def wake(self) -> asyncio.Event:
+        return self.handles.wake
+
+    @property
+    def gpu_meter(self) -> GpuUsageMeter:
+        return self.handles.gpu_meter
+
+    @property
+    def watchdog(self) -> Watchdog:
+        return self.reading.watchdog
+
+    @property
+    def event_cap(self) -> EventCap:
+        return self.reading.event_cap
+
+    @property
+    def stored_progress(self) -> ProgressMilestones:
+        return self.reading.stored_progress
+
+    @property
+    def last_output(self) -> float | None:
+        return self.reading.last_output
+
+    @property
+    def failure(self) -> Failure | None:
+        return self.reading.failure
+
+    @property
+    def killed_by_us(self) -> bool:
+        return self.kill.killed_by_us
+
+    @property
+    def stacks(self) -> StackDump | None:
+        return self.kill.stacks
+
+    @property
+    def stacks_pending(self) -> asyncio.Task[None] | None:
+        return self.kill.stacks_pending
+
+    @property
+    def exit_status(self) -> ExitStatus | None:
+        return self.end.exit_status
+
+    @property
+    def known_pids(self) -> AbstractSet[int]:
+        return self.procs.known_pids
+
+    @property
+    def program_pid(self) -> int | None:
+        return self.procs.program_pid
+
+    @property
+    def status_line(self) -> str | None:
+        return self.notified.status_line
 
     def wake_if_sooner(self, at: float | None) -> None:
         """Wake the watch loop when the watchdog now wants to look (at ``at``) earlier than planned."""
-        if at is not None and (self.check_at is None or at < self.check_at):
+        check_at = self.reading.check_at
+        if at is not None and (check_at is None or at < check_at):
             self.wake.set()
 
     def ended_at(self) -> float:

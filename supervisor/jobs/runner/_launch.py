@@ -83,5 +83,5 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     if said := "; ".join(filter(None, (start.describe(), start.note))):
         journal.action(n, f"attempt {n} starts {said}" if start.describe() else f"attempt {n}: {said}",
                        ActionData(checkpoint=start.checkpoint or None, params=start.params))
-    return Live(row=row, handle=handle, watchdog=paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
-                gpu_baseline=baseline, notify=sock)
+    return Live.of(row, handle, paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
+                   gpu_baseline=baseline, notify=sock)
