@@ -4,7 +4,7 @@ The watchdog is rebuilt from the stored events *at their own times*: the attempt
 phase and progress step, as they were stored.  Replayed at the restart's time instead, every
 interval would read zero (a rate of 0.00 s/it, then one far too fast) and every deadline
 (stall, silence, phase) would start again from the restart.  The log written while no daemon
-watched is dated by its place in the log (``_backlog``), a remote log's too (its host says its
+watched is dated by its place in the log (``_context.Backlog``), a remote log's too (its host says its
 size and age).  A ``daemon_restarted`` event says how long the attempt went unwatched.
 ``Readoption.live`` makes the attempt's ``Live`` from its stored row, ``catch_up`` asks its host
 what was written meanwhile; the runner watches it as it would one it launched (``AttemptWatch``),
@@ -21,10 +21,9 @@ from supervisor.hosts.base import LogStatReader, ProcessHandle
 from supervisor.jobs.event_cap import EventCap
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp, backlog_of
-from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._context import CATCH_UP_STILL_S, CatchUp, Live, RunnerContext, backlog_of
 from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._pacing import Paces
+from supervisor.jobs.runner._launch import Paces
 from supervisor.jobs.runner._watching import clock_at, output_read_to, replay
 from supervisor.notify import notices
 from supervisor.spec.model import JobSpec

@@ -28,23 +28,15 @@ from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.policy import Policy, RestartPolicy
 from supervisor.jobs.quarantine import UNREACHABLE as UNREACHABLE_STRIKE
-from supervisor.jobs.runner import _start_point as start_point
+from supervisor.jobs.runner import _launch as start_point
 from supervisor.jobs.runner._adopting import Anchor, Readoption
-from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CatchUp
-from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done
+from supervisor.jobs.runner._context import CatchUp, Live, RunnerContext, cancel_until_done
 from supervisor.jobs.runner._ending import Ending, gpu_baseline
-from supervisor.jobs.runner._gpu_wait import GpuGate
-from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._keep_away import KeepAway
-from supervisor.jobs.runner._launch import launch
-from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._scope import JobScope, Scope
-from supervisor.jobs.runner._start_point import StartPoint
-from supervisor.jobs.runner._unreachable import UNREACHABLE, wait_for_host
+from supervisor.jobs.runner._journal import JobScope, Journal, Scope, StartNews
+from supervisor.jobs.runner._launch import Paces, StartPoint, launch
 from supervisor.jobs.runner._verdict import Verdicts
+from supervisor.jobs.runner._waits import UNREACHABLE, GpuGate, KeepAway, wait_for_after, wait_for_host
 from supervisor.jobs.runner._watching import AttemptWatch, wait_while_queued
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
 from supervisor.probes import load_packs

@@ -14,23 +14,30 @@ The gate, between an unhealthy verdict and a kill: ``health.action`` (``hung_act
 
 A hold (``supervise hold``) postpones any kill until ``release``, from which the countdown
 starts again.  The gate is pure: ``Verdicts`` gives it the clock and does the alerting and the killing.
+
+What is taken beside the stacks before a kill (the flight recorder, nvidia-smi -q) is at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
+
+import structlog
 
 from supervisor.core.errors import SuperviseError
 from supervisor.core.events import EventKind, JobState, Verdict
+from supervisor.core.host_url import is_local
 from supervisor.core.payloads import ActionData, VerdictData
-from supervisor.hosts import stacks
+from supervisor.gpu import smi_report
+from supervisor.hosts import flight_recorder, stacks
 from supervisor.hosts.base import KillReport, StackDumper
 from supervisor.hosts.stacks import StackDump, stacks_data
 from supervisor.jobs.forewarn import forewarn as send_first_signal
-from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._journal import Journal
@@ -203,7 +210,7 @@ class Verdicts:
                                                             stacks.PER_PROCESS_S + 30))
             try:
                 # The flight recorder and nvidia-smi -q are taken meanwhile, each bounded well within this.
-                dump = await forensics.taken_with(self._ctx, live, taking)
+                dump = await taken_with(self._ctx, live, taking)
             except (SuperviseError, TimeoutError) as exc:
                 dump = StackDump((), f"no stacks: {exc or 'timed out'}")
         live.kill.stacks = dump
@@ -257,3 +264,61 @@ class Verdicts:
         self._journal.action(live.row.n, message, ActionData(held=False))
         live.wake.set()
         return message
+
+
+# What is taken beside the stacks at a hang verdict, before the kill: a torch distributed job's
+# flight recorder (hosts/flight_recorder.py: set up here at launch) and ``nvidia-smi -q`` where the
+# daemon sees GPUs (gpu/smi_report.py).  Both on this machine's attempts only, each bounded within
+# the stacks' own bound: nothing here holds the kill back longer than the stacks already may.
+
+log = structlog.get_logger("supervise.runner")
+
+
+def wanted(spec: JobSpec, argv: list[str]) -> bool:
+    """Whether the attempt gets a flight recorder folder: a local job whose command launches torch
+    distributed ranks (``flight_recorder = "auto"``), or any local job that says ``"on"``."""
+    if not is_local(spec.host) or spec.flight_recorder == "off":
+        return False
+    return spec.flight_recorder == "on" or flight_recorder.runs_torch_distributed(argv)
+
+
+def prepare(spec: JobSpec, argv: list[str], log_path: str) -> dict[str, str]:
+    """Before the launch (in a thread: it makes a folder): the flight recorder's environment."""
+    if not wanted(spec, argv):
+        return {}
+    folder = flight_recorder.folder_for(log_path)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return flight_recorder.environment(folder, spec.env)
+
+
+def _gpus_seen(ctx: RunnerContext) -> bool:
+    sample = ctx.gpu.latest()
+    return sample is not None and sample.available and bool(sample.devices)
+
+
+async def taken_with(ctx: RunnerContext, live: Live, stacks: asyncio.Future[StackDump] | asyncio.Task[StackDump]) -> StackDump:
+    """``stacks`` (under way) with the flight recorder's dumps and nvidia-smi -q beside it, taken
+    at the same time."""
+    local = is_local(live.row.host)
+    folder = flight_recorder.folder_for(live.row.log_path)
+    recorded = flight_recorder.collect(folder) if local else _nothing()
+    smi = (smi_report.take(Path(live.row.log_path + ".nvidia-smi.txt"))
+           if local and _gpus_seen(ctx) else _said(""))
+    try:
+        record, gpu_report = await asyncio.gather(recorded, smi)
+    except Exception as exc:  # noqa: BLE001 - never in the way of the stacks, nor of the kill after them
+        log.warning("flight recorder or nvidia-smi -q not taken", job=live.row.job, error=repr(exc))
+        record, gpu_report = flight_recorder.FlightRecord(f"flight recorder: not read ({exc!r})"[:300]), ""
+    dump = await stacks
+    if record is None and not gpu_report:
+        return dump
+    return dataclasses.replace(dump, flight_recorder=record.summary if record else "",
+                               dumps=record.dumps if record else (), gpu_report=gpu_report)
+
+
+async def _nothing() -> flight_recorder.FlightRecord | None:
+    return None
+
+
+async def _said(text: str) -> str:
+    return text

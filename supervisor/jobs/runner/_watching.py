@@ -3,7 +3,8 @@ loop), events stored with the offset they bring the attempt to and then publishe
 awaited (a pidfd: noticed at once), and the watchdog asked for a verdict whenever its own next
 deadline comes, never on a fixed tick.  The runner makes one per attempt it launched or adopted,
 with its collaborators (the journal it records through, the alerts and kill gate, the paces),
-and awaits ``run()``: the judgement."""
+and awaits ``run()``: the judgement.  The wait in a batch
+scheduler's queue before it, and the drain of the log to its end after the exit, are at the end."""
 
 from __future__ import annotations
 
@@ -22,18 +23,15 @@ from supervisor.core.tasks import cancel_and_wait, set_within
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower, Host, Link, QueuedHost, SchedulerEnd
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
-from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
-from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._alerts import Alerts, StragglerReports
+from supervisor.jobs.runner._context import CATCH_UP_STILL_S, CatchUp, Live, RunnerContext
 from supervisor.jobs.runner._disk import DiskWatch
-from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
 from supervisor.jobs.runner._ending import exited
 from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._stragglers import StragglerReports
-from supervisor.jobs.runner._unreachable import UNREACHABLE
+from supervisor.jobs.runner._launch import Paces
 from supervisor.jobs.runner._verdict import Verdicts
+from supervisor.jobs.runner._waits import UNREACHABLE
 from supervisor.notify import notices
 from supervisor.probes import Pack
 from supervisor.spec.model import JobSpec
@@ -408,7 +406,7 @@ class AttemptWatch:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
         # A log that cannot be read to its end must not stop the attempt from being judged; one still
-        # being read, however long, is read to its end (see _drain).
+        # being read, however long, is read to its end (see ``drain``).
         read_to_end = True
         try:
             if not await drain(reader, lambda: self._read_to):
@@ -648,3 +646,41 @@ def scheduler_judgement(status: ExitStatus) -> Judgement | None:
         return None
     evidence = {"scheduler_end": status.scheduler_end.value, "returncode": status.returncode, "signal": status.signal}
     return Judgement(_VERDICTS[status.scheduler_end], status.describe(), evidence)
+
+
+# Reading an ended attempt's log to its end before it is judged.
+#
+# The traceback is written just before the exit, so the verdict waits for the reader.  A fixed bound
+# on that wait cut off fast writers: a job that wrote its log faster than the daemon reads it (a tqdm
+# bar at full speed, 8 jobs on 2 cores) ended long before its log was read, and the end of the log —
+# where the failure is — was never read.  So the bound is on *no progress*, and progress is the
+# reader's own: each step of records it takes (matched, judged, stored), not the follower's offset,
+# which moves once per read of up to a MiB and, with fifty readers taking turns, stood still for
+# longer than the bound while every reader was busy.  Nor is time the reader had no turn counted:
+# the wait looks every ``look_s``, and a look that comes late (the daemon had no CPU, or was stopped)
+# counts as one look, not as the time it missed.  Only a reader that is given its turns and still
+# takes nothing for ``stall_s`` is given up on; the verdict then says how far the log was read.
+
+DRAIN_STALL_S = 30.0  # a reader that takes nothing for this long is given up on: judged as far as it read
+_LOOK_S = 1.0  # how often the wait looks at the reader's progress
+
+
+async def drain(reader: asyncio.Task[None], progress: Callable[[], int], stall_s: float = DRAIN_STALL_S,
+                look_s: float = _LOOK_S) -> bool:
+    """Wait until ``reader`` ends, or until ``progress()`` has not moved through ``stall_s`` of
+    looks ``look_s`` apart; True if it ended.  The reader is not cancelled here: the caller
+    decides what a stuck reader gets."""
+    loop = asyncio.get_running_loop()
+    last, still = progress(), 0.0
+    while True:
+        looked = loop.time()
+        done, _ = await asyncio.wait({reader}, timeout=look_s)
+        if done:
+            return True
+        now = progress()
+        if now != last:
+            last, still = now, 0.0
+            continue
+        still += min(look_s, loop.time() - looked)  # a late look counts its own interval, not the time missed
+        if still >= stall_s:
+            return False
