@@ -94,7 +94,7 @@ class Ending:
                                          f"after {result.waited_s:.1f}s",
                              ActionData(released=result.released, waited_s=result.waited_s))
         if not result.released:
-            await self._alerts.verdict(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}),
+            await self._alerts.verdict(live, Judgement(Verdict.LEAKED, "GPU memory leaked"),
                                        "not relaunching: GPU memory still held")
         return result.released
 

@@ -141,7 +141,7 @@ class Verdicts:
         self._journal.update(live.row.n, AttemptUpdate(verdict=judgement.verdict, reason=judgement.reason))
         self._journal.record(live.row.n, EventKind.VERDICT,
                              f"{judgement.verdict.value}: {judgement.reason}",
-                             VerdictData(judgement.verdict, judgement.evidence))
+                             VerdictData(judgement.verdict, judgement.evidence.to_json()))
 
     def _gate(self, live: Live) -> KillGate:
         return self._gates.setdefault(live.row.n, KillGate.of(self._spec.health, self._held))

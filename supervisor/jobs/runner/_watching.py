@@ -18,7 +18,7 @@ import structlog
 
 from supervisor.core.errors import StoreError, SuperviseError
 from supervisor.core.events import Event, EventKind, JobState, Phase, ProbeEvent, ProbeKind, Record, Verdict
-from supervisor.core.payloads import ActionData, AlertData, ProbeFields, SlowStep, jsonable
+from supervisor.core.payloads import ActionData, AlertData, ProbeFields, jsonable
 from supervisor.core.tasks import cancel_and_wait, set_within
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower, Host, Link, QueuedHost, SchedulerEnd
@@ -37,7 +37,7 @@ from supervisor.probes import Pack
 from supervisor.spec.model import JobSpec
 from supervisor.store.arrivals import ArrivalWriter, marks_path
 from supervisor.store.attempt_writes import KEEP, AttemptUpdate
-from supervisor.watchdog import Judgement
+from supervisor.watchdog import ExitNoted, Judgement, SchedulerEnded, slow_step
 
 log = structlog.get_logger("supervise.runner")
 
@@ -163,7 +163,7 @@ class AttemptWatch:
         live = self.live
         for slow in self._paces.new_slow_steps(live):
             self._journal.action(live.row.n, f"slow {slow.where}: {slow.judgement.reason}",
-                                 ActionData(slow=SlowStep.from_json(slow.judgement.evidence)))
+                                 ActionData(slow=slow_step(slow.judgement.evidence)))
             self._alerts.send_soon(live, notices.slow(self._alerts.about(live), slow.judgement, slow.where))
 
     def _watchable(self) -> bool:
@@ -433,12 +433,12 @@ class AttemptWatch:
         judgement = scheduler_judgement(status) or live.watchdog.exited(
             status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status), status.limit_hit)
         if status.cpu_throttled_s is not None:  # its cpu_max never ends it, but how much it held it back is evidence
-            judgement = replace(judgement, evidence={**judgement.evidence,
-                                                     "cpu_throttled_s": round(status.cpu_throttled_s, 3)})
+            judgement = replace(judgement, evidence=ExitNoted(judgement.evidence,
+                                                              cpu_throttled_s=round(status.cpu_throttled_s, 3)))
         if not read_to_end:  # judged on part of its log: the verdict says so
             judgement = replace(judgement, reason=f"{judgement.reason}; its log was not read to its end (read to "
                                                   f"byte {offset:,}, then reading stopped moving for {DRAIN_STALL_S:.0f}s)",
-                                evidence={**judgement.evidence, "log_read_to": offset})
+                                evidence=ExitNoted(judgement.evidence, log_read_to=offset))
         if not self._stopped.is_set():  # a user's stop is not a verdict on the job
             self._verdicts.record_verdict(live, judgement)
         return judgement
@@ -644,7 +644,7 @@ def scheduler_judgement(status: ExitStatus) -> Judgement | None:
     """The verdict a scheduler's word on the attempt's end gives, or None (it said nothing more)."""
     if status.scheduler_end is None:
         return None
-    evidence = {"scheduler_end": status.scheduler_end.value, "returncode": status.returncode, "signal": status.signal}
+    evidence = SchedulerEnded(status.scheduler_end.value, status.returncode, status.signal)
     return Judgement(_VERDICTS[status.scheduler_end], status.describe(), evidence)
 
 
