@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from supervisor.core.errors import SuperviseError
-from supervisor.core.events import Event, EventKind, Verdict
+from supervisor.core.events import Event, EventKind
 from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.payloads import AlertData, GpuFaultData, ProbeFields, StragglerData
 from supervisor.gpu.health import GpuFault
@@ -28,10 +28,6 @@ from supervisor.notify.alerts import Alert
 from supervisor.notify.notices import BarStep, Milestones
 from supervisor.spec.model import JobSpec
 from supervisor.watchdog import Judgement, Straggler, fine_duration
-
-# A warning about these says "it may be stuck": the stacks are dumped with it, as before a kill (a
-# diverging loss or a GPU fault is not a hang, and its stacks would say nothing).
-_STUCK_VERDICTS = frozenset({Verdict.STALLED, Verdict.SILENT, Verdict.HUNG, Verdict.IDLE})
 
 
 class Alerts:

@@ -267,7 +267,7 @@ class Verdicts:
 
 
 # What is taken beside the stacks at a hang verdict, before the kill: a torch distributed job's
-# flight recorder (hosts/flight_recorder.py: set up here at launch) and ``nvidia-smi -q`` where the
+# flight recorder (hosts/flight_recorder.py: set up at launch, ``prepare``) and ``nvidia-smi -q`` where the
 # daemon sees GPUs (gpu/smi_report.py).  Both on this machine's attempts only, each bounded within
 # the stacks' own bound: nothing here holds the kill back longer than the stacks already may.
 
