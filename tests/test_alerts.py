@@ -265,7 +265,7 @@ def test_a_verdict_alert_carries_the_first_frames_of_the_stacks_dumped_before_th
     from supervisor.watchdog import Judgement
 
     at = notices.Attempt(job="j", n=2, gpu="", stacks="pid 7 (python job.py): frozen_here (job.py:5) < <module> (job.py:9)")
-    alert = notices.verdict(at, Judgement(Verdict.STALLED, "shard 3/10, no progress for 1m00s", {}), "relaunch in 10s")
+    alert = notices.verdict(at, Judgement(Verdict.STALLED, "shard 3/10, no progress for 1m00s"), "relaunch in 10s")
     assert "stacks: pid 7 (python job.py): frozen_here (job.py:5)" in alert.evidence
 
 

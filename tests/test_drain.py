@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from supervisor.jobs.runner._drain import drain
+from supervisor.jobs.runner._watching import drain
 
 
 def test_a_slow_reader_that_keeps_moving_is_waited_for_past_the_stall_bound() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state
 
-from supervisor.jobs.runner._drain import DRAIN_STALL_S
+from supervisor.jobs.runner._watching import DRAIN_STALL_S
 
 # argv: how many redraws.  Written through a full buffer (no flush per line): megabytes in a
 # second or two, far ahead of the daemon; then the traceback, and exit 1.

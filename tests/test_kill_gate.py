@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from supervisor.core.events import Verdict
-from supervisor.jobs.runner._gate import KillGate, Step
+from supervisor.jobs.runner._verdict import KillGate, Step
 from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Judgement
 
-STALLED = Judgement(Verdict.STALLED, "shard 12/64, no progress for 2m00s", {})
-HEALTHY = Judgement(Verdict.HEALTHY, "ok", {})
+STALLED = Judgement(Verdict.STALLED, "shard 12/64, no progress for 2m00s")
+HEALTHY = Judgement(Verdict.HEALTHY, "ok")
 
 
 def gate(**health: object) -> KillGate:

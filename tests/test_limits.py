@@ -154,7 +154,7 @@ def test_a_job_killed_by_its_memory_limit_is_oom_with_the_figure() -> None:
                                               kernel_oom="cgroup memory.events: oom_kill 1", limit_hit=hit)
     assert judgement.verdict is Verdict.OOM
     assert judgement.reason == "killed by its memory limit 512 MiB (memory.events oom_kill 1); killed by SIGKILL"
-    assert judgement.evidence["limit"] == "memory_max" and judgement.evidence["limit_value"] == 512 << 20
+    assert judgement.evidence.to_json()["limit"] == "memory_max" and judgement.evidence.to_json()["limit_value"] == 512 << 20
     # A worker killed, the program exiting 1 of it: still its memory limit.
     assert Watchdog(HealthSpec()).exited(1, None, killed_by_us=False, limit_hit=hit).verdict is Verdict.OOM
     # A program that went on and finished despite it: done.

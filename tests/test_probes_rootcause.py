@@ -113,7 +113,7 @@ def test_the_watchdog_stores_and_blames_the_root_cause() -> None:
     assert watchdog.state().failure == watchdog.failure
     judgement = watchdog.exited(1, None, killed_by_us=False)
     assert judgement.verdict is Verdict.CRASHED and "ValueError: To serve" in judgement.reason
-    assert judgement.evidence["fingerprint"] == watchdog.failure.fingerprint
+    assert judgement.evidence.to_json()["fingerprint"] == watchdog.failure.fingerprint
 
 
 # ---- start-up errors ---------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_the_watchdog_keeps_one_stall_track_per_rank() -> None:
         step(0, i, float(i))
     judgement = watchdog.check(10.5)
     assert judgement.verdict is Verdict.STALLED
-    assert judgement.evidence["bar"] == "Loading weights (Worker_TP1 pid=101)"
+    assert judgement.evidence.to_json()["bar"] == "Loading weights (Worker_TP1 pid=101)"
 
 
 # ---- the pack format -----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from supervisor.hosts.base import ExitStatus, SchedulerEnd
 from supervisor.hosts.registry import connect
 from supervisor.hosts.slurm.jobs import parse_sacct, parse_scontrol
 from supervisor.jobs.policy import RestartPolicy
-from supervisor.jobs.runner._queued import scheduler_judgement
+from supervisor.jobs.runner._watching import scheduler_judgement
 from supervisor.spec.model import JobSpec, RestartSpec
 
 _LINE = ("JobId=7 JobName=t.1.abc UserId=root(0) JobState={state} Reason={reason} Dependency=(null) "

@@ -70,11 +70,11 @@ def test_stall_bound_is_k_times_median_interval_and_reason_reads_well() -> None:
     j = w.check()
     assert j.verdict == Verdict.STALLED
     assert j.reason == "shard 45/64, no progress for 3m10s (bound 52.8s = 3 x median 17.6 s/it)"
-    assert j.evidence["probe"] == "vllm.shards"
-    assert (j.evidence["done"], j.evidence["total"]) == (45, 64)
-    assert j.evidence["stalled_s"] == pytest.approx(190.0)
-    assert j.evidence["median_interval_s"] == pytest.approx(17.6)
-    assert j.evidence["bound_s"] == pytest.approx(52.8)
+    assert j.evidence.to_json()["probe"] == "vllm.shards"
+    assert (j.evidence.to_json()["done"], j.evidence.to_json()["total"]) == (45, 64)
+    assert j.evidence.to_json()["stalled_s"] == pytest.approx(190.0)
+    assert j.evidence.to_json()["median_interval_s"] == pytest.approx(17.6)
+    assert j.evidence.to_json()["bound_s"] == pytest.approx(52.8)
 
 
 def test_not_stalled_just_before_the_bound_and_stalled_at_it() -> None:
@@ -95,7 +95,7 @@ def test_floor_applies_when_k_times_median_is_smaller() -> None:
     assert w.check(0.6 + 59.9).verdict == Verdict.HEALTHY
     j = w.check(0.6 + 60.0)
     assert j.verdict == Verdict.STALLED
-    assert j.evidence["bound_s"] == 60.0
+    assert j.evidence.to_json()["bound_s"] == 60.0
     assert "stall floor" in j.reason
 
 
@@ -124,7 +124,7 @@ def test_a_repeated_done_is_not_an_advance() -> None:
     for t in (2.0, 3.0, 4.0, 5.0):
         advance(w, clock, 1, t)  # the same bar redrawn
     assert w.check(6.0).verdict == Verdict.STALLED
-    assert w.check(6.0).evidence["stalled_s"] == pytest.approx(5.0)
+    assert w.check(6.0).evidence.to_json()["stalled_s"] == pytest.approx(5.0)
 
 
 def test_heartbeats_are_output_but_not_progress() -> None:
@@ -136,7 +136,7 @@ def test_heartbeats_are_output_but_not_progress() -> None:
         w.observe(heartbeat())
     j = w.check(6.5)
     assert j.verdict == Verdict.STALLED  # heartbeats did not reset the stall clock...
-    assert "also" not in j.evidence  # ...but they did keep it from being silent
+    assert "also" not in j.evidence.to_json()  # ...but they did keep it from being silent
 
 
 def test_only_waiting_lines_in_a_start_up_phase_is_a_stall() -> None:
@@ -205,7 +205,7 @@ def test_first_progress_bound_before_any_interval_is_known() -> None:
     assert w.check(20.9).verdict == Verdict.HEALTHY
     j = w.check(21.0)
     assert j.verdict == Verdict.STALLED
-    assert j.evidence["bound_s"] == 20
+    assert j.evidence.to_json()["bound_s"] == 20
     assert "first advance expected" in j.reason
 
 
@@ -299,7 +299,7 @@ def test_silence_in_a_listed_phase() -> None:
     assert w.check(39.9).verdict == Verdict.HEALTHY
     j = w.check(40)
     assert j.verdict == Verdict.SILENT
-    assert j.evidence["silent_s"] == pytest.approx(30)
+    assert j.evidence.to_json()["silent_s"] == pytest.approx(30)
     assert "no output for 30.0s" in j.reason
     w.output_seen(41)
     assert w.check(41).verdict == Verdict.HEALTHY
@@ -332,7 +332,7 @@ def test_phase_deadline() -> None:
     j = w.check(5 + 601)
     assert j.verdict == Verdict.STALLED
     assert j.reason.startswith("phase model_init exceeded its deadline of 10m00s")
-    assert j.evidence["deadline_s"] == 600
+    assert j.evidence.to_json()["deadline_s"] == 600
 
 
 def test_leaving_a_phase_in_time_meets_its_deadline() -> None:
@@ -350,7 +350,7 @@ def test_the_rule_broken_first_is_the_verdict() -> None:
     advance(w, clock, 1, 1.0)
     j = w.check(30)
     assert j.verdict == Verdict.STALLED
-    assert len(j.evidence["also"]) == 1 and "no output" in j.evidence["also"][0]
+    assert len(j.evidence.to_json()["also"]) == 1 and "no output" in j.evidence.to_json()["also"][0]
 
 
 def test_next_check_at_is_the_earliest_pending_rule() -> None:
@@ -396,7 +396,7 @@ def test_a_failure_then_silence_is_a_crash_while_the_process_still_runs() -> Non
     j = w.check(131.0)
     assert j.verdict == Verdict.CRASHED
     assert j.reason == "hung after a failure, no output for 2m00s: RuntimeError: rank 1: bad batch at step 5"
-    assert j.evidence["fingerprint"] == "fpbad" and j.evidence["hang_after_failure_s"] == 120
+    assert j.evidence.to_json()["fingerprint"] == "fpbad" and j.evidence.to_json()["hang_after_failure_s"] == 120
     # Killed by us for it: the exit keeps that verdict, whatever signal ended it.
     assert w.exited(None, 15, killed_by_us=True).reason == j.reason
     assert w.upcoming() is None
@@ -421,7 +421,7 @@ def test_the_first_failure_since_the_last_advance_is_blamed() -> None:
     w.observe(failure(line="RuntimeError: the cause", fp="b"))
     w.observe(failure(line="RuntimeError: a consequence", fp="c"))
     j = w.check(100.0)
-    assert j.verdict == Verdict.CRASHED and j.evidence["fingerprint"] == "b"
+    assert j.verdict == Verdict.CRASHED and j.evidence.to_json()["fingerprint"] == "b"
 
 
 @pytest.mark.parametrize("recovery", ["phase", "progress"])
@@ -485,7 +485,7 @@ def test_state_is_one_consistent_look() -> None:
     assert w.failure == state.failure
     assert state.failures_seen == 2 and state.last_output_at == 4.0
     assert state.next_check_at == w.next_check_at() == 14.0  # the stall floor after the last advance
-    assert w.exited(1, None, killed_by_us=False).evidence["fingerprint"] == "a"
+    assert w.exited(1, None, killed_by_us=False).evidence.to_json()["fingerprint"] == "a"
     assert w.state().next_check_at is None
 
 
@@ -529,7 +529,7 @@ def test_exit_zero_is_done() -> None:
     w, _ = make()
     j = w.exited(0, None, killed_by_us=False)
     assert j == Judgement(Verdict.DONE, "exited 0", j.evidence)
-    assert j.evidence["returncode"] == 0 and "failure" not in j.evidence
+    assert j.evidence.to_json()["returncode"] == 0 and "failure" not in j.evidence.to_json()
 
 
 def test_exit_zero_after_a_recovered_failure_is_done_with_the_failure_kept() -> None:
@@ -539,7 +539,7 @@ def test_exit_zero_after_a_recovered_failure_is_done_with_the_failure_kept() -> 
     w.observe(progress(2, 10, probe="extract.samples"))  # it made progress again: recovered
     j = w.exited(0, None, killed_by_us=False)
     assert j.verdict == Verdict.DONE and "recovered" in j.reason
-    assert j.evidence["line"] == "ValueError: retrying with a smaller batch"
+    assert j.evidence.to_json()["line"] == "ValueError: retrying with a smaller batch"
 
 
 def test_shutdown_lines_after_a_failure_are_no_recovery() -> None:
@@ -573,7 +573,7 @@ def test_nonzero_exit_after_a_failure_is_a_crash_with_evidence() -> None:
     j = w.exited(1, None, killed_by_us=False)
     assert j.verdict == Verdict.CRASHED
     assert j.reason == "exited 1: KeyError: 'model.layers.0.mlp.experts.w13_weight'"
-    ev = j.evidence
+    ev = j.evidence.to_json()
     assert ev["fingerprint"] == "ab12cd34ef56aa"
     assert ev["returncode"] == 1 and ev["signal"] is None and ev["phase"] == "weight_loading"
     assert ev["failures_seen"] == 2
@@ -595,8 +595,8 @@ def test_cuda_oom_then_death_is_oom() -> None:
     w.observe(failure(line="RuntimeError: worker died"))
     j = w.exited(1, None, killed_by_us=False)
     assert j.verdict == Verdict.OOM
-    assert j.evidence["failure"] == FailureKind.CUDA_OOM
-    assert "CUDA out of memory" in j.evidence["line"]
+    assert j.evidence.to_json()["failure"] == FailureKind.CUDA_OOM
+    assert "CUDA out of memory" in j.evidence.to_json()["line"]
 
 
 @pytest.mark.parametrize(("returncode", "signal"), [(None, 9), (137, None), (-9, None)])
@@ -605,7 +605,7 @@ def test_sigkill_we_did_not_send_is_killed_unless_the_kernel_says_oom(returncode
     j = w.exited(returncode, signal, killed_by_us=False)
     assert j.verdict == Verdict.KILLED
     assert j.reason == "SIGKILL from outside the supervisor (the kernel reported no OOM kill)"
-    assert j.evidence["signal_name"] == "SIGKILL"
+    assert j.evidence.to_json()["signal_name"] == "SIGKILL"
 
 
 def test_sigkill_the_kernel_reports_as_an_oom_kill_is_oom() -> None:
@@ -613,7 +613,7 @@ def test_sigkill_the_kernel_reports_as_an_oom_kill_is_oom() -> None:
     j = w.exited(None, 9, killed_by_us=False, kernel_oom="cgroup memory.events: oom_kill 1")
     assert j.verdict == Verdict.OOM
     assert j.reason == "killed by the kernel's OOM killer: cgroup memory.events: oom_kill 1"
-    assert j.evidence["kernel"] == "cgroup memory.events: oom_kill 1"
+    assert j.evidence.to_json()["kernel"] == "cgroup memory.events: oom_kill 1"
 
 
 def test_sigkill_we_sent_after_a_stall_keeps_the_stall_verdict() -> None:
@@ -624,7 +624,7 @@ def test_sigkill_we_sent_after_a_stall_keeps_the_stall_verdict() -> None:
     j = w.exited(None, 9, killed_by_us=True)
     assert j.verdict == Verdict.STALLED
     assert j.reason == stalled.reason
-    assert j.evidence["signal"] == 9
+    assert j.evidence.to_json()["signal"] == 9
 
 
 def test_a_stalled_process_we_stopped_that_exits_0_is_still_stalled() -> None:
@@ -724,8 +724,8 @@ def test_replay_real_freeze_is_flagged_within_the_bound_and_clears() -> None:
     assert verdicts == [Verdict.HEALTHY, Verdict.STALLED, Verdict.HEALTHY]
     flagged_at, stalled = changes[1]
     assert flagged_at - froze_at == pytest.approx(5.0, abs=1e-6)  # exactly at the bound
-    assert stalled.evidence["done"] == 5 and stalled.evidence["total"] == 13
-    assert stalled.evidence["median_interval_s"] == pytest.approx(0.147, abs=0.01)
+    assert stalled.evidence.to_json()["done"] == 5 and stalled.evidence.to_json()["total"] == 13
+    assert stalled.evidence.to_json()["median_interval_s"] == pytest.approx(0.147, abs=0.01)
     assert stalled.reason.startswith("shard 5/13, no progress for 5.0s (bound 5.0s = stall_floor_s")
     assert changes[2][0] == resumed_at
 
@@ -848,7 +848,7 @@ def test_max_runtime_is_a_timeout_from_the_attempts_start_however_healthy_it_is(
     clock.t = 8100.0
     judged = dog.check()
     assert judged.verdict == Verdict.TIMEOUT and judged.reason == "ran past max_runtime 2h00m", judged
-    assert judged.evidence["max_runtime_s"] == 7200.0
+    assert judged.evidence.to_json()["max_runtime_s"] == 7200.0
     # Killed for it: the verdict stays, however the process then ended.
     assert dog.exited(None, 15, killed_by_us=True).verdict == Verdict.TIMEOUT
 

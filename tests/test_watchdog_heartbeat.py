@@ -28,7 +28,7 @@ def test_no_ping_counts_from_the_start_then_from_the_last_ping() -> None:
     assert w.check(17.9).verdict is Verdict.HEALTHY
     judged = w.check(18)
     assert judged.verdict is Verdict.SILENT and "since its last" in judged.reason
-    assert judged.evidence["watchdog_s"] == 10 and judged.evidence["ever_pinged"] is True
+    assert judged.evidence.to_json()["watchdog_s"] == 10 and judged.evidence.to_json()["ever_pinged"] is True
 
 
 def test_output_does_not_stand_in_for_pings() -> None:

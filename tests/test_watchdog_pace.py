@@ -172,7 +172,7 @@ def test_a_step_well_over_its_history_is_slow_before_it_is_a_stall() -> None:
     [(key, report)] = w.slow()
     assert key.endswith("@1")
     assert "over 36.2s" in report.reason and "95th percentile 18.1s" in report.reason
-    assert report.evidence["stall_bound_s"] == pytest.approx(120.0)  # the floor: history never tightens it
+    assert report.evidence.to_json()["stall_bound_s"] == pytest.approx(120.0)  # the floor: history never tightens it
     # Past it, the next deadline is the stall, not the slow report again.
     assert w.next_check_at() == pytest.approx(17.5 + 120)
     clock.t = 17.5 + 120

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from supervisor.core.events import Event, EventKind, Phase, Verdict
 from supervisor.core.records import Record
-from supervisor.jobs.runner._gate import KillGate, Step
+from supervisor.jobs.runner._verdict import KillGate, Step
 from supervisor.probes import ProbeEngine, load_packs
 from supervisor.spec.model import HealthSpec
 from supervisor.watchdog import Watchdog
@@ -62,7 +62,7 @@ def test_zero_throughput_with_requests_waiting_for_hung_s_is_hung() -> None:
     clock.t = 60.0
     judged = w.check()
     assert judged.verdict is Verdict.HUNG
-    assert "0 tokens/s with 4 running and 12 waiting" in judged.reason and judged.evidence["stuck_s"] == 60.0
+    assert "0 tokens/s with 4 running and 12 waiting" in judged.reason and judged.evidence.to_json()["stuck_s"] == 60.0
 
 
 def test_throughput_again_or_nothing_to_do_ends_it_and_an_idle_server_is_never_hung() -> None:
@@ -156,13 +156,13 @@ def test_a_loss_read_from_real_trainer_lines() -> None:
 def test_hung_and_diverged_are_warned_about_by_default_and_killed_only_where_asked(verdict: Verdict, field: str) -> None:
     from supervisor.watchdog import Judgement
 
-    judged = Judgement(verdict, "x", {})
+    judged = Judgement(verdict, "x")
     warn = KillGate.of(HealthSpec())
     assert warn.judge(judged, 0.0) is Step.WARN and warn.judge(judged, 1e9) is Step.NOTHING
     assert f"health.{field} is \"warn\"" in warn.next_action("j", 0.0)
     assert KillGate.of(HealthSpec(**{field: "kill"})).judge(judged, 0.0) is Step.KILL
     # The job's own action still governs the other verdicts.
-    assert KillGate.of(HealthSpec()).judge(Judgement(Verdict.STALLED, "s", {}), 0.0) is Step.KILL
+    assert KillGate.of(HealthSpec()).judge(Judgement(Verdict.STALLED, "s"), 0.0) is Step.KILL
 
 
 @pytest.mark.parametrize("fields", [
@@ -228,7 +228,7 @@ def test_idle_is_warned_about_by_default() -> None:
     from supervisor.watchdog import Judgement
 
     gate = KillGate.of(HealthSpec())
-    assert gate.judge(Judgement(Verdict.IDLE, "x", {}), 0.0) is Step.WARN
+    assert gate.judge(Judgement(Verdict.IDLE, "x"), 0.0) is Step.WARN
     assert 'health.idle_action is "warn"' in gate.next_action("j", 0.0)
 
 

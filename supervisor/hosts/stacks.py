@@ -59,7 +59,7 @@ class StackDump:
     processes: tuple[ProcessStack, ...]
     note: str = ""  # one line when no stack could be taken at all: py-spy missing, ptrace refused
     found: int = 0  # the attempt's processes, dumped or not (0: as many as were dumped)
-    # Taken beside the stacks at a hang verdict (jobs/runner/_forensics.py): the flight recorder's
+    # Taken beside the stacks at a hang verdict (jobs/runner/_verdict.py): the flight recorder's
     # one line and its ranks' dump files (a torch distributed job), and where nvidia-smi -q went.
     flight_recorder: str = ""
     dumps: tuple[str, ...] = ()

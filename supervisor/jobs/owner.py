@@ -34,6 +34,7 @@ from supervisor.jobs.pipelines import Pipelines
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.recovery import Recovery
 from supervisor.jobs.runner import JobRunner, RunnerContext
+from supervisor.jobs.runner_protocol import Runner
 from supervisor.jobs.sharding import ShardedJob
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.jobs.stopping import VERB_STORE_WAIT_S, Stopping
@@ -45,8 +46,6 @@ from supervisor.store.retention import Retention, prune_events, prune_logs, remo
 
 _LAUNCH_WITHIN_S = 60.0
 _ENDING = frozenset({EventKind.ACTION, EventKind.EXITED, EventKind.STATE})  # `start` answers 504 past this, never hangs
-
-Runner = JobRunner | ShardedJob
 
 
 class Supervisor:
@@ -62,6 +61,7 @@ class Supervisor:
         self.retention = retention
         self.arrivals = arrivals_dir
         self._runners: dict[str, Runner] = {}
+        self._sharded: dict[str, ShardedJob] = {}  # the sharded jobs among them: recovery fills in their shards
         self.runners: Mapping[str, Runner] = MappingProxyType(self._runners)  # readers' view
         self.pipelines = Pipelines(recorder, hosts, self.runners, self.start_runner)
         self._stopping = Stopping(recorder, hosts, self.runners, self.pipelines)
@@ -71,25 +71,31 @@ class Supervisor:
     def start_runner(self, spec: JobSpec, resume: AttemptRow | None = None) -> Runner:
         """Give the job a new runner and start it (``resume``: re-adopt that attempt)."""
         try:
-            # A pool's re-adopted attempt is watched where it runs; a new one is placed by the runner.
-            host = resume.host if resume is not None and spec.shards == 1 and spec.hosts else spec.host
-            runner: Runner = ShardedJob(spec, self.context) if spec.shards > 1 else JobRunner(spec, self.context(host))
+            runner, start = self._made(spec, resume)
         except SuperviseError as exc:
             # No runner will ever move this job on: its state must say so, not stay `starting`.
             self.recorder.job_state(spec.name, JobState.FAILED, f"cannot supervise it: {exc}")
             raise
         self._runners[spec.name] = runner
-        if isinstance(runner, ShardedJob):
-            runner.start()
-        else:
-            runner.start(resume)
+        start()
         return runner
+
+    def _made(self, spec: JobSpec, resume: AttemptRow | None) -> tuple[Runner, Callable[[], None]]:
+        """A new runner of the kind the spec calls for, and how it starts: the one place that names
+        the kinds (everything else holds a ``Runner``)."""
+        if spec.shards > 1:
+            sharded = self._sharded[spec.name] = ShardedJob(spec, self.context)
+            return sharded, sharded.start
+        # A pool's re-adopted attempt is watched where it runs; a new one is placed by the runner.
+        host = resume.host if resume is not None and spec.hosts else spec.host
+        one = JobRunner(spec, self.context(host))
+        return one, lambda: one.start(resume)
 
     def sharded(self, spec: JobSpec) -> ShardedJob:
         """The job's sharded runner, made (not started) if it has none: recovery fills in its shards."""
-        job = self._runners.get(spec.name)
-        if not isinstance(job, ShardedJob):
-            job = self._runners[spec.name] = ShardedJob(spec, self.context)
+        job = self._sharded.get(spec.name)
+        if job is None or self._runners.get(spec.name) is not job:
+            job = self._runners[spec.name] = self._sharded[spec.name] = ShardedJob(spec, self.context)
         return job
 
     def running(self, name: str) -> bool:
@@ -191,6 +197,7 @@ class Supervisor:
             raise AlreadyRunning(f"job '{name}' {doing}; `supervise stop {name}` first, then `supervise rm {name}`")
         await when_free(lambda: self.store.delete_job(name), within_s=VERB_STORE_WAIT_S)
         self._runners.pop(name, None)
+        self._sharded.pop(name, None)
         if logs:
             removed = remove_logs(attempts)
             arrivals.forget_job(self.arrivals, name)

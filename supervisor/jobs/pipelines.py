@@ -13,7 +13,6 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from supervisor.core import protocol
 from supervisor.core.errors import AlreadyRunning, HostError, NotFound, SpecError
@@ -21,9 +20,12 @@ from supervisor.core.events import JobState, Verdict
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.dependencies import GIVEN_UP, check_after
 from supervisor.jobs.pipeline_eta import overall_eta
-from supervisor.jobs.runner import JobRunner
+from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.runner_protocol import Runner
+from supervisor.jobs.views import attempt_info
 from supervisor.probes import load_packs
 from supervisor.spec.command_check import check_local_command
+from supervisor.spec.model import JobSpec
 from supervisor.spec.pipeline import (
     ResolvedPipeline,
     ResolvedStep,
@@ -33,18 +35,12 @@ from supervisor.spec.pipeline import (
 )
 from supervisor.store.pipelines import PipelineRow, PipelineStore, StepRow
 
-if TYPE_CHECKING:
-    from supervisor.jobs.sharding import ShardedJob
-from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.views import attempt_info
-from supervisor.spec.model import JobSpec
-
 _WAITING = (JobState.STARTING, JobState.WAITING)
 
 
 class Pipelines:
-    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
-                 start_runner: Callable[[JobSpec], JobRunner | ShardedJob]) -> None:
+    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, Runner],
+                 start_runner: Callable[[JobSpec], Runner]) -> None:
         self.recorder = recorder
         self.store = store = recorder.store
         self.rows = PipelineStore(store)

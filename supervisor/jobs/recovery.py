@@ -16,7 +16,7 @@ from supervisor.core.host_url import is_local
 from supervisor.hosts.base import ExitStatus, ProcessHandle
 from supervisor.hosts.registry import Hosts
 from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner import JobRunner
+from supervisor.jobs.runner_protocol import Runner
 from supervisor.jobs.sharding import ShardedJob
 from supervisor.spec.model import JobSpec
 from supervisor.store.attempt_writes import AttemptEnd, ExitCode
@@ -30,8 +30,8 @@ class Recovery:
     """One pass; the runners it makes are the caller's (``start_runner``, ``sharded``: a sharded
     job's coordinator, made without starting it), ``runners`` what the caller holds already."""
 
-    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
-                 start_runner: Callable[..., JobRunner | ShardedJob], sharded: Callable[[JobSpec], ShardedJob]) -> None:
+    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, Runner],
+                 start_runner: Callable[..., Runner], sharded: Callable[[JobSpec], ShardedJob]) -> None:
         self.recorder = recorder
         self.store = recorder.store
         self.hosts = hosts

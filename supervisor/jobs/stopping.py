@@ -17,8 +17,7 @@ from supervisor.jobs.gpu_holders import describe as describe_held
 from supervisor.jobs.pending import when_free
 from supervisor.jobs.pipelines import Pipelines
 from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner import JobRunner
-from supervisor.jobs.sharding import ShardedJob
+from supervisor.jobs.runner_protocol import Runner
 from supervisor.jobs.strays import StrayStop, merge_reports, stop_strays, stray_handle
 
 # A verb's write waits this long for a lock another process holds, then answers "store busy" (74).
@@ -31,7 +30,7 @@ _UNENDED = frozenset({JobState.STARTING, JobState.WAITING, JobState.RUNNING, Job
 class Stopping:
     """Stops for the jobs domain: it reads the runners (``runners``), never adds or drops one."""
 
-    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, JobRunner | ShardedJob],
+    def __init__(self, recorder: Recorder, hosts: Hosts, runners: Mapping[str, Runner],
                  pipelines: Pipelines) -> None:
         self.recorder = recorder
         self.store = recorder.store

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from supervisor.core.alert_routes import AlertKind
 from supervisor.core.events import Failure, Phase
 from supervisor.core.host_url import is_local
-from supervisor.core.payloads import SlowStep
 from supervisor.core.progress import Progress
 from supervisor.gpu.health import GpuFault
 from supervisor.notify.alerts import Alert
 from supervisor.spec.tables import AlertSpec
-from supervisor.watchdog import Judgement, ProgressState, fine_duration, format_duration, label
+from supervisor.watchdog import Judgement, ProgressState, fine_duration, format_duration, label, slow_step
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def reachable(at: Attempt, host: str, down_s: float) -> Alert:
 
 def slow(at: Attempt, judgement: Judgement, where: str) -> Alert:
     """A bar's step takes well over what earlier attempts took: said before it becomes a stall."""
-    step = SlowStep.from_json(judgement.evidence)
+    step = slow_step(judgement.evidence)
     return Alert(job=at.job, attempt=at.n, title=f"{at.job}: slow {where}: step at {fine_duration(step.step_s)}, "
                  f"history p95 {fine_duration(step.history_p95_s)}",
                  what=f"slow (attempt {at.n} still running)", evidence=judgement.reason, gpu=at.gpu,

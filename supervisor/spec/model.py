@@ -240,7 +240,7 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _valid_placement(self) -> JobSpec:
         check_placement(self.shards, self.hosts, self.gpu.devices, self.gpu.devices_per_shard)
-        # One shard: `hosts` is a pool, the job runs on the first healthy one (runner/_keep_away.py);
+        # One shard: `hosts` is a pool, the job runs on the first healthy one (runner/_waits.py);
         # a `host` beside it would be ignored.  ("local", the default, cannot be told from unset.)
         if self.shards == 1 and self.hosts and self.host != LOCAL_HOST:
             raise ValueError(f"`host` ({shown(self.host)}) and `hosts` both set: with one shard `hosts` is a pool "

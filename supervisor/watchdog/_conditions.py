@@ -5,10 +5,10 @@ and every rule module, so that each can build conditions without importing the o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from supervisor.core.events import Verdict
+from supervisor.watchdog._evidence import Evidence, NoEvidence
 from supervisor.watchdog._pace import BoundSource
 from supervisor.watchdog._progress import Track
 
@@ -17,7 +17,7 @@ from supervisor.watchdog._progress import Track
 class Judgement:
     verdict: Verdict
     reason: str
-    evidence: dict[str, Any]
+    evidence: Evidence = field(default_factory=NoEvidence)  # a typed value per rule; a dict only where stored or sent (to_json)
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Condition:
 
     deadline: float
     verdict: Verdict
-    describe: Callable[[float], tuple[str, dict[str, Any]]]
+    describe: Callable[[float], tuple[str, Evidence]]
     since: float | None = None  # when its clock started: deadline - since is the rule's bound
     source: BoundSource | None = None  # where a stall bound came from (stall rules only)
     # Reported, never a verdict: a step slower than its history (``Watchdog.slow``).

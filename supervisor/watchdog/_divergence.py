@@ -20,6 +20,7 @@ from typing import Any
 from supervisor.core.events import Verdict
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition
+from supervisor.watchdog._evidence import Diverged, Evidence, LossNotFinite
 
 _BASELINE = 64  # readings the median is taken over
 _MIN_BASELINE = 8
@@ -62,8 +63,8 @@ def diverged(health: HealthSpec, loss: LossTrack) -> list[Condition]:
     if loss.not_finite is not None:
         at, value = loss.not_finite
 
-        def describe_nan(_: float) -> tuple[str, dict[str, Any]]:
-            return f"training diverged: loss is {value}", {"loss": value}
+        def describe_nan(_: float) -> tuple[str, Evidence]:
+            return f"training diverged: loss is {value}", LossNotFinite(value)
 
         return [Condition(at, Verdict.DIVERGED, describe_nan, at)]
     steps = health.diverge_steps
@@ -71,9 +72,8 @@ def diverged(health: HealthSpec, loss: LossTrack) -> list[Condition]:
         return []
     since, bound, readings = loss.above_since, loss.bound or 0.0, list(loss.above)
 
-    def describe(_: float) -> tuple[str, dict[str, Any]]:
+    def describe(_: float) -> tuple[str, Evidence]:
         return (f"training diverged: loss {readings[-1]:.4g}, over {bound:.4g} ({health.diverge_k:g} x its median) "
-                f"for {len(readings)} readings in a row", {"loss": readings[-1], "bound": round(bound, 6),
-                                                            "readings_over": len(readings)})
+                f"for {len(readings)} readings in a row", Diverged(readings[-1], round(bound, 6), len(readings)))
 
     return [Condition(since, Verdict.DIVERGED, describe, since)]

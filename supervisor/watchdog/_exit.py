@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import signal as signal_module
-from typing import Any
+from dataclasses import replace
 
 from supervisor.core.events import Phase, Verdict
 from supervisor.core.resource_limits import LimitHit, LimitKind
 from supervisor.watchdog._conditions import Judgement
+from supervisor.watchdog._evidence import BarAt, Exited, LimitFigures
 from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._rules import failure_evidence
 
@@ -30,7 +31,7 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
     if killed_by_us and last_unhealthy is not None and oom is None:
         # We stopped it because of what check() found: that is the verdict that counts,
         # however the process then ended.
-        return Judgement(last_unhealthy.verdict, last_unhealthy.reason, {**last_unhealthy.evidence, **evidence})
+        return Judgement(last_unhealthy.verdict, last_unhealthy.reason, replace(evidence, before=last_unhealthy.evidence))
     if returncode == 0 and signal is None:
         if failure is None:
             return Judgement(Verdict.DONE, "exited 0", evidence)
@@ -55,7 +56,7 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
         # Only the kernel's own word makes it an OOM kill: a `kill -9` by hand looks the same.
         if kernel_oom is not None:
             return Judgement(Verdict.OOM, f"killed by the kernel's OOM killer: {kernel_oom}",
-                             {**evidence, "kernel": kernel_oom})
+                             replace(evidence, kernel=kernel_oom))
         return Judgement(Verdict.KILLED, "SIGKILL from outside the supervisor (the kernel reported no OOM kill)",
                          evidence)
     if failure is not None:
@@ -69,29 +70,21 @@ def judge_exit(facts: Facts, returncode: int | None, signal: int | None, killed_
     return Judgement(Verdict.CRASHED, f"{how}, no error line recognised in the log{ends}", evidence)
 
 
-def _limit_judgement(hit: LimitHit, how: str, evidence: dict[str, Any]) -> Judgement:
-    figures = {**evidence, "limit": hit.kind.value, "limit_value": hit.limit, "limit_events": hit.events}
+def _limit_judgement(hit: LimitHit, how: str, evidence: Exited) -> Judgement:
+    figures = replace(evidence, limit=LimitFigures(hit.kind.value, hit.limit, hit.events))
     if hit.kind is LimitKind.MEMORY:
         return Judgement(Verdict.OOM, f"killed by {hit.describe()}; {how}", figures)
     return Judgement(Verdict.LIMIT, f"{how} after {hit.describe()}", figures)
 
 
-def _exit_evidence(facts: Facts, returncode: int | None, signal: int | None) -> dict[str, Any]:
-    evidence: dict[str, Any] = {
-        "returncode": returncode,
-        "signal": signal,
-        "signal_name": _signal_name(signal),
-        "phase": facts.phase_name,
-    }
+def _exit_evidence(facts: Facts, returncode: int | None, signal: int | None) -> Exited:
     progress = facts.progress
-    if progress is not None:
-        evidence["progress"] = {"probe": progress.probe, "done": progress.done, "total": progress.total}
+    bar = None if progress is None else BarAt(progress.probe, progress.done, progress.total)
     failure = facts.oom or facts.primary_failure
-    if failure is not None:
-        evidence.update(failure_evidence(failure, facts.failure_count))
-    elif facts.tail.lines:
-        evidence["last_lines"] = facts.tail.lines  # no failure probe matched: what the log said last
-    return evidence
+    blamed = None if failure is None else failure_evidence(failure, facts.failure_count)
+    # No failure probe matched: what the log said last.
+    last_lines = facts.tail.lines if blamed is None and facts.tail.lines else None
+    return Exited(returncode, signal, _signal_name(signal), facts.phase_name, bar, blamed, last_lines)
 
 
 def _exit_signal(returncode: int | None, signal: int | None) -> int | None:

@@ -11,11 +11,11 @@ nothing to do (its last throughput line said no request runs or waits).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.core.events import Verdict
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, format_duration
+from supervisor.watchdog._evidence import Evidence, Idle
 
 
 @dataclass
@@ -41,10 +41,9 @@ def idle(health: HealthSpec, use: GpuUse, moved_at: float, server_without_work: 
     since = max(use.busy_at or use.seen_at, moved_at)
     devices = ", ".join(str(d) for d in use.devices)
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         quiet = at - since
         return (f"GPU {devices} at 0% utilisation and no progress for {format_duration(quiet)} "
-                f"(limit {format_duration(limit)})", {"gpus": list(use.devices), "idle_s": round(quiet, 3),
-                                                      "limit_s": limit})
+                f"(limit {format_duration(limit)})", Idle(tuple(use.devices), round(quiet, 3), limit))
 
     return [Condition(since + limit, Verdict.IDLE, describe, since)]

@@ -10,6 +10,7 @@ from supervisor.core.events import Event, Failure, Phase, Record, Verdict
 from supervisor.core.resource_limits import LimitHit
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, Judgement
+from supervisor.watchdog._evidence import Also
 from supervisor.watchdog._exit import judge_exit
 from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._pace import BoundSource, PaceHistory
@@ -162,7 +163,7 @@ class Watchdog:
         reason, evidence = first.describe(at)
         others = [c.describe(at)[0] for c in violated if c is not first]
         if others:
-            evidence = {**evidence, "also": others}
+            evidence = Also(evidence, tuple(others))
         judgement = Judgement(first.verdict, reason, evidence)
         self._last_unhealthy = judgement
         return judgement

@@ -10,13 +10,25 @@ outlives its deadline, silence, a hang after a failure, start-up phases with onl
 
 from __future__ import annotations
 
-from typing import Any
-
 from supervisor.core.events import BoundKind, Failure, FailureKind, Phase, Verdict
 from supervisor.core.payloads import SlowStep
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, Judgement, fine_duration, format_duration
 from supervisor.watchdog._divergence import diverged
+from supervisor.watchdog._evidence import (
+    BarAt,
+    Blamed,
+    EngineDead,
+    Evidence,
+    Healthy,
+    HungAfterFailure,
+    NoFirstProgress,
+    PastDeadline,
+    Silent,
+    Stalled,
+    StillWaiting,
+    Unpinged,
+)
 from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._idle import idle
 from supervisor.watchdog._pace import OWN_WINDOW, SLOW_FACTOR, BarPace, BoundSource
@@ -42,22 +54,22 @@ def conditions(health: HealthSpec, facts: Facts) -> list[Condition]:
 def healthy(facts: Facts, at: float) -> Judgement:
     progress = facts.progress
     where = f"phase {facts.phase_name}"
-    evidence: dict[str, Any] = {"phase": facts.phase_name, "last_output_s": round(at - facts.last_output_at, 3)}
+    bar = paused_s = paused = None
     if progress is not None:
         total = progress.total if progress.total is not None else "?"
         where += f", {label(progress.probe)} {progress.done}/{total}"
-        evidence.update(probe=progress.probe, done=progress.done, total=progress.total)
+        bar = BarAt(progress.probe, progress.done, progress.total)
     if facts.paused is not None:
         where += f", paused for {format_duration(at - facts.paused.since)}: {facts.paused.line}"
-        evidence.update(paused_s=round(at - facts.paused.since, 3), paused=facts.paused.line)
-    return Judgement(Verdict.HEALTHY, where, evidence)
+        paused_s, paused = round(at - facts.paused.since, 3), facts.paused.line
+    return Judgement(Verdict.HEALTHY, where, Healthy(facts.phase_name, round(at - facts.last_output_at, 3), bar,
+                                                     paused_s, paused))
 
 
-def failure_evidence(failure: Failure, failures_seen: int) -> dict[str, Any]:
+def failure_evidence(failure: Failure, failures_seen: int) -> Blamed:
     """The failure a verdict is blamed on, as evidence."""
     tail = "\n".join((failure.traceback or "").splitlines()[-_TRACEBACK_TAIL_LINES:])
-    return {"failure": failure.kind, "line": failure.line, "fingerprint": failure.fingerprint,
-            "traceback_tail": tail, "failures_seen": failures_seen}
+    return Blamed(failure.kind, failure.line, failure.fingerprint, tail, failures_seen)
 
 
 def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
@@ -68,7 +80,7 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
     deadline = since + bound
     paused = facts.paused
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         stalled = at - since
         median = track.median_interval()
         if paused is not None and since == paused.latest > track.last_advance_at:  # its "paused" lines stopped
@@ -76,17 +88,17 @@ def _stall(health: HealthSpec, facts: Facts, track: Track) -> Condition:
                       f"last: {paused.line}")
         else:
             reason = f"{_where(track)}, no progress for {format_duration(stalled)} ({how})"
-        evidence: dict[str, Any] = {
-            "probe": track.probe,
-            "bar": track.bar,
-            "done": track.done,
-            "total": track.total,
-            "stalled_s": round(stalled, 3),
-            "median_interval_s": None if median is None else round(median, 3),
-            "bound_s": round(bound, 3),
-            "bound_source": str(source),
-            "phase": facts.phase_name,
-        }
+        evidence = Stalled(
+            probe=track.probe,
+            bar=track.bar,
+            done=track.done,
+            total=track.total,
+            stalled_s=round(stalled, 3),
+            median_interval_s=None if median is None else round(median, 3),
+            bound_s=round(bound, 3),
+            bound_source=str(source),
+            phase=facts.phase_name,
+        )
         return reason, evidence
 
     return Condition(deadline, Verdict.STALLED, describe, since, source, bar=track)
@@ -162,7 +174,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
         return None
     since = _still_since(facts, track.last_advance_at)
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         taken = at - since
         reason = (f"{_where(track)}: this step has taken {format_duration(taken)}, over "
                   f"{format_duration(after)} ({history.source()}: 95th percentile {fine_duration(history.high)}); "
@@ -170,7 +182,7 @@ def _slow(health: HealthSpec, facts: Facts, track: Track) -> Condition | None:
         step = SlowStep(probe=track.probe, bar=track.bar, done=track.done, total=track.total, step_s=round(taken, 3),
                         slow_after_s=round(after, 3), history_p95_s=round(history.high, 3),
                         stall_bound_s=round(stall, 3), bound_source=str(history.source()), phase=facts.phase_name)
-        return reason, step.to_json()
+        return reason, step
 
     return Condition(since + after, Verdict.STALLED, describe, since, history.source(), advisory=True, bar=track)
 
@@ -185,13 +197,13 @@ def _first_progress(health: HealthSpec, facts: Facts) -> list[Condition]:
     entered = facts.phase_entered_at
     phase = facts.phase_name
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         waited = at - entered
         reason = (
             f"phase {phase}: no progress shown for {format_duration(waited)} "
             f"(first progress expected within {format_duration(limit)})"
         )
-        return reason, {"phase": phase, "waited_s": round(waited, 3), "bound_s": limit}
+        return reason, NoFirstProgress(phase, round(waited, 3), limit)
 
     return [Condition(entered + limit, Verdict.STALLED, describe, entered)]
 
@@ -203,13 +215,13 @@ def _deadline(health: HealthSpec, facts: Facts) -> list[Condition]:
     entered = facts.phase_entered_at
     phase = facts.phase_name
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         spent = at - entered
         reason = (
             f"phase {phase} exceeded its deadline of {format_duration(limit)} "
             f"(in it for {format_duration(spent)})"
         )
-        return reason, {"phase": phase, "in_phase_s": round(spent, 3), "deadline_s": limit}
+        return reason, PastDeadline(phase, round(spent, 3), limit)
 
     return [Condition(entered + limit, Verdict.STALLED, describe, entered)]
 
@@ -224,10 +236,10 @@ def _silence(health: HealthSpec, facts: Facts) -> list[Condition]:
     phase = facts.phase_name
     where = f"in phase {phase}" if facts.known_phase is not None else "before any phase"
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         quiet = at - last
         reason = f"no output for {format_duration(quiet)} {where} (limit {format_duration(limit)})"
-        return reason, {"phase": phase, "silent_s": round(quiet, 3), "silence_s": limit}
+        return reason, Silent(phase, round(quiet, 3), limit)
 
     return [Condition(last + limit, Verdict.SILENT, describe, last)]
 
@@ -245,12 +257,12 @@ def _no_ping(health: HealthSpec, facts: Facts) -> list[Condition]:
     restarted = facts.pings_heard_from is not None
     phase = facts.phase_name
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         quiet = at - last
         since = "since its last" if ever else "and none since the daemon began to listen" if restarted \
             else "and none since its start"
         reason = f"no WATCHDOG=1 heartbeat for {format_duration(quiet)} {since} (watchdog_s {format_duration(limit)})"
-        return reason, {"phase": phase, "unpinged_s": round(quiet, 3), "watchdog_s": limit, "ever_pinged": ever}
+        return reason, Unpinged(phase, round(quiet, 3), limit, ever)
 
     return [Condition(last + limit, Verdict.SILENT, describe, last)]
 
@@ -276,10 +288,10 @@ def _hang_after_failure(health: HealthSpec, facts: Facts) -> list[Condition]:
     phase = facts.phase_name
     blamed = failure_evidence(failure, facts.failure_count)
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         quiet = at - last
         reason = f"hung after a failure, no output for {format_duration(quiet)}: {failure.line}"
-        return reason, {"phase": phase, "silent_s": round(quiet, 3), "hang_after_failure_s": limit, **blamed}
+        return reason, HungAfterFailure(phase, round(quiet, 3), limit, blamed)
 
     return [Condition(last + limit, verdict, describe, last)]
 
@@ -296,10 +308,9 @@ def _engine_dead(health: HealthSpec, facts: Facts) -> list[Condition]:
     # (the root cause is blamed: the fatal line is most often an echo of it)
     phase = facts.phase_name
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         reason = f"still running {format_duration(at - since)} after a fatal failure: {failure.line}"
-        return reason, {"phase": phase, "since_fatal_s": round(at - since, 3), "hang_after_failure_s": limit,
-                        "fatal": failure.line, **blamed}
+        return reason, EngineDead(phase, round(at - since, 3), limit, failure.line, blamed)
 
     root = facts.primary_failure or failure
     verdict = Verdict.OOM if root.kind == FailureKind.CUDA_OOM else Verdict.CRASHED
@@ -315,16 +326,14 @@ def _waiting(health: HealthSpec, facts: Facts) -> list[Condition]:
     heartbeat = facts.heartbeat if facts.heartbeat and facts.heartbeat[0] >= since else None
     phase = facts.phase_name
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         waited = format_duration(at - since)
         where = f"in start-up phase {phase} (limit {format_duration(limit)})"
         if heartbeat is not None:
             reason = f"only 'still waiting' lines for {waited} {where}: {heartbeat[1]}"
         else:
             reason = f"no output for {waited} {where}"
-        evidence = {"phase": phase, "waiting_s": round(at - since, 3), "limit_s": limit,
-                    "line": heartbeat[1] if heartbeat else None}
-        return reason, evidence
+        return reason, StillWaiting(phase, round(at - since, 3), limit, heartbeat[1] if heartbeat else None)
 
     return [Condition(since + limit, Verdict.STALLED, describe, since)]
 

@@ -4,10 +4,9 @@ true start, so a daemon restart (a re-adopted attempt) does not give it the time
 
 from __future__ import annotations
 
-from typing import Any
-
 from supervisor.core.events import Verdict
 from supervisor.watchdog._conditions import Condition, format_duration
+from supervisor.watchdog._evidence import Evidence, PastMaxRuntime
 from supervisor.watchdog._facts import Facts
 
 
@@ -17,9 +16,8 @@ def past_max_runtime(limit: float | None, facts: Facts) -> list[Condition]:
     started = facts.started_at
     phase = facts.phase_name
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         ran = at - started
-        return (f"ran past max_runtime {format_duration(limit)}",
-                {"phase": phase, "runtime_s": round(ran, 3), "max_runtime_s": limit})
+        return f"ran past max_runtime {format_duration(limit)}", PastMaxRuntime(phase, round(ran, 3), limit)
 
     return [Condition(started + limit, Verdict.TIMEOUT, describe, started)]

@@ -18,6 +18,7 @@ from typing import Any
 from supervisor.core.events import Verdict
 from supervisor.spec.tables import HealthSpec
 from supervisor.watchdog._conditions import Condition, format_duration
+from supervisor.watchdog._evidence import EngineHung, Evidence
 
 
 @dataclass
@@ -54,12 +55,11 @@ def hung_engine(health: HealthSpec, load: EngineLoad) -> list[Condition]:
         return []
     running, waiting, lines = load.running, load.waiting, load.lines
 
-    def describe(at: float) -> tuple[str, dict[str, Any]]:
+    def describe(at: float) -> tuple[str, Evidence]:
         stuck = at - since
         reason = (f"engine hung: 0 tokens/s with {running} running and {waiting} waiting requests for "
                   f"{format_duration(stuck)} ({lines} throughput lines; limit {format_duration(limit)})")
-        return reason, {"running": running, "waiting": waiting, "stuck_s": round(stuck, 3), "hung_s": limit,
-                        "throughput_lines": lines}
+        return reason, EngineHung(running, waiting, round(stuck, 3), limit, lines)
 
     return [Condition(since + limit, Verdict.HUNG, describe, since)]
 

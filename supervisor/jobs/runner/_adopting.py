@@ -4,7 +4,7 @@ The watchdog is rebuilt from the stored events *at their own times*: the attempt
 phase and progress step, as they were stored.  Replayed at the restart's time instead, every
 interval would read zero (a rate of 0.00 s/it, then one far too fast) and every deadline
 (stall, silence, phase) would start again from the restart.  The log written while no daemon
-watched is dated by its place in the log (``_backlog``), a remote log's too (its host says its
+watched is dated by its place in the log (``_context.Backlog``), a remote log's too (its host says its
 size and age).  A ``daemon_restarted`` event says how long the attempt went unwatched.
 ``Readoption.live`` makes the attempt's ``Live`` from its stored row, ``catch_up`` asks its host
 what was written meanwhile; the runner watches it as it would one it launched (``AttemptWatch``),
@@ -17,15 +17,14 @@ import time
 
 from supervisor.core.events import Event, EventKind, JobState
 from supervisor.core.payloads import ActionData, RestartData
-from supervisor.hosts.base import LogStat, LogStatReader, ProcessHandle
+from supervisor.hosts.base import LogStatReader, ProcessHandle
 from supervisor.jobs.event_cap import EventCap
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp, backlog_of
-from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._context import CATCH_UP_STILL_S, CatchUp, Live, RunnerContext, backlog_of
 from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._watching import clock_at, note
+from supervisor.jobs.runner._launch import Paces
+from supervisor.jobs.runner._watching import clock_at, output_read_to, replay
 from supervisor.notify import notices
 from supervisor.spec.model import JobSpec
 from supervisor.store.database import AttemptRow, EventQuery
@@ -66,14 +65,12 @@ class Readoption:
         watchdog = self._paces.new_watchdog(row.n, started_at=clock_at(clock, row.started))
         stored = ctx.store.count_events(EventQuery(self._job, attempt=row.n))
         logged = sum(stored.get(kind.value, 0) for kind in _LOG_KINDS)
-        live = Live(row=row, handle=handle, watchdog=watchdog, event_cap=EventCap(ctx.events_per_attempt, logged),
-                    gpu_baseline=gpu_baseline, notify=heartbeat.bind(ctx, row.tag))
+        live = Live.of(row, handle, watchdog, event_cap=EventCap(ctx.events_per_attempt, logged),
+                       gpu_baseline=gpu_baseline, notify=heartbeat.bind(ctx, row.tag))
         # Replay what was already stored, each at its own time, so that phase, progress, rate,
         # failure and every deadline are what they were, not reset by the restart.
         probe_events = self._replayed(row.n)
-        for event in probe_events:
-            note(self._journal, live, event, clock_at(clock, event.ts))
-        live.watchdog.stragglers()  # found in what was stored: reported by the daemon before, or too late now
+        replay(self._journal, live, probe_events, clock)
         if live.notify is not None:
             # Pings sent while no daemon listened are lost, not missed.  An attempt known to ping (its
             # first ping stored, or a spec that asks for pings) is taken as just pinged: it may print
@@ -83,10 +80,6 @@ class Readoption:
                 watchdog.pinged(clock())
             else:
                 watchdog.listening(clock())
-        if probe_events:
-            live.last_output = probe_events[-1].ts
-        # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
-        live.stored_progress.resume([e for e in probe_events if e.kind is EventKind.PROGRESS])
         if unreachable_since is not None:
             self._say_reachable(live, unreachable_since)
         else:
@@ -104,7 +97,12 @@ class Readoption:
         backlog = None if log_stat is None else backlog_of(row.log_generation, row.log_offset, anchor, log_stat.size,
                                                            log_stat.modified_at, time.time())
         if backlog is None:
-            self._last_output_read(live, log_stat)
+            # The old daemon read the log to its end, lines no probe matched included: its last line
+            # was written at the log's last change.  Where that is not known (a host that cannot say),
+            # the silence clock starts again from now, rather than from an older event that would make
+            # it look silent.
+            wall = time.time() if log_stat is None else min(log_stat.modified_at, time.time())
+            output_read_to(live, wall, self._ctx.clock)
         until = None if backlog is None else self._ctx.clock() + CATCH_UP_STILL_S
         return CatchUp(backlog, until, exited=exited)
 
@@ -121,16 +119,6 @@ class Readoption:
         recent = [e for kinds in _FREQUENT_KINDS
                   for e in store.events(job, attempt=n, kinds=kinds, limit=_FREQUENT_REPLAYED, latest=True)]
         return sorted(rare + recent, key=lambda e: e.id or 0)
-
-    def _last_output_read(self, live: Live, log_stat: LogStat | None) -> None:
-        """The old daemon read the log to its end, lines no probe matched included: its last line
-        was written at the log's last change.  Where that is not known (a host that cannot say),
-        the silence clock starts again from now, rather than from an older event that would make
-        it look silent."""
-        wall = time.time() if log_stat is None else min(log_stat.modified_at, time.time())
-        if live.last_output is None or wall > live.last_output:
-            live.watchdog.output_seen(clock_at(self._ctx.clock, wall), heartbeats_only=True)  # it shows no activity
-            live.last_output = wall
 
     def _say_reachable(self, live: Live, unreachable_since: float) -> None:
         """The host answers again (this daemon never stopped): one event, the job's reason, an alert."""

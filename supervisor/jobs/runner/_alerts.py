@@ -1,36 +1,33 @@
-"""A runner's alerts and its gate before a kill, composed into the runner and given to the watch:
-what ``notices`` composes is sent here, at the points the runner reaches (an attempt judged, the
-job given up or done, a phase reached, a bar moved), each verdict is recorded here, and an
-unhealthy verdict while the attempt runs goes through the ``KillGate`` (warn, count down, cancel,
-hold) before it becomes a kill; the stacks that go with a warning or a kill are dumped here."""
+"""A runner's alerts, composed into the runner and given to the watch: what ``notices`` composes is
+sent here, at the points the runner reaches (an attempt judged, the job given up or done, a phase
+reached, a bar moved).  Alerts only say: what is decided of a verdict, and every kill, is
+``_verdict``'s.  A straggler found is
+told here too (``StragglerReports``), with its stack: never a kill."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
+import psutil
+
 from supervisor.core.errors import SuperviseError
-from supervisor.core.events import Event, EventKind, JobState, Verdict
-from supervisor.core.payloads import ActionData, AlertData, GpuFaultData, ProbeFields, VerdictData
+from supervisor.core.events import Event, EventKind
+from supervisor.core.host_url import LOCAL_HOST
+from supervisor.core.payloads import AlertData, GpuFaultData, ProbeFields, StragglerData
 from supervisor.gpu.health import GpuFault
 from supervisor.hosts import stacks
 from supervisor.hosts.base import StackDumper
 from supervisor.hosts.stacks import StackDump, stacks_data
-from supervisor.jobs.runner import _forensics as forensics
 from supervisor.jobs.runner._context import Live, RunnerContext, gpu_summary
-from supervisor.jobs.runner._gate import KillGate, Step
 from supervisor.jobs.runner._journal import Journal
 from supervisor.notify import notices
 from supervisor.notify.alerts import Alert
 from supervisor.notify.notices import BarStep, Milestones
 from supervisor.spec.model import JobSpec
-from supervisor.store.attempt_writes import AttemptUpdate
-from supervisor.watchdog import Judgement
-
-# A warning about these says "it may be stuck": the stacks are dumped with it, as before a kill (a
-# diverging loss or a GPU fault is not a hang, and its stacks would say nothing).
-_STUCK_VERDICTS = frozenset({Verdict.STALLED, Verdict.SILENT, Verdict.HUNG, Verdict.IDLE})
+from supervisor.watchdog import Judgement, Straggler, fine_duration
 
 
 class Alerts:
@@ -38,12 +35,8 @@ class Alerts:
         self._spec = spec
         self._ctx = ctx
         self._journal = journal
-        self._held = False  # `supervise hold`: no kill until `release`, for this attempt and the next
-        self._gates: dict[int, KillGate] = {}  # by attempt
         self._milestones: dict[int, Milestones] = {}  # by attempt: the phases and ETAs already alerted
         self._sending: set[asyncio.Task[None]] = set()  # alerts on their way (a run's end waits for them)
-
-    # ---- alerts --------------------------------------------------------------------------
 
     def about(self, live: Live) -> notices.Attempt:
         return notices.Attempt(job=self._spec.name, n=live.row.n, gpu=gpu_summary(self._ctx.gpu.latest()),
@@ -112,113 +105,98 @@ class Alerts:
         if pending:
             await asyncio.wait(pending, timeout=35)
 
-    # ---- verdicts, and the gate before a kill ----------------------------------------------
 
-    def record_verdict(self, live: Live, judgement: Judgement) -> None:
-        self._journal.update(live.row.n, AttemptUpdate(verdict=judgement.verdict, reason=judgement.reason))
-        self._journal.record(live.row.n, EventKind.VERDICT,
-                             f"{judgement.verdict.value}: {judgement.reason}",
-                             VerdictData(judgement.verdict, judgement.evidence))
+# A straggler the watchdog found, told: which process it is (its pid, host and GPU, as far as
+# the daemon can tell), stored as a `straggler` event with its stack when stacks can be taken, and
+# alerted like a slow step.  Never a kill: the stall rules judge a rank that stops.
+#
+# Each report runs off the watch loop (reading processes' environments, a py-spy dump): the log
+# is read on meanwhile.
 
-    def _gate(self, live: Live) -> KillGate:
-        return self._gates.setdefault(live.row.n, KillGate.of(self._spec.health, self._held))
+_PID = re.compile(r"\bpid=(\d+)\b")
+_RANK = re.compile(r"\brank=(\d+)\b")
+_TEE = re.compile(r"\btee=[A-Za-z_]+?(\d+)\b")  # torchrun --tee's "[default1]:": the local rank
 
-    def kill_deadline(self, live: Live) -> float | None:
-        return self._gate(live).deadline()
 
-    def gated(self, live: Live, judgement: Judgement) -> bool:
-        """Whether ``judgement`` (the watchdog's, now) kills the attempt now; warns, or says it
-        moved again, where the gate says so."""
-        gate, now = self._gate(live), self._ctx.clock()
-        episode, kill_pending = gate.episode, gate.kill_at is not None
-        step = gate.judge(judgement, now)
-        where = notices.where(live.watchdog.progress, live.watchdog.phase)
-        if step is Step.WARN:
-            next_action = gate.next_action(self._spec.name, now)
-            self.record_verdict(live, judgement)
-            self._journal.set_job(JobState.RUNNING,
-                                  f"attempt {live.row.n}: {judgement.verdict.value} {where}; {next_action}")
-            if judgement.verdict in _STUCK_VERDICTS and isinstance(self._ctx.host, StackDumper):
-                self._warn_with_stacks(live, judgement, where, next_action)
-            else:
-                self.send_soon(live, notices.warning(self.about(live), judgement, where, next_action))
-        elif step is Step.RECOVERED and episode is not None:
-            pending = kill_pending
-            self._journal.update(live.row.n, AttemptUpdate(verdict=None, reason=None))
-            self._journal.action(live.row.n, f"moving again {where}: {'kill cancelled' if pending else 'warning over'}",
-                                 ActionData())
-            self._journal.set_job(JobState.RUNNING, f"attempt {live.row.n}")
-            self.send_soon(live, notices.recovered(self.about(live), episode, where, pending))
-        return step is Step.KILL
+def reason(s: Straggler) -> str:
+    total = s.total if s.total is not None else "?"
+    return (f"{s.bar} at {s.done}/{total}: {fine_duration(s.step_s)}/it for {s.steps} steps in a row, over "
+            f"{s.factor:g} x its {s.peers} peers' median {fine_duration(s.peers_rate_s)}/it")
 
-    def _warn_with_stacks(self, live: Live, judgement: Judgement, where: str, next_action: str) -> None:
-        """The warning of a job that may be stuck carries its stacks: dumped first (bounded), then sent,
-        off the watch loop.  A kill that comes meanwhile waits for this dump before taking its own."""
 
-        async def dump_then_warn() -> None:
-            await self.dump_stacks(live, judgement, "at the warning")
-            await self.send(live, notices.warning(self.about(live), judgement, where, next_action))
+class StragglerReports:
+    def __init__(self, ctx: RunnerContext, journal: Journal, alerts: Alerts) -> None:
+        self._ctx = ctx
+        self._journal = journal
+        self._alerts = alerts
 
-        task = asyncio.create_task(dump_then_warn(), name=f"warn-stacks:{self._spec.name}.{live.row.n}")
-        live.stacks_pending = task
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-        task.add_done_callback(lambda done: setattr(live, "stacks_pending", None) if live.stacks_pending is done else None)
+    def found(self, live: Live, found: list[Straggler]) -> None:
+        for straggler in found:
+            self._alerts.track(asyncio.create_task(self._report(live, straggler),
+                                                   name=f"straggler:{live.row.tag}:{straggler.process}"))
 
-    async def dump_stacks(self, live: Live, judgement: Judgement, when: str) -> None:
-        """Every process's Python stack, stored as an event with the verdict; bounded, and never
-        in the way of the kill (no py-spy, no permission: one line, and the kill goes on)."""
-        pending = live.stacks_pending
-        if pending is not None and not pending.done() and pending is not asyncio.current_task():
-            # Two py-spy attaching to one process at once: the second is refused.
-            await asyncio.wait({pending}, timeout=stacks.PER_PROCESS_S + 30)
+    async def _report(self, live: Live, s: Straggler) -> None:
+        ctx = self._ctx
+        pid = await self._pid_of(live, s.process)
+        gpu = _gpu_of(ctx, pid)
+        data = StragglerData(s.probe, s.bar, s.process, s.done, s.total, round(s.step_s, 6),
+                             None if s.rate_s is None else round(s.rate_s, 6), round(s.peers_rate_s, 6), s.peers,
+                             s.factor, s.steps, pid, ctx.host.name, gpu)
+        where = ", ".join(part for part in (f"pid {pid}" if pid else "", f"host {ctx.host.name}",
+                                            f"GPU {gpu}" if gpu is not None else "") if part)
+        said = f"straggler {s.process} ({where}): {reason(s)}"
+        self._journal.record(live.row.n, EventKind.STRAGGLER, said, data)
+        dump = await self._stack(live, pid)
+        if dump is not None:
+            self._journal.record(live.row.n, EventKind.STACKS, f"stacks at the straggler warning ({s.process}): "
+                                 f"{dump.summary()}", stacks_data(dump))
+        await self._alerts.send(live, notices.straggler(self._alerts.about(live), said, s.process, pid,
+                                                        None if dump is None else dump.summary()))
+
+    async def _pid_of(self, live: Live, process: str) -> int | None:
+        """The process's pid: named by its lines' prefix, else, on this machine, the attempt's
+        process whose environment says that rank (torchrun sets RANK and LOCAL_RANK)."""
+        named = _PID.search(process)
+        if named:
+            return int(named.group(1))
+        rank, local = _RANK.search(process), _TEE.search(process)
+        if self._ctx.host.name != LOCAL_HOST or (rank is None and local is None):
+            return None
+        want = ("RANK", rank.group(1)) if rank is not None else ("LOCAL_RANK", local.group(1) if local else "")
+        try:
+            pids = await self._ctx.host.attempt_pids(live.handle)
+        except SuperviseError:
+            return None
+        return await asyncio.to_thread(_with_env, pids, *want)
+
+    async def _stack(self, live: Live, pid: int | None) -> StackDump | None:
         host = self._ctx.host
         if not isinstance(host, StackDumper):
-            dump = StackDump((), f"no stacks: not taken on {host.name} (a batch scheduler's host)")
-        else:
-            taking = asyncio.ensure_future(asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S),
-                                                            stacks.PER_PROCESS_S + 30))
-            try:
-                # The flight recorder and nvidia-smi -q are taken meanwhile, each bounded well within this.
-                dump = await forensics.taken_with(self._ctx, live, taking)
-            except (SuperviseError, TimeoutError) as exc:
-                dump = StackDump((), f"no stacks: {exc or 'timed out'}")
-        live.stacks = dump
-        self._journal.record(live.row.n, EventKind.STACKS,
-                             f"stacks {when} ({judgement.verdict.value}): {dump.summary()}",
-                             stacks_data(dump))
+            return None
+        pending = live.stacks_pending
+        if pending is not None and not pending.done():
+            await asyncio.wait({pending}, timeout=stacks.PER_PROCESS_S + 30)  # one py-spy at a time
+        try:
+            dump = await asyncio.wait_for(host.dump_stacks(live.handle, stacks.PER_PROCESS_S), stacks.PER_PROCESS_S + 30)
+        except (SuperviseError, TimeoutError) as exc:
+            return StackDump((), f"no stacks: {exc or 'timed out'}")
+        mine = tuple(p for p in dump.processes if p.pid == pid)
+        return StackDump(mine, dump.note) if mine else dump  # its own stack, when it is among them
 
-    @property
-    def held(self) -> bool:
-        """Whether kills are held now (`supervise hold`, or a disk hold)."""
-        return self._held
 
-    def hold(self, live: Live | None) -> str:
-        """Postpone any kill of this job (``live``: its attempt running now, if any) until ``release``."""
-        self._held = True
-        job = self._spec.name
-        if live is None:
-            return f"{job} held: no kill until `supervise release {job}`"
-        gate = self._gate(live)
-        due = gate.deadline()
-        gate.hold()
-        message = (f"{job} held: the kill due in {max(0.0, due - self._ctx.clock()):.0f} s is postponed"
-                   if due is not None else f"{job} held: no kill") + f" until `supervise release {job}`"
-        self._journal.action(live.row.n, message, ActionData(held=True))
-        live.wake.set()
-        return message
+def _with_env(pids: set[int], name: str, value: str) -> int | None:
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).environ().get(name) == value:
+                found.append(pid)
+        except psutil.Error:
+            continue
+    return min(found) if found else None  # a rank's own children (data loaders) inherit its environment
 
-    def release(self, live: Live | None) -> str:
-        """Let kills come again; a pending one counts down again from now."""
-        self._held = False
-        job = self._spec.name
-        if live is None:
-            return f"{job} released"
-        gate = self._gate(live)
-        gate.release(self._ctx.clock())
-        due = gate.deadline()
-        message = f"{job} released" + (
-            f": killing in {max(0.0, due - self._ctx.clock()):.0f} s unless it moves" if due is not None else "")
-        self._journal.action(live.row.n, message, ActionData(held=False))
-        live.wake.set()
-        return message
+
+def _gpu_of(ctx: RunnerContext, pid: int | None) -> int | None:
+    sample = ctx.gpu.latest()
+    if pid is None or sample is None:
+        return None
+    return next((p.gpu_index for p in sample.processes if p.pid == pid), None)

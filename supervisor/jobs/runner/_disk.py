@@ -25,8 +25,8 @@ from supervisor.core.payloads import ActionData, DiskLowData
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live, RunnerContext
-from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._journal import Journal
+from supervisor.jobs.runner._verdict import Verdicts
 from supervisor.notify import notices
 from supervisor.spec.model import JobSpec
 
@@ -51,12 +51,13 @@ def read_space(folder: str) -> Space:
 
 class DiskWatch:
     def __init__(self, live: Live, *, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts,
-                 stopped: asyncio.Event) -> None:
+                 verdicts: Verdicts, stopped: asyncio.Event) -> None:
         self._live = live
         self._spec = spec
         self._ctx = ctx
         self._journal = journal
         self._alerts = alerts
+        self._verdicts = verdicts  # its hold of the kill gate, and its stop's kill
         self._stopped = stopped
         self._task: asyncio.Task[None] | None = None
         self._warned = False
@@ -129,9 +130,7 @@ class DiskWatch:
                                                       f"free space under {space.path}, then `supervise start "
                                                       f"{self._spec.name}`"))
         self._stopped.set()  # the exit that follows is a stop, not a verdict: no relaunch
-        live.killed_by_us = True
-        await forewarn(self._spec, self._ctx.host, live.handle, self._journal, live.row.n)
-        await self._ctx.host.kill_tree(live.handle, self._spec.stop_grace_s)
+        await self._verdicts.kill(live, self._spec.stop_grace_s)
 
     async def _hold(self, space: Space) -> None:
         live, disk = self._live, self._spec.disk
@@ -140,9 +139,9 @@ class DiskWatch:
         except SuperviseError:
             pids = {live.handle.pid}
         self._held = {pid for pid in sorted(pids) if _signal(pid, signal.SIGSTOP)}
-        self._gate_held = not self._alerts.held
+        self._gate_held = not self._verdicts.held
         if self._gate_held:
-            self._alerts.hold(live)
+            self._verdicts.hold(live)
         said = (f"disk low: {space.free_mib} MiB free at {space.path}, under min_free_mib {disk.min_free_mib}: "
                 f"{len(self._held)} processes held (SIGSTOP) until it is over again")
         self._record(space, "held", said)
@@ -156,7 +155,7 @@ class DiskWatch:
         count, self._held = len(self._held), set()
         if self._gate_held:
             self._gate_held = False
-            self._alerts.release(live)
+            self._verdicts.release(live)
         if space is not None:
             self._journal.action(live.row.n, f"disk space back: {space.free_mib} MiB free at {space.path}; "
                                  f"{count} processes continued (SIGCONT)", ActionData())

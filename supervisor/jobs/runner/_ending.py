@@ -11,11 +11,11 @@ from supervisor.core.errors import SuperviseError
 from supervisor.core.events import AttemptState, EventKind, Verdict
 from supervisor.core.payloads import ActionData, ExitedData
 from supervisor.gpu.nvml import ReleaseResult, baseline_of, wait_for_release
-from supervisor.hosts.base import ExitStatus, UsageReader
+from supervisor.hosts.base import ExitStatus, KillReport, UsageReader
 from supervisor.jobs.runner._alerts import Alerts
 from supervisor.jobs.runner._context import Live, RunnerContext, describe_exit
-from supervisor.jobs.runner._forewarn import forewarn
 from supervisor.jobs.runner._journal import Journal
+from supervisor.jobs.runner._verdict import Verdicts
 from supervisor.spec.model import JobSpec
 from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate, ExitCode
 from supervisor.watchdog import Judgement
@@ -33,35 +33,42 @@ def gpu_baseline(ctx: RunnerContext) -> dict[int, int]:
     return baseline_of(sample, None)
 
 
+def exited(journal: Journal, live: Live, status: ExitStatus) -> None:
+    """The attempt's command ended (``status``, as its watch saw it): stored, and told as an event."""
+    live.end.exit_status = status
+    n = live.row.n
+    journal.update(n, AttemptUpdate(exit_code=status.returncode, exit_signal=status.signal))
+    journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}", ExitedData(status.returncode, status.signal))
+
+
 class Ending:
-    def __init__(self, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts) -> None:
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts, verdicts: Verdicts) -> None:
         self._spec = spec
         self._ctx = ctx
         self._journal = journal
         self._alerts = alerts
+        self._verdicts = verdicts  # the stacks before a kill, and the kill
 
-    async def kill_what_is_left(self, live: Live, judgement: Judgement) -> None:
-        """Kill the attempt's tree, unless it ended and left nothing running."""
+    async def kill_what_is_left(self, live: Live, judgement: Judgement) -> KillReport | None:
+        """Kill the attempt's tree, unless it ended and left nothing running (None)."""
         host = self._ctx.host
         if judgement.verdict in _FINAL_VERDICTS and not await host.attempt_pids(live.handle):
-            return
+            return None
         # Judged while alive (stalled, silent, hung): why, before the kill.  Not at a time limit,
         # where the stacks would only show the program at work.
         if live.exit_status is None and judgement.verdict is not Verdict.TIMEOUT:
-            await self._alerts.dump_stacks(live, judgement, "before the kill")
-        live.killed_by_us = True
-        if live.exit_status is None:  # a program that ended on its own has no checkpoint left to write
-            await forewarn(self._spec, host, live.handle, self._journal, live.row.n)
-        report = await host.kill_tree(live.handle, self._spec.stop_grace_s)
-        live.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
+            await self._verdicts.dump_stacks(live, judgement, "before the kill")
+        # A program that ended on its own has no checkpoint left to write: no first signal.
+        report = await self._verdicts.kill(live, self._spec.stop_grace_s, forewarn=live.exit_status is None)
         if live.exit_status is None:  # killed while alive (stalled, silent): record how it ended
             status = await host.exit_status(live.handle)
             if status is not None:
-                live.exit_status = status
+                live.end.exit_status = status
                 self._journal.update(live.row.n, AttemptUpdate(exit_code=status.returncode, exit_signal=status.signal))
         self._journal.action(live.row.n, f"killed the process tree: {report.summary()}",
                              ActionData(terminated=report.terminated, killed=report.killed,
                                         survivors=report.survivors, reparented=report.reparented))
+        return report
 
     async def gpus_released(self, live: Live) -> bool:
         """Whether the GPU memory the attempt held came back (alerted when it did not)."""
@@ -87,7 +94,7 @@ class Ending:
                                          f"after {result.waited_s:.1f}s",
                              ActionData(released=result.released, waited_s=result.waited_s))
         if not result.released:
-            await self._alerts.verdict(live, Judgement(Verdict.LEAKED, "GPU memory leaked", {}),
+            await self._alerts.verdict(live, Judgement(Verdict.LEAKED, "GPU memory leaked"),
                                        "not relaunching: GPU memory still held")
         return result.released
 
@@ -113,7 +120,7 @@ class Ending:
 
     async def record_unwatched(self, live: Live, status: ExitStatus, reason: str, *, stopped: bool) -> None:
         """The attempt's exit, awaited alone once supervising it failed (``reason``): no verdict."""
-        live.exit_status = status
+        live.end.exit_status = status
         await self.record_usage(live)
         n = live.row.n
         end = AttemptEnd(state=AttemptState.STOPPED if stopped else AttemptState.ENDED, at=live.ended_at(),

@@ -91,7 +91,7 @@ class Heartbeat:
             self._ready = True
             self._record("ready (sd_notify READY=1)", NotifyData("READY"))
         if message.status is not None and message.status != live.status_line:
-            live.status_line = message.status
+            live.notified.status_line = message.status
             self._status_changed()
 
     def _status_changed(self) -> None:

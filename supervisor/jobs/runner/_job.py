@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -22,35 +23,25 @@ from supervisor.core.tasks import set_within
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample
 from supervisor.hosts import stacks
-from supervisor.hosts.base import ExitStatus, KillReport, StackDumper
+from supervisor.hosts.base import ExitStatus, Host, KillReport, ProgramFinder, StackDumper
 from supervisor.hosts.stacks import StackDump
 from supervisor.jobs.pending import PendingWrites
 from supervisor.jobs.policy import Policy, RestartPolicy
 from supervisor.jobs.quarantine import UNREACHABLE as UNREACHABLE_STRIKE
-from supervisor.jobs.runner import _start_point as start_point
+from supervisor.jobs.runner import _launch as start_point
 from supervisor.jobs.runner._adopting import Anchor, Readoption
-from supervisor.jobs.runner._after import wait_for_after
 from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CatchUp
-from supervisor.jobs.runner._context import Live, RunnerContext, cancel_until_done
+from supervisor.jobs.runner._context import CatchUp, Live, RunnerContext, cancel_until_done
 from supervisor.jobs.runner._ending import Ending, gpu_baseline
-from supervisor.jobs.runner._forewarn import forewarn
-from supervisor.jobs.runner._gpu_use import attempt_pids, gpus_sampled
-from supervisor.jobs.runner._gpu_wait import GpuGate
-from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._keep_away import KeepAway
-from supervisor.jobs.runner._launch import launch
-from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._program import learn_program_pid
-from supervisor.jobs.runner._queued import wait_while_queued
-from supervisor.jobs.runner._scope import JobScope, Scope
-from supervisor.jobs.runner._start_point import StartPoint
-from supervisor.jobs.runner._unreachable import UNREACHABLE, wait_for_host
-from supervisor.jobs.runner._watching import AttemptWatch
+from supervisor.jobs.runner._journal import JobScope, Journal, Scope, StartNews
+from supervisor.jobs.runner._launch import Paces, StartPoint, launch
+from supervisor.jobs.runner._verdict import Verdicts
+from supervisor.jobs.runner._waits import UNREACHABLE, GpuGate, KeepAway, wait_for_after, wait_for_host
+from supervisor.jobs.runner._watching import AttemptWatch, wait_while_queued
 from supervisor.jobs.snapshot import RunnerSnapshot, watching
 from supervisor.probes import load_packs
 from supervisor.spec.model import JobSpec
+from supervisor.spec.tables import GpuSpec
 from supervisor.store.database import AttemptRow
 from supervisor.watchdog import Judgement
 
@@ -87,10 +78,11 @@ class JobRunner:
         # Its collaborators, each given what it needs.
         self.journal = Journal(spec.name, ctx.recorder, self._writes, self.scope, self.news)
         self.alerts = Alerts(spec, ctx, self.journal)
+        self.verdicts = Verdicts(spec, ctx, self.journal, self.alerts)  # the kill gate, holds, every kill
         self.paces = Paces(spec, ctx, self._writes)  # each bar's pace: earlier attempts' for the watchdog, this one's kept
         self.gpu_gate = GpuGate(spec, ctx, self.journal, self._stop_requested)
         self.keep_away = KeepAway(spec, ctx, self.journal, self._stop_requested)  # quarantined GPUs and hosts
-        self.ending = Ending(spec, ctx, self.journal, self.alerts)
+        self.ending = Ending(spec, ctx, self.journal, self.alerts, self.verdicts)
         self._readoption = Readoption(spec, ctx, self.journal, self.alerts, self.paces)
 
     def start(self, resume: AttemptRow | None = None) -> None:
@@ -125,9 +117,7 @@ class JobRunner:
         # Nothing reaches the process of an unreachable host: the stop ends the wait for it, and says so.
         live = None if self.unreachable_since is not None else self.live or await self._launched_or_ended()
         if live is not None:
-            live.killed_by_us = True
-            await forewarn(self.spec, self.ctx.host, live.handle, self.journal, live.row.n)
-            report = await self.ctx.host.kill_tree(live.handle, self.spec.stop_grace_s if grace_s is None else grace_s)
+            report = await self.verdicts.kill(live, self.spec.stop_grace_s if grace_s is None else grace_s)
         if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError, SuperviseError):
                 await asyncio.wait_for(asyncio.shield(self.task), timeout=30)
@@ -224,7 +214,8 @@ class JobRunner:
             decision = self.policy.decide(judgement.verdict, run_attempts, fingerprint,
                                           None if start.new_ground else previous_fp,
                                           live.failure.kind if live.failure else None)
-            await self.ending.kill_what_is_left(live, judgement)
+            if (report := await self.ending.kill_what_is_left(live, judgement)) is not None:
+                live.procs.known_pids |= {pid for pid, _ in report.terminated + report.killed + report.survivors}
             released = await self.ending.gpus_released(live)
             if not released:
                 await self.ending.record(live, judgement, AttemptAction.give_up("GPU memory leaked"))
@@ -335,7 +326,7 @@ class JobRunner:
         # A batch scheduler's queue: no output to judge yet.
         await wait_while_queued(self.ctx.host, live, self._stop_requested, self.journal)
         watch = AttemptWatch(live, spec=self.spec, ctx=self.ctx, journal=self.journal, alerts=self.alerts,
-                             paces=self.paces, packs=self._engine_packs, stopped=self._stop_requested,
+                             verdicts=self.verdicts, paces=self.paces, packs=self._engine_packs, stopped=self._stop_requested,
                              catch_up=catch_up)
         return await watch.run()
 
@@ -367,11 +358,11 @@ class JobRunner:
 
     def hold(self) -> str:
         """Postpone any kill of this job until ``release``."""
-        return self.alerts.hold(self.live)
+        return self.verdicts.hold(self.live)
 
     def release(self) -> str:
         """Let kills come again; a pending one counts down again from now."""
-        return self.alerts.release(self.live)
+        return self.verdicts.release(self.live)
 
     async def gpus_sampled(self, host: str, sample: GpuSample) -> None:
         """Whether the running attempt's GPUs computed: the watchdog's idle rule reads it."""
@@ -390,3 +381,65 @@ class JobRunner:
             return False
         self.alerts.gpu_fault(live, host, fault)
         return True
+
+# ---- the attempt's processes, as the runner sees them (it owns ``Live.procs``) ------------
+# The program an attempt runs, as opposed to the wrapper shell that launched it (and stays to
+# record its exit): the pid `status` shows and a user would `kill`, `py-spy` or `nvidia-smi` for.
+# Learned once, shortly after the launch (or a re-adoption), from the host's process table.
+
+_TRIES = 40
+_EVERY_S = 0.25  # the wrapper starts its child within milliseconds; a loaded box may take longer
+
+
+async def learn_program_pid(host: object, live: Live) -> None:
+    """Sets ``live.program_pid`` once the wrapper's child is seen (gives up after ~10 s, or when the
+    attempt ends first, or on a host that cannot tell)."""
+    if not isinstance(host, ProgramFinder):
+        return
+    for _ in range(_TRIES):
+        if live.exit_status is not None:
+            return
+        try:
+            pid = await host.program_pid(live.handle)
+        except (SuperviseError, OSError):
+            pid = None
+        if pid is not None:
+            live.procs.program_pid = pid
+            return
+        await asyncio.sleep(_EVERY_S)
+
+
+# What the running attempt does on its GPUs, from the daemon's samples: the memory and
+# GPU-seconds it used (its meter), and whether its GPUs computed (the watchdog's idle rule).
+
+_PIDS_FRESH_S = 10.0
+
+
+async def attempt_pids(host: Host, live: Live, clock: Callable[[], float]) -> set[int]:
+    """The attempt's processes, looked up at most every ``_PIDS_FRESH_S`` (a scan of the
+    process table per GPU sample would cost the loop more than the sample)."""
+    now = clock()
+    if live.procs.pids_read_at is None or now - live.procs.pids_read_at > _PIDS_FRESH_S:
+        live.procs.pids_read_at = now
+        live.procs.known_pids |= await host.attempt_pids(live.handle)
+    return {live.handle.pid} | live.known_pids
+
+
+async def gpus_sampled(host: Host, gpu: GpuSpec, live: Live, sample: GpuSample, clock: Callable[[], float]) -> None:
+    """What the attempt held of ``sample`` (its meter), and whether its GPUs computed (its watchdog)."""
+    ours = await attempt_pids(host, live, clock)
+    held: dict[int, int] = {}
+    for p in sample.processes:
+        if p.pid in ours:
+            held[p.gpu_index] = held.get(p.gpu_index, 0) + (p.used_mib or 0)
+    if sample.available:  # a host whose GPUs cannot be read says nothing of what the attempt held
+        live.gpu_meter.sampled(sample.ts, held)
+    if gpu.devices != "all":
+        devices = {d for d in gpu.devices if sample.device(d) is not None}
+    else:
+        devices = set(held)
+    utilisation = [u for d in devices if (device := sample.device(d)) and (u := device.util_pct) is not None]
+    if not utilisation:
+        return  # not on a GPU, or a board that does not tell
+    live.watchdog.gpus_sampled(tuple(sorted(devices)), max(utilisation) > 0)
+    live.wake_if_sooner(live.watchdog.next_check_at())

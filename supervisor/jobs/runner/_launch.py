@@ -1,31 +1,40 @@
 """Launching one attempt: numbered and stored as `launching` before the host is asked (a daemon
 that dies meanwhile leaves a row the next one's recovery sees), then `running` with its pid (or
-its scheduler's job id), and its ``Live`` handles for the watch."""
+its scheduler's job id), and its ``Live`` handles for the watch.
+
+Where the attempt starts from (``StartPoint``: its checkpoint and parameters) and the paces its
+watchdog starts from (``Paces``) are worked out here too, below."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
+
+import structlog
 
 from supervisor.core.actions import AttemptAction
-from supervisor.core.errors import LaunchError, SuperviseError
+from supervisor.core.errors import LaunchError, StoreError, SuperviseError, one_line
 from supervisor.core.events import AttemptState, EventKind, JobState, Verdict
 from supervisor.core.payloads import ActionData, LaunchedData
 from supervisor.hosts.base import LaunchRequest
+from supervisor.jobs import checkpoints
+from supervisor.jobs.adjust import params_after
 from supervisor.jobs.event_cap import EventCap
-from supervisor.jobs.pending import when_free
-from supervisor.jobs.runner import _forensics as forensics
+from supervisor.jobs.paces import PaceStore, spec_fingerprint
+from supervisor.jobs.pending import PendingWrites, when_free
 from supervisor.jobs.runner import _heartbeat as heartbeat
 from supervisor.jobs.runner._context import Live, RunnerContext
 from supervisor.jobs.runner._ending import gpu_baseline
-from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._news import StartNews
-from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._start_point import StartPoint
+from supervisor.jobs.runner._journal import Journal, StartNews
+from supervisor.jobs.runner._verdict import prepare as prepare_forensics
+from supervisor.notify import notices
+from supervisor.spec.adjust import changed
 from supervisor.spec.model import JobSpec
 from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate
 from supervisor.store.database import AttemptRow
+from supervisor.watchdog import Judgement, PaceHistory, Watchdog
 
 
 async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerContext, journal: Journal,
@@ -56,7 +65,7 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     sock = None
     try:
         env = await asyncio.to_thread(spec.environment, n, start.checkpoint)  # a spec's `env` may be 1 MiB: off the loop
-        env.update(await asyncio.to_thread(forensics.prepare, spec, argv, log_path))
+        env.update(await asyncio.to_thread(prepare_forensics, spec, argv, log_path))
         sock = heartbeat.bind(ctx, tag)
         env.update(heartbeat.environment(sock, spec))  # the daemon's own NOTIFY_SOCKET is never passed on
         request = LaunchRequest(argv=argv, workdir=workdir, env=env, log_path=log_path,
@@ -83,5 +92,131 @@ async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerConte
     if said := "; ".join(filter(None, (start.describe(), start.note))):
         journal.action(n, f"attempt {n} starts {said}" if start.describe() else f"attempt {n}: {said}",
                        ActionData(checkpoint=start.checkpoint or None, params=start.params))
-    return Live(row=row, handle=handle, watchdog=paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
-                gpu_baseline=baseline, notify=sock)
+    return Live.of(row, handle, paces.new_watchdog(n), event_cap=EventCap(ctx.events_per_attempt),
+                   gpu_baseline=baseline, notify=sock)
+
+
+# Where an attempt starts from: the checkpoint it is given as `{last_checkpoint}`
+# (jobs/checkpoints.py) and its parameters after any `[restart.adjust]` change (jobs/adjust.py),
+# worked out before its launch and, for a relaunch, said in the alert that announces it.
+
+@dataclass(frozen=True)
+class StartPoint:
+    checkpoint: str = ""  # "" none
+    params: dict[str, str] | None = None  # None: the spec's own
+    changes: tuple[str, ...] = ()  # "batch_size=32 (was 64)", against the attempt before
+    # What the attempt before failed with is no evidence of a deterministic bug: this one starts
+    # from an older checkpoint than the one that failed to load, or with other parameters.
+    new_ground: bool = False
+    note: str = ""  # why no checkpoint could be listed, when that is so
+
+    def describe(self) -> str:
+        """What the next attempt starts from, for the relaunch's alert and the attempt's record."""
+        parts = []
+        if self.checkpoint:
+            parts.append(f"from checkpoint {self.checkpoint}")
+        if self.changes:
+            parts.append("with " + ", ".join(self.changes))
+        return one_line("; ".join(parts), 400)
+
+    def spec_for(self, spec: JobSpec) -> JobSpec:
+        """The spec the attempt's command and environment are expanded from."""
+        return spec if self.params is None else spec.model_copy(update={"params": self.params})
+
+
+async def first(spec: JobSpec, ctx: RunnerContext) -> StartPoint:
+    """A run's first attempt: the newest complete checkpoint, the spec's parameters."""
+    if not spec.checkpoints:
+        return StartPoint()
+    listing = await checkpoints.list_complete(ctx.host, spec)
+    return StartPoint(checkpoint=checkpoints.choose(listing, set()), note=listing.note)
+
+
+async def after(spec: JobSpec, ctx: RunnerContext, live: Live, verdict: Verdict) -> StartPoint:
+    """The attempt after ``live`` (judged ``verdict``): a checkpoint that failed to load in this run
+    is passed over for the one before it; parameters changed by the rule for ``verdict``."""
+    row = live.row
+    params = params_after(spec, row, verdict)
+    before = row.params if row.params is not None else spec.params
+    changes = tuple(changed(before, params if params is not None else spec.params))
+    if not spec.checkpoints:
+        return StartPoint(params=params, changes=changes, new_ground=bool(changes))
+    run = [r for r in ctx.store.attempts(spec.name) if r.run == row.run and r.shard == row.shard and r.n < row.n]
+    bad = checkpoints.failed_to_load(run)
+    failed_here = bool(row.checkpoint) and checkpoints.is_failure(verdict) and live.watchdog.progress is None
+    if failed_here and row.checkpoint:
+        bad.add(row.checkpoint)
+    try:
+        listing = await checkpoints.list_complete(ctx.host, spec)
+    except SuperviseError as exc:
+        # The attempt's end is still to be recorded: the next starts where this one did, and says why.
+        return StartPoint(checkpoint=row.checkpoint or "", params=params, changes=changes, new_ground=bool(changes),
+                          note=str(exc))
+    checkpoint = checkpoints.choose(listing, bad)
+    older_left = failed_here and bool(checkpoint)
+    return StartPoint(checkpoint=checkpoint, params=params, changes=changes, new_ground=older_left or bool(changes),
+                      note=listing.note)
+
+
+# The runner's memory of each bar's pace: earlier attempts' intervals handed to a new attempt's
+# watchdog (its stall bounds start from them), this attempt's intervals stored for the next, and a
+# step well over its history alerted as ``slow`` (an alert, never a kill).
+
+log = structlog.get_logger("supervise.runner")
+
+
+@dataclass(frozen=True)
+class SlowFound:
+    """A bar's step well over its history, not reported before: what the runner alerts."""
+
+    where: str  # the bar and phase, in words
+    judgement: Judgement
+
+
+class Paces:
+    """A runner's memory of each bar's pace, composed into the runner (it acts on what this says):
+    the history a new attempt's watchdog starts from, this attempt's intervals stored for the
+    next, and the slow steps not reported yet."""
+
+    def __init__(self, spec: JobSpec, ctx: RunnerContext, writes: PendingWrites) -> None:
+        self._spec = spec
+        self._ctx = ctx
+        self._writes = writes
+        self._reported: set[tuple[int, str]] = set()  # (attempt, bar and step) already reported slow
+
+    def _host_kind(self) -> str:
+        """Where the pace was measured: the host, and the GPU model where one is seen."""
+        sample = self._ctx.gpu.latest()
+        model = sample.devices[0].name if sample is not None and sample.available and sample.devices else ""
+        return f"{self._ctx.host.name}/{model}" if model else self._ctx.host.name
+
+    def history(self, n: int) -> PaceHistory:
+        try:
+            return PaceStore(self._ctx.store).history(self._spec.name, spec_fingerprint(self._spec),
+                                                      self._host_kind(), before=n)
+        except StoreError as exc:  # the default bounds still hold
+            log.warning("cannot read earlier bar paces", job=self._spec.name, error=str(exc))
+            return PaceHistory()
+
+    def new_watchdog(self, n: int, started_at: float | None = None) -> Watchdog:
+        return Watchdog(self._spec.health, clock=self._ctx.clock, history=self.history(n), started_at=started_at,
+                        max_runtime_s=self._spec.max_runtime)
+
+    def store(self, live: Live) -> None:
+        """This attempt's intervals, for the next attempt's bounds (replaced as it goes on)."""
+        paces, n = live.watchdog.paces(), live.row.n
+        if not paces:
+            return
+        job, fingerprint, host_kind = self._spec.name, spec_fingerprint(self._spec), self._host_kind()
+        store = self._ctx.store
+        self._writes.submit(lambda: PaceStore(store).save(job, fingerprint, host_kind, n, paces))
+
+    def new_slow_steps(self, live: Live) -> list[SlowFound]:
+        """Steps well over their history, each once per bar and step."""
+        found = []
+        for key, judgement in live.watchdog.slow():
+            if (live.row.n, key) in self._reported:
+                continue
+            self._reported.add((live.row.n, key))
+            found.append(SlowFound(notices.where(live.watchdog.progress, live.watchdog.phase), judgement))
+        return found

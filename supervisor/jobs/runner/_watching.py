@@ -3,7 +3,8 @@ loop), events stored with the offset they bring the attempt to and then publishe
 awaited (a pidfd: noticed at once), and the watchdog asked for a verdict whenever its own next
 deadline comes, never on a fixed tick.  The runner makes one per attempt it launched or adopted,
 with its collaborators (the journal it records through, the alerts and kill gate, the paces),
-and awaits ``run()``: the judgement."""
+and awaits ``run()``: the judgement.  The wait in a batch
+scheduler's queue before it, and the drain of the log to its end after the exit, are at the end."""
 
 from __future__ import annotations
 
@@ -15,30 +16,28 @@ from dataclasses import replace
 
 import structlog
 
-from supervisor.core.errors import StoreError
-from supervisor.core.events import Event, EventKind, Phase, ProbeEvent, ProbeKind, Record
-from supervisor.core.payloads import ActionData, AlertData, ExitedData, ProbeFields, SlowStep, jsonable
-from supervisor.core.tasks import cancel_and_wait
+from supervisor.core.errors import StoreError, SuperviseError
+from supervisor.core.events import Event, EventKind, JobState, Phase, ProbeEvent, ProbeKind, Record, Verdict
+from supervisor.core.payloads import ActionData, AlertData, ProbeFields, jsonable
+from supervisor.core.tasks import cancel_and_wait, set_within
 from supervisor.hosts import kernel_log
-from supervisor.hosts.base import ExitStatus, Follower, Link
+from supervisor.hosts.base import ExitStatus, Follower, Host, Link, QueuedHost, SchedulerEnd
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
-from supervisor.jobs.runner._alerts import Alerts
-from supervisor.jobs.runner._backlog import CATCH_UP_STILL_S, CatchUp
-from supervisor.jobs.runner._context import Live, RunnerContext
+from supervisor.jobs.runner._alerts import Alerts, StragglerReports
+from supervisor.jobs.runner._context import CATCH_UP_STILL_S, CatchUp, Live, RunnerContext
 from supervisor.jobs.runner._disk import DiskWatch
-from supervisor.jobs.runner._drain import DRAIN_STALL_S, drain
+from supervisor.jobs.runner._ending import exited
 from supervisor.jobs.runner._heartbeat import Heartbeat
 from supervisor.jobs.runner._journal import Journal
-from supervisor.jobs.runner._pacing import Paces
-from supervisor.jobs.runner._queued import scheduler_judgement
-from supervisor.jobs.runner._stragglers import StragglerReports
-from supervisor.jobs.runner._unreachable import UNREACHABLE
+from supervisor.jobs.runner._launch import Paces
+from supervisor.jobs.runner._verdict import Verdicts
+from supervisor.jobs.runner._waits import UNREACHABLE
 from supervisor.notify import notices
 from supervisor.probes import Pack
 from supervisor.spec.model import JobSpec
 from supervisor.store.arrivals import ArrivalWriter, marks_path
 from supervisor.store.attempt_writes import KEEP, AttemptUpdate
-from supervisor.watchdog import Judgement
+from supervisor.watchdog import ExitNoted, Judgement, SchedulerEnded, slow_step
 
 log = structlog.get_logger("supervise.runner")
 
@@ -68,13 +67,15 @@ class AttemptWatch:
     gate let through while it runs); the follower and matcher it opens are closed by then."""
 
     def __init__(self, live: Live, *, spec: JobSpec, ctx: RunnerContext, journal: Journal, alerts: Alerts,
-                 paces: Paces, packs: Sequence[Pack], stopped: asyncio.Event, catch_up: CatchUp | None = None) -> None:
+                 verdicts: Verdicts, paces: Paces, packs: Sequence[Pack], stopped: asyncio.Event,
+                 catch_up: CatchUp | None = None) -> None:
         self.live = live
         self._job = spec.name
         self._spec = spec
         self._ctx = ctx
         self._journal = journal
         self._alerts = alerts
+        self._verdicts = verdicts  # each verdict recorded, and the gate before a kill
         self._paces = paces
         self._stragglers = StragglerReports(ctx, journal, alerts)
         self._stopped = stopped  # the user's stop: an exit then is no verdict on the job
@@ -105,7 +106,7 @@ class AttemptWatch:
         if live.notify is not None:
             live.notify.start(beat.message)
         disk = DiskWatch(live, spec=self._spec, ctx=self._ctx, journal=self._journal, alerts=self._alerts,
-                         stopped=self._stopped)
+                         verdicts=self._verdicts, stopped=self._stopped)
         disk.start()
         reader = asyncio.create_task(self._read(), name=f"read:{live.row.tag}")
         exit_task = asyncio.create_task(self._ctx.host.wait_exit(live.handle), name=f"exit:{live.row.tag}")
@@ -143,8 +144,8 @@ class AttemptWatch:
                 self._report_slow()
                 # Stalled, silent, or hung after a failure: judged while alive, killed next
                 # (or warned about first: health.action, a hold).
-                if self._alerts.gated(live, judgement):
-                    self._alerts.record_verdict(live, judgement)
+                if self._verdicts.gated(live, judgement):
+                    self._verdicts.record_verdict(live, judgement)
                     return judgement
         finally:
             await disk.close()
@@ -162,7 +163,7 @@ class AttemptWatch:
         live = self.live
         for slow in self._paces.new_slow_steps(live):
             self._journal.action(live.row.n, f"slow {slow.where}: {slow.judgement.reason}",
-                                 ActionData(slow=SlowStep.from_json(slow.judgement.evidence)))
+                                 ActionData(slow=slow_step(slow.judgement.evidence)))
             self._alerts.send_soon(live, notices.slow(self._alerts.about(live), slow.judgement, slow.where))
 
     def _watchable(self) -> bool:
@@ -183,8 +184,8 @@ class AttemptWatch:
             self._judge_at_once = False
             return 0.0
         at = live.watchdog.next_check_at()
-        live.check_at = at
-        kill_at = self._alerts.kill_deadline(live)
+        live.reading.check_at = at
+        kill_at = self._verdicts.kill_deadline(live)
         at = kill_at if at is None else at if kill_at is None else min(at, kill_at)
         return None if at is None else max(0.0, at - self._ctx.clock())
 
@@ -322,7 +323,7 @@ class AttemptWatch:
             now = clock_at(clock, wall)
             heartbeats = sum(1 for pe in probe_events if pe.kind is ProbeKind.INFO and pe.fields.get("heartbeat"))
             live.watchdog.output_seen(now, heartbeats_only=0 < records <= heartbeats)
-            live.last_output = wall
+            live.reading.last_output = wall
         else:
             now = live.watchdog.last_output_at
         events = []
@@ -405,7 +406,7 @@ class AttemptWatch:
         # Drain the log to its end before judging: the traceback is written just before exit.
         follower.finish()
         # A log that cannot be read to its end must not stop the attempt from being judged; one still
-        # being read, however long, is read to its end (see _drain).
+        # being read, however long, is read to its end (see ``drain``).
         read_to_end = True
         try:
             if not await drain(reader, lambda: self._read_to):
@@ -428,22 +429,18 @@ class AttemptWatch:
         # Where reading got to: the follower's offset is past records a reader given up on never took.
         events, offset = self._observe(flushed), follower.offset if read_to_end else self._read_to
         self._journal.writes.submit(lambda: self._save(events, offset, force=True))
-        live.exit_status = status
-        n = live.row.n
-        self._journal.update(n, AttemptUpdate(exit_code=status.returncode, exit_signal=status.signal))
-        self._journal.record(n, EventKind.EXITED, f"attempt {n} {status.describe()}",
-                             ExitedData(status.returncode, status.signal))
+        exited(self._journal, live, status)
         judgement = scheduler_judgement(status) or live.watchdog.exited(
             status.returncode, status.signal, live.killed_by_us, await self._kernel_oom(status), status.limit_hit)
         if status.cpu_throttled_s is not None:  # its cpu_max never ends it, but how much it held it back is evidence
-            judgement = replace(judgement, evidence={**judgement.evidence,
-                                                     "cpu_throttled_s": round(status.cpu_throttled_s, 3)})
+            judgement = replace(judgement, evidence=ExitNoted(judgement.evidence,
+                                                              cpu_throttled_s=round(status.cpu_throttled_s, 3)))
         if not read_to_end:  # judged on part of its log: the verdict says so
             judgement = replace(judgement, reason=f"{judgement.reason}; its log was not read to its end (read to "
                                                   f"byte {offset:,}, then reading stopped moving for {DRAIN_STALL_S:.0f}s)",
-                                evidence={**judgement.evidence, "log_read_to": offset})
+                                evidence=ExitNoted(judgement.evidence, log_read_to=offset))
         if not self._stopped.is_set():  # a user's stop is not a verdict on the job
-            self._alerts.record_verdict(live, judgement)
+            self._verdicts.record_verdict(live, judgement)
         return judgement
 
     async def _kernel_oom(self, status: ExitStatus) -> str | None:
@@ -475,8 +472,28 @@ def note(journal: Journal, live: Live, event: Event, now: float | None = None) -
     except Exception as exc:  # noqa: BLE001 - contained: a live process is never left unsupervised
         _contained(journal, live, f"the watchdog could not take an event of probe {event.probe}", exc)
     if event.failure is not None:
-        live.failure = live.watchdog.failure  # the root cause, not the latest echo of it
+        live.reading.failure = live.watchdog.failure  # the root cause, not the latest echo of it
     return changed
+
+
+def replay(journal: Journal, live: Live, events: list[Event], clock: Callable[[], float]) -> None:
+    """A re-adopted attempt's stored events fed to its watchdog again, each at its own time, so that
+    phase, progress, rate, failure and every deadline are what they were, not reset by the restart."""
+    for event in events:
+        note(journal, live, event, clock_at(clock, event.ts))
+    live.watchdog.stragglers()  # found in what was stored: reported by the daemon before, or too late now
+    if events:
+        live.reading.last_output = events[-1].ts
+    # Each bar's stored stand-in row is replaced by its next line, as the daemon before would have.
+    live.stored_progress.resume([e for e in events if e.kind is EventKind.PROGRESS])
+
+
+def output_read_to(live: Live, wall: float, clock: Callable[[], float]) -> None:
+    """A re-adopted attempt's log was read to its end by the daemon before, its last line written
+    at ``wall``: its output is taken as last seen then, unless a later line is known."""
+    if live.last_output is None or wall > live.last_output:
+        live.watchdog.output_seen(clock_at(clock, wall), heartbeats_only=True)  # it shows no activity
+        live.reading.last_output = wall
 
 
 def _same_info(pe: ProbeEvent, before: ProbeEvent) -> bool:
@@ -489,9 +506,9 @@ def _same_info(pe: ProbeEvent, before: ProbeEvent) -> bool:
 def _contained(journal: Journal, live: Live, what: str, exc: Exception) -> None:
     """A fault kept from ending supervision: logged, and stored as an event once per kind."""
     key = f"{what}:{type(exc).__name__}"
-    if key in live.contained:
+    if key in live.reading.contained:
         return
-    live.contained.add(key)
+    live.reading.contained.add(key)
     log.error("fault contained; supervision goes on", job=journal.job, what=what, error=repr(exc))
     journal.action(live.row.n, f"{what} ({type(exc).__name__}: {exc}); it was skipped, supervision goes on",
                    ActionData(error=repr(exc)))
@@ -573,3 +590,97 @@ async def _batches_or_quiet(
     finally:
         if pending is not None:
             pending.cancel()
+
+
+# ---- a batch scheduler's queue -----------------------------------------------------------------
+# Attempts a batch scheduler holds: the wait in its queue, and its word on how they ended.
+#
+# While a scheduler (Slurm) keeps an attempt PENDING there is no process and no output: the
+# attempt is never judged stalled or silent then.  The job shows WAITING with the scheduler's
+# reason (Resources, Priority, JobHeldUser, ...), and the watchdog starts when the attempt does.
+# When the scheduler says what ended an attempt (preempted, its time limit, its memory limit),
+# that is the verdict: the exit code alone would read as a crash.
+
+_QUEUE_POLL_S = 1.0  # how often a pending attempt's place in the queue is looked at
+
+_VERDICTS = {
+    SchedulerEnd.PREEMPTED: Verdict.PREEMPTED,
+    SchedulerEnd.TIMEOUT: Verdict.TIMEOUT,
+    SchedulerEnd.OUT_OF_MEMORY: Verdict.OOM,
+}
+
+
+async def wait_while_queued(host: Host, live: Live, stopped: asyncio.Event, journal: Journal) -> None:
+    """Return once the attempt runs (or ended, or ``stopped`` is set); the job shows the
+    scheduler's reason meanwhile (recorded in the runner's ``journal``).  Hosts without a queue
+    return at once."""
+    if not isinstance(host, QueuedHost):
+        return
+    shown: str | None = None
+    while not stopped.is_set():
+        try:
+            state = await host.queue_state(live.handle)
+        except SuperviseError as exc:  # cannot ask now: watch it; its exit is still awaited
+            log.warning("cannot read the attempt's place in the queue", job=journal.job, error=str(exc))
+            return
+        if not state.pending:
+            if shown is not None:
+                # Judged from when it started, not from when it was queued.
+                live.reading.watchdog = live.watchdog.anew()
+                where = f" on {state.detail}" if state.detail else ""
+                journal.set_job(JobState.RUNNING, f"attempt {live.row.n} running{where}")
+            return
+        if state.reason != shown:
+            shown = state.reason
+            scheduler_job = live.handle.scheduler_id or "?"
+            journal.set_job(JobState.WAITING, f"attempt {live.row.n} queued: scheduler job {scheduler_job} "
+                                              f"PENDING ({state.reason or 'no reason given'})")
+            journal.action(live.row.n, f"queued by the scheduler: PENDING ({state.reason or 'no reason given'})",
+                           ActionData(reason=state.reason))
+        await set_within(stopped, _QUEUE_POLL_S)
+
+
+def scheduler_judgement(status: ExitStatus) -> Judgement | None:
+    """The verdict a scheduler's word on the attempt's end gives, or None (it said nothing more)."""
+    if status.scheduler_end is None:
+        return None
+    evidence = SchedulerEnded(status.scheduler_end.value, status.returncode, status.signal)
+    return Judgement(_VERDICTS[status.scheduler_end], status.describe(), evidence)
+
+
+# Reading an ended attempt's log to its end before it is judged.
+#
+# The traceback is written just before the exit, so the verdict waits for the reader.  A fixed bound
+# on that wait cut off fast writers: a job that wrote its log faster than the daemon reads it (a tqdm
+# bar at full speed, 8 jobs on 2 cores) ended long before its log was read, and the end of the log —
+# where the failure is — was never read.  So the bound is on *no progress*, and progress is the
+# reader's own: each step of records it takes (matched, judged, stored), not the follower's offset,
+# which moves once per read of up to a MiB and, with fifty readers taking turns, stood still for
+# longer than the bound while every reader was busy.  Nor is time the reader had no turn counted:
+# the wait looks every ``look_s``, and a look that comes late (the daemon had no CPU, or was stopped)
+# counts as one look, not as the time it missed.  Only a reader that is given its turns and still
+# takes nothing for ``stall_s`` is given up on; the verdict then says how far the log was read.
+
+DRAIN_STALL_S = 30.0  # a reader that takes nothing for this long is given up on: judged as far as it read
+_LOOK_S = 1.0  # how often the wait looks at the reader's progress
+
+
+async def drain(reader: asyncio.Task[None], progress: Callable[[], int], stall_s: float = DRAIN_STALL_S,
+                look_s: float = _LOOK_S) -> bool:
+    """Wait until ``reader`` ends, or until ``progress()`` has not moved through ``stall_s`` of
+    looks ``look_s`` apart; True if it ended.  The reader is not cancelled here: the caller
+    decides what a stuck reader gets."""
+    loop = asyncio.get_running_loop()
+    last, still = progress(), 0.0
+    while True:
+        looked = loop.time()
+        done, _ = await asyncio.wait({reader}, timeout=look_s)
+        if done:
+            return True
+        now = progress()
+        if now != last:
+            last, still = now, 0.0
+            continue
+        still += min(look_s, loop.time() - looked)  # a late look counts its own interval, not the time missed
+        if still >= stall_s:
+            return False
