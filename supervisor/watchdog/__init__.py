@@ -16,15 +16,17 @@ event, after which it asks again).  ``state()`` is all of it in one frozen value
 Modules: ``_facts`` (events folded into what has been seen), ``_progress`` (a bar's
 position and rate), ``_rules`` (the rules and their bounds), ``_exit`` (the judgement at
 exit), ``_pace`` (earlier attempts' bar paces, injected as a value), ``_judge`` (the
-``Watchdog`` that ties them together), ``_straggler`` (one process's bar well behind its peers').
+``Watchdog`` that ties them together), ``_straggler`` (one process's bar well behind its peers'),
+``_redraws`` (a run of one bar's redraws read together, taken as one summary).
 """
 
 from supervisor.watchdog._conditions import Judgement, fine_duration, format_duration
 from supervisor.watchdog._judge import Watchdog, WatchdogState
 from supervisor.watchdog._pace import BarPace, BoundSource, PaceHistory, bar_key
 from supervisor.watchdog._progress import ProgressState
+from supervisor.watchdog._redraws import Redraws, inert
 from supervisor.watchdog._rules import label
 from supervisor.watchdog._straggler import Straggler
 
-__all__ = ["BarPace", "BoundSource", "Judgement", "PaceHistory", "ProgressState", "Straggler", "Watchdog", "WatchdogState", "bar_key",
-           "fine_duration", "format_duration", "label"]
+__all__ = ["BarPace", "BoundSource", "Judgement", "PaceHistory", "ProgressState", "Redraws", "Straggler", "Watchdog",
+           "WatchdogState", "bar_key", "fine_duration", "format_duration", "inert", "label"]
