@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from supervisor.core.events import Event, EventKind, ProbeEvent
 from supervisor.core.payloads import ProbeFields, jsonable
 from supervisor.core.progress import Progress
-from supervisor.probes import BarBook, bar_of
+from supervisor.probes import Bar, BarBook
 
 INTERVAL_S = 30.0  # a bar without a total: at most one stored line per this long
 PAST_CAP_BARS = 64  # bars first drawn past the event cap whose stand-in rows are kept
@@ -126,21 +125,18 @@ class ProgressMilestones:
         kept.latest = event
         return False
 
-    def redraw(self, probe: str, fields: Mapping[str, Any], progress: Progress, line: Redraw) -> bool:
-        """``keep`` decided from a progress line's probe, fields and count, before an ``Event`` is made
-        of it: True when it is no milestone of the bar it continues (``line`` then stands for the bar's
-        latest line); False, with nothing changed, when ``keep`` must decide from its event (a new
-        bar, a milestone, a bar without a total, one that is not the most recent bar it may continue)."""
-        counts = _counts(progress)
-        percent = progress.percent
+    def redraw(self, probe: str, seen: Bar, counts: tuple[float, float, int], line: Redraw) -> bool:
+        """``keep`` decided from a progress line's probe, bar (``bar_of`` its fields) and ``counts``
+        (``redraw_counts``), before an ``Event`` is made of it: True when it is no milestone of the
+        bar it continues (``line`` then stands for the bar's latest line); False, with nothing
+        changed, when ``keep`` must decide from its event (a new bar, a milestone, one that is not
+        the most recent bar it may continue)."""
         recent = self._book.recent
-        if counts is None or percent is None or not recent:
+        if not recent:
             return False
-        done, total = counts
-        if total is None:
-            return False
+        done, total, percent = counts
         run = recent[-1]  # the bar ``BarBook.place`` gives a line that fits the most recent one
-        bar, seen = run.bar, bar_of(probe, fields)
+        bar = run.bar
         if bar.probe != probe or bar.desc != seen.desc or (seen.process and bar.process != seen.process):
             return False
         if done < run.done or run.total != total:
@@ -239,6 +235,16 @@ class ProgressMilestones:
                 kept.row, kept.latest = kept.latest.id, None
         self._replaced.clear()
         self._forget_finished()
+
+
+def redraw_counts(progress: Progress) -> tuple[float, float, int] | None:
+    """A line's count, total and whole percent as ``keep`` compares them; None when ``redraw``
+    cannot decide from them (no finite count, no positive finite total)."""
+    counts = _counts(progress)
+    percent = progress.percent
+    if counts is None or percent is None or counts[1] is None:
+        return None
+    return counts[0], counts[1], percent
 
 
 def _counts(progress: Progress) -> tuple[float, float | None] | None:

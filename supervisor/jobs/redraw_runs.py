@@ -17,18 +17,15 @@ alert reads each step (``eta_every_s``, ``eta_at_percent``, a phase still to ann
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from supervisor.core.events import Phase, ProbeEvent, ProbeKind
 from supervisor.core.payloads import ProbeFields, jsonable
 from supervisor.core.progress import Progress
 from supervisor.jobs.event_cap import EventCap
-from supervisor.jobs.milestones import ProgressMilestones, Redraw
-from supervisor.probes import bar_of
+from supervisor.jobs.milestones import ProgressMilestones, Redraw, redraw_counts
+from supervisor.probes import Bar, bar_of
 from supervisor.watchdog import Redraws, Watchdog, inert
-
-_isfinite = math.isfinite
 
 
 class RedrawRuns:
@@ -45,28 +42,31 @@ class RedrawRuns:
         self._ts, self._at, self._feed = ts, at, feed
         self._lines: list[ProbeEvent] = []  # the run not handed over yet
         self._dones: list[int] = []
-        self._run: tuple[str, object, Phase | None, int] | None = None  # its probe, bar, phase and total
+        self._run: tuple[str, Bar, Phase | None, int] | None = None  # its probe, bar, phase and total
 
     def take(self, pe: ProbeEvent) -> bool:
         """Whether ``pe`` was taken (no event is to be made of it); False: it is the caller's."""
         fields = pe.fields
-        progress = None
+        progress = counts = None
         if pe.kind is ProbeKind.PROGRESS and pe.failure is None and inert(fields) and jsonable(fields) is fields:
             progress = Progress.read(fields)
-        if progress is None or not _isfinite(progress.done) or progress.percent is None:
+            counts = None if progress is None else redraw_counts(progress)
+        if progress is None or counts is None:
             self.close()
             return False
+        probe = pe.probe
+        bar = bar_of(probe, fields)
         phase = pe.phase or ProbeFields(fields).phase  # the phase the watchdog reads of the line
-        run = (pe.probe, bar_of(pe.probe, fields), phase, int(progress.total or 0))
+        run = (probe, bar, phase, int(counts[1]))
         if run != self._run:
             self.close()
-        sieve = self._sieve
-        sieve.latest_only = self._cap.reached
-        if not sieve.redraw(pe.probe, fields, progress, Redraw(self._job, self._attempt, pe, self._generation, self._ts)):
+        sieve, cap = self._sieve, self._cap
+        sieve.latest_only = cap.reached
+        if not sieve.redraw(probe, bar, counts, Redraw(self._job, self._attempt, pe, self._generation, self._ts)):
             self.close()
             return False
-        if self._cap.reached:
-            self._cap.drop()
+        if cap.reached:
+            cap.drop()
         self._run = run
         self._lines.append(pe)
         self._dones.append(int(progress.done))

@@ -15,7 +15,7 @@
 
 from supervisor.probes._engine import ProbeEngine
 from supervisor.probes._fingerprint import fingerprint
-from supervisor.probes._identity import BarBook, BarRun, bar_of, process_of
+from supervisor.probes._identity import Bar, BarBook, BarRun, bar_of, process_of
 from supervisor.probes._loading import load_packs
 from supervisor.probes._pack import Pack, re2_options
 from supervisor.probes._phasefold import (
@@ -33,6 +33,7 @@ from supervisor.probes._rootcause import echoes_only, root_cause
 
 __all__ = [
            "ANSI_RE",
+           "Bar",
            "BarBook",
            "BarRun",
            "Pack",

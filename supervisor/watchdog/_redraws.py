@@ -17,14 +17,12 @@ from typing import Any
 
 from supervisor.core.events import Phase
 
-# Fields of a progress line that the watchdog reads beyond its count: a loss (divergence), a
-# serving engine's throughput (a hung engine), a request answered (recovery after a failure).
-_READ_BEYOND_COUNT = ("loss", "gen_tps")
-
 
 def inert(fields: Mapping[str, Any]) -> bool:
-    """Whether a progress line with these fields changes nothing in the watchdog but its bar's count."""
-    return fields.get("serving") is not True and not any(name in fields for name in _READ_BEYOND_COUNT)
+    """Whether a progress line with these fields changes nothing in the watchdog but its bar's count:
+    it carries no loss (divergence), no serving engine's throughput (a hung engine) and no request
+    answered (recovery after a failure)."""
+    return "loss" not in fields and "gen_tps" not in fields and fields.get("serving") is not True
 
 
 @dataclass(frozen=True, slots=True)
