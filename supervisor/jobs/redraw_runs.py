@@ -80,6 +80,10 @@ class RedrawRuns:
         probe, _, phase, total = run
         self._run = None
         self._lines, self._dones, dones = [], [], tuple(self._dones)
-        if not self._watchdog.redrawn(Redraws(probe, lines[0].fields, phase, total, dones), self._at):
+        try:
+            taken = self._watchdog.redrawn(Redraws(probe, lines[0].fields, phase, total, dones), self._at)
+        except Exception:  # noqa: BLE001 - fed one by one, a fault in judging is contained and said (runner's note)
+            taken = False
+        if not taken:
             self._feed(lines)
 

@@ -238,8 +238,9 @@ class Facts:
             return False  # another bar, or one that would learn its process from these lines
         if book.total != run.total or track.total != run.total:
             return False
-        if run.phase is not None and any(entered_phase(self.phase, run.phase, recovered=r) is not None
-                                         for r in (False, True)):
+        phase = run.phase  # (the phase it is in already: never entered again)
+        if phase is not None and phase is not self.phase and any(entered_phase(self.phase, phase, recovered=r)
+                                                                 is not None for r in (False, True)):
             return False  # a line would enter its phase (after an advance, when not before)
         last = book.done
         for done in run.dones:

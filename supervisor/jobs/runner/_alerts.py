@@ -106,6 +106,8 @@ class Alerts:
         spec = self._spec.alerts
         if spec.eta_every_s is not None or spec.eta_at_percent:
             return True
+        if not spec.notify_phases:
+            return False
         milestones = self._milestones.get(live.row.n)
         return bool(set(spec.notify_phases) - (milestones.phases_sent if milestones is not None else set()))
 
