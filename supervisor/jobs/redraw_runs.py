@@ -54,12 +54,14 @@ class RedrawRuns:
         if progress is None or counts is None:
             self.close()
             return False
-        probe = pe.probe
-        bar = bar_of(probe, fields)
-        phase = pe.phase or ProbeFields(fields).phase  # the phase the watchdog reads of the line
-        run = (probe, bar, phase, int(counts[1]))
-        if run != self._run:
+        probe, phase, total = pe.probe, pe.phase, int(counts[1])
+        if phase is None and "phase" in fields:
+            phase = ProbeFields(fields).phase  # the phase the watchdog reads of the line
+        bar = bar_of(probe, fields)  # the same object while the bar's fields are (``bar_of`` keeps them)
+        run = self._run
+        if run is None or bar is not run[1] or phase is not run[2] or total != run[3] or probe != run[0]:
             self.close()
+            run = (probe, bar, phase, total)
         sieve, cap = self._sieve, self._cap
         sieve.latest_only = cap.reached
         if not sieve.redraw(probe, bar, counts, Redraw(self._job, self._attempt, pe, self._generation, self._ts)):
