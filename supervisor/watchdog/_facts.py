@@ -209,7 +209,8 @@ class Facts:
         # that says "still waiting" is alive but has not made progress.
         changed = changed or event.kind is not EventKind.INFO or event.failure is not None
         if not changed:
-            self._inert_info = (event.probe, event.phase, event.data, self.phase, self.advanced_since_failure)
+            # A copy: the event's fields go on to the store, and what is remembered must not change with them.
+            self._inert_info = (event.probe, event.phase, dict(event.data), self.phase, self.advanced_since_failure)
         return changed
 
     def unchanged_by(self, probe: str | None, phase: Phase | None, fields: Mapping[str, Any], at: float) -> bool:
