@@ -27,6 +27,9 @@ from supervisor.jobs.milestones import ProgressMilestones, Redraw, redraw_counts
 from supervisor.probes import Bar, bar_of
 from supervisor.watchdog import Redraws, Watchdog, inert
 
+# A Redraw made by tuple.__new__ directly, skipping the named tuple's Python-level __new__ (one a line).
+_new = tuple.__new__
+
 
 class RedrawRuns:
     """One read's redraws between milestones (module docstring).  ``take`` each probe event in
@@ -52,7 +55,8 @@ class RedrawRuns:
             progress = Progress.read(fields)
             counts = None if progress is None else redraw_counts(progress)
         if progress is None or counts is None:
-            self.close()
+            if self._run is not None:
+                self.close()
             return False
         probe, phase, total = pe.probe, pe.phase, int(counts[1])
         if phase is None and "phase" in fields:
@@ -64,7 +68,7 @@ class RedrawRuns:
             run = (probe, bar, phase, total)
         sieve, cap = self._sieve, self._cap
         sieve.latest_only = cap.reached
-        if not sieve.redraw(probe, bar, counts, Redraw(self._job, self._attempt, pe, self._generation, self._ts)):
+        if not sieve.redraw(probe, bar, counts, _new(Redraw, (self._job, self._attempt, pe, self._generation, self._ts))):
             self.close()
             return False
         if cap.reached:
