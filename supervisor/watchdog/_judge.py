@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +132,7 @@ class Watchdog:
         self._made = None
         self._facts.pings_heard_from = self._now(now)
 
-    def records_seen(self, records: Iterable[Record]) -> None:
+    def records_seen(self, records: Sequence[Record]) -> None:
         """The records themselves: their last lines are the evidence of a failure no probe knew."""
         self._facts.tail.seen(records)
 
