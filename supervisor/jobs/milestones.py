@@ -26,14 +26,34 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from supervisor.core.events import Event, EventKind
-from supervisor.core.payloads import ProbeFields
+from supervisor.core.events import Event, EventKind, ProbeEvent
+from supervisor.core.payloads import ProbeFields, jsonable
 from supervisor.core.progress import Progress
-from supervisor.probes import BarBook
+from supervisor.probes import Bar, BarBook
 
 INTERVAL_S = 30.0  # a bar without a total: at most one stored line per this long
 PAST_CAP_BARS = 64  # bars first drawn past the event cap whose stand-in rows are kept
+
+
+class Redraw(NamedTuple):
+    """A bar's latest line taken from its count, with no ``Event`` made of it yet (``redraw``): most
+    are replaced by the next redraw before any write, and ``to_save`` makes events of the others.
+    A named tuple: one is made for each such line."""
+
+    job: str
+    attempt: int
+    line: ProbeEvent
+    generation: int  # of the log it was read from
+    ts: float  # when it was read (wall clock)
+
+    def event(self) -> Event:
+        """The line's event, as it would have been made when read."""
+        pe = self.line
+        return Event(job=self.job, attempt=self.attempt, kind=EventKind.PROGRESS, message=pe.line, ts=self.ts,
+                     probe=pe.probe, phase=pe.phase, offset=pe.offset, generation=self.generation,
+                     data=ProbeFields(jsonable(pe.fields)).to_json())
 
 
 @dataclass
@@ -44,7 +64,7 @@ class _Kept:
     percent: int | None
     at: float
     seen: float  # the latest line's count (a milestone or not)
-    latest: Event | None = None  # the latest line, when it is no milestone and not stored yet
+    latest: Event | Redraw | None = None  # the latest line, when it is no milestone and not stored yet
     row: int | None = None  # the stored row of an earlier such line (goes when a later line comes)
 
 
@@ -104,6 +124,36 @@ class ProgressMilestones:
             return True
         kept.latest = event
         return False
+
+    def redraw(self, probe: str, seen: Bar, counts: tuple[float, float, int], line: Redraw) -> bool:
+        """``keep`` decided from a progress line's probe, bar (``bar_of`` its fields) and ``counts``
+        (``redraw_counts``), before an ``Event`` is made of it: True when it is no milestone of the
+        bar it continues (``line`` then stands for the bar's latest line); False, with nothing
+        changed, when ``keep`` must decide from its event (a new bar, a milestone, one that is not
+        the most recent bar it may continue)."""
+        recent = self._book.recent
+        if not recent:
+            return False
+        done, total, percent = counts
+        run = recent[-1]  # the bar ``BarBook.place`` gives a line that fits the most recent one
+        bar = run.bar
+        if bar.probe != probe or bar.desc != seen.desc or (seen.process and bar.process != seen.process):
+            return False
+        if done < run.done or run.total != total:
+            return False
+        kept = self._bars.get(run.id)
+        if kept is None:
+            return False
+        if done == kept.seen:
+            return True  # the same step drawn again: nothing new
+        if percent != kept.percent or done >= total:
+            return False  # a milestone (or, past the cap, the bar's latest): ``keep`` takes it
+        run.done = kept.seen = done
+        if kept.row is not None:  # a later line of the bar: the row standing for its end goes
+            self._replaced.append(kept.row)
+            kept.row = None
+        kept.latest = line
+        return True
 
     def resume(self, stored: list[Event]) -> None:
         """Take up the bars of an attempt a daemon before this one stored (re-adoption):
@@ -168,17 +218,33 @@ class ProgressMilestones:
 
     def to_save(self) -> tuple[list[Event], list[int]]:
         """What completes the stored history now: each bar's latest line not stored yet (in log
-        order), and the stored rows of the earlier lines they replace."""
-        latest = [kept.latest for kept in self._bars.values() if kept.latest is not None]
+        order; the event of a line ``redraw`` took is made now), and the stored rows of the
+        earlier lines they replace."""
+        latest = []
+        for kept in self._bars.values():
+            if isinstance(kept.latest, Redraw):
+                kept.latest = kept.latest.event()
+            if kept.latest is not None:
+                latest.append(kept.latest)
         return sorted(latest, key=lambda e: (e.generation, e.offset or 0)), list(self._replaced)
 
     def saved(self) -> None:
         """``to_save``'s lines are stored (their ids assigned) and the rows they replace deleted."""
         for kept in self._bars.values():
-            if kept.latest is not None:
+            if isinstance(kept.latest, Event):
                 kept.row, kept.latest = kept.latest.id, None
         self._replaced.clear()
         self._forget_finished()
+
+
+def redraw_counts(progress: Progress) -> tuple[float, float, int] | None:
+    """A line's count, total and whole percent as ``keep`` compares them; None when ``redraw``
+    cannot decide from them (no finite count, no positive finite total)."""
+    counts = _counts(progress)
+    percent = progress.percent
+    if counts is None or percent is None or counts[1] is None:
+        return None
+    return counts[0], counts[1], percent
 
 
 def _counts(progress: Progress) -> tuple[float, float | None] | None:

@@ -15,7 +15,7 @@
 
 from supervisor.probes._engine import ProbeEngine
 from supervisor.probes._fingerprint import fingerprint
-from supervisor.probes._identity import BarBook, BarRun, process_of
+from supervisor.probes._identity import Bar, BarBook, BarRun, bar_of, process_of
 from supervisor.probes._loading import load_packs
 from supervisor.probes._pack import Pack, re2_options
 from supervisor.probes._phasefold import (
@@ -33,11 +33,13 @@ from supervisor.probes._rootcause import echoes_only, root_cause
 
 __all__ = [
            "ANSI_RE",
+           "Bar",
            "BarBook",
            "BarRun",
            "Pack",
            "ProbeEngine",
            "ReplayReport",
+           "bar_of",
            "echoes_only",
            "ends_attempt",
            "entered_phase",

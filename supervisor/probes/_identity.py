@@ -64,8 +64,10 @@ class Bar:
 
 
 def bar_of(probe: str, fields: Mapping[str, Any]) -> Bar:
-    desc = fields.get("desc")
-    key = (probe, desc, *[fields.get(name) for name in PROCESS_FIELDS])
+    get = fields.get
+    desc = get("desc")
+    # PROCESS_FIELDS, spelt out: asked for every progress line, and a list made per line cost a third of it.
+    key = (probe, desc, get("service"), get("host"), get("tee"), get("proc"), get("rank"), get("pid"))
     try:
         return _BARS[key]
     except KeyError:

@@ -17,7 +17,8 @@ Modules: ``_facts`` (events folded into what has been seen), ``_progress`` (a ba
 position and rate), ``_rules`` (the rules and their bounds), ``_exit`` (the judgement at
 exit), ``_pace`` (earlier attempts' bar paces, injected as a value), ``_judge`` (the
 ``Watchdog`` that ties them together), ``_straggler`` (one process's bar well behind its peers'),
-``_evidence`` (what each judgement rests on, a typed value per rule; a dict only where stored or sent).
+``_evidence`` (what each judgement rests on, a typed value per rule; a dict only where stored or sent),
+``_redraws`` (a run of one bar's redraws read together, taken as one summary).
 """
 
 from supervisor.watchdog._conditions import Judgement, fine_duration, format_duration
@@ -25,6 +26,7 @@ from supervisor.watchdog._evidence import Evidence, ExitNoted, NoEvidence, Sched
 from supervisor.watchdog._judge import Watchdog, WatchdogState
 from supervisor.watchdog._pace import BarPace, BoundSource, PaceHistory, bar_key
 from supervisor.watchdog._progress import ProgressState
+from supervisor.watchdog._redraws import Redraws, inert
 from supervisor.watchdog._rules import label
 from supervisor.watchdog._straggler import Straggler
 
@@ -37,6 +39,7 @@ __all__ = [
            "NoEvidence",
            "PaceHistory",
            "ProgressState",
+           "Redraws",
            "SchedulerEnded",
            "Straggler",
            "Watchdog",
@@ -44,6 +47,7 @@ __all__ = [
            "bar_key",
            "fine_duration",
            "format_duration",
+           "inert",
            "label",
            "slow_step",
 ]

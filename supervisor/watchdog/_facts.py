@@ -6,13 +6,16 @@ due when, and ``_exit`` to judge how the process ended.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from supervisor.core.events import Event, EventKind, Failure, FailureKind, Phase, ProbeKind
 from supervisor.core.payloads import ProbeFields
 from supervisor.probes import (
     BarBook,
     BarRun,
+    bar_of,
     echoes_only,
     ends_attempt,
     entered_phase,
@@ -27,6 +30,7 @@ from supervisor.watchdog._divergence import LossTrack
 from supervisor.watchdog._idle import GpuUse
 from supervisor.watchdog._pace import PaceHistory, bar_key
 from supervisor.watchdog._progress import ProgressState, Track
+from supervisor.watchdog._redraws import Redraws
 from supervisor.watchdog._serving import EngineLoad
 from supervisor.watchdog._straggler import StragglerWatch
 from supervisor.watchdog._tail import LogTail
@@ -102,6 +106,10 @@ class Facts:
     phase_named: bool = False
     stragglers: StragglerWatch = field(default_factory=StragglerWatch)  # ranks behind their peers, now
     tail: LogTail = field(default_factory=LogTail)  # the log's last lines: the evidence when no probe knew the cause
+    # The plain info line that last changed nothing here (its probe, phase and fields), with what its folding
+    # read of the state then (the phase, whether advanced since a failure): while that state stands, the same
+    # line at the time of the latest output changes nothing again (``unchanged_by``).
+    _inert_info: tuple[str | None, Phase | None, dict[str, Any], Phase | None, bool] | None = None
 
     def __post_init__(self) -> None:
         self.last_output_at = self.last_active_at = self.phase_entered_at = self.moved_at = self.started_at
@@ -199,7 +207,61 @@ class Facts:
             self._failure(failure, at)
         # INFO (heartbeats included) and METRIC events only count as output: a process
         # that says "still waiting" is alive but has not made progress.
-        return changed or event.kind is not EventKind.INFO or event.failure is not None
+        changed = changed or event.kind is not EventKind.INFO or event.failure is not None
+        if not changed:
+            # A copy: the event's fields go on to the store, and what is remembered must not change with them.
+            self._inert_info = (event.probe, event.phase, dict(event.data), self.phase, self.advanced_since_failure)
+        return changed
+
+    def unchanged_by(self, probe: str | None, phase: Phase | None, fields: Mapping[str, Any], at: float) -> bool:
+        """Whether a plain info line (no failure) of ``probe`` with ``fields`` at ``at`` would change
+        nothing here: it is the line that last changed nothing (``observe`` returned False), the state
+        its folding reads is as it left it, and ``at`` is the latest output's time.  Exact: such a
+        line at such a time only sets what is already set."""
+        inert = self._inert_info
+        return (inert is not None and at == self.last_output_at and at == self.last_active_at and self.paused is None
+                and inert[0] == probe and inert[1] is phase and inert[3] is self.phase
+                and inert[4] == self.advanced_since_failure and inert[2] == fields)
+
+    def redrawn(self, run: Redraws, at: float) -> bool:
+        """Fold in a run of redraws read at ``at`` (``_redraws``) as its lines one by one would, and
+        say True; or change nothing and say False when a line of it could do more than move the count
+        of the bar the latest progress line drew (the caller then feeds the lines one by one)."""
+        recent = self.bars.recent
+        if not recent:
+            return False
+        book = recent[-1]  # the bar a line continues when it is the most recent one it fits
+        track = self.tracks.get(book.id)
+        if track is None or track.retired or self.latest_bar != book.id:
+            return False
+        bar, seen = book.bar, bar_of(run.probe, run.fields)
+        if bar.probe != run.probe or bar.desc != seen.desc or (seen.process and bar.process != seen.process):
+            return False  # another bar, or one that would learn its process from these lines
+        if book.total != run.total or track.total != run.total:
+            return False
+        phase = run.phase  # (the phase it is in already: never entered again)
+        if phase is not None and phase is not self.phase and any(entered_phase(self.phase, phase, recovered=r)
+                                                                 is not None for r in (False, True)):
+            return False  # a line would enter its phase (after an advance, when not before)
+        last = book.done
+        for done in run.dones:
+            if done < last:
+                return False  # a count taken back starts another bar
+            last = done
+        self.last_output_at = max(self.last_output_at, at)
+        self.last_active_at = at
+        if self.paused is not None:
+            self.paused, self.wait_ended_at = None, at
+        self.phase_has_progress = True
+        book.done = last
+        for done in run.dones:  # as ``_progress`` does for each line of a bar it tracks
+            if done == track.done:
+                continue
+            track.advance(done, at)
+            self.stragglers.stepped(book.id, track, self.tracks.values())
+            self.moved_at = max(self.moved_at, at)
+            self._advanced()
+        return True
 
     def _enter_phase(self, implied: Phase | None, at: float, *, recovers: bool = True, named: bool = True) -> bool:
         """Whether the phase was entered (forward only, and no `done` straight after a failure:

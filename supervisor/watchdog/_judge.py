@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.core.events import Event, Failure, Phase, Record, Verdict
 from supervisor.core.resource_limits import LimitHit
@@ -15,6 +16,7 @@ from supervisor.watchdog._exit import judge_exit
 from supervisor.watchdog._facts import Facts
 from supervisor.watchdog._pace import BoundSource, PaceHistory
 from supervisor.watchdog._progress import ProgressState
+from supervisor.watchdog._redraws import Redraws
 from supervisor.watchdog._rules import conditions, healthy
 from supervisor.watchdog._runtime import past_max_runtime
 from supervisor.watchdog._straggler import Straggler
@@ -131,7 +133,7 @@ class Watchdog:
         self._made = None
         self._facts.pings_heard_from = self._now(now)
 
-    def records_seen(self, records: Iterable[Record]) -> None:
+    def records_seen(self, records: Sequence[Record]) -> None:
         """The records themselves: their last lines are the evidence of a failure no probe knew."""
         self._facts.tail.seen(records)
 
@@ -147,6 +149,20 @@ class Watchdog:
         same event again at the same time need not be fed."""
         self._made = None
         return self._facts.observe(event, self._now(now))
+
+    def redrawn(self, run: Redraws, now: float | None = None) -> bool:
+        """A run of one bar's redraws read together, as one summary (``_redraws``): folded in as its
+        lines one by one would be, or, when one of them could do more than move the bar's count,
+        refused (False: nothing changed; feed them with ``observe``)."""
+        taken = self._facts.redrawn(run, self._now(now))
+        if taken:
+            self._made = None
+        return taken
+
+    def unchanged_by(self, probe: str | None, phase: Phase | None, fields: Mapping[str, Any],
+                     now: float | None = None) -> bool:
+        """Whether a plain info line (not a failure) would change nothing if fed now: it need not be."""
+        return self._facts.unchanged_by(probe, phase, fields, self._now(now))
 
     # ---- judgement while running ---------------------------------------------------
 

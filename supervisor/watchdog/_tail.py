@@ -13,7 +13,7 @@ taken out, a progress bar's ``\\r`` redraws read as the line they leave on the s
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from supervisor.core.events import Record
 from supervisor.probes import ANSI_RE
@@ -30,15 +30,20 @@ class LogTail:
     def __init__(self) -> None:
         self._lines: deque[str] = deque(maxlen=MAX_LINES)
 
-    def seen(self, records: Iterable[Record]) -> None:
-        lines = self._lines
-        for record in records:
+    def seen(self, records: Sequence[Record]) -> None:
+        # Only the batch's last non-empty lines can stay: read from its end, and stop once there are enough
+        # (a daemon behind its logs takes them 256 records a step).
+        last: list[str] = []
+        for record in reversed(records):
             text = record.text
             if "\x1b" in text:
                 text = ANSI_RE.sub("", text)
             text = text.strip()
             if text:
-                lines.append(text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS - 1] + "…")
+                last.append(text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS - 1] + "…")
+                if len(last) == MAX_LINES:
+                    break
+        self._lines.extend(reversed(last))
 
     @property
     def lines(self) -> list[str]:

@@ -47,12 +47,14 @@ FINISHED = ("done", "failed", "stopped")
 class Daemon:
     """A real daemon process in its own temporary state directory; a context manager."""
 
-    def __init__(self, *, env: dict[str, str] | None = None, keep: bool = False) -> None:
+    def __init__(self, *, env: dict[str, str] | None = None, keep: bool = False, tree: Path | None = None) -> None:
+        """``tree``: another checkout whose daemon runs (a before/after in one run); this one's by default."""
         self.home = Path(tempfile.mkdtemp(prefix="svb-", dir="/tmp"))  # short: socket paths are limited
         self.paths = Paths(self.home)
+        self.tree = tree or ROOT
         self.env = dict(os.environ)
         self.env["SUPERVISE_HOME"] = str(self.home)
-        self.env["PYTHONPATH"] = str(ROOT) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.env["PYTHONPATH"] = str(self.tree) + os.pathsep + self.env.get("PYTHONPATH", "")
         self.env.update(env or {})
         self.keep = keep
         self.proc: subprocess.Popen[bytes] | None = None
@@ -67,7 +69,7 @@ class Daemon:
 
     def start(self) -> None:
         self._log = open(self.home / "daemon.out", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon.process"], env=self.env, cwd=str(ROOT),
+        self.proc = subprocess.Popen([PY, "-m", "supervisor.daemon.process"], env=self.env, cwd=str(self.tree),
                                      stdout=self._log, stderr=self._log, start_new_session=True)
         client = self.client()
         wait_until(lambda: client.accepting() and client.ping() is not None, 20, "the daemon to answer")

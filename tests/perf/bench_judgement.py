@@ -1,7 +1,7 @@
 """Judgement against history: a run slower or faster than the earlier one is never stalled while it
 moves, and a frozen one is still flagged at its bound.
 
-    .venv/bin/python tests/perf/bench_judgement.py [--step 1.0] [--steps 8] [--configs floor,learned]
+    .venv/bin/python tests/perf/bench_judgement.py [--step 1.0] [--steps 8] [--configs floor,learned] [--tree DIR]
 
 One real daemon.  Every job is a shard bar of ``--steps`` steps whose pace is read from a file, so
 that two runs of one command (one pace history) can go at different speeds.  Each job runs twice:
@@ -86,11 +86,12 @@ def main() -> int:
     parser.add_argument("--step", type=float, default=1.0, help="seconds a step of the history's run")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--configs", default="floor,learned")
+    parser.add_argument("--tree", type=Path, metavar="DIR", help="run the daemon of this checkout instead (a tree before a change)")
     args = parser.parse_args()
     configs = args.configs.split(",")
     all_rows = [r for c in configs for r in rows(c, args.step, args.steps)]
     started = time.monotonic()
-    with Daemon() as daemon:
+    with Daemon(tree=args.tree) as daemon:
         script = daemon.home / "paced_bar.py"
         script.write_text(PACED_BAR)
         client = daemon.client()
@@ -134,7 +135,7 @@ def main() -> int:
                 detection = f"{detected:.2f}s"
                 ratio = f"{detected / b:.2f}x" if b else "-"
             out.append([r.config, r.label, name, bound, detection, ratio, slow])
-        print(f"## Judgement against history ({machine_note()})\n")
+        print(f"## Judgement against history ({machine_note()}{f'; the daemon of {args.tree}' if args.tree else ''})\n")
         print(f"History: {args.steps} steps at {args.step:g} s; stall_k {STALL_K:g}. "
               f"floor: stall_floor_s = {5 * args.step:g} s; learned: stall_floor_s = 60, learned_min_s = 0.5.\n")
         print(table(out[0], out[1:], "lllrrrr"))

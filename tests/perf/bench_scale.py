@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/perf/bench_scale.py [--jobs 1,10,100] [--total-rate 1500] [--seconds 10]
                                                [--event-every 10] [--busy 8x1000] [--busy-logs workers,redraws,access-log]
-                                               [--profile DIR] [--quick]
+                                               [--profile DIR] [--quick] [--tree DIR]
     .venv/bin/python tests/perf/bench_scale.py --summarize DIR/PROFILE.raw.txt
 
 For each configuration, a fresh real daemon runs N jobs, each tests/perf/_writer.py: stamped
@@ -32,6 +32,10 @@ and as % of one core over that window, with how often it slept and was woken (vo
 context switches) and its read system calls, per thousand lines; its CPU while the N jobs
 are up but quiet (idle); its RSS (peak of samples every 0.25 s, and before the writers start).  Targets: p99 under 50 ms at N = 100; under 2 % of a core at
 8 jobs x 1000 lines/s.
+
+``--tree DIR`` runs each ``--busy`` configuration twice, alternating, once with the daemon of
+another checkout (``git archive`` of the tree before a change: its bytecode compiled first), so
+that before and after are measured in one run under the same load; each row says which tree.
 
 ``--profile DIR`` samples the daemon with py-spy (``py-spy record --gil --format raw``, which
 pauses it 200 times a second: use the figures of a run without it) during each window and
@@ -79,6 +83,7 @@ class Config:
     seconds: float
     every: int
     plain: str = "workers"  # the lines between the bars: "workers" (no probe reads them) or "access-log"
+    tree: Path | None = None  # the checkout whose daemon runs (None: this one)
 
     @property
     def lines_per_job(self) -> int:
@@ -112,7 +117,7 @@ class Outcome:
 def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
     access_log = config.plain == "access-log"
     env = {"SUPERVISE_EVENTS_PER_ATTEMPT": str(ACCESS_LOG_CAP)} if access_log else None
-    with Daemon(keep=keep, env=env) as daemon:
+    with Daemon(keep=keep, env=env, tree=config.tree) as daemon:
         home = daemon.home
         go, ready = home / "go", home / "ready"
         ready.mkdir()
@@ -245,6 +250,8 @@ def main() -> int:
     parser.add_argument("--summarize", type=Path, help="only print the summary of a py-spy raw profile written before")
     parser.add_argument("--quick", action="store_true", help="4 s of writing per configuration")
     parser.add_argument("--keep", action="store_true", help="keep the daemons' state directories")
+    parser.add_argument("--tree", type=Path, metavar="DIR",
+                        help="also run each --busy configuration with the daemon of this checkout (before/after)")
     args = parser.parse_args()
     if args.summarize:
         print(summarize_profile(args.summarize))
@@ -258,9 +265,11 @@ def main() -> int:
         for kind in (k for k in args.busy_logs.split(",") if k):
             if kind not in ("workers", "redraws", "access-log"):
                 parser.error(f"--busy-logs: unknown log {kind!r} (workers, redraws, access-log)")
-            configs.append(Config(f"{jobs} x {rate}/s, {kind}", int(jobs), float(rate), args.seconds,
-                                  1 if kind == "redraws" else args.event_every,
-                                  "access-log" if kind == "access-log" else "workers"))
+            for tree in ([args.tree.resolve(), None] if args.tree else [None]):
+                where = "" if args.tree is None else f" [{'before: ' + tree.name if tree else 'this tree'}]"
+                configs.append(Config(f"{jobs} x {rate}/s, {kind}{where}", int(jobs), float(rate), args.seconds,
+                                      1 if kind == "redraws" else args.event_every,
+                                      "access-log" if kind == "access-log" else "workers", tree))
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
 

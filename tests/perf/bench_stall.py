@@ -1,7 +1,7 @@
 """Stall detection on paced replays of real logs: how soon, against the bound, and never wrongly.
 
     .venv/bin/python tests/perf/bench_stall.py [--floors 0.1,0.5,1,2] [--speeds 1,2]
-                                               [--corpus-floors 0.5,1,2] [--interval 0.01] [--quick]
+                                               [--corpus-floors 0.5,1,2] [--interval 0.01] [--quick] [--tree DIR]
 
 One real daemon replays, with tests/jobs/replay.py, the vLLM 0.23 ``serve`` log whose shard
 loading was frozen for 45 s at 5/13 (tests/data/pacing: its real arrival times, divided by
@@ -31,6 +31,8 @@ loading was frozen for 45 s at 5/13 (tests/data/pacing: its real arrival times, 
 
 All runs of a group run at once (distinct job names).  A false positive is any ``stalled`` or
 ``silent`` verdict, or a ``slow`` report, on a healthy replay.  Prints markdown tables.
+``--tree DIR``: the daemon of another checkout runs it (a tree before a change, run back to back
+with this one's).
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.01, help="seconds between corpus lines (default 0.01)")
     parser.add_argument("--quick", action="store_true", help="speeds 1,2; floors 0.25,1; corpus floor 0.5 (about 20 s)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's state directory")
+    parser.add_argument("--tree", type=Path, metavar="DIR", help="run the daemon of this checkout instead")
     args = parser.parse_args()
     if args.quick:
         args.speeds, args.floors, args.corpus_floors = "1,2", "2,5", "0.5"
@@ -146,7 +149,7 @@ def main() -> int:
     corpus_floors = [float(f) for f in args.corpus_floors.split(",") if f]
     logs = sorted(FULL_LOGS.glob("*.log"))
 
-    print(machine_note())
+    print(machine_note() + (f"; the daemon of {args.tree}" if args.tree else ""))
     base = [PY, str(REPLAY), str(PACING), "--arrivals", str(PACING), "--collapse-gaps-over", "0.5"]
     shard_s = shard_interval()
     combos = [(s, f) for s in speeds for f in floors if f >= 1.5 * shard_s / s]
@@ -158,7 +161,7 @@ def main() -> int:
     corpus = [Run(job_name("corpus", f, p.stem[:2]), [PY, str(REPLAY), str(p), "--interval", f"{args.interval:g}"], f,
                   p.name) for f in corpus_floors for p in logs]
     wall = time.monotonic()
-    with Daemon(keep=args.keep) as daemon:
+    with Daemon(keep=args.keep, tree=args.tree) as daemon:
         results = run_group(daemon, frozen, timeout=180, attempts=2)
         results.update(run_group(daemon, healthy, timeout=180, runs_each=2))
         results.update(run_group(daemon, corpus, timeout=180))

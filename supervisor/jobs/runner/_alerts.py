@@ -93,6 +93,17 @@ class Alerts:
                 if alert is not None:
                     self.send_soon(live, alert)
 
+    def read_each_step(self, live: Live) -> bool:
+        """Whether an alert may come of a progress line that is no stored milestone: a periodic
+        ETA, a percent mark, a phase not announced yet (each redraw then goes to ``observed``)."""
+        spec = self._spec.alerts
+        if spec.eta_every_s is not None or spec.eta_at_percent:
+            return True
+        if not spec.notify_phases:
+            return False
+        milestones = self._milestones.get(live.row.n)
+        return bool(set(spec.notify_phases) - (milestones.phases_sent if milestones is not None else set()))
+
     def gpu_fault(self, live: Live, host: str, fault: GpuFault) -> None:
         """A fault on a GPU the attempt uses: recorded and alerted."""
         self._journal.record(live.row.n, EventKind.GPU_FAULT, fault.describe(),

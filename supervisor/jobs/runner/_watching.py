@@ -23,6 +23,7 @@ from supervisor.core.tasks import cancel_and_wait, set_within
 from supervisor.hosts import kernel_log
 from supervisor.hosts.base import ExitStatus, Follower, Host, Link, QueuedHost, SchedulerEnd
 from supervisor.jobs.matching import Matched, Matcher, PackDisabled, TailReader
+from supervisor.jobs.redraw_runs import RedrawRuns
 from supervisor.jobs.runner._alerts import Alerts, StragglerReports
 from supervisor.jobs.runner._context import CATCH_UP_STILL_S, CatchUp, Live, RunnerContext
 from supervisor.jobs.runner._disk import DiskWatch
@@ -326,47 +327,68 @@ class AttemptWatch:
             live.reading.last_output = wall
         else:
             now = live.watchdog.last_output_at
-        events = []
-        cap = live.event_cap
-        # A plain info line that changed nothing in the watchdog (an access-log line of a server
-        # already serving), and then the same line again in this read: the watchdog is not fed it
-        # (it would change nothing either: same content, same time), and past the event cap, where
-        # it would not be stored, it is only counted: no event is made of it.
-        unchanged: ProbeEvent | None = None
+        events: list[Event] = []  # what the alerts read
+        admitted: list[Event] = []  # what is stored: the milestones and the cap decide, in the log's order
+        cap, sieve, watchdog = live.event_cap, live.stored_progress, live.watchdog
+
+        def judged(event: Event, at: float) -> None:
+            before = watchdog.phase
+            note(self._journal, live, event, at)
+            entered = live.watchdog.phase
+            if entered is not None and entered is not before and event.kind is not EventKind.PHASE:
+                events.append(implied := implied_phase(event, entered))  # the phase first: its line began it
+                stored(implied)
+            events.append(event)
+
+        def stored(event: Event) -> None:
+            sieve.latest_only = cap.reached  # past the cap: each bar's latest, in place
+            if cap.admits(event, kept=sieve.keep(event, event.ts)):
+                admitted.append(event)
+
+        def refused(lines: list[ProbeEvent]) -> None:  # a run of redraws the watchdog takes one by one
+            for pe in lines:  # (the milestones took them: not stored again)
+                judged(self._event(pe), now)
+
+        # Redraws between a bar's milestones: no event made of them, one summary to the watchdog.
+        runs = None if backlog is not None or self._alerts.read_each_step(live) else \
+            RedrawRuns(watchdog, sieve, cap, job=self._job, attempt=live.row.n, generation=live.row.log_generation, ts=wall,
+                       at=now, feed=refused)
         for pe in probe_events:
-            if unchanged is not None and backlog is None and _same_info(pe, unchanged):
+            if runs is not None and runs.take(pe):
+                continue
+            # A plain info line that would change nothing in the watchdog (an access-log line of a server
+            # already serving) is not fed to it, and past the event cap, where it would not be stored,
+            # it is only counted: no event is made of it.
+            if (backlog is None and pe.kind is ProbeKind.INFO and pe.failure is None
+                    and watchdog.unchanged_by(pe.probe, pe.phase, pe.fields, now)):
                 if cap.reached:
                     cap.drop()
                     continue
-                event = _from_probe(self._job, live.row.n, pe)
-                event.generation = live.row.log_generation
+                event = self._event(pe)
                 events.append(event)
+                stored(event)
                 continue
-            event = _from_probe(self._job, live.row.n, pe)
-            event.generation = live.row.log_generation
+            event = self._event(pe)
             at = now
             if backlog is not None and event.offset is not None and backlog.covers(event.offset, event.generation):
                 event.ts = backlog.wall_at(event.offset)  # stored with when it was written, not read
                 at = clock_at(clock, event.ts)
-            before = live.watchdog.phase
-            changed = note(self._journal, live, event, at)
-            unchanged = None if changed else pe
-            entered = live.watchdog.phase
-            if entered is not None and entered is not before and event.kind is not EventKind.PHASE:
-                events.append(implied_phase(event, entered))  # the phase first: its line began it
-            events.append(event)
+            judged(event, at)
+            stored(event)
+        if runs is not None:
+            runs.close()
         self._alerts.observed(live, events)
         if found := live.watchdog.stragglers():
             self._stragglers.found(live, found)
-        admitted = []
-        for event in events:
-            live.stored_progress.latest_only = live.event_cap.reached  # past the cap: each bar's latest, in place
-            if live.event_cap.admits(event, kept=live.stored_progress.keep(event, event.ts)):
-                admitted.append(event)
         notice = live.event_cap.notice()
         if notice is not None:
             self._journal.action(live.row.n, notice, ActionData(events_per_attempt=live.event_cap.limit))
         return admitted
+
+    def _event(self, pe: ProbeEvent) -> Event:
+        event = _from_probe(self._job, self.live.row.n, pe)
+        event.generation = self.live.row.log_generation
+        return event
 
     def _save(self, events: list[Event], offset: int, *, force: bool) -> bool:
         """Store the events with the offset they bring the attempt to (one transaction), publish them."""
@@ -494,13 +516,6 @@ def output_read_to(live: Live, wall: float, clock: Callable[[], float]) -> None:
     if live.last_output is None or wall > live.last_output:
         live.watchdog.output_seen(clock_at(clock, wall), heartbeats_only=True)  # it shows no activity
         live.reading.last_output = wall
-
-
-def _same_info(pe: ProbeEvent, before: ProbeEvent) -> bool:
-    """Whether ``pe`` is, to the watchdog, the same plain info line as ``before`` (its text may
-    differ: the watchdog reads an info line's probe, phase and fields, and a heartbeat's text)."""
-    return (pe.kind is ProbeKind.INFO and pe.failure is None and pe.probe == before.probe
-            and pe.phase is before.phase and pe.fields == before.fields and not pe.fields.get("heartbeat"))
 
 
 def _contained(journal: Journal, live: Live, what: str, exc: Exception) -> None:
