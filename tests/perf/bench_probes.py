@@ -28,7 +28,7 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
   between processes in place (the validated packs, what it works out of each regex, the Hyperscan
   database), the same with the packs and the regex answers deleted before each run (the Hyperscan
   database kept: how every start went before they were kept), and ``--startup-tree DIR`` (another
-  checkout, e.g. main exported) with the same cache folder; CPU and wall medians, the load average;
+  checkout, e.g. main exported) with a cache folder of its own; CPU and wall medians, the load average;
 - the offline replay on a log of bar runs (``--bars-mb``: tqdm bars piped to a file, one
   ``\n``-ended line a draw, and Megatron ``iteration N/ M`` lines), with the fold of a bar's run
   (``_barfold``) and without it (every line through the engine and the summary), in-process.
@@ -246,7 +246,10 @@ def run_startup(runs: int, other: Path | None) -> None:
         ("this tree, packs and regex answers worked out (Hyperscan database kept)", probe, ROOT, env, True),
     ]
     if other is not None:
-        ways.append((f"{other} (same cache folder)", probe, other, {**env, "PYTHONPATH": str(other)}, False))
+        # Its own cache folder: what each tree keeps is named by a digest of its code, so one folder for
+        # both would have each start throw the other's away and work everything out again.
+        ways.append((f"{other} (its own cache folder)", probe, other,
+                     {**env, "PYTHONPATH": str(other), "XDG_CACHE_HOME": str(folder / "cache-other")}, False))
     for _label, command, cwd, environment, _cold in ways[1:]:
         measure_child(command, cwd, environment)  # the first start compiles and keeps what it keeps
     cpu: dict[str, list[float]] = {label: [] for label, *_ in ways}
