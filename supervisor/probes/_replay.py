@@ -61,7 +61,7 @@ from supervisor.probes._phasefold import (
 )
 from supervisor.probes._quiet import ChunkPlan
 from supervisor.probes._reportjson import INDENT as _INDENT
-from supervisor.probes._reportjson import dumps, string
+from supervisor.probes._reportjson import dumps, mapping, string
 from supervisor.probes._rootcause import echoes_only, root_cause
 from supervisor.probes._spool import EventSpool
 
@@ -131,7 +131,7 @@ class EventModel:
         return (f'{{\n{i}"kind": {string(self.kind)},\n{i}"probe": {string(self.probe)},\n'
                 f'{i}"offset": {int.__repr__(self.offset)},\n{i}"line": {string(self.line)},\n'
                 f'{i}"phase": {string(self.phase)},\n{i}"failure": {string(self.failure)},\n'
-                f'{i}"fields": {dumps(self.fields, level + 1)},\n{i}"traceback": {string(self.traceback)},\n'
+                f'{i}"fields": {mapping(self.fields, level + 1)},\n{i}"traceback": {string(self.traceback)},\n'
                 f'{i}"fingerprint": {string(self.fingerprint)}\n{_INDENT * level}}}')
 
 

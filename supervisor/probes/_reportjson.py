@@ -51,6 +51,27 @@ def dumps(value: object, level: int = 0) -> str:
     raise TypeError(f"no JSON form for {type(value).__name__}")
 
 
+def mapping(value: Mapping[str, object], level: int) -> str:
+    """``dumps`` of a mapping, its str, int and float values written without the walk: a listed
+    event's fields, written once per event (the walk was 7% of `supervise probe` on a busy log)."""
+    if not value:
+        return "{}"
+    inner = ",\n" + INDENT * (level + 1)
+    parts = []
+    for key, item in value.items():
+        kind = type(item)  # exactly these types (a bool is an int to isinstance); mypy cannot narrow by it
+        if kind is str:
+            text = encode_basestring(item)  # type: ignore[arg-type]
+        elif kind is int:
+            text = int.__repr__(item)
+        elif kind is float:
+            text = number(item)  # type: ignore[arg-type]
+        else:
+            text = dumps(item, level + 1)
+        parts.append(f"{encode_basestring(key)}: {text}")
+    return "{" + inner[1:] + inner.join(parts) + "\n" + INDENT * level + "}"
+
+
 def number(value: float) -> str:
     """A float as pydantic writes it (see the module's docstring)."""
     if not math.isfinite(value):
