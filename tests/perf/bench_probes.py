@@ -54,6 +54,7 @@ import compileall
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,7 +209,7 @@ def measure_child(command: list[str], cwd: Path = ROOT, env: dict[str, str] | No
 def run_cli_probe(path: Path, size: int, mode: str, tree: Path = ROOT) -> Timing:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     if tree != ROOT:  # what each tree keeps is named by its code's digest: its own folder, not a rebuild each run
-        env["XDG_CACHE_HOME"] = str(Path(tempfile.gettempdir()) / f"bench-probes-cache-{tree.name}")
+        env["XDG_CACHE_HOME"] = str(Path(os.environ.get("XDG_CACHE_HOME", tempfile.gettempdir())) / f"other-{tree.name}")
     measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(path)], tree, env)
     where = "" if tree == ROOT else f" [{tree}]"
     return Timing(f"`supervise probe --json` (offline, full event output), {mode}{where}", measured["wall"],
@@ -461,6 +462,9 @@ def main() -> int:
         return 0
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-probes-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # A cache folder of the run's own (the kept packs, regex answers and Hyperscan database): in the user's,
+    # another checkout's `supervise` (another digest of the code) would replace them between two runs here.
+    os.environ["XDG_CACHE_HOME"] = str(workdir / "cache")
     log, patterns, redraws = workdir / "big.log", workdir / "patterns.txt", workdir / "redraws.log"
     size = build_log(log, args.mb)
     total, translated, missing = export_patterns(patterns)
@@ -573,9 +577,7 @@ def main() -> int:
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
     print(f"\nfold: {plain.cpu / folded.cpu:.2f}x less CPU on the bar log")
     if args.keep is None:
-        for path in (log, patterns, redraws, bars, quiet):
-            path.unlink(missing_ok=True)
-        workdir.rmdir()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
