@@ -28,6 +28,7 @@ and last, the summary is kept as it goes (never from a list of every event), and
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -150,16 +151,25 @@ class ReplayReport:
 
     def to_json(self) -> str:
         # The documented shape; events_omitted (the list was cut) and recovered only when they say something.
+        return self._json(complete=False)
+
+    def model_dump_json(self) -> str:
+        """Every field of the report (events_omitted and recovered always) on one line: what this method
+        gave when the report was a pydantic model, kept for scripts that read a report in-process (the
+        same values; a float's digits as Python writes them)."""
+        return json.dumps(json.loads(self._json(complete=True)), ensure_ascii=False, separators=(",", ":"))
+
+    def _json(self, *, complete: bool) -> str:
         i = _INDENT
         parts = [f'{i}"outcome": {string(self.outcome)}', f'{i}"last_phase": {string(self.last_phase)}',
                  f'{i}"failure": {dumps(self.failure.to_dict() if self.failure else None, 1)}',
                  f'{i}"progress": {dumps([p.to_dict() for p in self.progress], 1)}',
                  f'{i}"events": ' + ("[\n" + ",\n".join(i * 2 + e.to_json(2) for e in self.events) + f"\n{i}]"
                                      if self.events else "[]")]
-        if self.events_omitted:
+        if self.events_omitted or complete:
             parts.append(f'{i}"events_omitted": {int.__repr__(self.events_omitted)}')
-        if self.recovered is not None:
-            parts.append(f'{i}"recovered": {dumps(self.recovered.to_dict(), 1)}')
+        if self.recovered is not None or complete:
+            parts.append(f'{i}"recovered": {dumps(self.recovered.to_dict() if self.recovered else None, 1)}')
         return "{\n" + ",\n".join(parts) + "\n}"
 
     def render_text(self) -> str:
