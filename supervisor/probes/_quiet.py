@@ -57,12 +57,14 @@ class ChunkPlan:
     escapes: list[int]  # sorted log offsets of each ESC: a record holding one is scanned again, uncoloured
 
 
-def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes, int], list[int] | None]) -> ChunkPlan | None:
+def plan_chunk(data: bytes, base: int, final: bool,
+               scan: Callable[[bytes, Callable[[], int]], list[int] | None]) -> ChunkPlan | None:
     """What to read of ``data``, the chunk at log offset ``base``; None: read all of it.
 
     ``scan(text, lines)`` gives an offset inside each match the prefilter finds in ``text``, which
-    holds ``lines`` newlines (None: too many to list, read it all).  The newlines are counted once
-    a chunk, not once by each use (a count is a third of the scan's time)."""
+    holds ``lines()`` newlines (None: too many to list, read it all).  The newlines after the sample
+    are counted only when a decision needs them, and once (a count of a chunk is a third of its scan):
+    a quiet chunk's sample alone already holds more lines than its marks ask for."""
     stop = len(data) if final else data.rfind(b"\n") + 1
     if len(data) - stop > MAX_TAIL:
         return None
@@ -76,13 +78,17 @@ def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes, int],
     # chunk is as quick, and scanning it here as well would cost a scan more.
     cut = text.rfind(b"\n", 0, _SAMPLE) + 1 if len(text) > 2 * _SAMPLE else len(text)
     sampled = text.count(b"\n", 0, cut)
-    found = scan(text[:cut], sampled)
+    found = scan(text[:cut], lambda: sampled)
     if found is None or len(found) * _DENSE > sampled:
         return None
-    lines = sampled
+    counted: list[int] = []
+
+    def rest_lines() -> int:
+        if not counted:
+            counted.append(text.count(b"\n", cut))
+        return counted[0]
+
     if cut < len(text):
-        rest_lines = text.count(b"\n", cut)
-        lines += rest_lines
         rest = scan(text[cut:], rest_lines)
         if rest is None:
             return None
@@ -92,7 +98,8 @@ def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes, int],
     hits = [base + hit for hit in found]
     escaped = [base + at for at in escapes]
     marks = found + escapes + _must_read(text)
-    if len(marks) * _DENSE > lines:
+    # More lines than that in the sample alone: not dense, whatever the rest holds (nothing counted).
+    if len(marks) * _DENSE > sampled and len(marks) * _DENSE > sampled + (rest_lines() if cut < len(text) else 0):
         return None  # most lines must be read anyway (redraws, colours): read it whole
     if stop:
         marks.append(stop - 1)
