@@ -13,9 +13,9 @@ working directory and on its PYTHONPATH.
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 
+import supervisor
 from supervisor.core.errors import ConfigError
 
 _PACKAGED = "_builtin"
@@ -32,8 +32,10 @@ def jobs_dir() -> Path:
 
 
 def _builtin(name: str) -> Path:
-    root = files("supervisor")
-    if not isinstance(root, Path):  # a zip import: no directory a job could run from
+    # The package's own directory (what `importlib.resources.files` gives a package on disk, without
+    # its zip reader's import: a tenth of `supervise probe`'s imports).
+    root = Path(supervisor.__file__ or "").parent
+    if not (root / "__init__.py").is_file():  # a zip import: no directory a job could run from
         raise ConfigError(f"supervise is installed as {root}, not as files; reinstall it with pip")
     packaged = root / _PACKAGED / name
     if packaged.is_dir():

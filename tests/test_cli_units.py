@@ -225,3 +225,24 @@ def test_piped_event_printer_prints_a_redrawn_bar_per_percent_and_its_latest_sta
     assert 100 <= len(bar) <= 101 + 10, len(bar)
     assert bar == sorted(set(bar)) and bar[-1] == 1999
     assert " exited " in lines[-1] and " progress " in lines[-2]
+
+
+def test_a_run_builds_only_its_verb_s_parser_and_it_is_the_whole_parser_s() -> None:
+    """`supervise VERB ...` builds VERB's parser alone (`cli._parser(only=...)`): the same help, defaults and
+    parse as the whole parser gives, for every verb; a word that is no verb gets the whole parser."""
+    from supervisor import cli
+
+    def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        [action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(action.choices)
+
+    whole = subparsers(cli._parser())
+    assert len(whole) > 20
+    for verb, full in whole.items():
+        alone = subparsers(cli._parser(verb))
+        assert list(alone) == [verb]
+        assert alone[verb].format_help() == full.format_help(), verb
+        assert alone[verb]._defaults.keys() == full._defaults.keys(), verb
+    assert list(subparsers(cli._parser("no-such-verb"))) == list(whole)
+    args = cli._parser("probe").parse_args(["probe", "--json", "x.log"])
+    assert (args.logfile, args.json, args.pack, args.func.target) == ("x.log", True, [], "probe:cmd_probe")

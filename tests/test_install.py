@@ -127,9 +127,65 @@ def test_only_one_module_imports_asyncssh() -> None:
     assert importers == ["supervisor/hosts/_asyncssh.py"]
 
 
+_REMOTE_KINDS = ("asyncssh", "supervisor.hosts.ssh", "supervisor.hosts.slurm")
+
+
 def test_a_daemon_with_only_local_jobs_never_loads_the_ssh_client() -> None:
-    out = _python("import supervisor.daemon.service, supervisor.daemon.process, sys; print('asyncssh' in sys.modules)")
-    assert out.stdout.strip() == "False", out.stderr
+    """Nor Slurm's code, nor either through the reach check a start runs (for `local` and `slurm:` it looks at
+    nothing, so no kind's hook is imported)."""
+    out = _python(textwrap.dedent(f"""
+        import asyncio, sys
+        import supervisor.daemon.service, supervisor.daemon.process
+        from supervisor.hosts.reach import refuse_if_nothing_listens
+        def loaded(): return sorted(m for m in sys.modules if m.startswith({_REMOTE_KINDS!r}))
+        print(loaded())
+        asyncio.run(refuse_if_nothing_listens("local"))
+        print(loaded())
+        asyncio.run(refuse_if_nothing_listens("slurm:"))
+        print([m for m in loaded() if not m.startswith("supervisor.hosts.slurm")])
+        """))
+    assert out.stdout.split("\n")[:3] == ["[]", "[]", "[]"], out.stdout + out.stderr
+
+
+def test_the_reach_check_imports_no_host_kind() -> None:
+    """Which address a start looks at is each kind's reach hook (`hosts/registry.py`); reach.py imports none of
+    them, nor asyncssh, at module level or in a function: every daemon imports it."""
+    kinds = sorted(p.parent.name for p in (REPO / "supervisor" / "hosts").glob("*/__init__.py"))
+    assert kinds == ["local", "slurm", "ssh"]
+    names = []
+    for node in ast.walk(ast.parse((REPO / "supervisor" / "hosts" / "reach.py").read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names += [f"{node.module}.{a.name}" for a in node.names] if node.module == "supervisor.hosts" else \
+                [node.module or ""]
+    reached = [n for n in names if n.split(".")[0] == "asyncssh" or n.split(".")[:3] in
+               (["supervisor", "hosts", kind] for kind in kinds)]
+    assert not reached, f"hosts/reach.py imports {reached}: register a reach hook with the kind in registry.py"
+
+
+def test_each_kind_s_reach_hook_gives_the_address_a_start_looks_at() -> None:
+    """The hooks named in the registry resolve, and a closed port of each remote kind is refused in one line."""
+    import asyncio
+    import socket
+
+    from supervisor.core.errors import ConnectionLost
+    from supervisor.hosts.base import ListenAddress
+    from supervisor.hosts.reach import refuse_if_nothing_listens
+    from supervisor.hosts.registry import reach_hook
+
+    with socket.socket() as s:  # a loopback port where nothing listens once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for url in (f"ssh://nobody@127.0.0.1:{port}", f"slurm+ssh://nobody@127.0.0.1:{port}?log_root=/x"):
+        hook = reach_hook(url)
+        assert hook is not None and hook(url) == ListenAddress("127.0.0.1", port, f"nobody@127.0.0.1:{port}")
+        with pytest.raises(ConnectionLost, match=rf"^connection refused \(nobody@127\.0\.0\.1:{port}\)$"):
+            asyncio.run(refuse_if_nothing_listens(url))
+    for url in ("local", "slurm:", "ssh://box", "slurm+ssh://login"):  # no port: ssh config may name another
+        hook = reach_hook(url)
+        assert hook is None or hook(url) is None, url
+        asyncio.run(refuse_if_nothing_listens(url))
 
 
 def test_a_session_that_leaves_a_daemon_running_fails_naming_the_test(tmp_path: Path) -> None:

@@ -103,33 +103,136 @@ def test_probe_with_no_pack_to_load_is_an_error_not_a_clean_log(
     assert str(tmp_path / "no-packs-here") in captured.err
 
 
-def test_listed_events_are_what_model_construct_makes() -> None:
-    """``EventModel.of`` builds the model directly: the same model, fields set and JSON as
-    pydantic's ``model_construct``, on every event of the corpus logs (failures, levels, fields)."""
+def _as_pydantic(report: _replay.ReplayReport, complete: bool = False) -> str:
+    """The report as the pydantic models it was made of until its JSON was written by hand (the same
+    fields, types and ``model_dump_json(indent=2, exclude=...)`` call): the bytes it must still print."""
+    from typing import Any
+
+    from pydantic import BaseModel
+
+    from supervisor.core.events import ProbeKind
+
+    class FailureSummary(BaseModel):
+        kind: FailureKind
+        line: str
+        fingerprint: str | None
+
+    class ProgressSummary(BaseModel):
+        probe: str
+        bar: str
+        process: str
+        done: int | float | None
+        total: int | float | None
+
+    class EventModel(BaseModel):
+        kind: ProbeKind
+        probe: str
+        offset: int
+        line: str
+        phase: Phase | None = None
+        failure: FailureKind | None = None
+        fields: dict[str, Any] = {}
+        traceback: str | None = None
+        fingerprint: str | None = None
+
+    class ReplayReport(BaseModel):
+        outcome: Outcome
+        last_phase: Phase | None
+        failure: FailureSummary | None
+        progress: list[ProgressSummary]
+        events: list[EventModel]
+        events_omitted: int = 0
+        recovered: FailureSummary | None = None
+
+    def summary(failure: _replay.FailureSummary | None) -> FailureSummary | None:
+        return None if failure is None else FailureSummary(kind=failure.kind, line=failure.line,
+                                                           fingerprint=failure.fingerprint)
+
+    model = ReplayReport(
+        outcome=report.outcome, last_phase=report.last_phase, failure=summary(report.failure),
+        progress=[ProgressSummary(probe=p.probe, bar=p.bar, process=p.process, done=p.done, total=p.total)
+                  for p in report.progress],
+        events=[EventModel.model_construct(kind=e.kind, probe=e.probe, offset=e.offset, line=e.line, phase=e.phase,
+                                           failure=e.failure, fields=e.fields, traceback=e.traceback,
+                                           fingerprint=e.fingerprint) for e in report.events],
+        events_omitted=report.events_omitted, recovered=summary(report.recovered))
+    if complete:
+        return model.model_dump_json()
+    left_out = {name for name, unsaid in (("events_omitted", not report.events_omitted),
+                                          ("recovered", report.recovered is None)) if unsaid}
+    return model.model_dump_json(indent=2, exclude=left_out or None)
+
+
+def test_the_report_s_json_is_byte_for_byte_what_pydantic_wrote() -> None:
+    """The JSON is written by hand (``_reportjson``: `supervise probe` imports no pydantic); every corpus log's
+    report, and one made of values where a plain ``json.dumps`` differs, are pydantic's bytes."""
     from probe_golden import corpus_logs
 
-    from supervisor.core.records import split_records
-    from supervisor.probes import ProbeEngine, load_packs
+    from supervisor.core.events import ProbeKind
 
-    engine = ProbeEngine(load_packs())
     checked = 0
     for path in corpus_logs():
-        records, _ = split_records(path.read_bytes(), 0, final=True)
-        for event in engine.feed_many(records) + engine.flush():
-            made = _replay.EventModel.of(event)
-            failure = event.failure
-            fields = event.fields if failure is None or failure.level is None else {**event.fields,
-                                                                                     "level": failure.level}
-            expected = _replay.EventModel.model_construct(
-                kind=event.kind, probe=event.probe, offset=event.offset, line=event.line, phase=event.phase,
-                failure=None if failure is None else failure.kind, fields=fields,
-                traceback=None if failure is None else failure.traceback,
-                fingerprint=None if failure is None else failure.fingerprint)
-            assert made == expected and made.model_fields_set == expected.model_fields_set
-            assert made.model_dump_json() == expected.model_dump_json()
-            checked += 1
-        engine = ProbeEngine(load_packs())
+        report = replay_file(path)
+        assert report.to_json() == _as_pydantic(report), path
+        assert json.loads(report.model_dump_json()) == json.loads(_as_pydantic(report, complete=True)), path
+        checked += len(report.events)
     assert checked > 1000
+    odd: dict[str, object] = {
+        "tiny": 1.234e-5, "tinier": 1e-7, "edge": 1e-4, "neg": -2.5e-6, "huge": 1.5e16, "int_float": 3.0,
+        "neg_zero": -0.0, "inf": float("inf"), "nan": float("nan"), "minus_inf": float("-inf"), "big_int": 10**20,
+        "flag": True, "off": False, "none": None, "control": "a\x00b\x1f\x7f\t\n\r\x08\x0c", "quote": 'say "hi" \\ /',
+        "unicode": "é ✓ \u2028 \U0001f600", "nested": {"list": [1, 2.5e-9, "x"], "empty": {}, "none": []},
+    }
+    events = [_replay.EventModel(ProbeKind.METRIC, "p", 7, "line \x01 \"q\"", Phase.WEIGHT_LOADING, None, odd),
+              _replay.EventModel(ProbeKind.FAILURE, "f", 9, "boom", None, FailureKind.CUDA_OOM, {}, "tb\n  x", "ab12")]
+    report = _replay.ReplayReport(
+        outcome=Outcome.OOM, last_phase=None, failure=_replay.FailureSummary(FailureKind.CUDA_OOM, "boom", None),
+        progress=[_replay.ProgressSummary("bar", "b", "", 1.5e-5, 10), _replay.ProgressSummary("bar", "c", "r1", None, None)],
+        events=events, events_omitted=3, recovered=_replay.FailureSummary(FailureKind.RUNTIME_ERROR, "x", "f"))
+    assert report.to_json() == _as_pydantic(report)
+    assert json.loads(report.model_dump_json()) == json.loads(_as_pydantic(report, complete=True))
+    assert json.loads(report.to_json())["events"][0]["fields"]["tiny"] == 1.234e-5
+
+
+def test_floats_are_written_as_pydantic_writes_them() -> None:
+    """Every exponent, and random bit patterns: the shortest digits, in pydantic's exponent form."""
+    import math
+    import random
+    import struct
+
+    import pydantic_core
+
+    from supervisor.probes._reportjson import number
+
+    rng = random.Random(56)
+    values = [m * 10.0 ** e for m in (1, 1.5, 1.2345, 9.99, -3.25) for e in range(-320, 308)]
+    values += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20_000)]
+    values += [rng.random() * 10 ** rng.randint(-12, 25) for _ in range(20_000)]
+    for value in values:
+        expected = "null" if not math.isfinite(value) else pydantic_core.to_json(value).decode()
+        assert number(value) == expected, repr(value)
+
+
+def test_supervise_probe_imports_no_pydantic(tmp_path: Path) -> None:
+    """Nor the package metadata scan pydantic's plugin loader makes (a third of its start-up), once its packs
+    are kept."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "one.log"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: CUDA out of memory.\n")
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['supervise', 'probe', '--json', {str(log)!r}]\n"
+            "try:\n    runpy.run_module('supervisor.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core', 'email')"
+            " or m == 'importlib.metadata'), file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first, again = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+                    for _ in range(2))
+    # The first start validates the packs (pydantic, `_packdef`) and keeps them (`_packcache`); a start after reads them.
+    assert '"outcome": "oom"' in first.stdout and first.stdout == again.stdout, first.stderr
+    assert again.stderr.strip().splitlines()[-1] == "[]", again.stderr
 
 
 def test_probe_output_cut_short_by_its_reader_is_not_a_log_it_cannot_read(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from typing import cast
 
 from supervisor import __version__
 from supervisor.cli._args import (
@@ -43,8 +44,8 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
     words = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(words[0] if words and not words[0].startswith("-") else None)
     command = None
     if words[:1] == ["run"] and "--" in words:
         # `run NAME [flags] -- CMD ARGS`: the words after `--` are the command's, split off before
@@ -66,13 +67,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: the verb a run names, whose parser alone is built (the
+    others take their calls and keep nothing: building all of them was a twentieth of `supervise probe`'s
+    start).  A word that is no verb gets the whole parser, which says so and lists them."""
     parser = argparse.ArgumentParser(prog="supervise", description="Supervise long-running GPU jobs.")
     parser.add_argument("--version", action="version", version=f"supervise {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _job_commands(sub)
-    _reading_commands(sub)
-    _system_commands(sub)
+    add = _adder(sub, only)
+    _job_commands(add)
+    _reading_commands(add)
+    _system_commands(add)
+    if only is not None and only not in sub.choices:
+        return _parser()
     return parser
 
 
@@ -114,8 +121,24 @@ def verbs() -> dict[str, _Verb]:
     return found
 
 
-def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], argparse.ArgumentParser]:  # type: ignore[type-arg]
+class _Unbuilt:
+    """The parser of a verb this run does not name: it takes every call made to build it (arguments,
+    groups, defaults) and keeps nothing."""
+
+    def __getattr__(self, _name: str) -> Callable[..., _Unbuilt]:
+        return self._take
+
+    def _take(self, *_args: object, **_kwargs: object) -> _Unbuilt:
+        return self
+
+
+Adder = Callable[[str, Command, str], argparse.ArgumentParser]
+
+
+def _adder(sub: argparse._SubParsersAction, only: str | None = None) -> Adder:  # type: ignore[type-arg]
     def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return cast(argparse.ArgumentParser, _Unbuilt())
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         return p
@@ -123,8 +146,7 @@ def _adder(sub: argparse._SubParsersAction) -> Callable[[str, Command, str], arg
     return add
 
 
-def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    add = _adder(sub)
+def _job_commands(add: Adder) -> None:
     p = add("start", _verb("jobs:cmd_start"), "start a job or a pipeline (a name from jobs/ or a path to a .toml file)")
     p.add_argument("job")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -198,8 +220,7 @@ def _job_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("shell", choices=SHELLS)
 
 
-def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    add = _adder(sub)
+def _reading_commands(add: Adder) -> None:
     p = add("status", _verb("views:cmd_status"), "show jobs: state, phase, progress, health (with JOB: exit 1 when it failed)")
     p.add_argument("job", nargs="?")
     p.add_argument("--json", action="store_true")
@@ -245,8 +266,7 @@ def _reading_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="where to write it (default: JOB-report.png); .html embeds the picture and a table of attempts")
 
 
-def _system_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    add = _adder(sub)
+def _system_commands(add: Adder) -> None:
     p = add("daemon", _verb("system:cmd_daemon"), "start the daemon (in the foreground with --foreground), or stop / restart it")
     p.add_argument("action", nargs="?", choices=["start", "stop", "restart"], default="start",
                    help="stop / restart: the jobs keep running and the next daemon re-adopts them")

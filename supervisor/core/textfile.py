@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,9 @@ def read_toml(path: Path, what: str, error: type[SuperviseError], limit: int = M
 
 def parse_toml(text: str, path: Path, what: str, error: type[SuperviseError]) -> dict[str, Any]:
     """The TOML document ``text``, read from ``path``."""
+    # Imported here: `supervise probe` reads its packs from what it keeps (`probes/_packcache.py`), no TOML.
+    import tomllib
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

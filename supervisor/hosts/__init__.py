@@ -2,9 +2,10 @@
 
     base          the protocol (`Host`, `Follower`) and its value types (launch request, process
                   handle, exit status, kill report), the detached wrapper every host runs
-    registry      `connect` (host URL scheme -> module, its `_KINDS`), and one live host and GPU
-                  monitor per host name, made on first use
-    reach         before a start on an SSH host: nothing listens at the address given (said at once)
+    registry      `connect` (host URL scheme -> its `HostKind` in `_KINDS`: the module, the class, the
+                  reach hook), and one live host and GPU monitor per host name, made on first use
+    reach         before a start on a remote host: nothing listens at the address its kind's reach
+                  hook gives (said at once); it imports no kind
     refollow      a log shown to a person, followed through its host's outages
     stacks        an attempt's Python stacks, dumped with py-spy before a kill (and on demand)
     kernel_log    the kernel log's word on OOM kills: which of a set of pids its OOM killer ended
@@ -27,7 +28,7 @@
     _iterated     what every log follower shares: its records iterated once, and closed
 
 Both followers are byte transports around one `records.RecordBuffer` (bytes in, records out).
-A new kind of host is one new subpackage implementing `Host`, and one line in registry's `_KINDS`
+A new kind of host is one new subpackage implementing `Host`, and one `HostKind` in registry's `_KINDS`
 (docs/guides/where-it-goes.md says which tests come with it).
 """
 

@@ -310,6 +310,16 @@ class LogStatReader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ListenAddress:
+    """Where a host's connection is made, as its URL names it: what a start looks at first
+    (`hosts/reach.py`), through the reach hook its kind registers (`hosts/registry.py`)."""
+
+    host: str
+    port: int
+    display: str  # as a person writes it, in the one line that says nothing listens: user@host:port
+
+
 @runtime_checkable
 class Link(Protocol):
     """A host reached over a link that can go down (SSH): while it is down, nothing of its attempts

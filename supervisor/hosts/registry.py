@@ -23,7 +23,7 @@ from supervisor.core.host_url import LOCAL_HOST
 from supervisor.core.tasks import cancel_and_wait
 from supervisor.gpu.health import GpuFault
 from supervisor.gpu.nvml import GpuSample, new_faults
-from supervisor.hosts.base import Host
+from supervisor.hosts.base import Host, ListenAddress
 from supervisor.store.database import Store
 
 # Told of each available sample, with the host's name and the faults it shows that the last did not.
@@ -31,24 +31,57 @@ SampleSink = Callable[[str, GpuSample, list[GpuFault]], Awaitable[None]]
 
 log = structlog.get_logger("supervise.hosts")
 
-# A host URL's scheme -> (its module, by full name, its Host class, made from the URL).  Imported
-# on first use, so a daemon with only local jobs never loads asyncssh.
-_KINDS: dict[str, tuple[str, str]] = {
-    "ssh": ("supervisor.hosts.ssh.host", "SshHost"),  # ssh://[user@]host[:port]
-    "slurm": ("supervisor.hosts.slurm.host", "SlurmHost"),  # slurm: (sbatch on this machine)
-    "slurm+ssh": ("supervisor.hosts.slurm.ssh", "SlurmSshHost"),  # slurm+ssh://[user@]login-node[:port] (sbatch there)
+@dataclass(frozen=True)
+class HostKind:
+    """What one kind of host brings, each named by full name and imported on first use, so a daemon
+    without such jobs never loads its client (asyncssh, Slurm's commands)."""
+
+    module: str  # the module of its Host class
+    host_class: str  # made from the URL
+    # "module:function": the address a start looks at first, from the URL (`hosts/reach.py`); None: nothing to
+    # look at (this machine, or sbatch run here).
+    reach: str | None = None
+
+
+# A host URL's scheme -> its kind.
+_KINDS: dict[str, HostKind] = {
+    # ssh://[user@]host[:port]
+    "ssh": HostKind("supervisor.hosts.ssh.host", "SshHost", reach="supervisor.hosts.ssh.target:listen_address"),
+    # slurm: (sbatch on this machine)
+    "slurm": HostKind("supervisor.hosts.slurm.host", "SlurmHost"),
+    # slurm+ssh://[user@]login-node[:port] (sbatch there)
+    "slurm+ssh": HostKind("supervisor.hosts.slurm.ssh", "SlurmSshHost",
+                          reach="supervisor.hosts.slurm.ssh:login_node_address"),
 }
 _USAGE = "use 'local', 'ssh://[user@]host[:port]', 'slurm:' or 'slurm+ssh://[user@]login-node[:port]'"
+
+# A kind's reach hook: the address to look at before a start on the host a URL names; None: none to look at.
+ReachHook = Callable[[str], ListenAddress | None]
+
+
+def _kind(name: str) -> HostKind | None:
+    return _KINDS.get(urlsplit(name).scheme) if "://" in name or name.startswith("slurm:") else None
 
 
 def connect(name: str) -> Host:
     """The host a job's ``host`` names by URL; `SpecError` for a scheme no module implements."""
-    kind = _KINDS.get(urlsplit(name).scheme) if "://" in name or name.startswith("slurm:") else None
+    kind = _kind(name)
     if kind is None:
         raise SpecError(f"unknown host '{name}': {_USAGE}")
-    module = importlib.import_module(kind[0])
-    host: Host = getattr(module, kind[1])(name)
+    module = importlib.import_module(kind.module)
+    host: Host = getattr(module, kind.host_class)(name)
     return host
+
+
+def reach_hook(name: str) -> ReachHook | None:
+    """The reach hook of the kind of host ``name`` names (its module imported now); None for `local`, a
+    kind with none, or a name no kind implements (`connect` says what is wrong with it)."""
+    kind = _kind(name)
+    if kind is None or kind.reach is None:
+        return None
+    module, _, function = kind.reach.partition(":")
+    hook: ReachHook = getattr(importlib.import_module(module), function)
+    return hook
 
 
 class GpuMonitor:

@@ -69,18 +69,38 @@ def _bar_form(pattern: str) -> str:
 
 
 class _CompiledProbe:
-    __slots__ = ("bar_layout", "bar_regex", "constants", "layout", "probe", "regex")
+    """A probe's regexes, compiled when first asked for: most probes of a log never match a line the
+    prefilter names (the engine's set match says which do), and compiling all of them was a sixth of
+    `supervise probe`'s start.  The four compiled slots start unset; reading one calls ``__getattr__``
+    (Python calls it only for an attribute not found), which fills them all: no cost after that."""
+
+    __slots__ = ("bar_form", "bar_layout", "bar_regex", "constants", "layout", "probe", "regex")
+    regex: Any
+    layout: list[tuple[int, str, Converter | None]]
+    bar_regex: Any
+    bar_layout: list[tuple[int, str, Converter | None]]
 
     def __init__(self, probe: Probe) -> None:
-        compiled = re2.compile(probe.regex, re2_options())
         self.probe = probe
-        self.regex = compiled._regexp
         self.constants = probe.constants
+        # What ``_barfold`` compares is read by the regex without its optional tail: the same match
+        # and spans of these groups, at a fraction of the cost on a long line.  Looked up now, so that
+        # what is worked out of a new regex is kept with the rest (``save_patterns``).
+        self.bar_form = _bar_form(probe.regex)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in ("bar_layout", "bar_regex", "layout", "regex"):
+            raise AttributeError(name)
+        self._compile()
+        return object.__getattribute__(self, name)
+
+    def _compile(self) -> None:
+        probe = self.probe
+        compiled = re2.compile(probe.regex, re2_options())
+        self.regex = compiled._regexp
         # (group index, field name, converter); None means the text as it is (hot path).
         self.layout = self._layout(compiled)
-        # What ``_barfold`` compares, read by the regex without its optional tail: the same
-        # match and spans of these groups, at a fraction of the cost on a long line.
-        bar_form = _bar_form(probe.regex)
+        bar_form = self.bar_form
         # Most probes have no optional tail: the same regex, compiled once (a compile each was a
         # tenth of `supervise probe`'s start).
         bar = compiled if bar_form == probe.regex else re2.compile(bar_form, re2_options())

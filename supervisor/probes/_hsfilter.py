@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -259,14 +259,30 @@ class HsScanner:
     long run: past ``MAX_MATCHES_PER_RECORD`` matches a record on average (plus a margin) the
     scan stops and every record of the batch counts as a hit (read by RE2: correct, slower)."""
 
-    def __init__(self, db: Any, buf: bytes, records: int = 1) -> None:
+    def __init__(self, db: Any, buf: bytes, records: int | Callable[[], int] = 1) -> None:
         ends: list[int] = []
         add = ends.append
-        cap = MAX_MATCHES_PER_RECORD * records + 4096
+        # ``records`` may be a count made only when asked: the cap is never under its margin, so the
+        # records are counted only once that many matches are seen (a quiet chunk's offline scan never
+        # gets there, and counting 4 MiB of newlines is a third of scanning it).
+        if isinstance(records, int):
+            cap = MAX_MATCHES_PER_RECORD * records + 4096
 
-        def on_match(_id: int, _start: int, end: int, _flags: int, _context: Any) -> bool:
-            add(end)
-            return len(ends) >= cap
+            def on_match(_id: int, _start: int, end: int, _flags: int, _context: Any) -> bool:
+                add(end)
+                return len(ends) >= cap
+        else:
+            counted: Callable[[], int] | None = records
+            caps = [4096]
+
+            def on_match(_id: int, _start: int, end: int, _flags: int, _context: Any) -> bool:
+                nonlocal counted
+                add(end)
+                if len(ends) < caps[0]:
+                    return False
+                if counted is not None:  # the margin reached: the real cap, from the records counted now
+                    caps[0], counted = MAX_MATCHES_PER_RECORD * counted() + 4096, None
+                return len(ends) >= caps[0]
 
         self.everything = False
         try:

@@ -57,11 +57,14 @@ class ChunkPlan:
     escapes: list[int]  # sorted log offsets of each ESC: a record holding one is scanned again, uncoloured
 
 
-def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes], list[int] | None]) -> ChunkPlan | None:
+def plan_chunk(data: bytes, base: int, final: bool,
+               scan: Callable[[bytes, Callable[[], int]], list[int] | None]) -> ChunkPlan | None:
     """What to read of ``data``, the chunk at log offset ``base``; None: read all of it.
 
-    ``scan(text)`` gives an offset inside each match the prefilter finds in ``text`` (None:
-    too many to list, read it all)."""
+    ``scan(text, lines)`` gives an offset inside each match the prefilter finds in ``text``, which
+    holds ``lines()`` newlines (None: too many to list, read it all).  The newlines after the sample
+    are counted only when a decision needs them, and once (a count of a chunk is a third of its scan):
+    a quiet chunk's sample alone already holds more lines than its marks ask for."""
     stop = len(data) if final else data.rfind(b"\n") + 1
     if len(data) - stop > MAX_TAIL:
         return None
@@ -74,11 +77,19 @@ def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes], list
     # Its first lines first: where most lines would be read, the engine's own scan of the whole
     # chunk is as quick, and scanning it here as well would cost a scan more.
     cut = text.rfind(b"\n", 0, _SAMPLE) + 1 if len(text) > 2 * _SAMPLE else len(text)
-    found = scan(text[:cut])
-    if found is None or len(found) * _DENSE > text.count(b"\n", 0, cut):
+    sampled = text.count(b"\n", 0, cut)
+    found = scan(text[:cut], lambda: sampled)
+    if found is None or len(found) * _DENSE > sampled:
         return None
+    counted: list[int] = []
+
+    def rest_lines() -> int:
+        if not counted:
+            counted.append(text.count(b"\n", cut))
+        return counted[0]
+
     if cut < len(text):
-        rest = scan(text[cut:])
+        rest = scan(text[cut:], rest_lines)
         if rest is None:
             return None
         found += [cut + hit for hit in rest]
@@ -87,7 +98,8 @@ def plan_chunk(data: bytes, base: int, final: bool, scan: Callable[[bytes], list
     hits = [base + hit for hit in found]
     escaped = [base + at for at in escapes]
     marks = found + escapes + _must_read(text)
-    if len(marks) * _DENSE > text.count(b"\n"):
+    # More lines than that in the sample alone: not dense, whatever the rest holds (nothing counted).
+    if len(marks) * _DENSE > sampled and len(marks) * _DENSE > sampled + (rest_lines() if cut < len(text) else 0):
         return None  # most lines must be read anyway (redraws, colours): read it whole
     if stop:
         marks.append(stop - 1)

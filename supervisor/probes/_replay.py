@@ -28,12 +28,12 @@ and last, the summary is kept as it goes (never from a list of every event), and
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from supervisor.core.errors import ProbePackError, SuperviseError
 from supervisor.core.events import (
@@ -61,6 +61,8 @@ from supervisor.probes._phasefold import (
     survived,
 )
 from supervisor.probes._quiet import ChunkPlan
+from supervisor.probes._reportjson import INDENT as _INDENT
+from supervisor.probes._reportjson import dumps, mapping, string
 from supervisor.probes._rootcause import echoes_only, root_cause
 from supervisor.probes._spool import EventSpool
 
@@ -72,28 +74,41 @@ _CRASHED = frozenset({Outcome.CRASHED, Outcome.OOM})
 _EX_NOINPUT = 66  # sysexits: an input file did not exist or was not readable
 
 
-class FailureSummary(BaseModel):
+# The report's values are plain dataclasses, written as JSON by ``_reportjson`` (byte for byte what
+# the pydantic models they were wrote): ``supervise probe`` imports no pydantic.
+
+
+@dataclass(frozen=True, slots=True)
+class FailureSummary:
     kind: FailureKind
     line: str
     fingerprint: str | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "line": self.line, "fingerprint": self.fingerprint}
 
-class ProgressSummary(BaseModel):
+
+@dataclass(frozen=True, slots=True)
+class ProgressSummary:
     probe: str
     bar: str  # the bar's description, else the probe, with the process drawing it
     process: str  # "" when the lines carry no process prefix
     done: int | float | None
     total: int | float | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"probe": self.probe, "bar": self.bar, "process": self.process, "done": self.done, "total": self.total}
 
-class EventModel(BaseModel):
+
+@dataclass(slots=True)
+class EventModel:
     kind: ProbeKind
     probe: str
     offset: int
     line: str
     phase: Phase | None = None
     failure: FailureKind | None = None
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = field(default_factory=dict)
     traceback: str | None = None
     fingerprint: str | None = None
 
@@ -103,34 +118,26 @@ class EventModel(BaseModel):
         # event's fields, its log level among them.
         failure = event.failure
         fields = event.fields
-        if failure is not None and failure.level is not None:
+        if failure is None:
+            return cls(event.kind, event.probe, event.offset, event.line, event.phase, None, fields)
+        if failure.level is not None:
             fields = {**fields, "level": failure.level}
-        # Built from the engine's own typed values: nothing to validate (a listed event each).
-        # What ``model_construct`` makes when every field is given and none has an alias, made
-        # directly: its loop over the fields' aliases and defaults was 4% of `supervise probe`.
-        model = cls.__new__(cls)
-        _set = object.__setattr__
-        _set(model, "__dict__", {
-            "kind": event.kind,
-            "probe": event.probe,
-            "offset": event.offset,
-            "line": event.line,
-            "phase": event.phase,
-            "failure": None if failure is None else failure.kind,
-            "fields": fields,
-            "traceback": None if failure is None else failure.traceback,
-            "fingerprint": None if failure is None else failure.fingerprint,
-        })
-        _set(model, "__pydantic_fields_set__", set(_EVENT_FIELDS))
-        _set(model, "__pydantic_extra__", None)
-        _set(model, "__pydantic_private__", None)
-        return model
+        return cls(event.kind, event.probe, event.offset, event.line, event.phase, failure.kind, fields,
+                   failure.traceback, failure.fingerprint)
+
+    def to_json(self, level: int = 0) -> str:
+        """The event's JSON object, its keys indented one level below ``level`` (one listed event
+        is written per call: a template, not ``_reportjson.dumps``'s walk, for the busy logs)."""
+        i = _INDENT * (level + 1)
+        return (f'{{\n{i}"kind": {string(self.kind)},\n{i}"probe": {string(self.probe)},\n'
+                f'{i}"offset": {int.__repr__(self.offset)},\n{i}"line": {string(self.line)},\n'
+                f'{i}"phase": {string(self.phase)},\n{i}"failure": {string(self.failure)},\n'
+                f'{i}"fields": {mapping(self.fields, level + 1)},\n{i}"traceback": {string(self.traceback)},\n'
+                f'{i}"fingerprint": {string(self.fingerprint)}\n{_INDENT * level}}}')
 
 
-_EVENT_FIELDS = tuple(EventModel.model_fields)
-
-
-class ReplayReport(BaseModel):
+@dataclass
+class ReplayReport:
     outcome: Outcome
     last_phase: Phase | None
     failure: FailureSummary | None
@@ -138,15 +145,32 @@ class ReplayReport(BaseModel):
     events: list[EventModel]
     events_omitted: int = 0  # events beyond _MAX_EVENTS, counted but not listed
     recovered: FailureSummary | None = None  # a failure the program went on from: not the outcome
-    counts: dict[str, int] = Field(default_factory=dict, exclude=True)  # every event, by kind
-    # What the text report reads when the events went to a spool instead (see _spool).
-    highlights: list[EventModel] = Field(default_factory=list, exclude=True)
+    counts: dict[str, int] = field(default_factory=dict)  # every event, by kind (not in the JSON)
+    # What the text report reads when the events went to a spool instead (see _spool); not in the JSON.
+    highlights: list[EventModel] = field(default_factory=list)
 
     def to_json(self) -> str:
         # The documented shape; events_omitted (the list was cut) and recovered only when they say something.
-        left_out = {name for name, unsaid in (("events_omitted", not self.events_omitted),
-                                              ("recovered", self.recovered is None)) if unsaid}
-        return self.model_dump_json(indent=2, exclude=left_out or None)
+        return self._json(complete=False)
+
+    def model_dump_json(self) -> str:
+        """Every field of the report (events_omitted and recovered always) on one line: what this method
+        gave when the report was a pydantic model, kept for scripts that read a report in-process (the
+        same values; a float's digits as Python writes them)."""
+        return json.dumps(json.loads(self._json(complete=True)), ensure_ascii=False, separators=(",", ":"))
+
+    def _json(self, *, complete: bool) -> str:
+        i = _INDENT
+        parts = [f'{i}"outcome": {string(self.outcome)}', f'{i}"last_phase": {string(self.last_phase)}',
+                 f'{i}"failure": {dumps(self.failure.to_dict() if self.failure else None, 1)}',
+                 f'{i}"progress": {dumps([p.to_dict() for p in self.progress], 1)}',
+                 f'{i}"events": ' + ("[\n" + ",\n".join(i * 2 + e.to_json(2) for e in self.events) + f"\n{i}]"
+                                     if self.events else "[]")]
+        if self.events_omitted or complete:
+            parts.append(f'{i}"events_omitted": {int.__repr__(self.events_omitted)}')
+        if self.recovered is not None or complete:
+            parts.append(f'{i}"recovered": {dumps(self.recovered.to_dict() if self.recovered else None, 1)}')
+        return "{\n" + ",\n".join(parts) + "\n}"
 
     def render_text(self) -> str:
         """The report for humans: outcome, phase timeline, progress, failure."""

@@ -11,23 +11,24 @@ the report exactly as ``ReplayReport.to_json`` would, byte for byte.
 
 from __future__ import annotations
 
-import functools
 import shutil
 import tempfile
-from typing import Any, Generic, Protocol, TextIO, TypeVar
-
-from pydantic import BaseModel, TypeAdapter
+from typing import Generic, Protocol, TextIO, TypeVar
 
 from supervisor.core.events import Phase, ProbeKind
 
 
 class EventModel(Protocol):
-    """What the spool reads of a listed event (``_replay.EventModel``, a pydantic model)."""
+    """What the spool reads of a listed event (``_replay.EventModel``)."""
 
     kind: ProbeKind
     phase: Phase | None
     line: str
     traceback: str | None
+
+    def to_json(self, level: int = 0) -> str:
+        """Its JSON object as the report lists it, its keys one level below ``level``."""
+        ...
 
 
 Listed = TypeVar("Listed", bound=EventModel)
@@ -41,15 +42,7 @@ class ReplayReport(Protocol):
 _BATCH = 1024  # events dumped to the file at a time
 _MAX_TRACEBACK_LINES = 10_000  # failure lines whose first traceback is kept for the text report
 _EMPTY_EVENTS = '\n  "events": []'  # how the report's JSON (indent 2) shows no event
-
-
-@functools.cache
-def _adapter(model: type[BaseModel]) -> TypeAdapter[Any]:
-    return TypeAdapter(list[model])  # type: ignore[valid-type]
-
-
-def _as_list(events: list[Listed]) -> TypeAdapter[Any]:
-    return _adapter(type(events[0]))  # the events are the report's models
+_ITEM = "    "  # a listed event's indent in the report: inside the report's object, inside "events"
 
 
 class EventSpool(Generic[Listed]):
@@ -76,9 +69,8 @@ class EventSpool(Generic[Listed]):
         """Events are dumped a batch at a time (one call per event cost 10% more CPU)."""
         if self._file is None or not self._pending:
             return
-        # "[\n  {...},\n  {...}\n]": the items as the report shows them, one level shallower.
-        dumped = _as_list(self._pending).dump_json(self._pending, indent=2).decode()
-        self._file.write((",\n  " if self._written else "  ") + dumped[2:-2].replace("\n", "\n  "))
+        dumped = ",\n".join(_ITEM + event.to_json(2) for event in self._pending)
+        self._file.write((",\n" if self._written else "") + dumped)
         self._written += len(self._pending)
         self._pending.clear()
 

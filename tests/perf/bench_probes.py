@@ -28,7 +28,7 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
   between processes in place (the validated packs, what it works out of each regex, the Hyperscan
   database), the same with the packs and the regex answers deleted before each run (the Hyperscan
   database kept: how every start went before they were kept), and ``--startup-tree DIR`` (another
-  checkout, e.g. main exported) with the same cache folder; CPU and wall medians, the load average;
+  checkout, e.g. main exported) with a cache folder of its own; CPU and wall medians, the load average;
 - the offline replay on a log of bar runs (``--bars-mb``: tqdm bars piped to a file, one
   ``\n``-ended line a draw, and Megatron ``iteration N/ M`` lines), with the fold of a bar's run
   (``_barfold``) and without it (every line through the engine and the summary), in-process.
@@ -36,10 +36,15 @@ Builds a large log by repeating the corpus logs (tests/data/corpus/**/*.log) up 
 The offline, engine and live runs are made twice, with the Hyperscan prefilter (the default
 where the package is installed) and with ``SUPERVISE_PREFILTER=off`` (RE2 alone), side by side.
 
+``--compare-tree DIR`` runs another checkout's ``supervise probe`` (e.g. main, exported) on the dense and
+the quiet log too, alternating with this tree's, each with a cache folder of its own: before and after in
+one run, beside grep and the Hyperscan ceiling.
+
 Times are wall-clock and CPU seconds (the machine may be shared); ratios use CPU time.
-Prints a markdown table and the targets (offline >= 50 MB/s and >= 8x grep in the C locale,
-within 3x of the Hyperscan block-scan ceiling; live <= 1 us per non-matching line; <= 200 MB RSS),
-met or missed.
+Prints a markdown table and the targets, met or missed: issue 56's (>= 1x grep in the C locale on the dense
+corpus; >= 50% of the Hyperscan block-scan ceiling's speed on the quiet log, for the whole run and less a
+start on a near-empty log), and the earlier ones (offline >= 50 MB/s and >= 8x grep, within 3x of the
+ceiling; live <= 1 us per non-matching line; <= 200 MB RSS).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import compileall
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -72,6 +78,9 @@ TARGET_VS_GREP_C = 8.0
 TARGET_RSS_MB = 200.0
 TARGET_VS_CEILING = 3.0
 TARGET_LIVE_US = 1.0
+# Issue 56 (round 3): the offline targets reset to what the bytes allow.
+TARGET_DENSE_VS_GREP = 1.0  # `supervise probe` on the dense corpus, speed over grep's (C locale)
+TARGET_QUIET_OF_CEILING = 0.5  # on the quiet log, the share of the Hyperscan block-scan ceiling's speed
 TARGET_STARTUP_S = 0.15  # issue 56: `supervise probe` start-up, CPU seconds
 LIVE_BATCH = 20
 # Runs a command as this helper's only child and prints the child's CPU time and peak RSS.
@@ -197,11 +206,28 @@ def measure_child(command: list[str], cwd: Path = ROOT, env: dict[str, str] | No
     return measured
 
 
-def run_cli_probe(path: Path, size: int, mode: str) -> Timing:
-    measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(path)])
-    return Timing(f"`supervise probe --json` (offline, full event output), {mode}", measured["wall"], measured["cpu"],
-                  size,
-                  f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB", engine=True)
+def run_cli_probe(path: Path, size: int, mode: str, tree: Path = ROOT) -> Timing:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if tree != ROOT:  # what each tree keeps is named by its code's digest: its own folder, not a rebuild each run
+        env["XDG_CACHE_HOME"] = str(Path(os.environ.get("XDG_CACHE_HOME", tempfile.gettempdir())) / f"other-{tree.name}")
+    measured = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(path)], tree, env)
+    where = "" if tree == ROOT else f" [{tree}]"
+    return Timing(f"`supervise probe --json` (offline, full event output), {mode}{where}", measured["wall"],
+                  measured["cpu"], size, f"peak RSS {measured['maxrss_kib'] / 1024:.0f} MiB", engine=True)
+
+
+def compared_cli(path: Path, size: int, other: Path | None, runs: int) -> list[Timing]:
+    """``supervise probe --json`` on ``path``, prefilter on: this tree and ``other`` (before/after in one run),
+    ``runs`` times each, alternating; the run of median CPU of each."""
+    if other is None:
+        return []
+    compileall.compile_dir(str(other / "supervisor"), quiet=1)
+    run_cli_probe(path, size, "prefilter on", other)  # its first start keeps its packs and regex answers
+    seen: dict[Path, list[Timing]] = {ROOT: [], other: []}
+    for _ in range(runs):
+        for tree in (other, ROOT):
+            seen[tree].append(run_cli_probe(path, size, "prefilter on", tree))
+    return [sorted(seen[tree], key=lambda t: t.cpu)[runs // 2] for tree in (other, ROOT)]
 
 
 _STAGES = """\
@@ -246,7 +272,10 @@ def run_startup(runs: int, other: Path | None) -> None:
         ("this tree, packs and regex answers worked out (Hyperscan database kept)", probe, ROOT, env, True),
     ]
     if other is not None:
-        ways.append((f"{other} (same cache folder)", probe, other, {**env, "PYTHONPATH": str(other)}, False))
+        # Its own cache folder: what each tree keeps is named by a digest of its code, so one folder for
+        # both would have each start throw the other's away and work everything out again.
+        ways.append((f"{other} (its own cache folder)", probe, other,
+                     {**env, "PYTHONPATH": str(other), "XDG_CACHE_HOME": str(folder / "cache-other")}, False))
     for _label, command, cwd, environment, _cold in ways[1:]:
         measure_child(command, cwd, environment)  # the first start compiles and keeps what it keeps
     cpu: dict[str, list[float]] = {label: [] for label, *_ in ways}
@@ -422,12 +451,20 @@ def main() -> int:
                         help="measure only `supervise probe` start-up, N runs of each way")
     parser.add_argument("--startup-tree", type=Path, metavar="DIR",
                         help="with --startup: also start the checkout at DIR (e.g. main, exported)")
+    parser.add_argument("--compare-tree", type=Path, metavar="DIR",
+                        help="also run `supervise probe` of the checkout at DIR (e.g. main, exported) on the dense "
+                             "and the quiet log, alternating with this tree's (--compare-runs each): before/after")
+    parser.add_argument("--compare-runs", type=int, default=3, metavar="N",
+                        help="with --compare-tree: runs of each tree on each log (median shown; default 3)")
     args = parser.parse_args()
     if args.startup:
         run_startup(args.startup, args.startup_tree)
         return 0
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="bench-probes-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # A cache folder of the run's own (the kept packs, regex answers and Hyperscan database): in the user's,
+    # another checkout's `supervise` (another digest of the code) would replace them between two runs here.
+    os.environ["XDG_CACHE_HOME"] = str(workdir / "cache")
     log, patterns, redraws = workdir / "big.log", workdir / "patterns.txt", workdir / "redraws.log"
     size = build_log(log, args.mb)
     total, translated, missing = export_patterns(patterns)
@@ -447,6 +484,8 @@ def main() -> int:
         live[mode] = run_live()
     prefilter(True)
     print()
+    load = os.getloadavg()[0]
+    compared = compared_cli(log, size, args.compare_tree, args.compare_runs)
     timings += greps
     ceiling = run_hyperscan(log, size, per_line=False)
     timings += [t for t in (run_hyperscan(log, size, per_line=True), ceiling) if t]
@@ -455,10 +494,17 @@ def main() -> int:
     for t in timings:
         ratio = " / ".join(f"{t.mb_s / g.mb_s:.1f}x" for g in greps) if t.engine else "-"
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
-    print("\n(vs grep: speed over grep's, C locale" + (" / default locale)" if args.grep_default else ")"))
+    for t in compared:
+        print(f"| {t.label} (median of {args.compare_runs}) | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | "
+              f"{t.mb_s / greps[0].mb_s:.2f}x | {t.note} |")
+    print("\n(vs grep: speed over grep's, C locale" + (" / default locale)" if args.grep_default else ")")
+          + f"; load average {load:.1f} before the runs compared")
     print(f"\nlive path, CPU per non-matching line ({LIVE_BATCH} lines a batch): "
           + ", ".join(f"{mode} {us:.2f} us" for mode, us in live.items()))
     grep_c = greps[0]
+    dense = compared[-1] if compared else offline["prefilter on"]
+    print(f"target (issue 56) offline >= {TARGET_DENSE_VS_GREP:.0f}x grep (C locale) on the dense corpus, prefilter on: "
+          f"{dense.mb_s / grep_c.mb_s:.2f}x -> {'met' if dense.mb_s >= TARGET_DENSE_VS_GREP * grep_c.mb_s else 'MISSED'}")
     for mode, t in offline.items():
         met = t.mb_s >= TARGET_MB_S and t.mb_s >= TARGET_VS_GREP_C * grep_c.mb_s
         print(f"target offline >= {TARGET_MB_S:.0f} MB/s and >= {TARGET_VS_GREP_C:.0f}x grep (C locale), {mode}: "
@@ -484,14 +530,32 @@ def main() -> int:
         prefilter(on)
         quiet_runs.append(run_cli_probe(quiet, quiet_size, mode))
     prefilter(True)
+    quiet_load = os.getloadavg()[0]
+    quiet_compared = compared_cli(quiet, quiet_size, args.compare_tree, args.compare_runs)
     quiet_grep = run_grep(quiet, patterns, quiet_size, "C")
     quiet_hs = run_hyperscan(quiet, quiet_size, per_line=False)
+    one = workdir / "one.log"
+    one.write_text("hello\n")
+    startup = measure_child([sys.executable, "-m", "supervisor.cli", "probe", "--json", str(one)])
+    one.unlink()
     print(f"\nquiet log: {quiet_size / 1e6:.1f} MB where one line in {args.quiet_every} matches a probe\n")
     print("| run | wall s | CPU s | MB/s (CPU) | vs grep | |")
     print("|---|---:|---:|---:|---:|---|")
     for t in [*quiet_runs, quiet_grep, *([quiet_hs] if quiet_hs else [])]:
         ratio = f"{t.mb_s / quiet_grep.mb_s:.1f}x" if t.engine else "-"
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
+    for t in quiet_compared:
+        print(f"| {t.label} (median of {args.compare_runs}) | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | "
+              f"{t.mb_s / quiet_grep.mb_s:.2f}x | {t.note} |")
+    if quiet_compared:
+        print(f"\n(load average {quiet_load:.1f} before the runs compared)")
+    if quiet_hs is not None:
+        ours = quiet_compared[-1] if quiet_compared else quiet_runs[0]
+        reading = max(ours.cpu - startup["cpu"], 1e-9)  # less a start on a log of a few lines
+        for what, cpu in (("the whole run", ours.cpu), (f"less the start-up ({startup['cpu']:.3f} s CPU)", reading)):
+            share = quiet_hs.cpu / cpu
+            print(f"target (issue 56) offline >= {TARGET_QUIET_OF_CEILING:.0%} of the Hyperscan ceiling on the quiet log, "
+                  f"prefilter on, {what}: {share:.0%} -> {'met' if share >= TARGET_QUIET_OF_CEILING else 'MISSED'}")
     for t in quiet_runs:
         met = t.mb_s >= TARGET_MB_S and t.mb_s >= TARGET_VS_GREP_C * quiet_grep.mb_s
         print(f"target offline >= {TARGET_MB_S:.0f} MB/s and >= {TARGET_VS_GREP_C:.0f}x grep (C locale) on the quiet log, "
@@ -513,9 +577,7 @@ def main() -> int:
         print(f"| {t.label} | {t.wall:.2f} | {t.cpu:.2f} | {t.mb_s:.1f} | {ratio} | {t.note} |")
     print(f"\nfold: {plain.cpu / folded.cpu:.2f}x less CPU on the bar log")
     if args.keep is None:
-        for path in (log, patterns, redraws, bars, quiet):
-            path.unlink(missing_ok=True)
-        workdir.rmdir()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

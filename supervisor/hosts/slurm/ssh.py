@@ -23,12 +23,12 @@ import structlog
 
 from supervisor.core.errors import HostError, SpecError
 from supervisor.hosts import _remote
-from supervisor.hosts.base import Follower
+from supervisor.hosts.base import Follower, ListenAddress
 from supervisor.hosts.slurm.files import LocalFiles, SlurmFiles
 from supervisor.hosts.slurm.host import ENV_LOG_ROOT, SlurmHost
 from supervisor.hosts.slurm.jobs import SlurmCommands
 from supervisor.hosts.ssh.host import SshHost
-from supervisor.hosts.ssh.target import _ENV_NAME, parse_target
+from supervisor.hosts.ssh.target import _ENV_NAME, listen_address, parse_target
 
 log = structlog.get_logger("supervise.slurm")
 _USAGE = "use slurm+ssh://[user@]login-node[:port]"
@@ -48,6 +48,11 @@ _PREPARE = r"""
 _PROBE = r"""
 ( umask 077 && mkdir -p -- "$1" ) && f=$(mktemp "$1/.supervise-visible.XXXXXX") && printf '%s' "$2" >"$f" && echo "$f"
 """
+
+
+def login_node_address(name: str) -> ListenAddress | None:
+    """The slurm+ssh:// kind's reach hook (`hosts/registry.py`): the login node's address, as for ssh://."""
+    return listen_address("ssh" + name[len("slurm+ssh") :])
 
 
 def ssh_url(name: str) -> str:

@@ -18,6 +18,7 @@ import structlog
 
 from supervisor.core.errors import HostError
 from supervisor.hosts._asyncssh import asyncssh
+from supervisor.hosts.base import ListenAddress
 
 log = structlog.get_logger("supervise.ssh")
 
@@ -81,6 +82,13 @@ def parse_target(url: str) -> SshTarget:
     root = query.get("log_root", [""])[-1] or None
     return SshTarget(url=url, host=parts.hostname, port=port, user=parts.username or None,
                      accept_new=accept, log_root=root)
+
+
+def listen_address(url: str) -> ListenAddress | None:
+    """The ssh:// kind's reach hook (`hosts/registry.py`): the address a start looks at first.  Only an
+    explicit port is tried: without one, the user's ssh config may name another."""
+    target = parse_target(url)
+    return None if target.port is None else ListenAddress(target.host, target.port, target.display)
 
 
 def _paths(value: str | None) -> list[str]:
