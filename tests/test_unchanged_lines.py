@@ -84,7 +84,7 @@ def test_feeding_only_the_lines_that_change_something_judges_alike() -> None:
         if r == 12:
             batch.insert(10, ProbeEvent(ProbeKind.FAILURE, "python.error", 0, "RuntimeError: boom",
                                         failure=Failure(FailureKind.OTHER, "RuntimeError: boom")))
-        reads.append((10.0 + r * (30.0 if r == 30 else 0.5), batch))
+        reads.append((10.0 + r * 0.5 + (30.0 if r >= 30 else 0.0), batch))  # a quiet spell of 30 s before read 30
     every, _ = _watchdog()
     some, _ = _watchdog()
     fed = 0
@@ -99,7 +99,7 @@ def test_feeding_only_the_lines_that_change_something_judges_alike() -> None:
         for probe_at in (at, at + 60.0, at + 4000.0):
             assert every.state(probe_at) == some.state(probe_at)
             assert every.check(probe_at) == some.check(probe_at)
-    assert fed < sum(len(b) for _, b in reads) / 3  # most lines were never fed (486 of 2,001 here)
+    assert fed < sum(len(b) for _, b in reads) / 10  # most lines were never fed
 
 
 def test_a_line_counted_past_the_cap_without_an_event_is_dropped_as_admit_would() -> None:
