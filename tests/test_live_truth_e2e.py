@@ -119,6 +119,37 @@ def test_a_frozen_bar_drawn_with_trailing_carriage_returns_keeps_its_time_while_
     assert frozen == {(text, ts)}, ended  # an ended attempt's last redraw keeps the time it arrived, not none
 
 
+# The same bar written unbuffered: its text and its `\r` are two writes, so a read can take the text
+# (completing the redraw before it) and the next the lone `\r`, which completes no record.
+SPLIT_CR_BAR_JOB = """\
+import os, sys, time
+gate = sys.argv[1]
+for i in range(1, 9):
+    os.write(1, f"Loading checkpoint shards: {100 * i // 8}%|###| {i}/8 [00:00<00:01, 5.0it/s]".encode())
+    time.sleep(0.05)
+    os.write(1, b"\\r")
+    time.sleep(0.05)
+    while i == 4 and not os.path.exists(gate):
+        time.sleep(0.01)
+"""
+
+
+def test_a_frozen_bars_carriage_return_written_on_its_own_is_dated_when_it_came_not_when_asked(
+        daemon: DaemonProcess, daemon_env, make_job, home: Path) -> None:
+    gate = home / "split-gate"
+    spec = make_job("split", SPLIT_CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: (a := client.status("split").jobs[0].attempt) is not None and a.progress is not None
+               and a.progress.done == 4)
+    time.sleep(1.5)
+    first = _log_stamps(client, "split")
+    time.sleep(1.5)
+    second = _log_stamps(client, "split")
+    assert first == second, (first, second)  # no line dated by the query that asked for it
+    gate.touch()
+
+
 def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: DaemonProcess, daemon_env, make_job,
                                                                    home: Path) -> None:
     gate = home / "piped-gate"

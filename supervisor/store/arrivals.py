@@ -61,6 +61,8 @@ class ArrivalWriter:
                 self._open()
             assert self._fd is not None
             last = self._last
+            if last is not None and last[0] == generation and offset <= last[1]:
+                return  # nothing new arrived: the earlier mark already covers it, with the earlier time
             same_second = (last is not None and last[0] == generation and offset >= last[1]
                            and int(ts // BUCKET_S) == int(last[2] // BUCKET_S))
             at = self._size - _MARK.size if same_second else self._size

@@ -214,6 +214,8 @@ class AttemptWatch:
 
         async for batch in _batches_or_quiet(follower, quiet_wait):
             if batch is None:  # the log has been quiet: complete what it left open
+                if arrivals is not None:  # bytes that completed no record (a bar's trailing `\r`) came by now
+                    note_arrival(arrivals, follower, self._held_arrived_at())
                 quiet_for = self._ctx.clock() - live.watchdog.last_output_at
                 if engine.has_open_traceback and quiet_for >= _TRACEBACK_QUIET_S - _QUIET_SLACK_S:
                     unsaved.extend(self._observe(self._matched(await engine.flush()), output=False))
@@ -228,7 +230,7 @@ class AttemptWatch:
             # seconds (every `status` waited behind eight of them).  Taken a step at a time, the
             # loop's work per step stays short, and other tasks run between steps.
             if arrivals is not None:  # when the read was made, not when each step of it was taken
-                note_arrival(arrivals, batch[-1], follower.buffered, self._arrived_at(batch[-1]))
+                note_arrival(arrivals, follower, self._arrived_at(batch[-1]))
             for step in _steps(batch):
                 if self._ctx.records_seen is not None:
                     self._ctx.records_seen(self._job, len(step))
@@ -266,6 +268,13 @@ class AttemptWatch:
         backlog = self._backlog
         if backlog is not None and backlog.covers(last.offset, last.generation):
             return backlog.wall_at(last.offset)
+        return time.time()
+
+    def _held_arrived_at(self) -> float:
+        """When the held bytes had arrived, as the log goes quiet: now, or when a backlog's were written."""
+        backlog, follower = self._backlog, self._follower
+        if backlog is not None and backlog.covers(follower.offset, follower.generation):
+            return backlog.wall_at(follower.offset)
         return time.time()
 
     def _caught_up(self, *, quiet: bool) -> None:
@@ -477,12 +486,14 @@ class AttemptWatch:
         return await asyncio.to_thread(kernel_log.oom_killed, pids)
 
 
-def note_arrival(arrivals: ArrivalWriter, last: Record, held: int, at: float) -> None:
-    """A read that ended with the record ``last`` and held ``held`` bytes after it arrived ``at``.
+def note_arrival(arrivals: ArrivalWriter, follower: Follower, at: float) -> None:
+    """The log had been read to the follower's position (its held bytes included) by ``at``.
     The held bytes (a bar's latest redraw, its trailing ``\r`` included) arrived then too: a bar
     frozen there is never completed, and without a mark covering every byte of it its line would
-    be stamped with the time of each query (and, once the attempt ended, with none)."""
-    arrivals.arrived(last.generation, last.end + held, at)
+    be stamped with the time of each query (and, once the attempt ended, with none).  Noted after
+    each batch, and when the log goes quiet: a ``\r`` written on its own after its text (``print(...,
+    end="\r")`` into an unbuffered stream is two writes) completes no record, so no batch brings it."""
+    arrivals.arrived(follower.generation, follower.offset + follower.buffered, at)
 
 
 def note(journal: Journal, live: Live, event: Event, now: float | None = None) -> bool:
