@@ -85,6 +85,10 @@ class AttemptWatch:
         self._follower = ctx.host.follow(live.handle.log_path, row.log_offset, row.log_generation)
         self._redraws = TailReader(self._follower, self._engine)  # a bar's unterminated latest redraw
         self._unsaved: list[Event] = []  # events a refused store write (a full disk) could not take yet
+        # While a step is matched (in the matcher's thread: a cancelled reader does not stop it), the
+        # engine goes past records whose events are not in _unsaved yet: a reader stopped then stores
+        # the offset from before the step.
+        self._step_from: int | None = None
         self._last_save = 0.0  # when the reader last stored (monotonic)
         self._refused = False  # the store refused the last save (said once in the daemon's log)
         # Re-adopted (``catch_up``): the log written while no daemon watched, dated, until read past;
@@ -201,7 +205,8 @@ class AttemptWatch:
             if arrivals is not None:
                 arrivals.close()
             if self._unsaved:  # the store refused the last ones: they are stored when there is room
-                events, offset = list(self._unsaved), self._engine.resume_offset
+                events = list(self._unsaved)
+                offset = self._engine.resume_offset if self._step_from is None else self._step_from
                 self._journal.writes.submit(lambda: self._save(events, offset, force=True))
 
     async def _read_each(self, arrivals: ArrivalWriter | None) -> None:
@@ -235,9 +240,11 @@ class AttemptWatch:
                 if self._ctx.records_seen is not None:
                     self._ctx.records_seen(self._job, len(step))
                 live.row.log_generation = step[-1].generation  # a batch never spans a restart of the log
+                self._step_from = engine.resume_offset
                 matched = self._matched(await engine.feed(step))
                 live.watchdog.records_seen(step)
                 unsaved.extend(self._observe(matched, records=len(step), last=step[-1]))
+                self._step_from = None
                 self._read_to = step[-1].end
                 self._caught_up(quiet=False)
                 await self._store_read()
