@@ -38,7 +38,7 @@ from supervisor.jobs.runner_protocol import Runner
 from supervisor.jobs.sharding import ShardedJob
 from supervisor.jobs.snapshot import RunnerSnapshot
 from supervisor.jobs.stopping import VERB_STORE_WAIT_S, Stopping
-from supervisor.jobs.views import job_status
+from supervisor.jobs.views import job_statuses
 from supervisor.spec.model import JobSpec
 from supervisor.store import arrivals
 from supervisor.store.database import AttemptRow
@@ -239,7 +239,7 @@ class Supervisor:
             rows = [row for row in self.store.jobs() if row.name in steps]
         else:
             rows = [self.store.job(only)] if only else self.store.jobs()
-        return [job_status(row, self.store, self.snapshot(row.name)) for row in rows], pipelines
+        return job_statuses(rows, self.store, self.snapshot), pipelines
 
     # -- what readers await ---------------------------------------------------------------
 

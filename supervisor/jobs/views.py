@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
 from supervisor.core import protocol
 from supervisor.core.errors import SpecError
@@ -29,7 +30,22 @@ def attempt_info(row: AttemptRow) -> protocol.AttemptInfo:
 
 def job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None) -> protocol.JobStatus:
     """``snapshot``: the job's runner as it stands now (None when no runner watches the job)."""
-    latest = store.latest_attempt(row.name)
+    return _job_status(row, store, snapshot, store.latest_attempt(row.name))
+
+
+def job_statuses(rows: Sequence[JobRow], store: Store,
+                 snapshot: Callable[[str], RunnerSnapshot | None]) -> list[protocol.JobStatus]:
+    """``job_status`` of each row, their latest attempts read in one query: `status` answers
+    while busy logs are read, and each query it makes waits for the GIL once more."""
+    if not rows:
+        return []
+    latest = store.latest_attempts() if len(rows) > 1 else {}
+    return [_job_status(row, store, snapshot(row.name),
+                        latest.get(row.name) if len(rows) > 1 else store.latest_attempt(row.name)) for row in rows]
+
+
+def _job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None,
+                latest: AttemptRow | None) -> protocol.JobStatus:
     last_output_age = None
     next_relaunch = None
     next_verdict = None

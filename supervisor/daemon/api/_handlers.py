@@ -48,7 +48,7 @@ from supervisor.daemon.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.hosts.base import Follower
 from supervisor.hosts.refollow import FollowThroughOutages
 from supervisor.jobs.quarantine import check_place, quarantine_infos, resolve_place
-from supervisor.jobs.views import attempt_info, event_info, gpu_devices, job_status
+from supervisor.jobs.views import attempt_info, event_info, gpu_devices, job_statuses
 from supervisor.probes import load_packs
 from supervisor.spec.command_check import check_local_command
 from supervisor.spec.model import JobSpec
@@ -104,7 +104,7 @@ class Api:
 
     async def jobs(self, request: web.Request) -> web.StreamResponse:
         rows = self.service.store.jobs()
-        return _json(protocol.JobsResponse(jobs=[job_status(r, self.service.store, self.service.jobs.snapshot(r.name)) for r in rows]))
+        return _json(protocol.JobsResponse(jobs=job_statuses(rows, self.service.store, self.service.jobs.snapshot)))
 
     async def job_names(self, request: web.Request) -> web.StreamResponse:
         return _json(protocol.JobNamesResponse(names=self.service.store.job_names()))

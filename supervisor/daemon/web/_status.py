@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from supervisor.core import protocol
-from supervisor.jobs.views import attempt_info, gpu_devices, job_status
+from supervisor.jobs.views import attempt_info, gpu_devices, job_statuses
 
 if TYPE_CHECKING:
     from supervisor.daemon.api import Service as WebService
@@ -39,13 +39,14 @@ class LogTail(BaseModel):
 def page_status(service: WebService, read_only: bool, job: str | None) -> PageStatus:
     store = service.store
     rows = [store.job(job)] if job else store.jobs()
-    snapshots = {row.name: service.snapshot(row.name) for row in rows}
+    # Each runner's snapshot taken once: the jobs' rows and the pids the page maps to them.
+    snapshots = {name: service.snapshot(name) for name in {*(row.name for row in rows), *service.jobs.runners}}
     sample = service.hosts.local.gpu.latest
-    pid_jobs = {pid: name for name, snap in ((n, service.snapshot(n)) for n in service.jobs.runners)
-                if snap is not None for pid in snap.known_pids}
+    pid_jobs = {pid: name for name in service.jobs.runners if (snap := snapshots[name]) is not None
+                for pid in snap.known_pids}
     return PageStatus(
         now=time.time(), read_only=read_only,
-        jobs=[job_status(row, store, snapshots[row.name]) for row in rows],
+        jobs=job_statuses(rows, store, snapshots.__getitem__),
         gpus=gpu_devices(sample),
         gpu_note="" if sample and sample.available else (sample.reason if sample else "not sampled yet"),
         pid_jobs=pid_jobs,
