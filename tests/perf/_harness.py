@@ -193,6 +193,40 @@ def stamp_of(line: str) -> float | None:
         return None
 
 
+# -- responsiveness -----------------------------------------------------------------------
+
+def open_page(d: Daemon, port: int) -> tuple[str, str]:
+    """Turn the daemon's page on (``supervise web``); its base URL and token."""
+    from urllib.parse import parse_qs, urlparse
+
+    from supervisor.core.protocol import WebRequest
+
+    url = d.client().web(WebRequest(port=port)).url
+    parsed = urlparse(url)
+    token = (parse_qs(parsed.query).get("token") or parse_qs(parsed.fragment).get("token") or [""])[0]
+    return f"{parsed.scheme}://{parsed.netloc}", token
+
+
+def page_first_data(base: str, token: str, job: str) -> tuple[float, float]:
+    """Open the job page's feed as a browser does (``/api/stream?job=J&after=0``): seconds from the
+    request to its first data (the history's first event), and to its first status payload."""
+    import httpx
+
+    t = time.perf_counter()
+    first = math.nan
+    status = False
+    with httpx.stream("GET", f"{base}/api/stream?job={job}&after=0",
+                      headers={"Authorization": f"Bearer {token}"}, timeout=30) as feed:
+        for line in feed.iter_lines():
+            if line.startswith("data: "):
+                if math.isnan(first):
+                    first = time.perf_counter() - t
+                if status:
+                    return first, time.perf_counter() - t
+            status = line == "event: status"
+    return first, math.nan
+
+
 # -- figures ------------------------------------------------------------------------------
 
 def percentile(values: Sequence[float], q: float) -> float:

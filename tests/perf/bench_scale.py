@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/perf/bench_scale.py [--jobs 1,10,100] [--total-rate 1500] [--seconds 10]
                                                [--event-every 10] [--busy 8x1000] [--busy-logs workers,redraws,access-log]
-                                               [--profile DIR] [--quick] [--tree DIR]
+                                               [--profile DIR] [--quick] [--tree DIR] [--responsiveness]
     .venv/bin/python tests/perf/bench_scale.py --summarize DIR/PROFILE.raw.txt
 
 For each configuration, a fresh real daemon runs N jobs, each tests/perf/_writer.py: stamped
@@ -37,6 +37,10 @@ are up but quiet (idle); its RSS (peak of samples every 0.25 s, and before the w
 another checkout (``git archive`` of the tree before a change: its bytecode compiled first), so
 that before and after are measured in one run under the same load; each row says which tree.
 
+``--responsiveness`` also times, during each window, a ``status`` round trip every 0.25 s and the
+job page's feed (``/api/stream``) from its request to its first data (the history's first event) and
+to its first status payload every 1 s (targets: status p99 <= 100 ms, the page's first data <= 200 ms).
+
 ``--profile DIR`` samples the daemon with py-spy (``py-spy record --gil --format raw``, which
 pauses it 200 times a second: use the figures of a run without it) during each window and
 prints where its Python time goes (self and inclusive, by function).  Prints markdown tables.
@@ -46,6 +50,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
+import os
 import re
 import shutil
 import subprocess
@@ -64,6 +70,8 @@ from _harness import (
     Daemon,
     machine_note,
     ms,
+    open_page,
+    page_first_data,
     percentile,
     stamp_of,
     table,
@@ -108,13 +116,45 @@ class Outcome:
     write_span_s: float  # the writers' start to the last line's stamp
     profile: Path | None = None
     notes: list[str] = field(default_factory=list)
+    status_s: list[float] = field(default_factory=list)  # --responsiveness: `status` round trips in the window
+    page_data_s: list[float] = field(default_factory=list)  # and the page feed's first data
+    page_s: list[float] = field(default_factory=list)  # and its first status payload
 
     @property
     def lines(self) -> int:
         return self.config.jobs * self.config.lines_per_job
 
 
-def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
+class Responsiveness(threading.Thread):
+    """While the writers write: one ``status`` round trip every 0.25 s (a fresh connection each, as
+    the CLI makes) and, every 1 s, the job page's feed opened until its first status payload."""
+
+    def __init__(self, daemon: Daemon, job: str, page: tuple[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.d, self.job, self.page = daemon, job, page
+        self.stop = threading.Event()
+        self.status_s: list[float] = []
+        self.page_data_s: list[float] = []
+        self.page_s: list[float] = []
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.wait(0.25):
+            client = self.d.client()
+            t = time.perf_counter()
+            client.status()
+            self.status_s.append(time.perf_counter() - t)
+            client.close()
+            if n % 4 == 0:
+                data, status = page_first_data(*self.page, self.job)
+                if not math.isnan(data):
+                    self.page_data_s.append(data)
+                if not math.isnan(status):
+                    self.page_s.append(status)
+            n += 1
+
+
+def run(config: Config, profile_dir: Path | None, keep: bool, responsiveness: bool = False) -> Outcome:
     access_log = config.plain == "access-log"
     env = {"SUPERVISE_EVENTS_PER_ATTEMPT": str(ACCESS_LOG_CAP)} if access_log else None
     with Daemon(keep=keep, env=env, tree=config.tree) as daemon:
@@ -127,6 +167,7 @@ def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
                                            *(["--access-log"] if access_log else [])],
                              probes=[*PACKS, "uvicorn"] if access_log else PACKS, extra="[restart]\nmax_attempts = 1\n")
                  for i in range(config.jobs)]
+        page = open_page(daemon, 18700 + os.getpid() % 1000) if responsiveness else None
         daemon.start_jobs(specs)
         wait_until(lambda: len(list(ready.iterdir())) >= config.jobs, 120, f"{config.jobs} writers to be ready", 0.1)
         proc = daemon.process()
@@ -162,6 +203,9 @@ def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
         start_at = write_go(go, delay_s=0.5)
         time.sleep(max(0.0, start_at - time.time()))
         cpu_start = proc.cpu_times()
+        sampler = Responsiveness(daemon, "w000", page) if page is not None else None
+        if sampler is not None:
+            sampler.start()
         wakes_start = proc.num_ctx_switches().voluntary
         reads_start = proc.io_counters().read_count
 
@@ -177,6 +221,9 @@ def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
         wait_until(stored, config.seconds * 4 + 60, f"every job's last bar line ({expected} in all) to be read",
                    interval=0.05)
         cpu_end = proc.cpu_times()
+        if sampler is not None:
+            sampler.stop.set()
+            sampler.join()
         wakes = proc.num_ctx_switches().voluntary - wakes_start
         reads = proc.io_counters().read_count - reads_start
         cpu_s = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
@@ -195,7 +242,10 @@ def run(config: Config, profile_dir: Path | None, keep: bool) -> Outcome:
         stamps = [s for _, m in rows if (s := stamp_of(m)) is not None]
         latencies = [ts - s for ts, m in rows if (s := stamp_of(m)) is not None]
     return Outcome(config, latencies, len(rows), expected, cpu_s, sys_s, wakes, reads, window, idle_pct, rss_before, peak[0],
-                   (max(stamps) - start_at) if stamps else 0.0, profile)
+                   (max(stamps) - start_at) if stamps else 0.0, profile,
+                   status_s=sampler.status_s if sampler is not None else [],
+                   page_data_s=sampler.page_data_s if sampler is not None else [],
+                   page_s=sampler.page_s if sampler is not None else [])
 
 
 def summarize_profile(path: Path, top: int = 14) -> str:
@@ -252,6 +302,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the daemons' state directories")
     parser.add_argument("--tree", type=Path, metavar="DIR",
                         help="also run each --busy configuration with the daemon of this checkout (before/after)")
+    parser.add_argument("--responsiveness", action="store_true",
+                        help="while the writers write, time `status` (every 0.25 s) and the page feed's first "
+                             "status payload (every 1 s); printed as percentiles beside their targets")
     args = parser.parse_args()
     if args.summarize:
         print(summarize_profile(args.summarize))
@@ -274,7 +327,7 @@ def main() -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
 
     print(machine_note())
-    outcomes = [run(c, args.profile, args.keep) for c in configs]
+    outcomes = [run(c, args.profile, args.keep, args.responsiveness) for c in configs]
     print(f"\nwriters: {args.seconds:g} s each; every {args.event_every}th line a progress bar; "
           f"latency = stored event ts - the line's stamp\n")
     rows = []
@@ -301,6 +354,22 @@ def main() -> int:
             print(f"target <= 10 us of daemon CPU per line at {o.config.label}: {per_line:.1f} us -> "
                   f"{'met' if per_line <= 10 else 'MISSED'} ({o.cpu_s:.2f} CPU s over {o.window_s:.1f} s, "
                   f"{pct:.1f}% of a core; the older target, < 2% of a core, {'met' if pct < 2 else 'missed'})")
+    if args.responsiveness:
+        print("\nresponsiveness while the writers write (ms; targets: status p99 <= 100, page first data <= 200):\n")
+        print(table(["jobs", "status calls", "status p50", "p90", "p99", "max", "page opens", "page first data p50",
+                     "p99", "max", "page first status p50", "p99"],
+                    [[o.config.label, len(o.status_s), *(ms(percentile(o.status_s, q)) for q in (50, 90, 99)),
+                      ms(max(o.status_s, default=float("nan"))), len(o.page_data_s),
+                      *(ms(percentile(o.page_data_s, q)) for q in (50, 99)),
+                      ms(max(o.page_data_s, default=float("nan"))),
+                      *(ms(percentile(o.page_s, q)) for q in (50, 99))]
+                     for o in outcomes]))
+        for o in outcomes:
+            p99s = percentile(o.status_s, 99) if o.status_s else math.nan
+            p99p = percentile(o.page_data_s, 99) if o.page_data_s else math.nan
+            print(f"target status p99 <= 100 ms at {o.config.label}: {ms(p99s)} -> "
+                  f"{'met' if p99s <= 0.1 else 'MISSED'}; page first data p99 <= 200 ms: {ms(p99p)} -> "
+                  f"{'met' if p99p <= 0.2 else 'MISSED'}")
     for o in outcomes:
         if o.profile is not None and o.profile.exists():
             print(f"\n### py-spy profile of the daemon, {o.config.label} ({o.profile})\n")
