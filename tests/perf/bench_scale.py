@@ -203,9 +203,10 @@ def run(config: Config, profile_dir: Path | None, keep: bool, responsiveness: bo
         start_at = write_go(go, delay_s=0.5)
         time.sleep(max(0.0, start_at - time.time()))
         cpu_start = proc.cpu_times()
-        sampler = Responsiveness(daemon, "w000", page) if page is not None else None
-        if sampler is not None:
-            sampler.start()
+        # not `sampler`: that name is the RSS sampler's thread, joined below
+        responder = Responsiveness(daemon, "w000", page) if page is not None else None
+        if responder is not None:
+            responder.start()
         wakes_start = proc.num_ctx_switches().voluntary
         reads_start = proc.io_counters().read_count
 
@@ -221,9 +222,9 @@ def run(config: Config, profile_dir: Path | None, keep: bool, responsiveness: bo
         wait_until(stored, config.seconds * 4 + 60, f"every job's last bar line ({expected} in all) to be read",
                    interval=0.05)
         cpu_end = proc.cpu_times()
-        if sampler is not None:
-            sampler.stop.set()
-            sampler.join()
+        if responder is not None:
+            responder.stop.set()
+            responder.join()
         wakes = proc.num_ctx_switches().voluntary - wakes_start
         reads = proc.io_counters().read_count - reads_start
         cpu_s = (cpu_end.user - cpu_start.user) + (cpu_end.system - cpu_start.system)
@@ -243,9 +244,9 @@ def run(config: Config, profile_dir: Path | None, keep: bool, responsiveness: bo
         latencies = [ts - s for ts, m in rows if (s := stamp_of(m)) is not None]
     return Outcome(config, latencies, len(rows), expected, cpu_s, sys_s, wakes, reads, window, idle_pct, rss_before, peak[0],
                    (max(stamps) - start_at) if stamps else 0.0, profile,
-                   status_s=sampler.status_s if sampler is not None else [],
-                   page_data_s=sampler.page_data_s if sampler is not None else [],
-                   page_s=sampler.page_s if sampler is not None else [])
+                   status_s=responder.status_s if responder is not None else [],
+                   page_data_s=responder.page_data_s if responder is not None else [],
+                   page_s=responder.page_s if responder is not None else [])
 
 
 def summarize_profile(path: Path, top: int = 14) -> str:
