@@ -243,17 +243,19 @@ class Facts:
         if phase is not None and phase is not self.phase and any(entered_phase(self.phase, phase, recovered=r)
                                                                  is not None for r in (False, True)):
             return False  # a line would enter its phase (after an advance, when not before)
-        last = book.done
-        for done in run.dones:
-            if done < last:
-                return False  # a count taken back starts another bar
-            last = done
+        dones = run.dones
+        if dones and dones[0] < book.done:
+            return False  # a count taken back starts another bar
+        for i in range(1, len(dones)):
+            if dones[i] < dones[i - 1]:
+                return False
         self.last_output_at = max(self.last_output_at, at)
         self.last_active_at = at
         if self.paused is not None:
             self.paused, self.wait_ended_at = None, at
         self.phase_has_progress = True
-        book.done = last
+        if dones:  # (a whole count: kept an int, as one line at a time leaves it, compiled or not)
+            book.done = dones[-1]
         for done in run.dones:  # as ``_progress`` does for each line of a bar it tracks
             if done == track.done:
                 continue

@@ -20,6 +20,8 @@ their last line.  Per phase:
 
 - detection latency: stored event ``ts`` - the line's stamp (p50, p99, max);
 - the daemon's CPU (psutil user+system of its pid over the window, % of one core);
+- ``status`` as a user at the terminal waits for it: every job, and one job, alternating every
+  ``--status-every`` seconds while the phase writes (p50, p99);
 - per host, from the sshd side: TCP connections from the daemon to that sshd's port, and
   sessions (channels that run a command: the session processes sshd started), the most seen
   in samples every 0.5 s over the window; and the CPU of everything those sessions run (the
@@ -62,6 +64,8 @@ class Phase:
     connections: list[int] = field(default_factory=list)  # per host, the most seen
     sessions: list[int] = field(default_factory=list)
     agent_cpu_pct: float = 0.0
+    status_all: list[float] = field(default_factory=list)  # `status` of every job, seconds a call
+    status_one: list[float] = field(default_factory=list)  # `status JOB` of one job
 
 
 def start_servers(count: int, root: Path, max_sessions: int) -> list[SshServer]:
@@ -143,8 +147,26 @@ def run_phase(daemon: Daemon, phase: Phase, hosts: list[str], servers: list[SshS
             if stop.wait(0.5):
                 return
 
+    def ask_status() -> None:
+        # What a user at the terminal waits for while the fleet writes: `status` (every job) and
+        # `status JOB`, alternating, one call every ``--status-every`` seconds.
+        client = daemon.client()
+        one = f"{tag}000"
+        try:
+            k = 0
+            while not stop.wait(args.status_every):
+                began = time.perf_counter()
+                client.status(None if k % 2 == 0 else one)
+                (phase.status_all if k % 2 == 0 else phase.status_one).append(time.perf_counter() - began)
+                k += 1
+        finally:
+            client.close()
+
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    asker = threading.Thread(target=ask_status, daemon=True)
+    if args.status_every > 0:
+        asker.start()
     start_at = write_go(go, delay_s=0.5)
     time.sleep(max(0.0, start_at - time.time()))
     cpu_start = sum(proc.cpu_times()[:2])
@@ -160,6 +182,8 @@ def run_phase(daemon: Daemon, phase: Phase, hosts: list[str], servers: list[SshS
     phase.agent_cpu_pct = sum(agents_end[p] - agents_start.get(p, 0.0) for p in agents_end) / phase.window_s * 100
     stop.set()
     sampler.join()
+    if asker.is_alive():
+        asker.join()
     rows = db.execute("SELECT ts, message FROM events WHERE kind='progress' AND job LIKE ?", (f"{tag}%",)).fetchall()
     db.close()
     phase.stored = len(rows)
@@ -184,6 +208,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--event-every", type=int, default=1)
     parser.add_argument("--max-sessions", type=int, default=10, help="each sshd's MaxSessions (default 10, sshd's own)")
+    parser.add_argument("--status-every", type=float, default=0.25,
+                        help="time `status` (all jobs, then one job, alternating) every this many seconds while "
+                             "a phase writes (default 0.25; 0: not asked)")
     parser.add_argument("--small", type=int, default=6,
                         help="jobs per host for the small phase (default 6; 0 skips it)")
     args = parser.parse_args()
@@ -229,6 +256,13 @@ def main() -> int:
                      f"{p.agent_cpu_pct:.1f}" if remote else "-"))
     print(table(["phase", "events", "p50 ms", "p99 ms", "max ms", "daemon CPU %", "connections/host",
                  "sessions/host (max)", "remote sessions CPU %"], rows))
+    if args.status_every > 0:
+        print(f"\n`status` while each phase writes (one call every {args.status_every:g} s, alternating every job "
+              f"and one job; target p99 < 100 ms):\n")
+        print(table(["phase", "calls", "all jobs p50 ms", "all jobs p99 ms", "one job p50 ms", "one job p99 ms"],
+                    [(p.label, len(p.status_all) + len(p.status_one), ms(percentile(p.status_all, 50)),
+                      ms(percentile(p.status_all, 99)), ms(percentile(p.status_one, 50)), ms(percentile(p.status_one, 99)))
+                     for p in (local, local_fleet, fleet, *((small,) if args.small else ()))]))
     print(f"\n{note}")
     return 0
 
