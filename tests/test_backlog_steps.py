@@ -15,7 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from supervisor.cli.client import Client
+from in_process import serving
+
 from supervisor.core.config import DaemonSettings, Paths
 from supervisor.core.events import AttemptState, Record
 from supervisor.daemon.service import Service
@@ -44,13 +45,7 @@ def test_a_backlog_is_taken_in_bounded_steps_and_wholly_read(tmp_path: Path) -> 
     async def run() -> tuple[AttemptState, int, int]:
         service = Service(Paths(home), DaemonSettings())
         service.metrics.records_seen = lambda job, n: steps.append(n)  # type: ignore[method-assign]
-        serving = asyncio.create_task(service.serve())
-        client = Client(Paths(home))
-        try:
-            for _ in range(500):
-                if Paths(home).pid_file.exists():
-                    break
-                await asyncio.sleep(0.02)
+        async with serving(service) as client:
             await asyncio.to_thread(client.start, str(spec), {})
             for _ in range(1500):
                 row = service.store.latest_attempt("burst")
@@ -58,10 +53,6 @@ def test_a_backlog_is_taken_in_bounded_steps_and_wholly_read(tmp_path: Path) -> 
                     return row.state, row.log_offset, Path(row.log_path).stat().st_size
                 await asyncio.sleep(0.02)
             raise AssertionError("the attempt did not end")
-        finally:
-            client.close()
-            service.request_stop()
-            await asyncio.wait_for(serving, 30)
 
     state, offset, size = asyncio.run(run())
     assert state is AttemptState.ENDED

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import CR_BAR_JOB, PROGRESS_JOB, REPO, supervise
@@ -65,19 +66,32 @@ def _log_stamps(client, job: str) -> list[tuple[str, float | None, bool]]:
             if not c.end]
 
 
-def test_a_frozen_bars_last_redraw_keeps_the_time_it_arrived(daemon: DaemonProcess, daemon_env, make_job,
-                                                              home: Path) -> None:
-    gate = home / "frozen-gate"
-    spec = make_job("frozen", CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
+class Frozen(NamedTuple):
+    """A bar held at 4/8 and the log's stamps asked for twice while it stood there."""
+    gate: Path  # touched: the bar goes on
+    frozen_at: float  # when `status` first showed it at 4/8
+    first: list[tuple[str, float | None, bool]]
+    second: list[tuple[str, float | None, bool]]
+
+
+def _asked_twice(daemon: DaemonProcess, daemon_env, make_job, home: Path, name: str, job: str,
+                 first_after_s: float, second_after_s: float) -> Frozen:
+    gate = home / f"{name}-gate"
+    spec = make_job(name, job, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
     supervise(daemon_env, "start", str(spec))
     client = daemon.client()
-    wait_until(lambda: (a := client.status("frozen").jobs[0].attempt) is not None and a.progress is not None
+    wait_until(lambda: (a := client.status(name).jobs[0].attempt) is not None and a.progress is not None
                and a.progress.done == 4)
     frozen_at = time.time()
-    time.sleep(2.5)
-    first = _log_stamps(client, "frozen")
-    time.sleep(1.5)
-    second = _log_stamps(client, "frozen")
+    time.sleep(first_after_s)
+    first = _log_stamps(client, name)
+    time.sleep(second_after_s)
+    return Frozen(gate, frozen_at, first, _log_stamps(client, name))
+
+
+def test_a_frozen_bars_last_redraw_keeps_the_time_it_arrived(daemon: DaemonProcess, daemon_env, make_job,
+                                                              home: Path) -> None:
+    gate, frozen_at, first, second = _asked_twice(daemon, daemon_env, make_job, home, "frozen", CR_BAR_JOB, 2.5, 1.5)
     assert first == second, (first, second)  # the same redraw, the same time, whenever asked
     text, ts, _ = first[-1]
     assert "4/8" in text and ts is not None and ts <= frozen_at + 1, (first[-1], frozen_at)
@@ -99,22 +113,13 @@ for i in range(1, 9):
 
 def test_a_frozen_bar_drawn_with_trailing_carriage_returns_keeps_its_time_while_running_and_after(
         daemon: DaemonProcess, daemon_env, make_job, home: Path) -> None:
-    gate = home / "trailing-gate"
-    spec = make_job("trailing", TRAILING_CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
-    supervise(daemon_env, "start", str(spec))
-    client = daemon.client()
-    wait_until(lambda: (a := client.status("trailing").jobs[0].attempt) is not None and a.progress is not None
-               and a.progress.done == 4)
-    frozen_at = time.time()
-    time.sleep(1.5)
-    first = _log_stamps(client, "trailing")
-    time.sleep(1.5)
-    second = _log_stamps(client, "trailing")
+    _, frozen_at, first, second = _asked_twice(daemon, daemon_env, make_job, home, "trailing", TRAILING_CR_BAR_JOB,
+                                               1.5, 1.5)
     assert first == second, (first, second)  # the same redraw, the same time, whenever asked
     text, ts, _ = first[-1]
     assert "4/8" in text and ts is not None and ts <= frozen_at + 1, (first[-1], frozen_at)
     supervise(daemon_env, "stop", "trailing")
-    ended = _log_stamps(client, "trailing")
+    ended = _log_stamps(daemon.client(), "trailing")
     frozen = {(t, at) for t, at, _ in ended if "4/8" in t}
     assert frozen == {(text, ts)}, ended  # an ended attempt's last redraw keeps the time it arrived, not none
 
@@ -136,18 +141,9 @@ for i in range(1, 9):
 
 def test_a_frozen_bars_carriage_return_written_on_its_own_is_dated_when_it_came_not_when_asked(
         daemon: DaemonProcess, daemon_env, make_job, home: Path) -> None:
-    gate = home / "split-gate"
-    spec = make_job("split", SPLIT_CR_BAR_JOB, params=f', "{gate}"', extra="[health]\nstall_floor_s = 3600\n")
-    supervise(daemon_env, "start", str(spec))
-    client = daemon.client()
-    wait_until(lambda: (a := client.status("split").jobs[0].attempt) is not None and a.progress is not None
-               and a.progress.done == 4)
-    time.sleep(1.5)
-    first = _log_stamps(client, "split")
-    time.sleep(1.5)
-    second = _log_stamps(client, "split")
-    assert first == second, (first, second)  # no line dated by the query that asked for it
-    gate.touch()
+    frozen = _asked_twice(daemon, daemon_env, make_job, home, "split", SPLIT_CR_BAR_JOB, 1.5, 1.5)
+    assert frozen.first == frozen.second, frozen  # no line dated by the query that asked for it
+    frozen.gate.touch()
 
 
 def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: DaemonProcess, daemon_env, make_job,

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from in_process import serving
 
-from supervisor.cli.client import Client
 from supervisor.core.config import DaemonSettings, Paths
 from supervisor.core.errors import StoreError
 from supervisor.core.events import Record
@@ -71,21 +71,10 @@ def test_a_reader_stopped_while_its_step_is_matched_stores_nothing_past_its_even
 
     async def run() -> None:
         nonlocal refusing
-        service = Service(Paths(home), DaemonSettings())
-        serving = asyncio.create_task(service.serve())
-        client = Client(Paths(home))
-        try:
-            for _ in range(500):
-                if Paths(home).pid_file.exists():
-                    break
-                await asyncio.sleep(0.02)
+        async with serving(Service(Paths(home), DaemonSettings())) as client:
             await asyncio.to_thread(client.start, str(spec), {})
             await asyncio.wait_for(held.wait(), 60)
             refusing = False  # the store takes writes again: what the stopped reader stores is kept
-        finally:
-            client.close()
-            service.request_stop()
-            await asyncio.wait_for(serving, 30)
 
     asyncio.run(run())
     store = Store(Paths(home).db)

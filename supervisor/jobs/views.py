@@ -37,11 +37,10 @@ def job_statuses(rows: Sequence[JobRow], store: Store,
                  snapshot: Callable[[str], RunnerSnapshot | None]) -> list[protocol.JobStatus]:
     """``job_status`` of each row, their latest attempts read in one query: `status` answers
     while busy logs are read, and each query it makes waits for the GIL once more."""
-    if not rows:
-        return []
-    latest = store.latest_attempts() if len(rows) > 1 else {}
-    return [_job_status(row, store, snapshot(row.name),
-                        latest.get(row.name) if len(rows) > 1 else store.latest_attempt(row.name)) for row in rows]
+    if len(rows) == 1:  # one job's own attempt: no need to read every job's
+        return [job_status(rows[0], store, snapshot(rows[0].name))]
+    latest = store.latest_attempts() if rows else {}
+    return [_job_status(row, store, snapshot(row.name), latest.get(row.name)) for row in rows]
 
 
 def _job_status(row: JobRow, store: Store, snapshot: RunnerSnapshot | None,

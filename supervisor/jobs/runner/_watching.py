@@ -220,7 +220,7 @@ class AttemptWatch:
         async for batch in _batches_or_quiet(follower, quiet_wait):
             if batch is None:  # the log has been quiet: complete what it left open
                 if arrivals is not None:  # bytes that completed no record (a bar's trailing `\r`) came by now
-                    note_arrival(arrivals, follower, self._held_arrived_at())
+                    note_arrival(arrivals, follower, self._arrived_at(follower.offset, follower.generation))
                 quiet_for = self._ctx.clock() - live.watchdog.last_output_at
                 if engine.has_open_traceback and quiet_for >= _TRACEBACK_QUIET_S - _QUIET_SLACK_S:
                     unsaved.extend(self._observe(self._matched(await engine.flush()), output=False))
@@ -235,7 +235,7 @@ class AttemptWatch:
             # seconds (every `status` waited behind eight of them).  Taken a step at a time, the
             # loop's work per step stays short, and other tasks run between steps.
             if arrivals is not None:  # when the read was made, not when each step of it was taken
-                note_arrival(arrivals, follower, self._arrived_at(batch[-1]))
+                note_arrival(arrivals, follower, self._arrived_at(batch[-1].offset, batch[-1].generation))
             for step in _steps(batch):
                 if self._ctx.records_seen is not None:
                     self._ctx.records_seen(self._job, len(step))
@@ -270,18 +270,12 @@ class AttemptWatch:
                     unsaved.clear()
             self._refused = True
 
-    def _arrived_at(self, last: Record) -> float:
-        """When a batch ending with ``last`` arrived: now, or when a backlog's line was written."""
+    def _arrived_at(self, offset: int, generation: int) -> float:
+        """When the log's bytes from ``offset`` (in ``generation``) had arrived: now, or when a
+        backlog's were written (a batch: its last record's offset; held bytes: the follower's)."""
         backlog = self._backlog
-        if backlog is not None and backlog.covers(last.offset, last.generation):
-            return backlog.wall_at(last.offset)
-        return time.time()
-
-    def _held_arrived_at(self) -> float:
-        """When the held bytes had arrived, as the log goes quiet: now, or when a backlog's were written."""
-        backlog, follower = self._backlog, self._follower
-        if backlog is not None and backlog.covers(follower.offset, follower.generation):
-            return backlog.wall_at(follower.offset)
+        if backlog is not None and backlog.covers(offset, generation):
+            return backlog.wall_at(offset)
         return time.time()
 
     def _caught_up(self, *, quiet: bool) -> None:
