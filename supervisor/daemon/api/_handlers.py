@@ -182,8 +182,10 @@ class Api:
                                                                  redraw=record.redraw, ts=stamp and stamp(record.end)))
                 tail = follower.partial_text()
                 if tail:
+                    # Dated as its record will be, by its end: when every byte of it had arrived.
+                    ts = stamp and stamp(follower.offset + follower.buffered)
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text=tail,
-                                                                 redraw=True, partial=True, ts=stamp and stamp(follower.offset)))
+                                                                 redraw=True, partial=True, ts=ts))
             await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text="", end=True))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
