@@ -15,6 +15,14 @@ if str(JOBS) not in sys.path:
 
 from eagle3.tiny_model import TinySpec, build
 
+
+def ended_pid() -> int:
+    """The pid of a process that has ended, as a killed writer's temporaries carry (a start-up removes only
+    those whose writer is gone)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(timeout=60)
+    return p.pid
+
 # A really tiny model for tests: 4 layers, hidden 64, about 0.4 MB in 5 shards.
 TEST_SPEC = TinySpec(num_layers=4, hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1,
                      vocab_size=512, max_position_embeddings=512, max_shard_size="100KB")

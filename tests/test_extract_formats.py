@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from extract_helpers import build_test_model, run_cli
+from extract_helpers import build_test_model, ended_pid, run_cli
 from train_helpers import THIRD_PARTY_WARNINGS
 
 torch = pytest.importorskip("torch")
@@ -122,7 +122,7 @@ def test_export_resumes_and_refuses_another_layout(ours, tmp_path):
     assert r.returncode == 0, r.stdout
     before = {p: p.read_bytes() for p in (dst / "hidden_states").iterdir()}
     (dst / "hidden_states" / "hs_3.safetensors").unlink()
-    (dst / "hidden_states" / ".hs_4.safetensors.tmp-999").write_bytes(b"half")  # a killed write
+    (dst / "hidden_states" / f".hs_4.safetensors.tmp-{ended_pid()}").write_bytes(b"half")  # a killed write
     mtimes = {p: p.stat().st_mtime_ns for p in before if p.name != "hs_3.safetensors"}
     r = run_export(ours, dst, "--format", "speculators")
     assert r.returncode == 0, r.stdout

@@ -11,7 +11,7 @@ pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.t
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
 import torch
-from extract_helpers import JOBS, build_test_model, output_files
+from extract_helpers import JOBS, build_test_model, ended_pid, output_files
 from safetensors.torch import load_file
 
 # eagle3 lives in jobs/: importable only once extract_helpers has put jobs/ on the path.
@@ -104,7 +104,7 @@ def test_resume_skips_finished_samples_and_never_rewrites_them(tmp_path, model_d
     # Lose samples 5 and 9 (chunks [4..7] and [8..11]), plus a leftover temporary file.
     (out / "hs_5.safetensors").unlink()
     (out / "hs_9.safetensors").write_bytes(first["hs_9.safetensors"][:100])  # truncated: not finished
-    (out / ".hs_9.safetensors.tmp-12345").write_bytes(b"partial")
+    (out / f".hs_9.safetensors.tmp-{ended_pid()}").write_bytes(b"partial")
     rc, lines = run(capsys, *args)
     assert rc == 0
     assert "extract resume: removed 1 unfinished temporary file(s)" in lines

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 pytest.importorskip("transformers", reason="the jobs' dependencies (jobs/requirements.txt) are not installed")
 
-from extract_helpers import REPO, build_test_model, cli_env, output_files
+from extract_helpers import REPO, build_test_model, cli_env, ended_pid, output_files
 
 RUNNER = REPO / "tests" / "fakes" / "extract_on_fake_vllm.py"
 N, BATCH = 16, 4  # two shards of two batches each
@@ -151,3 +151,29 @@ def test_random_sigkills_of_shards_and_relaunches_keep_every_sample_once_and_ide
                   max_kill_s=4.0, max_kills=4)
     assert o.problems == [] and o.identical, o
     assert o.kills >= 1 and o.self_deaths == 0 and o.failed_requests == 0, o
+
+
+def test_a_shards_start_up_leaves_the_temporaries_of_a_running_shard_and_removes_a_dead_ones(tmp_path, model_dir):
+    """Shards on one --out start at different times. A start-up that removed every ``.NAME.tmp-PID`` deleted a
+    running shard's file between its write and its rename, and that shard died on its own file (seen in the
+    random-kill run: ``FileNotFoundError`` on ``token_freq.shard-1-of-3.safetensors``)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # a shard mid-write
+    gone = ended_pid()  # a shard killed mid-write
+    try:
+        alive = [out / f".token_freq.shard-0-of-2.safetensors.tmp-{writer.pid}", out / f".hs_1.safetensors.tmp-{writer.pid}"]
+        dead = [out / f".token_freq.shard-0-of-2.safetensors.tmp-{gone}", out / f".hs_3.safetensors.tmp-{gone}"]
+        for p in alive + dead:
+            p.write_bytes(b"half written")
+        (out / f".dataset.tmp-{writer.pid}").mkdir()
+        (out / f".dataset.tmp-{gone}").mkdir()
+        log = tmp_path / "shard1.log"
+        s1 = start(args(model_dir, out, "--shard", "1", "--num-shards", "2"), log)
+        assert s1.wait(timeout=300) == 0, log.read_text()
+        assert all(p.read_bytes() == b"half written" for p in alive)
+        assert (out / f".dataset.tmp-{writer.pid}").is_dir()
+        assert not any(p.exists() for p in dead) and not (out / f".dataset.tmp-{gone}").exists()
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)

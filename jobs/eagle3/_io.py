@@ -3,7 +3,8 @@
 Every file this job writes goes to a temporary name in the destination directory
 (``.NAME.tmp-PID``), is flushed and fsynced, and is then ``os.replace``d onto its final name,
 so a reader (or a relaunch) sees either the old file, no file, or the complete new file.
-Leftover temporaries from a killed run are removed by :func:`remove_temp_files` at start.
+Leftover temporaries from a killed run are removed by :func:`remove_temp_files` at start; a temporary
+whose writer is still running (another shard on the same ``--out``) is left alone.
 
 A file that is already complete elsewhere (a vLLM staged file, another output's sample) is put into
 place without being written again by :func:`place_file`: fsynced, then renamed (or hard-linked via
@@ -62,6 +63,31 @@ def _is_disk_full(e: OSError) -> bool:
 def temp_path(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     return p.with_name(f".{p.name}{TMP_MARK}{os.getpid()}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this host (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def writer_gone(name: str) -> bool:
+    """Whether the process that named this temporary (``….tmp-PID`` or ``….tmp-PID-…``) has ended.
+
+    Shards of one extraction share an output directory and start at different times: a start-up
+    cleanup that removed every temporary would delete a running shard's file between its write and
+    its rename, and that shard would fail on a file it had just written. A name with no readable PID
+    is a leftover of no one.
+    """
+    tail = name.rsplit(TMP_MARK, 1)[-1].split("-", 1)[0]
+    if not tail.isdigit() or int(tail) <= 0:
+        return True
+    return int(tail) != os.getpid() and not pid_alive(int(tail))
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -228,13 +254,13 @@ def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def remove_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Remove leftover temporaries (``.NAME.tmp-PID``) of earlier runs in ``directory``."""
+    """Remove leftover temporaries (``.NAME.tmp-PID``) in ``directory`` whose writer has ended."""
     removed = []
     d = Path(directory)
     if not d.is_dir():
         return removed
     for p in d.iterdir():
-        if p.name.startswith(".") and TMP_MARK in p.name and p.is_file():
+        if p.name.startswith(".") and TMP_MARK in p.name and p.is_file() and writer_gone(p.name):
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed

@@ -165,7 +165,7 @@ class Writer:
         for d in self.root.glob("*/"):
             if d.name.startswith(("hidden_states", "rows_")):
                 removed += _io.remove_temp_files(d)
-            elif d.name.startswith(f".dataset{_io.TMP_MARK}"):  # a dataset save killed half-way
+            elif d.name.startswith(f".dataset{_io.TMP_MARK}") and _io.writer_gone(d.name):  # a save killed half-way
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
         return removed
