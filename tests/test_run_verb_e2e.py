@@ -45,6 +45,7 @@ def test_a_run_job_is_judged_and_relaunched_as_any_job(daemon: DaemonProcess, da
     (["run", "../up", "--", "true"], "argument name: a job name is"),
     (["run", "gpus", "--gpus", "0,x", "--", "true"], "argument --gpus: expected GPU indices"),
     (["run", "gpus", "--gpus", "1,1", "--", "true"], "distinct GPU indices"),
+    (["run", "stray", "extra", "--", "true"], "unexpected 'extra' before `--`"),  # was dropped: `true` ran
 ])
 def test_bad_run_values_are_one_line_exit_2_and_nothing_stored(daemon: DaemonProcess, daemon_env, tmp_path: Path,
                                                                args: list[str], words: str) -> None:
@@ -62,6 +63,26 @@ def test_a_command_that_cannot_run_is_65_in_one_line(daemon: DaemonProcess, daem
     assert result.returncode == 65 and result.stderr.count("\n") == 1, result.stderr
     assert "no-such-program-here" in result.stderr
     assert daemon.client().status().jobs == []
+    assert not _run_file(daemon_env, "typo").exists()  # a refused run leaves no file of its own behind
+
+
+def _run_file(env: dict[str, str], name: str) -> Path:
+    return Paths(Path(env["SUPERVISE_HOME"])).state_dir / "run" / f"{name}.toml"
+
+
+def test_a_run_refused_because_the_job_runs_leaves_its_file_as_it_was(daemon: DaemonProcess, daemon_env,
+                                                                      tmp_path: Path) -> None:
+    result = cli(daemon_env, tmp_path, "run", "busy", "--", sys.executable, "-c", "import time; time.sleep(60)")
+    assert result.returncode == 0, result.stderr
+    written = _run_file(daemon_env, "busy").read_text()
+    again = cli(daemon_env, tmp_path, "run", "busy", "--", sys.executable, "-c", "print('another command')")
+    assert again.returncode == 75 and again.stderr.count("\n") == 1, again.stderr
+    # The running job's file still says what it runs: a restart finds nothing edited, and a
+    # --reload would not take a command that was refused.
+    assert _run_file(daemon_env, "busy").read_text() == written
+    restarted = cli(daemon_env, tmp_path, "restart", "busy", "--grace", "1")
+    assert restarted.returncode == 0 and "changed since" not in restarted.stdout + restarted.stderr, restarted
+    cli(daemon_env, tmp_path, "stop", "busy", "--grace", "1")
 
 
 def test_start_of_a_program_suggests_run(daemon: DaemonProcess, daemon_env, tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         words, command = words[:cut], words[cut + 1:]
     args = parser.parse_args(words)
     if command is not None:
+        args.stray = args.argv  # words before `--` that are no flag of run's: refused by run
         args.argv = command
     try:
         return int(args.func(args) or 0)
@@ -168,6 +169,7 @@ def _job_commands(add: Adder) -> None:
     # After `--` every word is the command's, its own options too (main() splits them off).
     p.add_argument("argv", nargs="*", metavar="-- CMD ARGS",
                    help="the command and its arguments, after `--`, each taken literally (no shell)")
+    p.set_defaults(stray=[])
 
     p = add("stop", _verb("jobs:cmd_stop"), "stop a job: SIGTERM to its whole tree, then SIGKILL after a grace period")
     p.add_argument("job")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 from supervisor.cli._args import client as _client
 from supervisor.cli._args import field_overrides
@@ -28,12 +29,15 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def start_spec(spec: JobSpec, overrides: dict[str, str], after: list[str], fields: FieldOverrides, *,
-               follow: bool) -> int:
+               follow: bool, accepted: Callable[[], None] | None = None) -> int:
     """Start ``spec`` (its file, ``overrides`` and ``fields`` applied) as `start` does; with ``follow``,
-    follow it until it ends (exit 1 unless it is done)."""
+    follow it until it ends (exit 1 unless it is done).  ``accepted`` is called once the daemon has
+    taken the spec (stored it), before anything is followed."""
     spec.argv(1)  # a missing template parameter is an error here, before the daemon is involved
     client = _client()
     response = client.start(spec.spec_path, overrides, after, fields)
+    if accepted is not None:
+        accepted()
     if _cancelled(response):
         return 1
     for note in response.notes:
