@@ -146,6 +146,33 @@ def test_a_frozen_bars_carriage_return_written_on_its_own_is_dated_when_it_came_
     frozen.gate.touch()
 
 
+# A slow bar drawn as tqdm draws it: each redraw's `\r` comes BEFORE its text, so a redraw's record is
+# ended by the next redraw's write, a step later.  Each redraw says when it was written.
+SLOW_LEADING_CR_BAR_JOB = """\
+import sys, time
+for i in range(1, 4):
+    sys.stdout.write(f"\\rLoading checkpoint shards: {i}/8 written at {time.time():.3f}")
+    sys.stdout.flush()
+    time.sleep(3.0 if i < 3 else 3600)
+"""
+
+
+def test_each_redraw_of_a_slow_bar_is_dated_when_it_was_written_not_by_the_next(
+        daemon: DaemonProcess, daemon_env, make_job) -> None:
+    spec = make_job("slowbar", SLOW_LEADING_CR_BAR_JOB, extra="[health]\nstall_floor_s = 3600\n")
+    supervise(daemon_env, "start", str(spec))
+    client = daemon.client()
+    wait_until(lambda: any("3/8" in text for text, _, _ in _log_stamps(client, "slowbar")), timeout=30)
+    time.sleep(1.5)  # the last redraw's arrival noted (the log gone quiet)
+    dated = [(float(text.rsplit(" ", 1)[1]), ts) for text, ts, partial in _log_stamps(client, "slowbar")
+             if "written" in text and not partial]  # (the tail comes twice: as it stands, then as the last line)
+    assert len(dated) == 3, dated
+    # Arrival marks are kept to the second: a redraw's time is at most about a second after it was
+    # written (and never before), not the 3 s later when the next redraw ended its record.
+    assert all(ts is not None and written - 0.01 <= ts < written + 1.9 for written, ts in dated), dated
+    supervise(daemon_env, "stop", "slowbar")
+
+
 def test_piped_logs_follow_prints_a_frozen_bars_latest_redraw_once(daemon: DaemonProcess, daemon_env, make_job,
                                                                    home: Path) -> None:
     gate = home / "piped-gate"

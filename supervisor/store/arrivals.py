@@ -4,7 +4,8 @@ A log line carries no time of its own; the daemon knows when it read each batch 
 runner notes, per batch, the log position it reached and when (``ArrivalWriter.arrived``), at
 most one mark per second of arrival: a later batch within the same second moves that second's
 mark forward (one ``pwrite`` over it) instead of adding one.  A line's time is the time of the
-first mark at or past its end: when it had arrived, to within a second (journalctl's default
+first mark at or past the end of its text (its terminator may come later: tqdm writes a redraw's
+``\r`` with the next redraw): when it had arrived, to within a second (journalctl's default
 resolution), and never before it was written.  Lines read back after a daemon restart carry the
 times the backlog estimate gives them (the follower's file times), as their events do.
 

@@ -178,12 +178,16 @@ class Api:
         try:
             async for batch in follower.records():
                 for record in batch:
+                    # Dated by its text's last byte, not by its terminator: tqdm writes each redraw's `\r`
+                    # before its text, so a redraw's terminator comes with the next redraw, a step later.
+                    ts = stamp and stamp(record.end - 1 if not record.cut else record.end)
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=record.offset, text=record.text,
-                                                                 redraw=record.redraw, ts=stamp and stamp(record.end)))
+                                                                 redraw=record.redraw, ts=ts))
                 tail = follower.partial_text()
                 if tail:
-                    # Dated as its record will be, by its end: when every byte of it had arrived.
-                    ts = stamp and stamp(follower.offset + follower.buffered)
+                    # Dated as its record will be, by its text's last byte (the bytes held are the text,
+                    # or the text and a trailing `\r`).
+                    ts = stamp and stamp(follower.offset + follower.buffered - 1)
                     await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text=tail,
                                                                  redraw=True, partial=True, ts=ts))
             await _write_line(response, protocol.LogChunk(attempt=row.n, offset=follower.offset, text="", end=True))
