@@ -284,3 +284,32 @@ def test_a_backlog_of_many_steps_is_read_whole_before_the_attempt_is_judged(daem
     client = daemon.client()
     wait_until(lambda: job_state(client, "fast") in ("done", "failed"), timeout=60)
     assert [e.message for e in client.events("fast", kinds=["verdict"]).events] == ["done: exited 0"]
+
+
+def _slow_reports(client: Client, job: str, n: int) -> list[str]:
+    return [e.message for e in client.events(job, attempt=n, kinds=["action"]).events if e.message.startswith("slow")]
+
+
+def test_a_slow_step_reported_before_a_daemon_restart_is_not_reported_again_after_it(
+        daemon: DaemonProcess, make_job, home: Path) -> None:
+    # A first run gives the bar its history (0.05 s a step); the second holds at 10/20, reported slow
+    # once its step has lasted the 1 s slow floor.  The daemon restarted within that step re-adopts
+    # the attempt: the step is the same, and so is its report (one alert, not one per daemon).
+    gate = home / "gate"
+    gate.touch()
+    spec = make_job("held", PROGRESS_JOB, params=f', "20", "0.05", "{gate}"',
+                    extra="[health]\nstall_floor_s = 60\nslow_floor_s = 1\n")
+    client = daemon.client()
+    client.start(str(spec), {})
+    wait_until(lambda: job_state(client, "held") == "done", timeout=30)
+    gate.unlink()
+    client.start(str(spec), {})
+    first = wait_until(lambda: _slow_reports(client, "held", 2), timeout=30)
+    daemon.kill(signal.SIGTERM)
+    daemon.start()
+    client = daemon.client()
+    wait_until(lambda: client.events("held", attempt=2, kinds=["daemon_restarted"]).events, timeout=30)
+    time.sleep(3)  # the re-adopted step is long past its slow bound: a second report would come at once
+    assert _slow_reports(client, "held", 2) == first
+    gate.touch()
+    wait_until(lambda: job_state(client, "held") == "done", timeout=30)

@@ -34,7 +34,7 @@ from supervisor.spec.adjust import changed
 from supervisor.spec.model import JobSpec
 from supervisor.store.attempt_writes import AttemptEnd, AttemptUpdate
 from supervisor.store.database import AttemptRow
-from supervisor.watchdog import Judgement, PaceHistory, Watchdog
+from supervisor.watchdog import Judgement, PaceHistory, Watchdog, slow_step
 
 
 async def launch(run: int, shard: int | None, *, spec: JobSpec, ctx: RunnerContext, journal: Journal,
@@ -182,7 +182,8 @@ class Paces:
         self._spec = spec
         self._ctx = ctx
         self._writes = writes
-        self._reported: set[tuple[int, str]] = set()  # (attempt, bar and step) already reported slow
+        self._reported: set[tuple[int, str | None, float]] = set()  # (attempt, bar, step) already reported slow
+        self._read_back: set[int] = set()  # attempts whose slow reports stored earlier were read back
 
     def _host_kind(self) -> str:
         """Where the pace was measured: the host, and the GPU model where one is seen."""
@@ -212,11 +213,30 @@ class Paces:
         self._writes.submit(lambda: PaceStore(store).save(job, fingerprint, host_kind, n, paces))
 
     def new_slow_steps(self, live: Live) -> list[SlowFound]:
-        """Steps well over their history, each once per bar and step."""
+        """Steps well over their history, each once per bar and step, across a daemon restart too."""
         found = []
-        for key, judgement in live.watchdog.slow():
-            if (live.row.n, key) in self._reported:
+        n = live.row.n
+        for _, judgement in live.watchdog.slow():
+            if n not in self._read_back:
+                # A re-adopted attempt's step a daemon before this one reported (the same alert again
+                # after every restart, however often the daemon restarts within one long step).
+                self._read_back.add(n)
+                self._reported |= self._stored_slow_steps(n)
+            step = slow_step(judgement.evidence)
+            key = (n, step.bar, float(step.done or 0))
+            if key in self._reported:
                 continue
-            self._reported.add((live.row.n, key))
+            self._reported.add(key)
             found.append(SlowFound(notices.where(live.watchdog.progress, live.watchdog.phase), judgement))
         return found
+
+    def _stored_slow_steps(self, n: int) -> set[tuple[int, str | None, float]]:
+        """The steps of attempt ``n`` its stored actions report slow (read once an attempt, and only
+        once it has a slow step: a short indexed query)."""
+        try:
+            actions = self._ctx.store.events(self._spec.name, attempt=n, kinds=[EventKind.ACTION.value])
+        except StoreError as exc:  # reported again, at worst
+            log.warning("cannot read earlier slow reports", job=self._spec.name, error=str(exc))
+            return set()
+        return {(n, slow.bar, float(slow.done or 0)) for slow in (ActionData.of(e).slow for e in actions)
+                if slow is not None}
