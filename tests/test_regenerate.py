@@ -71,18 +71,30 @@ def test_answers_are_the_target_s_greedy_continuation_and_extract_takes_them(mod
     assert prepared["loss_mask"].sum().item() == sum(sum(r["loss_mask"]) for r in recs)
 
 
-@pytest.mark.parametrize("case", ["tokens", "model", "prompts"])
+BAD_VALUES = {
+    "tokens": ["--max-new-tokens", "0"],
+    "temperature": ["--temperature", "-0.5"],
+    "top_p_zero": ["--temperature", "0.7", "--top-p", "0"],
+    "top_p_above_one": ["--temperature", "0.7", "--top-p", "1.5"],
+    "shard_past_the_end": ["--shard", "2", "--num-shards", "2"],
+    "no_shards": ["--num-shards", "0"],
+    "batch_size": ["--batch-size", "0"],
+    "fsync_every": ["--fsync-every", "0"],
+}
+
+
+@pytest.mark.parametrize("case", [*BAD_VALUES, "model", "prompts"])
 def test_refusals_are_one_line_exit_78(model, tmp_path, capsys, case):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Hi."}\n' if case != "prompts" else '{"nothing": 1}\n')
     argv = ["--model", str(model if case != "model" else tmp_path / "none"), "--prompts", str(prompts),
-            "--out", str(tmp_path / "o.jsonl")]
-    if case == "tokens":
-        argv += ["--max-new-tokens", "0"]
+            "--out", str(tmp_path / "o.jsonl"), *BAD_VALUES.get(case, [])]
     assert regenerate.main(argv) == 78
     text = capsys.readouterr().out
     assert text.count("\n") == 1 and text.startswith("regenerate error: ")
-    assert not (tmp_path / "o.jsonl").exists()
+    if case in BAD_VALUES:  # the line names the flag to change
+        assert BAD_VALUES[case][-2] in text, text
+    assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.jsonl.parts").exists()  # nothing begun
 
 
 def test_the_shipped_pipeline_extracts_what_regenerate_wrote():
