@@ -228,3 +228,28 @@ def test_the_supervisor_follows_the_progress_line_as_a_bar():
     assert bar.kind.value == "progress" and (bar.fields["done"], bar.fields["total"]) == (3, 8)
     assert bar.fields["unit"] == "answers"
     assert [e.phase.value for e in evs if e.probe == "regenerate.done"] == ["done"]
+
+
+@pytest.mark.parametrize("first, step", [
+    ("regenerate phase: generating", "regenerate progress: {k}/8 answers, 10.0 tok/s"),
+    ("vllm loading", "Loading safetensors checkpoint shards: {k}0% Completed | {k}/8 [00:0{k}<00:04, 1.00s/it]"),
+])
+def test_answers_that_stop_coming_are_judged_stalled_as_a_stalled_load_is(first, step):
+    """The regeneration's bar and a weight-loading bar, paced alike and stopped alike, on an injected clock:
+    the same verdict at the same moment, from the same bound."""
+    from probe_helpers import events_of
+
+    from supervisor.core.events import Verdict
+    from supervisor.jobs.runner._watching import _from_probe
+    from supervisor.spec.model import HealthSpec
+    from supervisor.watchdog import Watchdog
+
+    w = Watchdog(HealthSpec(stall_floor_s=3, silence_s=None), clock=lambda: 0.0, started_at=0.0)
+    for at, lines in [(0.0, [first]), *((float(k), [step.format(k=k)]) for k in range(1, 5))]:
+        w.output_seen(at)
+        for pe in events_of(lines):
+            w.observe(_from_probe("j", 1, pe), at)
+    assert w.check(6.9).verdict is Verdict.HEALTHY  # a step a second, the last at 4 s
+    judged = w.check(7.0)
+    assert judged.verdict is Verdict.STALLED and "no progress for 3.0s (bound 3.0s = stall_floor_s" in judged.reason
+    assert judged.reason.startswith("answer 4/8," if first.startswith("regenerate") else "shard 4/8 ")
