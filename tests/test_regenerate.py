@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -253,3 +254,37 @@ def test_answers_that_stop_coming_are_judged_stalled_as_a_stalled_load_is(first,
     judged = w.check(7.0)
     assert judged.verdict is Verdict.STALLED and "no progress for 3.0s (bound 3.0s = stall_floor_s" in judged.reason
     assert judged.reason.startswith("answer 4/8," if first.startswith("regenerate") else "shard 4/8 ")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two shard processes and a gather under a real daemon: a model load each, on 2 busy cores
+def test_supervise_start_regenerate_with_shards_then_gather_writes_the_uninterrupted_file(
+        model, uninterrupted, daemon, home):
+    """`supervise start regenerate --shards 2` through the shipped spec: each shard gets its --shard/--num-shards,
+    the spec's gather assembles OUT, and OUT is what one unsharded launch writes."""
+    from conftest import wait_until
+    from extract_helpers import PROMPTS
+
+    from supervisor.core.events import JobState
+    from supervisor.core.overrides import FieldOverrides
+
+    prompts = home / "prompts-8.jsonl"
+    prompts.write_text("".join(PROMPTS.read_text().splitlines(keepends=True)[:N_KILL]))
+    out = home / "out" / "regen.jsonl"
+    client = daemon.client()
+    client.start(str(REPO / "jobs" / "regenerate.toml"),
+                 {"model": str(model), "prompts": str(prompts), "out": str(out), "max_new_tokens": "12"},
+                 fields=FieldOverrides(shards=2))
+
+    def ended():
+        st = client.status("regenerate").jobs[0]
+        return st if st.state in (JobState.DONE, JobState.FAILED, JobState.STOPPED) else None
+
+    st = wait_until(ended, timeout=500)
+    assert st.state is JobState.DONE, st
+    attempts = client.attempts("regenerate").attempts
+    logs = {a.shard: Path(a.log_path).read_text() for a in attempts if a.shard is not None and a.shard >= 0}
+    assert sorted(logs) == [0, 1] and all("regenerate: 4 answers" in t for t in logs.values()), logs
+    assert sorted(p.name for p in (out.parent / "regen.jsonl.parts").iterdir()) == [
+        "shard-0-of-2.jsonl", "shard-1-of-2.jsonl"]
+    assert out.read_bytes() == uninterrupted("greedy")
