@@ -256,7 +256,6 @@ def test_answers_that_stop_coming_are_judged_stalled_as_a_stalled_load_is(first,
     assert judged.reason.startswith("answer 4/8," if first.startswith("regenerate") else "shard 4/8 ")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)  # two shard processes and a gather under a real daemon: a model load each, on 2 busy cores
 def test_supervise_start_regenerate_with_shards_then_gather_writes_the_uninterrupted_file(
         model, uninterrupted, daemon, home):
