@@ -1,6 +1,7 @@
 """The straggler: torchrun with three gloo ranks on the CPU, each printing its own steps, one of
 them slower, through a real daemon: the slow rank is named (its pid found by its environment),
-with a stacks event, and a warning alert to a real HTTP endpoint; never a kill."""
+with a stacks event, and a warning alert to a real HTTP endpoint; never a kill.  Its GPU is named
+from the GPU sample's processes (three rank processes, NVML the faithful fake at its boundary)."""
 
 from __future__ import annotations
 
