@@ -46,8 +46,8 @@ async def take(to: Path, timeout_s: float = TIMEOUT_S) -> str:
     except TimeoutError:
         proc.kill()
         await cancel_and_wait(waiting)
-        # Reaped before returning: left to the garbage collector, its transport outlived it
-        # unclosed and its exit went unread (a zombie of the daemon's until then).
+        # Waited for before returning: otherwise its transport, and the pipe it holds, stayed open
+        # until the garbage collector came to them (a ResourceWarning then).
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), REAP_S)
         return f"nvidia-smi -q: took more than {timeout_s:.0f} s (a GPU that does not answer)"
