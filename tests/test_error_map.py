@@ -186,6 +186,34 @@ def _readme_exit_codes() -> dict[int, str]:
     return {int(code): verbs for code, _, verbs in rows}
 
 
+def _drawn_tree() -> dict[str, str]:
+    """Each class the tree in core/errors.py's docstring draws, with the class drawn above it."""
+    import supervisor.core.errors as errors
+
+    parents: dict[str, str] = {}
+    above: list[str] = []  # the class drawn last at each depth
+    for line in (errors.__doc__ or "").splitlines():
+        found = re.match(r"^( *)((?:[│ ] {3})*)(?:[├└]── )?([A-Z]\w+)(?:\s|$)", line)
+        if found is None or not (found.group(3) == "SuperviseError" or "── " in line):
+            continue
+        depth = len(found.group(2)) // 4 + (1 if "── " in line else 0)
+        del above[depth:]
+        if depth:
+            parents[found.group(3)] = above[depth - 1]
+        above.append(found.group(3))
+    return parents
+
+
+def test_the_exception_tree_drawn_is_the_classes_defined() -> None:
+    """The tree in core/errors.py's docstring is the map of what the CLI may say: every class that
+    derives from SuperviseError is drawn, under the class it derives from, and nothing else is."""
+    import supervisor.core.errors as errors
+
+    defined = {name: cls.__bases__[0].__name__ for name, cls in vars(errors).items()
+               if isinstance(cls, type) and issubclass(cls, SuperviseError) and cls is not SuperviseError}
+    assert _drawn_tree() == defined
+
+
 def test_readme_table_lists_exactly_the_codes_the_cli_uses() -> None:
     used = {row.cls.exit_code for row in TABLE} | {0, 1, 2}  # ok, job failed (and probe's crash), argparse usage
     assert set(_readme_exit_codes()) == used

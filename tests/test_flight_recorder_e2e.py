@@ -9,12 +9,15 @@ dump to ``<stem><rank>`` when written to).  The NCCL pipe itself was run on a GP
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
+import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -193,3 +196,54 @@ def test_ranks_at_one_collective_are_said_to_be_level(tmp_path: Path) -> None:
         (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps({"entries": [entry]}))
         traces.append(flight_recorder.read_rank(tmp_path / f"rank_{rank}", rank))
     assert flight_recorder.summarise(traces, 2) == "flight recorder: all 2 ranks at #7 nccl:all_reduce (started)"
+
+
+# A rank that reads its pipe but never writes its dump (its monitor thread wedged, or a torch that
+# polls the pipe without dumping): the collection gives up at its bound, says so, and the kill is
+# not held past it.  A pipe nobody reads any more (its rank ended) is skipped, not waited on.
+READS_NEVER_DUMPS = """
+import os, sys, time
+pipe, heard = sys.argv[1], sys.argv[2]
+fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # polled, as ProcessGroupNCCL's monitor thread does
+open(heard + ".open", "w").close()
+while True:
+    try:
+        asked = os.read(fd, 128)
+    except BlockingIOError:
+        asked = b""
+    if asked:
+        open(heard, "wb").write(asked)
+    time.sleep(0.05)
+"""
+
+
+def test_a_dump_that_never_comes_is_given_up_on_at_its_bound(tmp_path: Path) -> None:
+    folder = tmp_path / "attempt.log.fr"
+    folder.mkdir()
+    os.mkfifo(folder / "rank_0.pipe")
+    os.mkfifo(folder / "rank_1.pipe")  # rank 1 has ended: nobody reads its pipe
+    heard = tmp_path / "heard"
+    rank = subprocess.Popen([sys.executable, "-c", READS_NEVER_DUMPS, str(folder / "rank_0.pipe"), str(heard)])
+    try:
+        wait_until(lambda: Path(f"{heard}.open").exists(), timeout=20)
+        began = time.monotonic()
+        record = asyncio.run(flight_recorder.collect(folder, wait_s=1.5))
+        took = time.monotonic() - began
+    finally:
+        rank.kill()
+        rank.wait()
+    assert record is not None and record.dumps == ()
+    assert record.summary == "flight recorder: asked 1 rank through the pipe, no dump within 2 s", record.summary
+    assert wait_until(lambda: heard.exists() and heard.read_bytes()) == b"1\n"  # the rank was asked
+    assert took < 1.5 + 1.0, took  # the bound, and the last look's pause
+
+
+def test_no_rank_listening_is_said_at_once(tmp_path: Path) -> None:
+    folder = tmp_path / "attempt.log.fr"
+    folder.mkdir()
+    os.mkfifo(folder / "rank_0.pipe")
+    began = time.monotonic()
+    record = asyncio.run(flight_recorder.collect(folder, wait_s=5))
+    assert record is not None and time.monotonic() - began < 2
+    assert record.summary == "flight recorder: no rank opened the dump pipe (the NCCL process group opens it; gloo does not)"
+    assert asyncio.run(flight_recorder.collect(tmp_path / "none.fr")) is None  # not a torch distributed attempt

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,18 +72,30 @@ def test_answers_are_the_target_s_greedy_continuation_and_extract_takes_them(mod
     assert prepared["loss_mask"].sum().item() == sum(sum(r["loss_mask"]) for r in recs)
 
 
-@pytest.mark.parametrize("case", ["tokens", "model", "prompts"])
+BAD_VALUES = {
+    "tokens": ["--max-new-tokens", "0"],
+    "temperature": ["--temperature", "-0.5"],
+    "top_p_zero": ["--temperature", "0.7", "--top-p", "0"],
+    "top_p_above_one": ["--temperature", "0.7", "--top-p", "1.5"],
+    "shard_past_the_end": ["--shard", "2", "--num-shards", "2"],
+    "no_shards": ["--num-shards", "0"],
+    "batch_size": ["--batch-size", "0"],
+    "fsync_every": ["--fsync-every", "0"],
+}
+
+
+@pytest.mark.parametrize("case", [*BAD_VALUES, "model", "prompts"])
 def test_refusals_are_one_line_exit_78(model, tmp_path, capsys, case):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Hi."}\n' if case != "prompts" else '{"nothing": 1}\n')
     argv = ["--model", str(model if case != "model" else tmp_path / "none"), "--prompts", str(prompts),
-            "--out", str(tmp_path / "o.jsonl")]
-    if case == "tokens":
-        argv += ["--max-new-tokens", "0"]
+            "--out", str(tmp_path / "o.jsonl"), *BAD_VALUES.get(case, [])]
     assert regenerate.main(argv) == 78
     text = capsys.readouterr().out
     assert text.count("\n") == 1 and text.startswith("regenerate error: ")
-    assert not (tmp_path / "o.jsonl").exists()
+    if case in BAD_VALUES:  # the line names the flag to change
+        assert BAD_VALUES[case][-2] in text, text
+    assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.jsonl.parts").exists()  # nothing begun
 
 
 def test_the_shipped_pipeline_extracts_what_regenerate_wrote():
@@ -216,3 +229,61 @@ def test_the_supervisor_follows_the_progress_line_as_a_bar():
     assert bar.kind.value == "progress" and (bar.fields["done"], bar.fields["total"]) == (3, 8)
     assert bar.fields["unit"] == "answers"
     assert [e.phase.value for e in evs if e.probe == "regenerate.done"] == ["done"]
+
+
+@pytest.mark.parametrize("first, step", [
+    ("regenerate phase: generating", "regenerate progress: {k}/8 answers, 10.0 tok/s"),
+    ("vllm loading", "Loading safetensors checkpoint shards: {k}0% Completed | {k}/8 [00:0{k}<00:04, 1.00s/it]"),
+])
+def test_answers_that_stop_coming_are_judged_stalled_as_a_stalled_load_is(first, step):
+    """The regeneration's bar and a weight-loading bar, paced alike and stopped alike, on an injected clock:
+    the same verdict at the same moment, from the same bound."""
+    from probe_helpers import events_of
+
+    from supervisor.core.events import Verdict
+    from supervisor.jobs.runner._watching import _from_probe
+    from supervisor.spec.model import HealthSpec
+    from supervisor.watchdog import Watchdog
+
+    w = Watchdog(HealthSpec(stall_floor_s=3, silence_s=None), clock=lambda: 0.0, started_at=0.0)
+    for at, lines in [(0.0, [first]), *((float(k), [step.format(k=k)]) for k in range(1, 5))]:
+        w.output_seen(at)
+        for pe in events_of(lines):
+            w.observe(_from_probe("j", 1, pe), at)
+    assert w.check(6.9).verdict is Verdict.HEALTHY  # a step a second, the last at 4 s
+    judged = w.check(7.0)
+    assert judged.verdict is Verdict.STALLED and "no progress for 3.0s (bound 3.0s = stall_floor_s" in judged.reason
+    assert judged.reason.startswith("answer 4/8," if first.startswith("regenerate") else "shard 4/8 ")
+
+
+@pytest.mark.timeout(600)  # two shard processes and a gather under a real daemon: a model load each, on 2 busy cores
+def test_supervise_start_regenerate_with_shards_then_gather_writes_the_uninterrupted_file(
+        model, uninterrupted, daemon, home):
+    """`supervise start regenerate --shards 2` through the shipped spec: each shard gets its --shard/--num-shards,
+    the spec's gather assembles OUT, and OUT is what one unsharded launch writes."""
+    from conftest import wait_until
+    from extract_helpers import PROMPTS
+
+    from supervisor.core.events import JobState
+    from supervisor.core.overrides import FieldOverrides
+
+    prompts = home / "prompts-8.jsonl"
+    prompts.write_text("".join(PROMPTS.read_text().splitlines(keepends=True)[:N_KILL]))
+    out = home / "out" / "regen.jsonl"
+    client = daemon.client()
+    client.start(str(REPO / "jobs" / "regenerate.toml"),
+                 {"model": str(model), "prompts": str(prompts), "out": str(out), "max_new_tokens": "12"},
+                 fields=FieldOverrides(shards=2))
+
+    def ended():
+        st = client.status("regenerate").jobs[0]
+        return st if st.state in (JobState.DONE, JobState.FAILED, JobState.STOPPED) else None
+
+    st = wait_until(ended, timeout=500)
+    assert st.state is JobState.DONE, st
+    attempts = client.attempts("regenerate").attempts
+    logs = {a.shard: Path(a.log_path).read_text() for a in attempts if a.shard is not None and a.shard >= 0}
+    assert sorted(logs) == [0, 1] and all("regenerate: 4 answers" in t for t in logs.values()), logs
+    assert sorted(p.name for p in (out.parent / "regen.jsonl.parts").iterdir()) == [
+        "shard-0-of-2.jsonl", "shard-1-of-2.jsonl"]
+    assert out.read_bytes() == uninterrupted("greedy")

@@ -159,3 +159,18 @@ def test_a_pipeline_step_has_its_own_field_keys(daemon: DaemonProcess, daemon_en
     supervise(daemon_env, "start", str(good))
     wait_until(lambda: job_state(client, "pipe.only") == "done", timeout=30)
     assert sorted(p.name for p in (home / "out" / "step").iterdir()) == ["shard-0-of-2", "shard-1-of-2"]
+
+
+def test_a_bad_host_pool_is_one_line_exit_65_and_nothing_stored(daemon: DaemonProcess, daemon_env, home: Path) -> None:
+    # `hosts` with one shard is a pool the job moves along (docs/guides/verdicts.md, quarantine): each
+    # entry is checked at start as `host` is, not when a relaunch first moves to it.
+    for hosts, words in (('["ssh://box", "bogus://x"]', ("field 'hosts'", "unknown host 'bogus://x'", "use 'local'")),
+                         ('["ssh://box", ""]', ("field 'hosts'", "unknown host ''")),
+                         ('["ssh://me@box:notaport", "local"]', ("field 'hosts'", "bad SSH host", "ssh://[user@]host[:port]")),
+                         ('["ssh://box", "ssh://box"]', ("`hosts` names a host twice", "list each once")),
+                         ('"ssh://box"', ("field 'hosts'", "valid list")),
+                         ('["ssh://box", 7]', ("field 'hosts.1'", "valid string"))):
+        spec = _spec(home, "pool", extra=f'hosts = {hosts}\npython = "{sys.executable}"\nworkdir = "{home}"')
+        _one_line(supervise(daemon_env, "start", str(spec), check=False), 65, "pool.toml", *words)
+    client = daemon.client()
+    assert client.status().jobs == [] and daemon.proc is not None and client.ping().pid == daemon.proc.pid

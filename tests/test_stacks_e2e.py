@@ -5,12 +5,19 @@ dumps a running job on demand.  Without py-spy: one line, and the kill goes on."
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import re
 import shutil
+import subprocess
+import sys
+import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import DaemonProcess, wait_until
 from e2e_jobs import job_state, supervise
@@ -183,3 +190,29 @@ def test_a_dump_says_how_many_processes_it_left_out_and_shows_no_secret_flag(
     assert out.returncode == 0 and "waiting_for_workers" in out.stdout, out.stdout[-2000:]
     assert secret not in out.stdout and "--hf-token=***" in out.stdout, out.stdout[:3000]
     client.stop("many", grace_s=1.0)
+
+
+def test_a_py_spy_that_does_not_answer_is_killed_and_reaped_at_its_bound(home: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A py-spy stuck on its target (a process in the kernel's uninterruptible sleep): it writes its pid, never answers.
+    hung = home / "py-spy"
+    hung.write_text(f"#!{sys.executable}\nimport os, sys, time\n"
+                    f"open({str(home / 'pyspy.pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    hung.chmod(0o755)
+    monkeypatch.setenv(stacks.ENV_PYSPY, str(hung))
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            began = time.monotonic()
+            dump = asyncio.run(stacks.dump([target.pid], timeout_s=1.0))
+            assert time.monotonic() - began < 4
+            pid = int((home / "pyspy.pid").read_text())
+            wait_until(lambda: not psutil.pid_exists(pid), timeout=5)  # killed, and its exit read
+            gc.collect()  # a subprocess transport left open says so when it is collected
+    finally:
+        target.kill()
+        target.wait()
+    assert not [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    [only] = dump.processes
+    assert (only.pid, only.stack, only.error) == (target.pid, None, "py-spy took more than 1s")

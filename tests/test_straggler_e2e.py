@@ -1,6 +1,7 @@
 """The straggler: torchrun with three gloo ranks on the CPU, each printing its own steps, one of
 them slower, through a real daemon: the slow rank is named (its pid found by its environment),
-with a stacks event, and a warning alert to a real HTTP endpoint; never a kill."""
+with a stacks event, and a warning alert to a real HTTP endpoint; never a kill.  Its GPU is named
+from the GPU sample's processes (three rank processes, NVML the faithful fake at its boundary)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from e2e_jobs import AlertSink, supervise
 
 from supervisor.cli.client import Client
 
-pytest.importorskip("torch")
+pytest.importorskip("torch")  # the torchrun tests; the GPU-naming one runs ranks without torch
 
 RANKS = """
 import os, sys, time
@@ -137,3 +138,55 @@ def test_bad_straggler_settings_are_one_line_exit_65(daemon: DaemonProcess, home
     assert field in result.stderr
     client = daemon.client()
     assert client.status().jobs == [] and daemon.proc is not None and client.ping().pid == daemon.proc.pid
+
+
+# Three rank processes without torch (each its own RANK, as torchrun sets it), each holding memory
+# on its own GPU as the fake NVML lists it (tests/fakes/gpu_daemon.py); rank 2 is the slow one.
+RANKS_ON_GPUS = """
+import os, subprocess, sys, time
+holders, steps = sys.argv[1], 20
+RANK = '''
+import os, sys, time
+rank, holders, steps = int(os.environ["RANK"]), sys.argv[1], int(sys.argv[2])
+open(os.path.join(holders, str(os.getpid())), "w").write(f"{rank} 1000\\\\n")
+open(os.path.join(holders, f"rank{rank}.pid"), "w").write(str(os.getpid()))
+time.sleep(1.0)  # the GPU sampler sees each rank before its steps begin
+for step in range(1, steps + 1):
+    time.sleep(0.4 if rank == 2 else 0.08)
+    print(f"[rank{rank}]: train step {step}/{steps} loss=1.0 acc0=0.5 tok/s=100.0", flush=True)
+'''
+ranks = [subprocess.Popen([sys.executable, "-c", RANK, holders, str(steps)], env={**os.environ, "RANK": str(r)})
+         for r in range(3)]
+sys.exit(max(p.wait() for p in ranks))
+"""
+
+
+@pytest.fixture
+def gpu_daemon(home: Path, daemon_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[DaemonProcess]:
+    from test_observe_e2e import FakeGpuDaemon
+
+    monkeypatch.setenv("SUPERVISE_HOME", str(home))
+    (home / "holders").mkdir()
+    daemon = FakeGpuDaemon(home, {**daemon_env, "SUPERVISE_FAKE_GPU_HOLDERS": str(home / "holders"),
+                                  "SUPERVISE_FAKE_GPUS": "3", "SUPERVISE_GPU_INTERVAL_S": "0.2"})
+    daemon.start()
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+
+
+def test_the_straggler_s_gpu_is_named_from_the_gpu_sample(gpu_daemon: DaemonProcess, home: Path) -> None:
+    (home / "ranks.py").write_text(textwrap.dedent(RANKS_ON_GPUS))
+    spec = home / "gpus.toml"
+    spec.write_text(f'name = "gpus"\ncommand = ["{sys.executable}", "{home / "ranks.py"}", "{home / "holders"}"]\n'
+                    'probes = ["python", "train"]\nstop_grace_s = 2\n'
+                    "[health]\nstraggler_factor = 2.0\nstraggler_steps = 3\n[restart]\nmax_attempts = 1\n")
+    client = gpu_daemon.client()
+    client.start(str(spec), {})
+    [event] = wait_until(lambda: [e for e in client.events("gpus").events if e.kind == "straggler"], timeout=60)
+    slow_pid = int((home / "holders" / "rank2.pid").read_text())
+    assert (event.data["process"], event.data["pid"], event.data["gpu"]) == ("rank=2", slow_pid, 2), event.data
+    assert event.message.startswith(f"straggler rank=2 (pid {slow_pid}, host local, GPU 2): "), event.message
+    wait_until(lambda: finished(client, "gpus"), timeout=60)
+    assert client.attempts("gpus").attempts[0].verdict == "done"

@@ -324,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 0 <= args.shard < args.num_shards or args.batch_size < 1:
             raise RegenerateError(f"--shard {args.shard} --num-shards {args.num_shards} --batch-size "
                                   f"{args.batch_size}: 0 <= shard < num-shards, and a positive batch size")
+        if args.fsync_every < 1:  # taken as 1 before: a value that means nothing is said, not guessed at
+            raise RegenerateError(f"--fsync-every {args.fsync_every}: at least 1 (answers between fsyncs of the "
+                                  "journal)")
         return regenerate(args)
     except RegenerateError as e:
         say(f"regenerate error: {e}")

@@ -1,11 +1,13 @@
 """What the supervisor did when an attempt ended: relaunch it, give the job up, stop it at the
 user's word, or nothing more (the job is done).
 
-A stored attempt keeps this as one sentence (``attempts.action``, shown by ``attempts``, the API
-and the report): ``relaunch in 4.0s``, ``give up: same failure twice ...``, ``stopped by user``,
-``none: job done``.  The kind is inside it, as the sentence's first words: ``AttemptAction``
-writes the sentence from the kind and reads the kind back from it, so that rows stored by any
-version (which all begin this way) read as the kind they meant, and no reader tests the text.
+A stored attempt keeps the sentence (``attempts.action``, shown by ``attempts``, the API and the
+report): ``relaunch in 4.0s``, ``give up: same failure twice ...``, ``stopped by user``,
+``none: job done``; and its kind in a column of its own (``attempts.action_kind``), which readers
+of the row act on.  Every version has begun the sentence with the kind's words, so the migration
+that added the column read each older row's kind from them once (store/schema.py), and
+``AttemptAction.read`` does the same for a sentence that comes without its row (an ``action``
+event's message).
 """
 
 from __future__ import annotations

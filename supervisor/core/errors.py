@@ -14,7 +14,8 @@ where they enter, with ``raise X from exc`` so the cause stays in tracebacks.
     ├── FileWriteError         a file the CLI writes (`report --out`) cannot be written
     ├── HostError              a host cannot launch, follow, signal or inspect
     │   ├── LaunchError        the wrapper did not start the command
-    │   └── ConnectionLost     a remote host's connection dropped (retried by the caller)
+    │   ├── ConnectionLost     a remote host's connection dropped (retried by the caller)
+    │   └── HostRefused        the box answered and refused: its host key, or our login (not retried)
     ├── DaemonError            talking to the daemon failed
     │   ├── DaemonNotRunning   no daemon answers on the socket
     │   ├── RequestRejected    the daemon refused the request itself (carries its status code)

@@ -9,6 +9,7 @@ bounded run, off the event loop; its text saved whole (bounded), its path stored
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,8 @@ from supervisor.core.tasks import cancel_and_wait
 ENV_NVIDIA_SMI = "SUPERVISE_NVIDIA_SMI"  # the nvidia-smi to run (default: the PATH's)
 TIMEOUT_S = 5.0  # within the stacks' own bound before a kill
 MAX_BYTES = 4 * 1024 * 1024
+# How long a killed nvidia-smi is waited for: one stuck in the driver may outlive SIGKILL a while.
+REAP_S = 1.0
 
 
 def find() -> str | None:
@@ -43,6 +46,10 @@ async def take(to: Path, timeout_s: float = TIMEOUT_S) -> str:
     except TimeoutError:
         proc.kill()
         await cancel_and_wait(waiting)
+        # Waited for before returning: otherwise its transport, and the pipe it holds, stayed open
+        # until the garbage collector came to them (a ResourceWarning then).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), REAP_S)
         return f"nvidia-smi -q: took more than {timeout_s:.0f} s (a GPU that does not answer)"
     text = out[:MAX_BYTES]
     try:

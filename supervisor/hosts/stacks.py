@@ -17,6 +17,7 @@ secret-looking flags masked and cut short: a launcher's children repeat its `--h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -34,6 +35,7 @@ _WRAPPER_SCRIPT_START = 's=$1; shift;'  # the launch wrapper's inner shell (host
 
 ENV_PYSPY = "SUPERVISE_PYSPY"
 PER_PROCESS_S = 10.0
+REAP_S = 1.0  # how long a killed py-spy is waited for (one stuck on its target may outlive SIGKILL a while)
 MAX_STACK_CHARS = 16_000  # per process: a deep stack of many threads stays readable, and bounded
 MAX_PROCESSES = 64
 _NOT_PYTHON = ("failed to find python version", "failed to find a python interpreter", "not a python")
@@ -166,6 +168,10 @@ async def _run(pyspy: str, pid: int, name: str, timeout_s: float, flags: list[st
     except TimeoutError:
         proc.kill()
         await cancel_and_wait(waiting)
+        # Waited for before returning: otherwise its transport, and the pipe it holds, stayed open
+        # until the garbage collector came to them (a ResourceWarning then).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), REAP_S)
         return ProcessStack(pid, name, None, f"py-spy took more than {timeout_s:.0f}s")
     return parse_one(pid, name, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 

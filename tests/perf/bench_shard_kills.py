@@ -22,7 +22,10 @@ step, relaunches by its ``[restart]`` policy), and the random actions are of two
 shard's process group (the pid from the daemon's status), and SIGKILL of the daemon itself, restarted 0..1 s
 later, which re-adopts the shards that ran on meanwhile. Actions come every 0.3..``--max-kill-s`` s until
 ``--max-kills`` of them; the run ends when the job is done (its gather included), and the output is compared
-with the lone run as above. Relaunches are the daemon's: counted from its attempts.
+with the lone run as above. Relaunches are the daemon's: counted from its attempts. ``--kill-while-down P``:
+with chance P, a daemon's SIGKILL is followed by one of a running shard (the pid from the last status) before
+the restart, so the restarted daemon finds an attempt that ended unwatched (0, the default, draws nothing and
+keeps the schedule of runs made without it).
 """
 
 from __future__ import annotations
@@ -190,6 +193,7 @@ backoff_jitter_s = 0
 class DaemonOutcome:
     seed: int
     shard_kills: int = 0
+    shard_kills_down: int = 0  # of shard_kills: while no daemon ran
     daemon_restarts: int = 0
     launches: int = 0
     failed_requests: int = 0
@@ -199,7 +203,7 @@ class DaemonOutcome:
 
 
 def run_daemon(seed: int, model: Path, prompts: Path, n: int, shards: int, reference: dict[str, bytes],
-               step_s: float, max_kill_s: float, max_kills: int) -> DaemonOutcome:
+               step_s: float, max_kill_s: float, max_kills: int, kill_while_down: float = 0.0) -> DaemonOutcome:
     """One run under a real daemon, with random shard SIGKILLs and daemon SIGKILL + restarts (see the module)."""
     import shutil
 
@@ -253,17 +257,24 @@ def run_daemon(seed: int, model: Path, prompts: Path, n: int, shards: int, refer
             if actions < max_kills and now >= next_at:
                 actions += 1
                 next_at = now + rng.uniform(0.3, max_kill_s)
+                live = [sh.attempt.pid for sh in (st.shards.shards if st.shards else [])
+                        if sh.shard >= 0 and sh.attempt is not None and sh.attempt.pid and sh.attempt.ended is None]
                 if rng.random() < 0.35:  # the daemon: SIGKILL, then a restart that re-adopts the shards
                     client.close()
                     daemon.send_signal(signal.SIGKILL)
                     daemon.wait()
+                    if kill_while_down > 0 and rng.random() < kill_while_down and live:
+                        try:  # a shard that ends unwatched: the restarted daemon must judge and relaunch it
+                            os.killpg(rng.choice(live), signal.SIGKILL)
+                            res.shard_kills += 1
+                            res.shard_kills_down += 1
+                        except ProcessLookupError:
+                            pass
                     time.sleep(rng.uniform(0.0, 1.0))
                     daemon = start_daemon()
                     client = Client(paths, timeout_s=30)
                     res.daemon_restarts += 1
                 else:
-                    live = [sh.attempt.pid for sh in (st.shards.shards if st.shards else [])
-                            if sh.shard >= 0 and sh.attempt is not None and sh.attempt.pid and sh.attempt.ended is None]
                     if live:
                         try:
                             os.killpg(rng.choice(live), signal.SIGKILL)
@@ -308,6 +319,8 @@ def main() -> int:
     ap.add_argument("--baseline-jobs", type=Path, help="a jobs/ tree to run instead of this checkout's")
     ap.add_argument("--daemon", action="store_true",
                     help="run the shards under a real supervise daemon; SIGKILL shards and the daemon at random")
+    ap.add_argument("--kill-while-down", type=float, default=0.0,
+                    help="--daemon: chance that a daemon's SIGKILL is followed by a shard's before the restart")
     a = ap.parse_args()
     seeds = (list(range(int(a.seeds.split("-")[0]), int(a.seeds.split("-")[1]) + 1)) if "-" in a.seeds
              else [int(x) for x in a.seeds.split(",")])
@@ -321,15 +334,16 @@ def main() -> int:
     if a.daemon:
         print(f"under a daemon; {a.samples} samples, {a.shards} shards, batch {BATCH}, step {a.step_s} s a request, "
               f"an action every 0.3..{a.max_kill_s} s, {a.max_kills} a run (SIGKILL of a shard 0.65, of the daemon "
-              "then a restart 0.35)")
-        print("| seed | shard SIGKILLs | daemon SIGKILLs + restarts | shard launches | failed requests | seconds | "
-              "samples byte-identical | every sample once, identical |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---|")
+              f"then a restart 0.35; a shard's SIGKILL while the daemon is down {a.kill_while_down})")
+        print("| seed | shard SIGKILLs | of them while no daemon ran | daemon SIGKILLs + restarts | shard launches | "
+              "failed requests | seconds | samples byte-identical | every sample once, identical |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         bad = 0
         for seed in seeds:
-            d = run_daemon(seed, model, prompts, a.samples, a.shards, reference, a.step_s, a.max_kill_s, a.max_kills)
+            d = run_daemon(seed, model, prompts, a.samples, a.shards, reference, a.step_s, a.max_kill_s, a.max_kills,
+                           a.kill_while_down)
             bad += bool(d.problems)
-            print(f"| {seed} | {d.shard_kills} | {d.daemon_restarts} | {d.launches} | {d.failed_requests} | "
+            print(f"| {seed} | {d.shard_kills} | {d.shard_kills_down} | {d.daemon_restarts} | {d.launches} | {d.failed_requests} | "
                   f"{d.seconds:.1f} | {d.samples_checked}/{a.samples} | "
                   f"{'yes' if not d.problems else '; '.join(d.problems)} |", flush=True)
         return 1 if bad else 0
