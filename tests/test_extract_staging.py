@@ -156,24 +156,34 @@ def test_random_sigkills_of_shards_and_relaunches_keep_every_sample_once_and_ide
 def test_a_shards_start_up_leaves_the_temporaries_of_a_running_shard_and_removes_a_dead_ones(tmp_path, model_dir):
     """Shards on one --out start at different times. A start-up that removed every ``.NAME.tmp-PID`` deleted a
     running shard's file between its write and its rename, and that shard died on its own file (seen in the
-    random-kill run: ``FileNotFoundError`` on ``token_freq.shard-1-of-3.safetensors``)."""
+    random-kill run: ``FileNotFoundError`` on ``token_freq.shard-1-of-3.safetensors``). A shard on another host
+    of a shared filesystem has a pid that says nothing here: its temporaries are left until a day old."""
+    from eagle3 import _io
+
     out = tmp_path / "out"
     out.mkdir()
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # a shard mid-write
     gone = ended_pid()  # a shard killed mid-write
+    here = _io.temp_tag().split("@", 1)[1]
     try:
-        alive = [out / f".token_freq.shard-0-of-2.safetensors.tmp-{writer.pid}", out / f".hs_1.safetensors.tmp-{writer.pid}"]
-        dead = [out / f".token_freq.shard-0-of-2.safetensors.tmp-{gone}", out / f".hs_3.safetensors.tmp-{gone}"]
+        alive = [out / f".token_freq.shard-0-of-2.safetensors.tmp-{writer.pid}@{here}",
+                 out / f".hs_1.safetensors.tmp-{writer.pid}",  # an older release's name
+                 out / f".hs_2.safetensors.tmp-{gone}@another-host"]  # another host's shard, written just now
+        dead = [out / f".token_freq.shard-0-of-2.safetensors.tmp-{gone}@{here}", out / f".hs_3.safetensors.tmp-{gone}",
+                out / f".hs_5.safetensors.tmp-{gone}@another-host"]
         for p in alive + dead:
             p.write_bytes(b"half written")
-        (out / f".dataset.tmp-{writer.pid}").mkdir()
-        (out / f".dataset.tmp-{gone}").mkdir()
+        two_days_ago = time.time() - 2 * 24 * 3600
+        os.utime(dead[-1], (two_days_ago, two_days_ago))  # another host's, untouched for two days
+        (out / f".dataset.tmp-{writer.pid}@{here}").mkdir()
+        (out / f".dataset.tmp-{gone}@{here}").mkdir()
         log = tmp_path / "shard1.log"
         s1 = start(args(model_dir, out, "--shard", "1", "--num-shards", "2"), log)
         assert s1.wait(timeout=300) == 0, log.read_text()
         assert all(p.read_bytes() == b"half written" for p in alive)
-        assert (out / f".dataset.tmp-{writer.pid}").is_dir()
-        assert not any(p.exists() for p in dead) and not (out / f".dataset.tmp-{gone}").exists()
+        assert (out / f".dataset.tmp-{writer.pid}@{here}").is_dir()
+        assert not any(p.exists() for p in dead) and not (out / f".dataset.tmp-{gone}@{here}").exists()
+        assert not [p for p in out.glob(f".*.tmp-{s1.pid}*")]  # its own were renamed into place
     finally:
         writer.kill()
         writer.wait(timeout=30)

@@ -1,7 +1,7 @@
 """Atomic writes of safetensors and JSON files, the completeness check, and test hooks.
 
 Every file this job writes goes to a temporary name in the destination directory
-(``.NAME.tmp-PID``), is flushed and fsynced, and is then ``os.replace``d onto its final name,
+(``.NAME.tmp-PID@HOST``), is flushed and fsynced, and is then ``os.replace``d onto its final name,
 so a reader (or a relaunch) sees either the old file, no file, or the complete new file.
 Leftover temporaries from a killed run are removed by :func:`remove_temp_files` at start; a temporary
 whose writer is still running (another shard on the same ``--out``) is left alone.
@@ -30,10 +30,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +63,20 @@ def _is_disk_full(e: OSError) -> bool:
     return e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+# A temporary of a writer on another host (shards on a shared filesystem) is left alone for this long: no pid
+# of this host says whether it is still written; a day untouched is past any one file's write.
+FOREIGN_TEMP_S = 24 * 3600
+_HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "localhost"
+
+
+def temp_tag() -> str:
+    """This writer's part of a temporary's name, after ``TMP_MARK``: ``PID@HOST``."""
+    return f"{os.getpid()}@{_HOST}"
+
+
 def temp_path(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
-    return p.with_name(f".{p.name}{TMP_MARK}{os.getpid()}")
+    return p.with_name(f".{p.name}{TMP_MARK}{temp_tag()}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -76,18 +90,27 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def writer_gone(name: str) -> bool:
-    """Whether the process that named this temporary (``….tmp-PID`` or ``….tmp-PID-…``) has ended.
+def writer_gone(path: str | os.PathLike[str]) -> bool:
+    """Whether the process that named this temporary (``….tmp-PID@HOST``; ``….tmp-PID`` of older
+    releases) has ended.
 
     Shards of one extraction share an output directory and start at different times: a start-up
     cleanup that removed every temporary would delete a running shard's file between its write and
-    its rename, and that shard would fail on a file it had just written. A name with no readable PID
-    is a leftover of no one.
+    its rename, and that shard would fail on a file it had just written. On this host the pid says
+    whether its writer runs; another host's temporary is left until it is ``FOREIGN_TEMP_S`` old. A
+    name with no readable pid is a leftover of no one.
     """
-    tail = name.rsplit(TMP_MARK, 1)[-1].split("-", 1)[0]
-    if not tail.isdigit() or int(tail) <= 0:
+    p = Path(path)
+    pid_part, _, host = p.name.rsplit(TMP_MARK, 1)[-1].partition("@")
+    pid = pid_part.split("-", 1)[0]
+    if not pid.isdigit() or int(pid) <= 0:
         return True
-    return int(tail) != os.getpid() and not pid_alive(int(tail))
+    if host and host != _HOST:
+        try:
+            return time.time() - p.stat().st_mtime > FOREIGN_TEMP_S
+        except OSError:
+            return False  # gone already, or not ours to read: nothing to remove
+    return int(pid) != os.getpid() and not pid_alive(int(pid))
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -108,8 +131,6 @@ def batch_delay() -> None:
     """Test hook: sleep ``EAGLE3_FAULT_BATCH_DELAY_S`` seconds (no-op when unset)."""
     v = os.environ.get("EAGLE3_FAULT_BATCH_DELAY_S")
     if v:
-        import time
-
         time.sleep(float(v))
 
 
@@ -254,13 +275,13 @@ def atomic_write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def remove_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Remove leftover temporaries (``.NAME.tmp-PID``) in ``directory`` whose writer has ended."""
+    """Remove leftover temporaries (``.NAME.tmp-PID@HOST``) in ``directory`` whose writer has ended."""
     removed = []
     d = Path(directory)
     if not d.is_dir():
         return removed
     for p in d.iterdir():
-        if p.name.startswith(".") and TMP_MARK in p.name and p.is_file() and writer_gone(p.name):
+        if p.name.startswith(".") and TMP_MARK in p.name and p.is_file() and writer_gone(p):
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed

@@ -165,7 +165,7 @@ class Writer:
         for d in self.root.glob("*/"):
             if d.name.startswith(("hidden_states", "rows_")):
                 removed += _io.remove_temp_files(d)
-            elif d.name.startswith(f".dataset{_io.TMP_MARK}") and _io.writer_gone(d.name):  # a save killed half-way
+            elif d.name.startswith(f".dataset{_io.TMP_MARK}") and _io.writer_gone(d):  # a save killed half-way
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
         return removed
@@ -215,7 +215,7 @@ class SpeculatorsWriter(Writer):
                                        "loss_mask": datasets.Sequence(datasets.Value("int64")),
                                        "seq_len": datasets.Value("int64")}))
         ds.set_format(type="torch")
-        tmp = self.root / f".dataset{_io.TMP_MARK}{os.getpid()}"
+        tmp = self.root / f".dataset{_io.TMP_MARK}{_io.temp_tag()}"
         shutil.rmtree(tmp, ignore_errors=True)
         ds.save_to_disk(str(tmp), num_shards=1)
         # state.json last: load_from_disk needs it, so a kill before it leaves no half dataset in use.
